@@ -1,0 +1,109 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// This file is the queue's contract with the rest of opkit: the small
+// interfaces the watcher, the leader elector and the triggers depend on.
+// The implementation lives in queue.go.
+
+// ErrShutDown is returned by Get once the queue has shut down and holds
+// nothing more to hand out.
+var ErrShutDown = errors.New("queue: shut down")
+
+// Outcome is the result of an add. Callers that only need "scheduled or
+// dropped" use [Outcome.Accepted]; the others tell the reason without
+// parsing strings.
+type Outcome uint8
+
+const (
+	// Queued: a new entry was created for the key.
+	Queued Outcome = iota + 1
+	// Merged: the key was already pending (or in flight) and the add was
+	// merged into its entry.
+	Merged
+	// DroppedSuspended: the intake is suspended (see [Queue.Suspend]); nothing was stored.
+	DroppedSuspended
+	// DroppedShutDown: the queue is shut down; nothing was stored.
+	DroppedShutDown
+)
+
+// Accepted reports whether the add was stored (Queued or Merged).
+func (o Outcome) Accepted() bool { return o == Queued || o == Merged }
+
+// String returns the outcome's name.
+func (o Outcome) String() string {
+	switch o {
+	case Queued:
+		return "Queued"
+	case Merged:
+		return "Merged"
+	case DroppedSuspended:
+		return "DroppedSuspended"
+	case DroppedShutDown:
+		return "DroppedShutDown"
+	}
+	return "Outcome(?)"
+}
+
+// AddOptions are the per-add scheduling parameters. The zero value means
+// "now, priority 0, first attempt".
+type AddOptions struct {
+	// Delay before the entry is due; zero or negative means due now.
+	Delay time.Duration
+	// Priority: among due entries, higher is served first.
+	Priority int
+	// Retries is the retry count that travels with the entry.
+	Retries int
+}
+
+// Merge says how an add combines with the payload already held for its key.
+type Merge uint8
+
+const (
+	// MergeReplace: the incoming payload replaces the held one (newest wins).
+	MergeReplace Merge = iota
+	// MergeKeep: the held payload stays (e.g. a pending delete is never
+	// turned into something else); due time and priority still merge.
+	MergeKeep
+	// MergeSequence: both are delivered, the held one first; the incoming
+	// one is handed out only after the held one is Done.
+	MergeSequence
+)
+
+// Adder is the intake side of the queue: what producers (the watcher, the
+// triggers, the workers' retries) need. Add never blocks.
+type Adder[K comparable, V any] interface {
+	Add(key K, value V, opts AddOptions) Outcome
+}
+
+// Gate controls the intake: what the leader elector needs. Suspend makes
+// every Add return DroppedSuspended until Resume; Clear removes pending and
+// parked entries (not in-flight ones) and returns how many it removed.
+type Gate interface {
+	Suspend()
+	Resume()
+	Clear() int
+}
+
+// Getter is the consumer side: what workers need. Every Item obtained from
+// Get must be passed to Done exactly once.
+type Getter[K comparable, V any] interface {
+	Get(ctx context.Context) (Item[K, V], error)
+	Done(key K)
+}
+
+// Item is an entry handed out by Get.
+type Item[K comparable, V any] struct {
+	Key      K
+	Value    V
+	Priority int
+	Retries  int
+	// Enqueued is when the entry (the earliest add merged into it) was
+	// accepted; Due is when it became due. Both come from the queue's clock.
+	Enqueued time.Time
+	Due      time.Time
+}
