@@ -1,0 +1,153 @@
+package trigger
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Broker is what the Consumer needs of a message broker. An adapter (for
+// example the NATS JetStream one in the reference operator) wraps a durable
+// subscription with explicit acknowledgement.
+//
+// Receive is called from one goroutine at a time; the Message methods may be
+// called from the Consumer's handler goroutines concurrently for different
+// messages, and exactly one of Ack, Nack or Term is called per message.
+type Broker interface {
+	// Receive blocks until a message is available, ctx ends (then it
+	// returns ctx's error) or the broker fails. Failures should be returned
+	// as, or wrap, a *BrokerError so the Consumer can report their kind;
+	// the Consumer then retries Receive with backoff, so adapters should
+	// reconnect on the next call rather than give up.
+	Receive(ctx context.Context) (Message, error)
+}
+
+// Message is one delivery of a message.
+type Message interface {
+	// Data is the message body.
+	Data() []byte
+	// Deliveries is how many times this message has been delivered,
+	// counting this delivery (1 on the first).
+	Deliveries() int
+	// Ack acknowledges the message: the broker forgets it.
+	Ack(ctx context.Context) error
+	// Nack hands the message back for redelivery after delay.
+	Nack(ctx context.Context, delay time.Duration) error
+	// Term dead-letters the message: it is never redelivered. reason says
+	// why (it is one of the TermReason values).
+	Term(ctx context.Context, reason string) error
+}
+
+// Lag is optionally implemented by a Broker that can report its backlog
+// (messages not yet delivered to or acknowledged by this consumer group).
+type Lag interface {
+	Lag(ctx context.Context) (int64, error)
+}
+
+// BrokerErrorKind classifies broker failures, so that permission and quota
+// problems are reported by name rather than swallowed.
+type BrokerErrorKind uint8
+
+const (
+	// BrokerUnknown: not classified by the adapter.
+	BrokerUnknown BrokerErrorKind = iota
+	// BrokerDisconnected: the broker is unreachable or the connection
+	// dropped; the Consumer reconnects with backoff.
+	BrokerDisconnected
+	// BrokerPermission: the credentials may not consume from (or ack on)
+	// the subject/queue.
+	BrokerPermission
+	// BrokerQuota: a quota or limit of the broker was hit.
+	BrokerQuota
+	// BrokerNotFound: the stream, queue or consumer does not exist.
+	BrokerNotFound
+)
+
+// String returns the kind's name, as used in logs, metrics and Check.
+func (k BrokerErrorKind) String() string {
+	switch k {
+	case BrokerUnknown:
+		return "Unknown"
+	case BrokerDisconnected:
+		return "Disconnected"
+	case BrokerPermission:
+		return "Permission"
+	case BrokerQuota:
+		return "Quota"
+	case BrokerNotFound:
+		return "NotFound"
+	}
+	return "BrokerErrorKind(?)"
+}
+
+// BrokerError is a classified broker failure. Adapters return it (or wrap
+// it); the Consumer finds it with errors.As.
+type BrokerError struct {
+	// Kind classifies the failure.
+	Kind BrokerErrorKind
+	// Op is the operation that failed ("receive", "ack", "nack", "term", "lag").
+	Op string
+	// Err is the adapter's underlying error.
+	Err error
+}
+
+// Error returns "broker <op>: <Kind>: <err>".
+func (e *BrokerError) Error() string {
+	msg := "broker"
+	if e.Op != "" {
+		msg += " " + e.Op
+	}
+	msg += ": " + e.Kind.String()
+	if e.Err != nil {
+		msg += ": " + e.Err.Error()
+	}
+	return msg
+}
+
+// Unwrap returns the underlying error.
+func (e *BrokerError) Unwrap() error { return e.Err }
+
+// KindOf returns the kind of the first *BrokerError in err's chain, or
+// BrokerUnknown when there is none.
+func KindOf(err error) BrokerErrorKind {
+	var be *BrokerError
+	if errors.As(err, &be) {
+		return be.Kind
+	}
+	return BrokerUnknown
+}
+
+// AckReason says why a message was acknowledged.
+type AckReason string
+
+// NackReason says why a message was handed back for redelivery.
+type NackReason string
+
+// TermReason says why a message was dead-lettered.
+type TermReason string
+
+const (
+	// AckScheduled: the reconcile was scheduled.
+	AckScheduled AckReason = "Scheduled"
+	// AckNotFound: the object no longer exists; there is nothing to do.
+	AckNotFound AckReason = "NotFound"
+
+	// NackDropped: the enqueue was dropped (not the leader, leadership in
+	// transition, or shutting down); the broker redelivers it later,
+	// possibly to the leader.
+	NackDropped NackReason = "Dropped"
+	// NackAPIError: re-fetching the object failed; retried with backoff.
+	NackAPIError NackReason = "APIError"
+	// NackStopping: received while the consumer was stopping, not handled.
+	NackStopping NackReason = "Stopping"
+
+	// TermTooLarge: the message is larger than the configured limit.
+	TermTooLarge TermReason = "TooLarge"
+	// TermMalformed: the message is not a JSON object of the expected
+	// shape (syntax error, wrong types, unknown fields, trailing data).
+	TermMalformed TermReason = "Malformed"
+	// TermInvalid: well-formed, but the namespace or name is invalid for
+	// the resource (not DNS-1123, missing, or present when it must not be),
+	// or the reason is too long.
+	TermInvalid TermReason = "Invalid"
+)

@@ -1,0 +1,225 @@
+package trigger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"time"
+	"unicode/utf8"
+
+	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/queue"
+)
+
+// DefaultPriority is the queue priority of external triggers when
+// [Config.Priority] is zero. It outranks watch events (0) and the initial
+// list / relist (-1), so a trigger is served ahead of a relist backlog.
+const DefaultPriority = 100
+
+// MaxReasonLen is the longest Reason (in bytes) a trigger may carry.
+const MaxReasonLen = 1024
+
+// ErrInvalid is wrapped by every error that reports bad input to Enqueue,
+// Submit, the HTTP handler's parser and the consumer's message decoder.
+// Check it with errors.Is.
+var ErrInvalid = errors.New("invalid trigger")
+
+// Config configures a Trigger. The zero value of every optional field means
+// its documented default.
+type Config[T opkit.Object] struct {
+	// Queue is the controller's queue (required). Enqueue calls its Add,
+	// which never blocks.
+	Queue queue.Adder[opkit.Key, opkit.Event[T]]
+	// Resource is the resource T is served as (required). Enqueue refuses
+	// objects whose kind or group says they belong to another resource, and
+	// checks the namespace against Resource.Namespaced.
+	Resource opkit.Resource
+	// Priority is the queue priority of triggered entries. Zero means
+	// DefaultPriority (100). Because zero means "default", a trigger cannot
+	// be configured to rank exactly with watch events; use 1 to rank just
+	// above them or a negative value to rank below.
+	Priority int
+	// Metrics receives counts of outcomes; nil means no metrics.
+	Metrics Metrics
+	// Logger receives one record per dropped or rejected trigger; nil means
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// Trigger puts external reconcile requests into a controller's queue. It
+// holds no goroutines; its methods are safe for concurrent use.
+type Trigger[T opkit.Object] struct {
+	q        queue.Adder[opkit.Key, opkit.Event[T]]
+	res      opkit.Resource
+	priority int
+	metrics  Metrics
+	log      *slog.Logger
+}
+
+// New validates cfg and returns a Trigger bound to cfg.Queue.
+func New[T opkit.Object](cfg Config[T]) (*Trigger[T], error) {
+	if cfg.Queue == nil {
+		return nil, errors.New("trigger: Config.Queue is required")
+	}
+	if err := cfg.Resource.Validate(); err != nil {
+		return nil, fmt.Errorf("trigger: Config.Resource: %w", err)
+	}
+	t := &Trigger[T]{
+		q:        cfg.Queue,
+		res:      cfg.Resource,
+		priority: cfg.Priority,
+		metrics:  cfg.Metrics,
+		log:      cfg.Logger,
+	}
+	if t.priority == 0 {
+		t.priority = DefaultPriority
+	}
+	if t.metrics == nil {
+		t.metrics = nopMetrics{}
+	}
+	if t.log == nil {
+		t.log = slog.Default()
+	}
+	return t, nil
+}
+
+// Resource returns the resource the trigger is bound to.
+func (t *Trigger[T]) Resource() opkit.Resource { return t.res }
+
+// Priority returns the queue priority of triggered entries.
+func (t *Trigger[T]) Priority() int { return t.priority }
+
+// Request is one reconcile request for [Trigger.Submit].
+type Request[T opkit.Object] struct {
+	// Object is the object to reconcile (required: namespace and name per
+	// the resource's scope). Pass the state just read from the API server.
+	Object T
+	// Type is the event type (required; Modified for a plain "reconcile
+	// this"). The zero value is invalid so that a forgotten field is caught.
+	Type opkit.Type
+	// Source must be opkit.Operator: APIServer is reserved for the watch
+	// stream. The zero value is invalid.
+	Source opkit.Source
+	// Delay before the entry is due; zero means now, negative is invalid.
+	Delay time.Duration
+	// Retries is the retry count that travels with the entry (>= 0).
+	Retries int
+	// Reason is an optional human-readable reason carried into
+	// opkit.Event.Reason (logs, Kubernetes Events); at most MaxReasonLen
+	// bytes of valid UTF-8.
+	Reason string
+}
+
+// Enqueue asks for a reconcile of obj, the way the seed's EntityQueue
+// delegate does. It never blocks.
+//
+//   - (true, nil): scheduled (queued, or merged into a pending entry).
+//   - (false, nil): dropped, because the queue's intake is suspended (this
+//     replica is not the leader, or leadership is changing) or the queue is
+//     shut down. The drop is logged and counted; use [Trigger.Submit] to
+//     learn which of the two it was.
+//   - error: bad input, wrapping [ErrInvalid] (nil object, missing name,
+//     namespace present for a cluster-scoped resource or missing for a
+//     namespaced one, negative delay or retries, invalid type or source,
+//     source APIServer, an object of another kind), or ctx's error when ctx
+//     has already ended. Nothing was queued.
+func (t *Trigger[T]) Enqueue(ctx context.Context, obj T, typ opkit.Type, src opkit.Source, delay time.Duration, retries int) (bool, error) {
+	o, err := t.Submit(ctx, Request[T]{Object: obj, Type: typ, Source: src, Delay: delay, Retries: retries})
+	if err != nil {
+		return false, err
+	}
+	return o.Accepted(), nil
+}
+
+// Submit is Enqueue with a reason and the queue's outcome: Queued or Merged
+// when scheduled, DroppedSuspended or DroppedShutDown when dropped (then the
+// error is nil). On error the outcome is zero and nothing was queued.
+func (t *Trigger[T]) Submit(ctx context.Context, req Request[T]) (queue.Outcome, error) {
+	if err := ctx.Err(); err != nil {
+		t.metrics.Rejected()
+		return 0, fmt.Errorf("trigger: enqueue: %w", err)
+	}
+	if err := t.validate(req); err != nil {
+		t.metrics.Rejected()
+		t.log.LogAttrs(ctx, slog.LevelWarn, "trigger rejected", slog.String("resource", t.res.GroupVersionResource.String()), slog.Any("error", err))
+		return 0, err
+	}
+	key := opkit.KeyOf(req.Object)
+	ev := opkit.Event[T]{Object: req.Object, Type: req.Type, Source: req.Source, Reason: req.Reason}
+	o := t.q.Add(key, ev, queue.AddOptions{Delay: req.Delay, Priority: t.priority, Retries: req.Retries})
+	t.metrics.Enqueued(o)
+	if !o.Accepted() {
+		t.log.LogAttrs(ctx, slog.LevelWarn, "trigger dropped",
+			slog.String("resource", t.res.GroupVersionResource.String()),
+			slog.String("key", key.String()),
+			slog.String("outcome", o.String()),
+			slog.String("reason", req.Reason))
+	}
+	return o, nil
+}
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("trigger: %w: %s", ErrInvalid, fmt.Sprintf(format, args...))
+}
+
+func isNil(obj any) bool {
+	if obj == nil {
+		return true
+	}
+	v := reflect.ValueOf(obj)
+	switch v.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice:
+		return v.IsNil()
+	}
+	return false
+}
+
+func (t *Trigger[T]) validate(req Request[T]) error {
+	if isNil(req.Object) {
+		return invalid("nil object")
+	}
+	if !req.Type.Valid() {
+		return invalid("type %v is not Added, Modified or Deleted", req.Type)
+	}
+	switch req.Source {
+	case opkit.Operator:
+	case opkit.APIServer:
+		return invalid("source APIServer is reserved for the watch stream; external triggers use Operator")
+	default:
+		return invalid("source %v is not Operator", req.Source)
+	}
+	if req.Delay < 0 {
+		return invalid("negative delay %v", req.Delay)
+	}
+	if req.Retries < 0 {
+		return invalid("negative retries %d", req.Retries)
+	}
+	if len(req.Reason) > MaxReasonLen || !utf8.ValidString(req.Reason) {
+		return invalid("reason must be valid UTF-8 of at most %d bytes", MaxReasonLen)
+	}
+	obj := req.Object
+	if obj.GetName() == "" {
+		return invalid("object has no name")
+	}
+	ns := obj.GetNamespace()
+	if t.res.Namespaced && ns == "" {
+		return invalid("%s is namespaced but object %q has no namespace", t.res.Resource, obj.GetName())
+	}
+	if !t.res.Namespaced && ns != "" {
+		return invalid("%s is cluster-scoped but object %q has namespace %q", t.res.Resource, obj.GetName(), ns)
+	}
+	if ok := obj.GetObjectKind(); ok != nil {
+		gvk := ok.GroupVersionKind()
+		// Kind and group must match when set; the version may differ
+		// (the same object served through another version).
+		if gvk.Kind != "" && gvk.Kind != t.res.Kind {
+			return invalid("object %s is a %s, not a %s", opkit.KeyOf(obj), gvk.Kind, t.res.Kind)
+		}
+		if (gvk.Version != "" || gvk.Kind != "") && gvk.Group != t.res.Group {
+			return invalid("object %s is in API group %q, not %q", opkit.KeyOf(obj), gvk.Group, t.res.Group)
+		}
+	}
+	return nil
+}
