@@ -1,0 +1,35 @@
+// Package reconcile is what an operator author writes against — the
+// [Reconciler] contract — and the controller that runs it: one queue, one
+// watcher, optionally a leader elector, and N worker goroutines, all owned
+// by [Controller.Run].
+//
+// Guarantees:
+//   - One reconcile at a time per key (the queue hands a key to one worker
+//     until it is done); different keys run concurrently.
+//   - A reconciler never works on a state older than the API server's when
+//     its request waited in the queue: Added/Modified requests are
+//     re-fetched before the call; objects gone by then are skipped.
+//   - Every outcome is defined: see the decision table on [Reconciler].
+//   - A panic is an error (stack logged), never a crashed process.
+//   - Shutdown stops the intake, lets in-flight reconciles finish up to a
+//     deadline, then cancels them; Run returns only when every goroutine it
+//     started has returned.
+//
+// # Binding a Go type to a resource
+//
+// T is a pointer to a plain struct that embeds metav1.TypeMeta and
+// metav1.ObjectMeta with json tags (Spec and Status as the user likes), or a
+// built-in type such as *corev1.ConfigMap. No code generation and no scheme
+// registration: the controller reads and writes it through a dynamic client
+// and the [opkit.Resource] given in [Config] (group, version, resource
+// plural, kind, namespaced or cluster-scoped).
+//
+// # Helpers
+//
+// [Finalizer] adds and removes a finalizer with conflict-safe patches and
+// runs a finalize step; [Status] writes the status subresource with
+// conflict retry and observedGeneration; [Recorder] records Kubernetes
+// Events. [Group] runs the controller(s), trigger endpoints and health
+// servers as one unit. Package reconcile/reconciletest unit-tests
+// reconcilers against client-go's fake clients.
+package reconcile

@@ -1,0 +1,172 @@
+package reconcile
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/dynamic"
+
+	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/internal/typed"
+)
+
+// DefaultConflictRetries is how many times the finalizer and status helpers
+// re-read an object and try again after a 409 Conflict before giving up.
+const DefaultConflictRetries = 5
+
+// FinalizeFunc cleans up what an object owns outside Kubernetes before the
+// object may go. It must be idempotent: after a failure or a crash it is
+// called again.
+type FinalizeFunc[T opkit.Object] func(ctx context.Context, obj T) error
+
+// Finalizer keeps one finalizer on the objects of a resource and runs the
+// user's finalize step when they are being deleted.
+//
+// Every write is a JSON merge patch of metadata.finalizers that carries the
+// resourceVersion the change was computed from, so the API server applies
+// it only to that exact state: a concurrent writer makes it fail with 409
+// Conflict (never silently drops the other writer's finalizers), and the
+// helper then re-reads the object and recomputes, up to
+// [DefaultConflictRetries] times. A Finalizer holds no goroutines; it is safe
+// for concurrent use.
+type Finalizer[T opkit.Object] struct {
+	name   string
+	client *typed.Client[T]
+}
+
+// NewFinalizer returns a helper for the finalizer name (a qualified name
+// such as "demo.opkit.dev/cleanup") on objects of res.
+func NewFinalizer[T opkit.Object](dyn dynamic.Interface, res opkit.Resource, name string) (*Finalizer[T], error) {
+	if dyn == nil {
+		return nil, errors.New("reconcile: finalizer needs a dynamic client")
+	}
+	if err := res.Validate(); err != nil {
+		return nil, fmt.Errorf("reconcile: finalizer: %w", err)
+	}
+	if errs := validation.IsQualifiedName(name); len(errs) > 0 {
+		return nil, fmt.Errorf("reconcile: finalizer name %q: %v", name, errs)
+	}
+	return &Finalizer[T]{name: name, client: typed.New[T](dyn, res)}, nil
+}
+
+// Name returns the finalizer's name.
+func (f *Finalizer[T]) Name() string { return f.name }
+
+// Handle runs the finalizer protocol for obj and tells the caller whether to
+// go on with its normal reconcile:
+//
+//   - obj is not being deleted: the finalizer is added if missing (the
+//     first reconcile); live is true and the returned object is the
+//     updated one.
+//   - obj is being deleted and carries the finalizer: finalize runs; if it
+//     fails, its error is returned (the reconcile is retried) and the
+//     finalizer stays; once it succeeded the finalizer is removed. live is
+//     false.
+//   - obj is being deleted without the finalizer, or is gone: nothing is
+//     written, live is false.
+//
+// Deleted requests need no call: the object has already gone.
+func (f *Finalizer[T]) Handle(ctx context.Context, obj T, finalize FinalizeFunc[T]) (out T, live bool, err error) {
+	if isNil(obj) {
+		return obj, false, errors.New("reconcile: finalizer: nil object")
+	}
+	if obj.GetDeletionTimestamp() == nil {
+		out, err := f.Add(ctx, obj)
+		if apierrors.IsNotFound(err) {
+			return obj, false, nil
+		}
+		if err != nil {
+			return obj, false, err
+		}
+		// The object may have started deleting while we retried.
+		if out.GetDeletionTimestamp() == nil {
+			return out, true, nil
+		}
+		obj = out
+	}
+	if !slices.Contains(obj.GetFinalizers(), f.name) {
+		return obj, false, nil
+	}
+	if finalize != nil {
+		if err := finalize(ctx, obj); err != nil {
+			return obj, false, fmt.Errorf("finalize %s: %w", opkit.KeyOf(obj), err)
+		}
+	}
+	out, err = f.Remove(ctx, obj)
+	if apierrors.IsNotFound(err) {
+		return obj, false, nil
+	}
+	return out, false, err
+}
+
+// Add puts the finalizer on obj unless it is there already or obj is being
+// deleted (the API server refuses new finalizers then). It returns the
+// object as the server returned it (obj itself when nothing was written).
+func (f *Finalizer[T]) Add(ctx context.Context, obj T) (T, error) {
+	return f.update(ctx, obj, func(o T) ([]string, bool) {
+		fins := o.GetFinalizers()
+		if o.GetDeletionTimestamp() != nil || slices.Contains(fins, f.name) {
+			return nil, false
+		}
+		return append(slices.Clone(fins), f.name), true
+	})
+}
+
+// Remove takes the finalizer off obj if it is there, keeping the others.
+func (f *Finalizer[T]) Remove(ctx context.Context, obj T) (T, error) {
+	return f.update(ctx, obj, func(o T) ([]string, bool) {
+		fins := o.GetFinalizers()
+		if !slices.Contains(fins, f.name) {
+			return nil, false
+		}
+		return slices.DeleteFunc(slices.Clone(fins), func(s string) bool { return s == f.name }), true
+	})
+}
+
+// update writes the finalizer list change computes from the object's
+// current state, re-reading the object after a conflict.
+func (f *Finalizer[T]) update(ctx context.Context, obj T, change func(T) ([]string, bool)) (T, error) {
+	key := opkit.KeyOf(obj)
+	cur := obj
+	for attempt := 0; ; attempt++ {
+		fins, ok := change(cur)
+		if !ok {
+			return cur, nil
+		}
+		patch, err := finalizerPatch(cur.GetResourceVersion(), fins)
+		if err != nil {
+			return cur, err
+		}
+		out, err := f.client.Patch(ctx, key, types.MergePatchType, patch)
+		if err == nil {
+			return out, nil
+		}
+		if !apierrors.IsConflict(err) || attempt >= DefaultConflictRetries {
+			return cur, fmt.Errorf("reconcile: finalizer %s on %s: %w", f.name, key, err)
+		}
+		if cur, err = f.client.Get(ctx, key); err != nil {
+			return obj, fmt.Errorf("reconcile: finalizer %s: re-read %s: %w", f.name, key, err)
+		}
+	}
+}
+
+// finalizerPatch is a merge patch that replaces metadata.finalizers with fins
+// if, and only if, the object is still at resourceVersion rv.
+func finalizerPatch(rv string, fins []string) ([]byte, error) {
+	if fins == nil {
+		fins = []string{}
+	}
+	type meta struct {
+		ResourceVersion string   `json:"resourceVersion,omitempty"`
+		Finalizers      []string `json:"finalizers"`
+	}
+	return json.Marshal(struct {
+		Metadata meta `json:"metadata"`
+	}{meta{rv, fins}})
+}

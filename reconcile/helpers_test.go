@@ -1,0 +1,65 @@
+package reconcile_test
+
+import (
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	dynfake "k8s.io/client-go/dynamic/fake"
+
+	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/internal/typed"
+)
+
+// Widget is a custom resource as an operator author writes it: a plain
+// struct, no generated code.
+type Widget struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+	Spec              WidgetSpec   `json:"spec,omitempty"`
+	Status            WidgetStatus `json:"status,omitempty"`
+}
+
+type WidgetSpec struct {
+	Size int `json:"size,omitempty"`
+}
+
+type WidgetStatus struct {
+	ObservedGeneration int64  `json:"observedGeneration,omitempty"`
+	Phase              string `json:"phase,omitempty"`
+}
+
+var widgets = opkit.Resource{
+	GroupVersionResource: schema.GroupVersionResource{Group: "test.opkit.dev", Version: "v1", Resource: "widgets"},
+	Kind:                 "Widget",
+	Namespaced:           true,
+}
+
+func widget(name string, mutate ...func(*Widget)) *Widget {
+	w := &Widget{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "test.opkit.dev/v1", Kind: "Widget"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID("uid-" + name), ResourceVersion: "1", Generation: 1},
+		Spec:       WidgetSpec{Size: 1},
+	}
+	for _, m := range mutate {
+		m(w)
+	}
+	return w
+}
+
+// newFakeDynamic returns a dynamic fake seeded with objs (Widgets).
+func newFakeDynamic(t testing.TB, objs ...*Widget) *dynfake.FakeDynamicClient {
+	t.Helper()
+	var seed []runtime.Object
+	for _, o := range objs {
+		u, err := typed.ToUnstructured(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seed = append(seed, u)
+	}
+	return dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+		map[schema.GroupVersionResource]string{widgets.GroupVersionResource: "WidgetList"}, seed...)
+}

@@ -1,0 +1,50 @@
+package reconcile_test
+
+import (
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/queue"
+	"github.com/opkit/opkit/reconcile"
+)
+
+func cmWithUID(uid types.UID) *corev1.ConfigMap {
+	cm := &corev1.ConfigMap{}
+	cm.Namespace, cm.Name, cm.UID = "ns", "a", uid
+	return cm
+}
+
+func ev(typ opkit.Type, uid types.UID) opkit.Event[*corev1.ConfigMap] {
+	return opkit.Event[*corev1.ConfigMap]{Object: cmWithUID(uid), Type: typ, Source: opkit.APIServer}
+}
+
+func TestMergeEventsNeverTurnsAPendingDeleteIntoSomethingElse(t *testing.T) {
+	tomb := ev(opkit.Deleted, "u1")
+	tomb.FinalStateUnknown = true
+	nilObj := opkit.Event[*corev1.ConfigMap]{Type: opkit.Modified, Source: opkit.Operator}
+	for _, tc := range []struct {
+		name              string
+		pending, incoming opkit.Event[*corev1.ConfigMap]
+		want              queue.Merge
+	}{
+		{"added then modified: newest wins", ev(opkit.Added, "u1"), ev(opkit.Modified, "u1"), queue.MergeReplace},
+		{"modified then deleted: the delete wins", ev(opkit.Modified, "u1"), ev(opkit.Deleted, "u1"), queue.MergeReplace},
+		{"modified then recreated: newest wins", ev(opkit.Modified, "u1"), ev(opkit.Added, "u2"), queue.MergeReplace},
+		{"deleted then modified, same uid: keep the delete", ev(opkit.Deleted, "u1"), ev(opkit.Modified, "u1"), queue.MergeKeep},
+		{"deleted then added, same uid: keep the delete", ev(opkit.Deleted, "u1"), ev(opkit.Added, "u1"), queue.MergeKeep},
+		{"deleted then deleted: keep", ev(opkit.Deleted, "u1"), ev(opkit.Deleted, "u1"), queue.MergeKeep},
+		{"deleted then recreated: both, delete first", ev(opkit.Deleted, "u1"), ev(opkit.Added, "u2"), queue.MergeSequence},
+		{"deleted then recreated and modified: both", ev(opkit.Deleted, "u1"), ev(opkit.Modified, "u2"), queue.MergeSequence},
+		{"deleted then trigger without uid: keep", ev(opkit.Deleted, "u1"), ev(opkit.Modified, ""), queue.MergeKeep},
+		{"deleted then nil object: keep", ev(opkit.Deleted, "u1"), nilObj, queue.MergeKeep},
+		{"tombstone then full final state: replace", tomb, ev(opkit.Deleted, "u1"), queue.MergeReplace},
+		{"full final state then tombstone: keep", ev(opkit.Deleted, "u1"), tomb, queue.MergeKeep},
+	} {
+		if got := reconcile.MergeEvents(tc.pending, tc.incoming); got != tc.want {
+			t.Errorf("%s: got %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

@@ -1,0 +1,127 @@
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/dynamic"
+
+	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/internal/typed"
+)
+
+// StatusConfig configures a [Status] helper. The zero value of every
+// optional field is its default.
+type StatusConfig struct {
+	// Dynamic is the client to write with. Required.
+	Dynamic dynamic.Interface
+	// Resource is the resource written to; it must have a status
+	// subresource. Required.
+	Resource opkit.Resource
+	// SkipObservedGeneration turns off setting status.observedGeneration
+	// to metadata.generation on every write. Default false: it is set, when
+	// T's status declares that field (json name "observedGeneration").
+	SkipObservedGeneration bool
+	// ConflictRetries is how many times to re-read and re-apply after a 409
+	// Conflict. Zero means [DefaultConflictRetries]; negative is an error.
+	ConflictRetries int
+}
+
+// Status writes the status subresource of one resource with optimistic
+// concurrency: the user's mutate function is applied to the object, the
+// status is written with the object's resourceVersion, and on a 409
+// Conflict the object is read again and mutate applied again to the fresh
+// state. A mutate that changes nothing (observedGeneration included) writes
+// nothing, so a reconcile that has converged makes no API call. A Status
+// holds no goroutines; it is safe for concurrent use.
+type Status[T opkit.Object] struct {
+	client  *typed.Client[T]
+	cfg     StatusConfig
+	retries int
+}
+
+// NewStatus validates cfg and returns a status helper.
+func NewStatus[T opkit.Object](cfg StatusConfig) (*Status[T], error) {
+	if cfg.Dynamic == nil {
+		return nil, errors.New("reconcile: status needs a dynamic client")
+	}
+	if err := cfg.Resource.Validate(); err != nil {
+		return nil, fmt.Errorf("reconcile: status: %w", err)
+	}
+	if cfg.ConflictRetries < 0 {
+		return nil, fmt.Errorf("reconcile: status: negative ConflictRetries %d", cfg.ConflictRetries)
+	}
+	s := &Status[T]{client: typed.New[T](cfg.Dynamic, cfg.Resource), cfg: cfg, retries: cfg.ConflictRetries}
+	if s.retries == 0 {
+		s.retries = DefaultConflictRetries
+	}
+	return s, nil
+}
+
+// Update applies mutate to obj (the caller's copy is modified) and writes
+// the status if it changed. mutate must compute the status from the object
+// it is given: after a conflict it is called again on a freshly read copy.
+// Update returns the object as last written (or as read, when nothing
+// changed). An error from mutate is returned as is, and nothing is written.
+func (s *Status[T]) Update(ctx context.Context, obj T, mutate func(obj T) error) (T, error) {
+	if isNil(obj) {
+		return obj, errors.New("reconcile: status: nil object")
+	}
+	key := opkit.KeyOf(obj)
+	cur := obj
+	for attempt := 0; ; attempt++ {
+		before, err := statusOf(cur)
+		if err != nil {
+			return obj, err
+		}
+		if err := mutate(cur); err != nil {
+			return obj, err
+		}
+		u, err := typed.ToUnstructured(cur)
+		if err != nil {
+			return obj, err
+		}
+		if !s.cfg.SkipObservedGeneration {
+			if err := unstructured.SetNestedField(u.Object, cur.GetGeneration(), "status", "observedGeneration"); err != nil {
+				return obj, fmt.Errorf("reconcile: status of %s: %w", key, err)
+			}
+		}
+		// Round-trip through T: a field T does not declare (observedGeneration
+		// included) is neither compared nor written.
+		next, err := typed.FromUnstructured[T](u)
+		if err != nil {
+			return obj, err
+		}
+		after, err := statusOf(next)
+		if err != nil {
+			return obj, err
+		}
+		if equality.Semantic.DeepEqual(before, after) {
+			return cur, nil
+		}
+		out, err := s.client.UpdateStatus(ctx, next)
+		if err == nil {
+			return out, nil
+		}
+		if !apierrors.IsConflict(err) || attempt >= s.retries {
+			return obj, fmt.Errorf("reconcile: update status of %s: %w", key, err)
+		}
+		if cur, err = s.client.Get(ctx, key); err != nil {
+			return obj, fmt.Errorf("reconcile: status: re-read %s: %w", key, err)
+		}
+	}
+}
+
+// statusOf returns a deep copy of obj's status in unstructured form.
+func statusOf(obj opkit.Object) (any, error) {
+	u, err := typed.ToUnstructured(obj)
+	if err != nil {
+		return nil, err
+	}
+	st, _, _ := unstructured.NestedFieldCopy(u.Object, "status")
+	return st, nil
+}
