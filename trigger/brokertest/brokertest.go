@@ -1,0 +1,316 @@
+// Package brokertest is an in-memory message broker implementing
+// trigger.Broker and trigger.Lag, for tests of trigger.Consumer and of
+// code built on it. It records every ack, nack and term so that tests can
+// assert what happened to each message.
+//
+// A Broker owns no goroutines of its own; a delayed Nack schedules the
+// redelivery with time.AfterFunc (so it follows testing/synctest's fake
+// clock inside a bubble). All methods are safe for concurrent use.
+package brokertest
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/opkit/opkit/trigger"
+)
+
+// Op is what happened to a delivery.
+type Op string
+
+const (
+	// OpAck: the delivery was acknowledged.
+	OpAck Op = "Ack"
+	// OpNack: the delivery was handed back for redelivery.
+	OpNack Op = "Nack"
+	// OpTerm: the message was dead-lettered.
+	OpTerm Op = "Term"
+)
+
+// Event records the settlement of one delivery.
+type Event struct {
+	// ID is the message's id (from Publish).
+	ID uint64
+	// Op is Ack, Nack or Term.
+	Op Op
+	// Delivery is the delivery count of the settled delivery.
+	Delivery int
+	// Delay is the Nack delay.
+	Delay time.Duration
+	// Reason is the Term reason.
+	Reason string
+}
+
+// DeadLetter is a terminated message.
+type DeadLetter struct {
+	ID     uint64
+	Data   []byte
+	Reason string
+}
+
+// ErrSettled is returned by a second Ack, Nack or Term of one delivery.
+var ErrSettled = errors.New("brokertest: delivery already settled")
+
+type state uint8
+
+const (
+	ready state = iota
+	delayed
+	inFlight
+	done
+)
+
+type entry struct {
+	id         uint64
+	data       []byte
+	deliveries int
+	state      state
+}
+
+// Broker is an in-memory broker with at-least-once delivery. The zero value
+// is not usable; call New.
+type Broker struct {
+	// MaxDeliver, when positive, dead-letters a message (reason
+	// "MaxDeliver") when a Nack would exceed this many deliveries. Set it
+	// before use.
+	MaxDeliver int
+
+	mu        sync.Mutex
+	wake      chan struct{} // closed and replaced when a message becomes ready
+	next      uint64
+	entries   map[uint64]*entry
+	queue     []uint64 // ready entries, oldest first
+	events    []Event
+	dead      []DeadLetter
+	recvErr   error
+	settleErr error
+	lagErr    error
+}
+
+var (
+	_ trigger.Broker = (*Broker)(nil)
+	_ trigger.Lag    = (*Broker)(nil)
+)
+
+// New returns an empty broker.
+func New() *Broker {
+	return &Broker{wake: make(chan struct{}), entries: map[uint64]*entry{}}
+}
+
+// Publish adds a message and returns its id (1, 2, ...).
+func (b *Broker) Publish(data []byte) uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.next++
+	e := &entry{id: b.next, data: slices.Clone(data)}
+	b.entries[e.id] = e
+	b.makeReady(e)
+	return e.id
+}
+
+func (b *Broker) makeReady(e *entry) {
+	e.state = ready
+	b.queue = append(b.queue, e.id)
+	close(b.wake)
+	b.wake = make(chan struct{})
+}
+
+// Receive returns the oldest ready message, blocking until there is one or
+// ctx ends. While FailReceive holds an error, it returns that error.
+func (b *Broker) Receive(ctx context.Context) (trigger.Message, error) {
+	for {
+		b.mu.Lock()
+		if b.recvErr != nil {
+			err := b.recvErr
+			b.mu.Unlock()
+			return nil, err
+		}
+		if len(b.queue) > 0 {
+			id := b.queue[0]
+			b.queue = b.queue[1:]
+			e := b.entries[id]
+			e.state = inFlight
+			e.deliveries++
+			m := &message{b: b, e: e, delivery: e.deliveries}
+			b.mu.Unlock()
+			return m, nil
+		}
+		wake := b.wake
+		b.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-wake:
+		}
+	}
+}
+
+// Lag returns how many messages wait for delivery (ready or delayed).
+func (b *Broker) Lag(context.Context) (int64, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.lagErr != nil {
+		return 0, b.lagErr
+	}
+	var n int64
+	for _, e := range b.entries {
+		if e.state == ready || e.state == delayed {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// FailReceive makes every Receive return err until FailReceive(nil). A
+// receiver blocked in Receive is woken up to see the error.
+func (b *Broker) FailReceive(err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.recvErr = err
+	close(b.wake)
+	b.wake = make(chan struct{})
+}
+
+// FailSettle makes every Ack, Nack and Term return err until
+// FailSettle(nil); the delivery is then handed back at once, as a broker
+// would after its ack deadline.
+func (b *Broker) FailSettle(err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.settleErr = err
+}
+
+// FailLag makes Lag return err until FailLag(nil).
+func (b *Broker) FailLag(err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.lagErr = err
+}
+
+// Events returns the settlements so far, in order.
+func (b *Broker) Events() []Event {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.events)
+}
+
+// EventsFor returns the settlements of message id, in order.
+func (b *Broker) EventsFor(id uint64) []Event {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []Event
+	for _, ev := range b.events {
+		if ev.ID == id {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+// DeadLetters returns the terminated messages, in order.
+func (b *Broker) DeadLetters() []DeadLetter {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.dead)
+}
+
+// Outstanding returns how many published messages are neither acked nor
+// dead-lettered (ready, delayed or in flight).
+func (b *Broker) Outstanding() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := 0
+	for _, e := range b.entries {
+		if e.state != done {
+			n++
+		}
+	}
+	return n
+}
+
+// InFlight returns how many deliveries are received but not settled.
+func (b *Broker) InFlight() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := 0
+	for _, e := range b.entries {
+		if e.state == inFlight {
+			n++
+		}
+	}
+	return n
+}
+
+type message struct {
+	b        *Broker
+	e        *entry
+	delivery int
+	settled  bool // guarded by b.mu
+}
+
+func (m *message) Data() []byte    { return slices.Clone(m.e.data) }
+func (m *message) Deliveries() int { return m.delivery }
+
+// settle runs f under the lock if the delivery is still open.
+func (m *message) settle(ctx context.Context, f func()) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	b := m.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if m.settled {
+		return ErrSettled
+	}
+	m.settled = true
+	if b.settleErr != nil {
+		b.makeReady(m.e)
+		return b.settleErr
+	}
+	f()
+	return nil
+}
+
+func (m *message) Ack(ctx context.Context) error {
+	return m.settle(ctx, func() {
+		m.e.state = done
+		m.b.events = append(m.b.events, Event{ID: m.e.id, Op: OpAck, Delivery: m.delivery})
+	})
+}
+
+func (m *message) Nack(ctx context.Context, delay time.Duration) error {
+	return m.settle(ctx, func() {
+		b := m.b
+		b.events = append(b.events, Event{ID: m.e.id, Op: OpNack, Delivery: m.delivery, Delay: delay})
+		if b.MaxDeliver > 0 && m.e.deliveries >= b.MaxDeliver {
+			m.e.state = done
+			b.dead = append(b.dead, DeadLetter{ID: m.e.id, Data: slices.Clone(m.e.data), Reason: "MaxDeliver"})
+			return
+		}
+		if delay <= 0 {
+			b.makeReady(m.e)
+			return
+		}
+		m.e.state = delayed
+		e := m.e
+		time.AfterFunc(delay, func() {
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			if e.state == delayed {
+				b.makeReady(e)
+			}
+		})
+	})
+}
+
+func (m *message) Term(ctx context.Context, reason string) error {
+	return m.settle(ctx, func() {
+		b := m.b
+		m.e.state = done
+		b.events = append(b.events, Event{ID: m.e.id, Op: OpTerm, Delivery: m.delivery, Reason: reason})
+		b.dead = append(b.dead, DeadLetter{ID: m.e.id, Data: slices.Clone(m.e.data), Reason: reason})
+	})
+}

@@ -1,0 +1,415 @@
+package trigger
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/dynamic"
+
+	"github.com/opkit/opkit"
+)
+
+// ErrNotRunning is returned by [Consumer.Check] when Run is not running.
+var ErrNotRunning = errors.New("trigger: consumer is not running")
+
+// ConsumerConfig configures a Consumer. The zero value of every optional
+// field means its documented default.
+type ConsumerConfig[T opkit.Object] struct {
+	// Broker delivers the messages (required).
+	Broker Broker
+	// Trigger is where scheduled reconciles go (required); it also gives
+	// the resource the messages point into.
+	Trigger *Trigger[T]
+	// Get re-fetches the object a message points to. If nil, Dynamic is
+	// required and a typed client over it is used.
+	Get Getter[T]
+	// Dynamic is the client for the default Get.
+	Dynamic dynamic.Interface
+	// Type is the event type of triggered reconciles; zero means
+	// opkit.Modified.
+	Type opkit.Type
+	// Concurrency is how many messages are handled at once; zero means 1.
+	Concurrency int
+	// MaxMessageBytes is the largest message accepted; larger ones are
+	// dead-lettered. Zero means 4096.
+	MaxMessageBytes int
+	// AllowUnknownFields accepts messages with fields other than
+	// namespace, name and reason. By default they are dead-lettered as
+	// malformed, so that a producer's typo is not silently ignored.
+	AllowUnknownFields bool
+	// APITimeout bounds each re-fetch from the API server; zero means 10s.
+	APITimeout time.Duration
+	// BrokerTimeout bounds each Ack, Nack, Term and Lag call; zero means 5s.
+	BrokerTimeout time.Duration
+	// RetryBase and RetryCap shape the Nack delay after an API server
+	// error: RetryBase * 2^(deliveries-1), at most RetryCap. Zero means 1s
+	// and 1m.
+	RetryBase, RetryCap time.Duration
+	// DroppedDelay is the Nack delay of a dropped enqueue (this replica is
+	// not the leader, or leadership is changing); zero means 1s. Configure
+	// the broker to redeliver without a small delivery limit, or dropped
+	// triggers will reach its dead letter while no replica leads.
+	DroppedDelay time.Duration
+	// ReconnectBase and ReconnectCap shape the wait after a failed
+	// Receive (doubling per consecutive failure); zero means 500ms and 30s.
+	ReconnectBase, ReconnectCap time.Duration
+	// LagInterval is how often a Broker that implements Lag is asked for
+	// its backlog; zero means 15s, negative disables the poll.
+	LagInterval time.Duration
+	// Metrics receives counts; nil means none.
+	Metrics ConsumerMetrics
+	// Logger receives one record per terminated, nacked-after-error or
+	// not-found message and per broker failure; nil means slog.Default().
+	// Messages are logged by namespace/name and reason, never by body.
+	Logger *slog.Logger
+}
+
+// Consumer turns broker messages {"namespace", "name", "reason"} into
+// reconciles. See the package documentation for the ack/nack/term rules.
+type Consumer[T opkit.Object] struct {
+	cfg     ConsumerConfig[T]
+	get     Getter[T]
+	metrics ConsumerMetrics
+	log     *slog.Logger
+
+	running atomic.Bool
+	mu      sync.Mutex
+	recvErr error // last Receive failure, cleared by a successful Receive
+	ackErr  error // last Ack/Nack/Term failure, cleared by a successful one
+}
+
+// NewConsumer validates cfg and returns a Consumer; call Run to start it.
+func NewConsumer[T opkit.Object](cfg ConsumerConfig[T]) (*Consumer[T], error) {
+	if cfg.Broker == nil {
+		return nil, errors.New("trigger: ConsumerConfig.Broker is required")
+	}
+	if cfg.Trigger == nil {
+		return nil, errors.New("trigger: ConsumerConfig.Trigger is required")
+	}
+	get, err := getterFor(cfg.Get, cfg.Dynamic, cfg.Trigger.Resource())
+	if err != nil {
+		return nil, fmt.Errorf("trigger: ConsumerConfig: %w", err)
+	}
+	if cfg.Type == 0 {
+		cfg.Type = opkit.Modified
+	}
+	if !cfg.Type.Valid() {
+		return nil, fmt.Errorf("trigger: ConsumerConfig.Type %v is invalid", cfg.Type)
+	}
+	for _, f := range []struct {
+		name string
+		v    *time.Duration
+		def  time.Duration
+	}{
+		{"APITimeout", &cfg.APITimeout, 10 * time.Second},
+		{"BrokerTimeout", &cfg.BrokerTimeout, 5 * time.Second},
+		{"RetryBase", &cfg.RetryBase, time.Second},
+		{"RetryCap", &cfg.RetryCap, time.Minute},
+		{"DroppedDelay", &cfg.DroppedDelay, time.Second},
+		{"ReconnectBase", &cfg.ReconnectBase, 500 * time.Millisecond},
+		{"ReconnectCap", &cfg.ReconnectCap, 30 * time.Second},
+	} {
+		if *f.v < 0 {
+			return nil, fmt.Errorf("trigger: ConsumerConfig.%s is negative", f.name)
+		}
+		if *f.v == 0 {
+			*f.v = f.def
+		}
+	}
+	if cfg.LagInterval == 0 {
+		cfg.LagInterval = 15 * time.Second
+	}
+	if cfg.Concurrency < 0 || cfg.MaxMessageBytes < 0 {
+		return nil, errors.New("trigger: ConsumerConfig.Concurrency and MaxMessageBytes must not be negative")
+	}
+	if cfg.Concurrency == 0 {
+		cfg.Concurrency = 1
+	}
+	if cfg.MaxMessageBytes == 0 {
+		cfg.MaxMessageBytes = 4096
+	}
+	c := &Consumer[T]{cfg: cfg, get: get, metrics: cfg.Metrics, log: cfg.Logger}
+	if c.metrics == nil {
+		c.metrics = nopConsumerMetrics{}
+	}
+	if c.log == nil {
+		c.log = slog.Default()
+	}
+	return c, nil
+}
+
+// Run receives and handles messages until ctx ends, then stops gracefully:
+// it stops receiving, lets the messages being handled finish (their API
+// calls and broker calls are bounded by APITimeout and BrokerTimeout, not
+// by ctx), nacks a message received after ctx ended, and returns nil once
+// every goroutine it started has returned. A failing Receive is retried
+// with backoff and reported through Check, logs and metrics; it does not
+// end Run. Run may be called again after it returned, never concurrently.
+func (c *Consumer[T]) Run(ctx context.Context) error {
+	if !c.running.CompareAndSwap(false, true) {
+		return errors.New("trigger: consumer is already running")
+	}
+	defer c.running.Store(false)
+	c.setErr(&c.recvErr, nil)
+	c.setErr(&c.ackErr, nil)
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	if lb, ok := c.cfg.Broker.(Lag); ok && c.cfg.LagInterval > 0 {
+		wg.Go(func() { c.pollLag(ctx, lb) })
+	}
+
+	// work outlives ctx so that in-flight messages finish after a stop.
+	work := context.WithoutCancel(ctx)
+	slots := make(chan struct{}, c.cfg.Concurrency)
+	failures := 0
+	for {
+		// Take a slot before receiving: a message is only taken from the
+		// broker when it can be handled right away.
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			return nil
+		}
+		msg, err := c.cfg.Broker.Receive(ctx)
+		if err != nil {
+			<-slots
+			if ctx.Err() != nil {
+				return nil
+			}
+			failures++
+			kind := KindOf(err)
+			c.setErr(&c.recvErr, err)
+			c.metrics.BrokerError(kind)
+			wait := backoff(c.cfg.ReconnectBase, c.cfg.ReconnectCap, failures)
+			c.log.LogAttrs(ctx, slog.LevelError, "trigger consumer: receive failed",
+				slog.String("kind", kind.String()), slog.Any("error", err), slog.Duration("retryIn", wait))
+			if !sleep(ctx, wait) {
+				return nil
+			}
+			continue
+		}
+		if failures > 0 {
+			c.log.LogAttrs(ctx, slog.LevelInfo, "trigger consumer: receiving again", slog.Int("failures", failures))
+		}
+		failures = 0
+		c.setErr(&c.recvErr, nil)
+		if msg == nil {
+			<-slots
+			continue
+		}
+		c.metrics.Received()
+		start := time.Now()
+		if ctx.Err() != nil {
+			// Received but not handled: hand it back at once.
+			c.nack(work, msg, NackStopping, 0, start)
+			<-slots
+			return nil
+		}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			c.handle(work, msg, start)
+		})
+	}
+}
+
+// Check reports the consumer's readiness: ErrNotRunning when Run is not
+// running, the last broker failure (its kind named in the message; find it
+// with errors.As on *BrokerError) while the broker is failing, else nil.
+func (c *Consumer[T]) Check() error {
+	if !c.running.Load() {
+		return ErrNotRunning
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, err := range []error{c.recvErr, c.ackErr} {
+		if err != nil {
+			return fmt.Errorf("trigger: consumer: broker %s: %w", KindOf(err), err)
+		}
+	}
+	return nil
+}
+
+func (c *Consumer[T]) setErr(p *error, err error) {
+	c.mu.Lock()
+	*p = err
+	c.mu.Unlock()
+}
+
+// pointer is the message format.
+type pointer struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	Reason    string `json:"reason,omitempty"`
+}
+
+// decodeMessage parses and validates one message body.
+func decodeMessage(data []byte, res opkit.Resource, maxBytes int, allowUnknown bool) (opkit.Key, string, TermReason, error) {
+	if len(data) > maxBytes {
+		return opkit.Key{}, "", TermTooLarge, invalid("message of %d bytes exceeds the limit of %d", len(data), maxBytes)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if !allowUnknown {
+		dec.DisallowUnknownFields()
+	}
+	var p pointer
+	if !bytes.HasPrefix(bytes.TrimSpace(data), []byte("{")) {
+		return opkit.Key{}, "", TermMalformed, invalid("message is not a JSON object")
+	}
+	if err := dec.Decode(&p); err != nil {
+		return opkit.Key{}, "", TermMalformed, invalid("message: %v", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return opkit.Key{}, "", TermMalformed, invalid("message: data after the JSON object")
+	}
+	key := opkit.Key{Namespace: p.Namespace, Name: p.Name}
+	if err := validateKey(res, key); err != nil {
+		return key, "", TermInvalid, err
+	}
+	if len(p.Reason) > MaxReasonLen || !utf8.ValidString(p.Reason) {
+		return key, "", TermInvalid, invalid("reason must be valid UTF-8 of at most %d bytes", MaxReasonLen)
+	}
+	return key, p.Reason, "", nil
+}
+
+func (c *Consumer[T]) handle(ctx context.Context, msg Message, start time.Time) {
+	res := c.cfg.Trigger.Resource()
+	key, reason, term, err := decodeMessage(msg.Data(), res, c.cfg.MaxMessageBytes, c.cfg.AllowUnknownFields)
+	if err != nil {
+		c.log.LogAttrs(ctx, slog.LevelError, "trigger consumer: dead-lettering message",
+			slog.String("reason", string(term)), slog.Any("error", err), slog.Int("deliveries", msg.Deliveries()))
+		c.term(ctx, msg, term, start)
+		return
+	}
+	gctx, cancel := context.WithTimeout(ctx, c.cfg.APITimeout)
+	obj, err := c.get(gctx, key)
+	cancel()
+	if apierrors.IsNotFound(err) {
+		c.log.LogAttrs(ctx, slog.LevelWarn, "trigger consumer: object no longer exists; acknowledging",
+			slog.String("resource", res.GroupVersionResource.String()), slog.String("key", key.String()), slog.String("triggerReason", reason))
+		c.ack(ctx, msg, AckNotFound, start)
+		return
+	}
+	if err != nil {
+		delay := backoff(c.cfg.RetryBase, c.cfg.RetryCap, msg.Deliveries())
+		c.log.LogAttrs(ctx, slog.LevelError, "trigger consumer: re-fetch failed; nacking",
+			slog.String("key", key.String()), slog.Any("error", err), slog.Int("deliveries", msg.Deliveries()), slog.Duration("delay", delay))
+		c.nack(ctx, msg, NackAPIError, delay, start)
+		return
+	}
+	o, err := c.cfg.Trigger.Submit(ctx, Request[T]{Object: obj, Type: c.cfg.Type, Source: opkit.Operator, Reason: reason})
+	if err != nil {
+		// The API server returned something the trigger refuses (another
+		// kind): a configuration problem, not the message's fault.
+		delay := backoff(c.cfg.RetryBase, c.cfg.RetryCap, msg.Deliveries())
+		c.log.LogAttrs(ctx, slog.LevelError, "trigger consumer: enqueue refused the fetched object; nacking",
+			slog.String("key", key.String()), slog.Any("error", err))
+		c.nack(ctx, msg, NackAPIError, delay, start)
+		return
+	}
+	if !o.Accepted() {
+		// Never ack a dropped trigger: the broker must redeliver it, to the
+		// leader or to this replica once it leads.
+		c.nack(ctx, msg, NackDropped, c.cfg.DroppedDelay, start)
+		return
+	}
+	c.ack(ctx, msg, AckScheduled, start)
+}
+
+func (c *Consumer[T]) settled(ctx context.Context, op string, err error, start time.Time) {
+	c.metrics.Processed(time.Since(start))
+	if err != nil {
+		kind := KindOf(err)
+		c.metrics.BrokerError(kind)
+		c.setErr(&c.ackErr, err)
+		c.log.LogAttrs(ctx, slog.LevelError, "trigger consumer: broker "+op+" failed",
+			slog.String("kind", kind.String()), slog.Any("error", err))
+		return
+	}
+	c.setErr(&c.ackErr, nil)
+}
+
+func (c *Consumer[T]) ack(ctx context.Context, msg Message, r AckReason, start time.Time) {
+	bctx, cancel := context.WithTimeout(ctx, c.cfg.BrokerTimeout)
+	defer cancel()
+	err := msg.Ack(bctx)
+	if err == nil {
+		c.metrics.Acked(r)
+	}
+	c.settled(ctx, "ack", err, start)
+}
+
+func (c *Consumer[T]) nack(ctx context.Context, msg Message, r NackReason, delay time.Duration, start time.Time) {
+	bctx, cancel := context.WithTimeout(ctx, c.cfg.BrokerTimeout)
+	defer cancel()
+	err := msg.Nack(bctx, delay)
+	if err == nil {
+		c.metrics.Nacked(r)
+	}
+	c.settled(ctx, "nack", err, start)
+}
+
+func (c *Consumer[T]) term(ctx context.Context, msg Message, r TermReason, start time.Time) {
+	bctx, cancel := context.WithTimeout(ctx, c.cfg.BrokerTimeout)
+	defer cancel()
+	err := msg.Term(bctx, string(r))
+	if err == nil {
+		c.metrics.Terminated(r)
+	}
+	c.settled(ctx, "term", err, start)
+}
+
+func (c *Consumer[T]) pollLag(ctx context.Context, lb Lag) {
+	t := time.NewTicker(c.cfg.LagInterval)
+	defer t.Stop()
+	for {
+		lctx, cancel := context.WithTimeout(ctx, c.cfg.BrokerTimeout)
+		n, err := lb.Lag(lctx)
+		cancel()
+		switch {
+		case err == nil:
+			c.metrics.Lag(n)
+		case ctx.Err() == nil:
+			kind := KindOf(err)
+			c.metrics.BrokerError(kind)
+			c.log.LogAttrs(ctx, slog.LevelWarn, "trigger consumer: lag unavailable",
+				slog.String("kind", kind.String()), slog.Any("error", err))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// backoff returns base*2^(n-1) capped at max, for n >= 1.
+func backoff(base, max time.Duration, n int) time.Duration {
+	d := base
+	for i := 1; i < n && d < max; i++ {
+		d *= 2
+	}
+	return min(d, max)
+}
+
+// sleep waits d or until ctx ends; it reports whether d elapsed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
