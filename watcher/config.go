@@ -1,0 +1,283 @@
+package watcher
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"k8s.io/client-go/dynamic"
+
+	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/queue"
+)
+
+// Defaults applied by [New] to zero fields of [Config] and [Backoff].
+const (
+	// DefaultListPriority is the priority of entries produced by a (re)list
+	// when Config.ListPriority is nil: below watch events (priority 0), so a
+	// resync never delays fresh changes.
+	DefaultListPriority = -1
+	// DefaultPageSize is the number of objects per list page.
+	DefaultPageSize int64 = 500
+	// DefaultIdleTimeout is how long a watch may stay silent (no event, no
+	// bookmark) before it is restarted. The API server sends a bookmark
+	// about once a minute on an open watch, so five minutes is several
+	// missed bookmarks: a dead connection, not a quiet resource.
+	DefaultIdleTimeout = 5 * time.Minute
+	// DefaultBackoffBase is the first retry delay after a failure.
+	DefaultBackoffBase = 500 * time.Millisecond
+	// DefaultBackoffCap is the longest retry delay for transient failures.
+	DefaultBackoffCap = 30 * time.Second
+	// DefaultBackoffReset is how long a watch must stay open for the failure
+	// count to return to zero.
+	DefaultBackoffReset = time.Minute
+	// DefaultBackoffSlow is the retry delay for permission (403) and
+	// missing-resource (404) errors.
+	DefaultBackoffSlow = 30 * time.Second
+)
+
+// WatchListMode selects how a (re)list is done.
+type WatchListMode uint8
+
+const (
+	// WatchListAuto (the zero value) tries a streaming WatchList first and
+	// falls back to a paginated list when the server refuses it (an error
+	// such as 400, 403 on the watch verb, 405, 422 or 501 on the request, or
+	// an initial-events phase that does not finish within IdleTimeout). A
+	// refusal turns WatchList off for the rest of the Run. Clients that
+	// declare they cannot serve WatchList semantics (client-go's fakes) are
+	// listed directly.
+	WatchListAuto WatchListMode = iota
+	// WatchListOff always uses a paginated list.
+	WatchListOff
+)
+
+// Backoff is the retry policy for failed list and watch calls. The zero
+// value means the defaults above.
+//
+// After the n-th consecutive failure (n >= 1) the watcher waits a random
+// duration in [d/2, d], where d = min(Base * 2^(n-1), Cap). A 429 waits at
+// least its Retry-After. A 403 or 404 waits a random duration in
+// [Slow/2, Slow] (never less than the transient delay). The failure count
+// returns to zero once a watch has stayed open for Reset.
+type Backoff struct {
+	Base  time.Duration // first delay; default DefaultBackoffBase
+	Cap   time.Duration // longest delay; default DefaultBackoffCap
+	Reset time.Duration // healthy watch time that forgets failures; default DefaultBackoffReset
+	Slow  time.Duration // delay for 403/404; default DefaultBackoffSlow
+}
+
+// delay returns the jittered wait after the n-th consecutive failure.
+func (b Backoff) delay(n int) time.Duration {
+	if n < 1 {
+		n = 1
+	}
+	d := b.Base
+	for i := 1; i < n && d < b.Cap; i++ {
+		d *= 2
+	}
+	return jitter(min(d, b.Cap))
+}
+
+// jitter returns a random duration in [d/2, d].
+func jitter(d time.Duration) time.Duration {
+	if d <= 1 {
+		return d
+	}
+	half := d / 2
+	return half + rand.N(d-half+1)
+}
+
+// Config configures a [Watcher]. Client, Resource and Queue are required;
+// every other zero field means its documented default.
+type Config[T opkit.Object] struct {
+	// Client talks to the API server. Required.
+	Client dynamic.Interface
+	// Resource is the watched resource. Required.
+	Resource opkit.Resource
+	// Namespace restricts a namespaced resource to one namespace; empty
+	// means all namespaces. Must be empty for cluster-scoped resources.
+	Namespace string
+	// LabelSelector and FieldSelector filter the list and the watch, in the
+	// API server's syntax. An object that stops matching is seen as deleted.
+	LabelSelector string
+	FieldSelector string
+
+	// Queue receives one entry per change, keyed by opkit.KeyOf. Required.
+	Queue queue.Adder[opkit.Key, opkit.Event[T]]
+	// Priority of entries from watch events; default 0.
+	Priority int
+	// ListPriority is the priority of entries produced by the initial list
+	// and by relists. nil means DefaultListPriority (-1), below watch
+	// events; set it with new(n) to choose another value (including 0).
+	ListPriority *int
+
+	// PageSize is the number of objects per list page; default
+	// DefaultPageSize. Pages of one list come from one consistent snapshot.
+	PageSize int64
+	// WatchList selects streaming WatchList or paginated lists; default
+	// WatchListAuto.
+	WatchList WatchListMode
+
+	// SkipStatusOnly drops Modified changes that leave metadata.generation
+	// unchanged (status-only updates for resources with a status
+	// subresource), unless the deletion timestamp, the finalizers, or one of
+	// the labels or annotations named in WatchLabels / WatchAnnotations
+	// changed. Objects whose generation is 0 (resources that do not
+	// maintain it, such as ConfigMaps) are never skipped.
+	SkipStatusOnly   bool
+	WatchLabels      []string
+	WatchAnnotations []string
+
+	// Backoff is the retry policy; zero fields take their defaults.
+	Backoff Backoff
+	// IdleTimeout restarts a watch that delivered neither an event nor a
+	// bookmark for this long; default DefaultIdleTimeout.
+	IdleTimeout time.Duration
+
+	// OnSync, if set, is called on Run's goroutine at the start and at the
+	// end of every (re)list. It must return quickly.
+	OnSync func(SyncEvent)
+	// Metrics receives counters and gauges; nil means none.
+	Metrics Metrics
+	// Logger receives the watcher's logs; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// SyncPhase tells whether a [SyncEvent] marks the start or the end of a list.
+type SyncPhase uint8
+
+const (
+	// SyncStarted: a (re)list attempt begins.
+	SyncStarted SyncPhase = iota + 1
+	// SyncFinished: the (re)list completed and every entry it produced
+	// (including tombstones for vanished objects) was handed to the queue.
+	SyncFinished
+)
+
+// String returns "SyncStarted" or "SyncFinished".
+func (p SyncPhase) String() string {
+	switch p {
+	case SyncStarted:
+		return "SyncStarted"
+	case SyncFinished:
+		return "SyncFinished"
+	}
+	return fmt.Sprintf("SyncPhase(%d)", uint8(p))
+}
+
+// SyncEvent marks the start or the end of a (re)list. A SyncStarted that is
+// not followed by SyncFinished means the attempt failed; the retry reports
+// SyncStarted again.
+type SyncEvent struct {
+	Phase SyncPhase
+	// Initial is true for the first list of a Run, which emits every object
+	// as Added; false for relists, which emit only the differences.
+	Initial bool
+	// Reason is ReasonInitial for a Run's first list, otherwise why the
+	// watcher relisted (ReasonExpired).
+	Reason Reason
+	// Streaming is true when the list is a WatchList stream.
+	Streaming bool
+	// Counts of entries emitted (set on SyncFinished): Added, Modified and
+	// Deleted (tombstones); Unchanged counts listed objects that produced
+	// no entry.
+	Added, Modified, Deleted, Unchanged int
+	// ResourceVersion the watch continues from (set on SyncFinished).
+	ResourceVersion string
+}
+
+// settings is a validated Config with defaults applied.
+type settings struct {
+	listPriority int
+	pageSize     int64
+	idle         time.Duration
+	backoff      Backoff
+	metrics      Metrics
+	logger       *slog.Logger
+	labels       []string
+	annotations  []string
+}
+
+// Errors returned by New for an invalid Config.
+var (
+	// ErrInvalidConfig wraps every configuration error from New.
+	ErrInvalidConfig = errors.New("watcher: invalid config")
+)
+
+func (c *Config[T]) validate() (settings, error) {
+	bad := func(format string, args ...any) (settings, error) {
+		return settings{}, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
+	}
+	if c.Client == nil {
+		return bad("Client is nil")
+	}
+	if c.Queue == nil {
+		return bad("Queue is nil")
+	}
+	if err := c.Resource.Validate(); err != nil {
+		return bad("%v", err)
+	}
+	if !c.Resource.Namespaced && c.Namespace != "" {
+		return bad("resource %s is cluster-scoped but Namespace is %q", c.Resource.GroupVersionResource, c.Namespace)
+	}
+	if err := checkPointerToStruct[T](); err != nil {
+		return bad("%v", err)
+	}
+	if c.PageSize < 0 {
+		return bad("PageSize %d is negative", c.PageSize)
+	}
+	if c.IdleTimeout < 0 {
+		return bad("IdleTimeout %v is negative", c.IdleTimeout)
+	}
+	if c.WatchList > WatchListOff {
+		return bad("unknown WatchList mode %d", c.WatchList)
+	}
+	b := c.Backoff
+	if b.Base < 0 || b.Cap < 0 || b.Reset < 0 || b.Slow < 0 {
+		return bad("Backoff has a negative duration: %+v", b)
+	}
+	if b.Base == 0 {
+		b.Base = DefaultBackoffBase
+	}
+	if b.Cap == 0 {
+		b.Cap = max(DefaultBackoffCap, b.Base)
+	}
+	if b.Reset == 0 {
+		b.Reset = DefaultBackoffReset
+	}
+	if b.Slow == 0 {
+		b.Slow = DefaultBackoffSlow
+	}
+	if b.Base > b.Cap {
+		return bad("Backoff.Base %v exceeds Backoff.Cap %v", b.Base, b.Cap)
+	}
+	s := settings{
+		listPriority: DefaultListPriority,
+		pageSize:     c.PageSize,
+		idle:         c.IdleTimeout,
+		backoff:      b,
+		metrics:      c.Metrics,
+		logger:       c.Logger,
+		labels:       append([]string(nil), c.WatchLabels...),
+		annotations:  append([]string(nil), c.WatchAnnotations...),
+	}
+	if c.ListPriority != nil {
+		s.listPriority = *c.ListPriority
+	}
+	if s.pageSize == 0 {
+		s.pageSize = DefaultPageSize
+	}
+	if s.idle == 0 {
+		s.idle = DefaultIdleTimeout
+	}
+	if s.metrics == nil {
+		s.metrics = nopMetrics{}
+	}
+	if s.logger == nil {
+		s.logger = slog.Default()
+	}
+	return s, nil
+}

@@ -1,0 +1,158 @@
+package watcher
+
+import (
+	"hash/fnv"
+	"slices"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/opkit/opkit"
+)
+
+// entry is everything the watcher remembers about one object. It is kept
+// deliberately small (about 60 bytes plus the UID and resourceVersion
+// strings): the objects themselves are never retained.
+type entry struct {
+	uid string
+	rv  string
+	// generation is metadata.generation; 0 when the resource does not
+	// maintain it.
+	generation int64
+	// fingerprint hashes what makes a same-generation change worth a
+	// reconcile: whether a deletion timestamp is set, the finalizers, and
+	// the watched labels and annotations.
+	fingerprint uint64
+	// epoch is the number of the latest (re)list that saw the object; after
+	// a complete list, entries with an older epoch have vanished.
+	epoch uint32
+}
+
+// meta is what the watcher reads from an object's metadata.
+type meta struct {
+	key         opkit.Key
+	uid         string
+	rv          string
+	generation  int64
+	fingerprint uint64
+}
+
+// readMeta extracts the watcher's view of u without copying the object.
+func readMeta(u *unstructured.Unstructured, watchLabels, watchAnnotations []string) meta {
+	md, _ := u.Object["metadata"].(map[string]any)
+	str := func(k string) string { s, _ := md[k].(string); return s }
+	m := meta{
+		key: opkit.Key{Namespace: str("namespace"), Name: str("name")},
+		uid: str("uid"),
+		rv:  str("resourceVersion"),
+	}
+	switch g := md["generation"].(type) {
+	case int64:
+		m.generation = g
+	case float64:
+		m.generation = int64(g)
+	case int:
+		m.generation = int64(g)
+	}
+
+	h := fnv.New64a()
+	write := func(s string) { h.Write([]byte(s)); h.Write([]byte{0}) }
+	if ts, ok := md["deletionTimestamp"]; ok && ts != nil {
+		write("deleting")
+	}
+	if fs, ok := md["finalizers"].([]any); ok {
+		write("finalizers")
+		for _, f := range fs {
+			s, _ := f.(string)
+			write(s)
+		}
+	}
+	hashNamed(h.Write, write, "labels", md["labels"], watchLabels)
+	hashNamed(h.Write, write, "annotations", md["annotations"], watchAnnotations)
+	m.fingerprint = h.Sum64()
+	return m
+}
+
+// hashNamed feeds the values of the named keys of a string map into the hash,
+// distinguishing an absent key from an empty value.
+func hashNamed(raw func([]byte) (int, error), write func(string), section string, v any, names []string) {
+	if len(names) == 0 {
+		return
+	}
+	m, _ := v.(map[string]any)
+	write(section)
+	for _, n := range names {
+		val, ok := m[n]
+		if !ok {
+			raw([]byte{1})
+			continue
+		}
+		s, _ := val.(string)
+		write(n)
+		write(s)
+	}
+}
+
+// tracker holds the entries of one watcher. It is owned by Run's goroutine
+// (and survives across Runs, so a new Run can detect objects deleted while
+// no Run was active).
+type tracker struct {
+	entries map[opkit.Key]entry
+	// namespaces interns namespace strings so that keys share them.
+	namespaces map[string]string
+	epoch      uint32
+}
+
+func newTracker() *tracker {
+	return &tracker{entries: make(map[opkit.Key]entry), namespaces: make(map[string]string)}
+}
+
+// canonical returns a key whose strings do not alias the decoded object,
+// with the namespace interned.
+func (t *tracker) canonical(k opkit.Key) opkit.Key {
+	ns, ok := t.namespaces[k.Namespace]
+	if !ok {
+		ns = strings.Clone(k.Namespace)
+		t.namespaces[ns] = ns
+	}
+	return opkit.Key{Namespace: ns, Name: strings.Clone(k.Name)}
+}
+
+// store records m, marking it seen in the current epoch when listing.
+func (t *tracker) store(m meta, seen bool, old entry, known bool) {
+	e := entry{
+		generation:  m.generation,
+		fingerprint: m.fingerprint,
+		epoch:       old.epoch,
+	}
+	if seen {
+		e.epoch = t.epoch
+	}
+	if known && old.uid == m.uid {
+		e.uid = old.uid // already a private copy
+	} else {
+		e.uid = strings.Clone(m.uid)
+	}
+	e.rv = strings.Clone(m.rv)
+	// Always a canonical key: assigning to an existing string key replaces
+	// the stored key too, so an aliasing key would undo the interning.
+	t.entries[t.canonical(m.key)] = e
+}
+
+// vanished returns, sorted by key, the keys not seen by the list of the
+// current epoch.
+func (t *tracker) vanished() []opkit.Key {
+	var out []opkit.Key
+	for k, e := range t.entries {
+		if e.epoch != t.epoch {
+			out = append(out, k)
+		}
+	}
+	slices.SortFunc(out, func(a, b opkit.Key) int {
+		if c := strings.Compare(a.Namespace, b.Namespace); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+	return out
+}

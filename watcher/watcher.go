@@ -1,0 +1,639 @@
+package watcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"reflect"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/util/watchlist"
+
+	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/internal/typed"
+	"github.com/opkit/opkit/queue"
+)
+
+// Errors reported by Run and Check.
+var (
+	// ErrAlreadyRunning is returned by Run while another Run of the same
+	// Watcher is active.
+	ErrAlreadyRunning = errors.New("watcher: already running")
+	// ErrNotRunning is returned by Check when no Run is active.
+	ErrNotRunning = errors.New("watcher: not running")
+	// ErrNotSynced is returned by Check until the Run's first list is done.
+	ErrNotSynced = errors.New("watcher: not synced")
+	// ErrDisconnected is returned by Check while the latest list or watch
+	// call failed; the call's error is wrapped alongside it, so
+	// apierrors.IsForbidden and friends work on Check's result.
+	ErrDisconnected = errors.New("watcher: not connected")
+)
+
+// Watcher lists and watches one resource and feeds a queue. Build it with
+// [New]; run it with [Watcher.Run].
+type Watcher[T opkit.Object] struct {
+	cfg Config[T]
+	s   settings
+	log *slog.Logger
+	res dynamic.ResourceInterface
+
+	running atomic.Bool
+
+	mu      sync.Mutex // guards active, synced, lastErr
+	active  bool
+	synced  bool
+	lastErr error
+
+	// Owned by the goroutine running Run.
+	track *tracker
+}
+
+// New validates cfg and returns a Watcher. It starts nothing.
+func New[T opkit.Object](cfg Config[T]) (*Watcher[T], error) {
+	s, err := cfg.validate()
+	if err != nil {
+		return nil, err
+	}
+	w := &Watcher[T]{
+		cfg:   cfg,
+		s:     s,
+		track: newTracker(),
+		log: s.logger.With("resource", cfg.Resource.GroupVersionResource.String(),
+			"namespace", cfg.Namespace),
+	}
+	r := cfg.Client.Resource(cfg.Resource.GroupVersionResource)
+	if cfg.Resource.Namespaced && cfg.Namespace != "" {
+		w.res = r.Namespace(cfg.Namespace)
+	} else {
+		w.res = r
+	}
+	return w, nil
+}
+
+func checkPointerToStruct[T any]() error {
+	t := reflect.TypeFor[T]()
+	if t.Kind() != reflect.Pointer || t.Elem().Kind() != reflect.Struct {
+		return fmt.Errorf("type parameter %v is not a pointer to a struct", t)
+	}
+	return nil
+}
+
+// Synced reports whether the current Run has finished its first list.
+func (w *Watcher[T]) Synced() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.active && w.synced
+}
+
+// Check is a health check: nil while a Run is active, its first list is
+// done and the latest list or watch call succeeded. Otherwise it says why:
+// ErrNotRunning, ErrNotSynced and/or ErrDisconnected wrapping the API error
+// (so errors.Is and apierrors.IsForbidden work on the result).
+func (w *Watcher[T]) Check() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch {
+	case !w.active:
+		return ErrNotRunning
+	case !w.synced && w.lastErr != nil:
+		return fmt.Errorf("%w: %w: %w", ErrNotSynced, ErrDisconnected, w.lastErr)
+	case !w.synced:
+		return ErrNotSynced
+	case w.lastErr != nil:
+		return fmt.Errorf("%w: %w", ErrDisconnected, w.lastErr)
+	}
+	return nil
+}
+
+func (w *Watcher[T]) setErr(err error) {
+	w.mu.Lock()
+	w.lastErr = err
+	w.mu.Unlock()
+}
+
+func (w *Watcher[T]) setSynced() {
+	w.mu.Lock()
+	w.synced = true
+	w.mu.Unlock()
+}
+
+// Run lists the resource, emits an entry per object, then watches and emits
+// an entry per change, until ctx is cancelled. It returns nil after ctx is
+// cancelled, once every watch it opened is closed and every goroutine it
+// started has ended; it returns ErrAlreadyRunning if another Run is active.
+// A Watcher may be Run again after Run returns: each Run starts with a full
+// list (see the package documentation).
+func (w *Watcher[T]) Run(ctx context.Context) error {
+	if !w.running.CompareAndSwap(false, true) {
+		return ErrAlreadyRunning
+	}
+	defer w.running.Store(false)
+	w.mu.Lock()
+	w.active, w.synced, w.lastErr = true, false, nil
+	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		w.active, w.synced = false, false
+		w.mu.Unlock()
+	}()
+
+	r := &run[T]{
+		w:         w,
+		watchList: w.cfg.WatchList == WatchListAuto && !watchlist.DoesClientNotSupportWatchListSemantics(w.cfg.Client),
+	}
+	r.loop(ctx)
+	return nil
+}
+
+// run is the state of one Run; it lives on Run's goroutine.
+type run[T opkit.Object] struct {
+	w         *Watcher[T]
+	watchList bool // try WatchList for the next (re)list
+	failures  int  // consecutive failed calls, for backoff
+}
+
+// outcome is how a watch (or a list) ended.
+type outcome struct {
+	reason Reason
+	err    error // the failure, for error reasons
+}
+
+func (r *run[T]) loop(ctx context.Context) {
+	w := r.w
+	var (
+		rv         string
+		needList   = true
+		initial    = true
+		listReason = ReasonInitial
+	)
+	for ctx.Err() == nil {
+		if needList {
+			w.s.metrics.Relist(listReason)
+			var (
+				newRV string
+				out   outcome
+				ok    bool
+			)
+			if r.watchList {
+				newRV, ok, out = r.streamList(ctx, initial, listReason)
+			} else {
+				newRV, ok, out = r.pagedList(ctx, initial, listReason)
+			}
+			if !ok {
+				if ctx.Err() != nil {
+					return
+				}
+				if out.reason == ReasonExpired {
+					// A continue token or the stream's snapshot expired:
+					// list again from a fresh snapshot, no wait.
+					continue
+				}
+				if !r.wait(ctx, out) {
+					return
+				}
+				continue
+			}
+			rv, needList, initial = newRV, false, false
+			if r.watchList {
+				// The stream continued as a watch after its end bookmark and
+				// has ended since; resume from where it stopped.
+				continue
+			}
+		}
+
+		started := time.Now()
+		wi, err := w.res.Watch(ctx, r.watchOptions(rv))
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			out := r.failure("watch", err)
+			if out.reason == ReasonExpired {
+				needList, listReason = true, ReasonExpired
+				continue
+			}
+			if !r.wait(ctx, out) {
+				return
+			}
+			continue
+		}
+		w.setErr(nil)
+		out := r.consume(ctx, wi, &rv, nil)
+		if ctx.Err() != nil {
+			return
+		}
+		w.s.metrics.WatchRestart(out.reason)
+		short := r.afterWatch(started)
+		switch out.reason {
+		case ReasonExpired:
+			w.log.Info("watch expired; relisting", "resourceVersion", rv)
+			needList, listReason = true, ReasonExpired
+		case ReasonIdle:
+			w.log.Warn("watch idle; restarting", "idleTimeout", w.s.idle, "resourceVersion", rv)
+		case ReasonClosed:
+			w.log.Debug("watch closed; resuming", "resourceVersion", rv)
+			// A server that keeps closing watches at once is not hammered.
+			if short {
+				r.failures++
+				if !r.wait(ctx, out) {
+					return
+				}
+			}
+		default:
+			// An error event; failure() counted it.
+			if !r.wait(ctx, out) {
+				return
+			}
+		}
+	}
+}
+
+// afterWatch forgets past failures once a watch stayed open for Reset. It
+// reports whether the watch was short-lived.
+func (r *run[T]) afterWatch(started time.Time) (short bool) {
+	if time.Since(started) >= r.w.s.backoff.Reset {
+		r.failures = 0
+		return false
+	}
+	return true
+}
+
+func (r *run[T]) watchOptions(rv string) metav1.ListOptions {
+	// Ask the server to end the watch after 5 to 10 minutes, so that
+	// connections are rebalanced across API servers; the watch is then
+	// resumed from rv without a relist.
+	timeout := int64(300 + rand.IntN(300))
+	return metav1.ListOptions{
+		LabelSelector:       r.w.cfg.LabelSelector,
+		FieldSelector:       r.w.cfg.FieldSelector,
+		ResourceVersion:     rv,
+		AllowWatchBookmarks: true,
+		TimeoutSeconds:      &timeout,
+	}
+}
+
+// failure classifies a failed call, records it and returns how to go on.
+func (r *run[T]) failure(call string, err error) outcome {
+	w := r.w
+	reason := classify(err)
+	if reason == ReasonExpired {
+		w.s.metrics.Error(reason)
+		w.log.Info(call+" expired; relisting", "err", err)
+		return outcome{reason: reason, err: err}
+	}
+	r.failures++
+	wrapped := fmt.Errorf("%s %s: %w", call, w.cfg.Resource.GroupVersionResource, err)
+	w.setErr(wrapped)
+	w.s.metrics.Error(reason)
+	switch reason {
+	case ReasonForbidden:
+		w.log.Error("permission denied: the identity needs list and watch on the resource; retrying slowly", "call", call, "err", err)
+	case ReasonNotFound:
+		w.log.Error("resource not found: is it installed (CRD) and served in this version? retrying slowly", "call", call, "err", err)
+	default:
+		w.log.Warn(call+" failed; backing off", "reason", reason, "failures", r.failures, "err", err)
+	}
+	return outcome{reason: reason, err: err}
+}
+
+func classify(err error) Reason {
+	switch {
+	case apierrors.IsResourceExpired(err), apierrors.IsGone(err):
+		return ReasonExpired
+	case apierrors.IsForbidden(err), apierrors.IsUnauthorized(err):
+		return ReasonForbidden
+	case apierrors.IsNotFound(err), apierrors.IsMethodNotSupported(err):
+		return ReasonNotFound
+	case apierrors.IsTooManyRequests(err):
+		return ReasonThrottled
+	}
+	return ReasonError
+}
+
+// wait sleeps before the next attempt after a failure; false if ctx ended.
+func (r *run[T]) wait(ctx context.Context, out outcome) bool {
+	b := r.w.s.backoff
+	d := b.delay(r.failures)
+	switch out.reason {
+	case ReasonForbidden, ReasonNotFound:
+		d = max(d, jitter(b.Slow))
+	case ReasonThrottled:
+		if secs, ok := apierrors.SuggestsClientDelay(out.err); ok {
+			d = max(d, time.Duration(secs)*time.Second)
+		}
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// listing is the state of one (re)list in progress.
+type listing struct {
+	initial bool
+	reason  Reason
+	stream  bool
+	ev      SyncEvent
+}
+
+func (r *run[T]) beginList(initial bool, reason Reason, stream bool) *listing {
+	t := r.w.track
+	t.epoch++
+	l := &listing{initial: initial, reason: reason, stream: stream}
+	l.ev = SyncEvent{Initial: initial, Reason: reason, Streaming: stream}
+	if f := r.w.cfg.OnSync; f != nil {
+		ev := l.ev
+		ev.Phase = SyncStarted
+		f(ev)
+	}
+	return l
+}
+
+// finishList emits tombstones for the objects the list did not see and
+// reports the end of the list.
+func (r *run[T]) finishList(l *listing, rv string) {
+	w := r.w
+	for _, k := range w.track.vanished() {
+		e := w.track.entries[k]
+		delete(w.track.entries, k)
+		w.emit(k, typed.Tombstone[T](k, types.UID(e.uid), e.rv), opkit.Deleted, true, w.s.listPriority)
+		l.ev.Deleted++
+	}
+	w.s.metrics.Tracked(len(w.track.entries))
+	w.setErr(nil)
+	w.setSynced()
+	l.ev.Phase, l.ev.ResourceVersion = SyncFinished, rv
+	w.log.Info("list done", "initial", l.initial, "reason", l.reason, "streaming", l.stream,
+		"added", l.ev.Added, "modified", l.ev.Modified, "deleted", l.ev.Deleted,
+		"unchanged", l.ev.Unchanged, "resourceVersion", rv)
+	if f := w.cfg.OnSync; f != nil {
+		f(l.ev)
+	}
+}
+
+// pagedList lists the resource page by page from one snapshot.
+func (r *run[T]) pagedList(ctx context.Context, initial bool, reason Reason) (string, bool, outcome) {
+	w := r.w
+	l := r.beginList(initial, reason, false)
+	opts := metav1.ListOptions{
+		LabelSelector: w.cfg.LabelSelector,
+		FieldSelector: w.cfg.FieldSelector,
+		Limit:         w.s.pageSize,
+	}
+	for {
+		page, err := w.res.List(ctx, opts)
+		if err != nil {
+			if ctx.Err() != nil {
+				return "", false, outcome{}
+			}
+			return "", false, r.failure("list", err)
+		}
+		for i := range page.Items {
+			w.observe(&page.Items[i], l)
+		}
+		if page.GetContinue() == "" {
+			rv := page.GetResourceVersion()
+			r.finishList(l, rv)
+			return rv, true, outcome{}
+		}
+		opts.Continue = page.GetContinue()
+	}
+}
+
+// streamList runs a WatchList: the initial objects arrive as Added events,
+// a bookmark marks their end, and the stream then goes on as an ordinary
+// watch, which streamList consumes until it ends. ok reports whether the
+// initial phase completed; rv is where to resume.
+func (r *run[T]) streamList(ctx context.Context, initial bool, reason Reason) (rv string, ok bool, out outcome) {
+	w := r.w
+	send := true
+	opts := r.watchOptions("")
+	opts.SendInitialEvents = &send
+	opts.ResourceVersionMatch = metav1.ResourceVersionMatchNotOlderThan
+	started := time.Now()
+	wi, err := w.res.Watch(ctx, opts)
+	if err != nil {
+		if ctx.Err() != nil {
+			return "", false, outcome{}
+		}
+		if refusesWatchList(err) {
+			w.log.Info("server refused WatchList; using paginated lists", "err", err)
+			r.watchList = false
+			return r.pagedList(ctx, initial, reason)
+		}
+		return "", false, r.failure("watchlist", err)
+	}
+	w.setErr(nil)
+	l := r.beginList(initial, reason, true)
+	out = r.consume(ctx, wi, &rv, l)
+	if ctx.Err() != nil {
+		return "", false, outcome{}
+	}
+	if l.ev.Phase != SyncFinished {
+		// The stream ended before the end bookmark.
+		if out.reason == ReasonIdle {
+			w.log.Warn("WatchList did not finish its initial events; using paginated lists", "idleTimeout", w.s.idle)
+			r.watchList = false
+			return "", false, outcome{reason: ReasonExpired} // relist at once
+		}
+		if out.err != nil && refusesWatchList(out.err) {
+			w.log.Info("server refused WatchList; using paginated lists", "err", out.err)
+			r.watchList = false
+			return "", false, outcome{reason: ReasonExpired}
+		}
+		if out.reason == ReasonClosed || out.reason == ReasonExpired {
+			r.failures++
+			return "", false, outcome{reason: ReasonError}
+		}
+		return "", false, out
+	}
+	// Synced; the stream then ran as a plain watch and has ended.
+	w.s.metrics.WatchRestart(out.reason)
+	short := r.afterWatch(started)
+	switch out.reason {
+	case ReasonExpired:
+		w.log.Info("watch expired; relisting", "resourceVersion", rv)
+		return "", false, outcome{reason: ReasonExpired}
+	case ReasonIdle:
+		w.log.Warn("watch idle; restarting", "idleTimeout", w.s.idle, "resourceVersion", rv)
+	case ReasonClosed:
+		if short {
+			r.failures++
+			r.wait(ctx, out)
+		}
+	default:
+		r.wait(ctx, out)
+	}
+	return rv, true, outcome{}
+}
+
+// refusesWatchList reports whether err means the server does not serve
+// WatchList requests (as opposed to a transient failure).
+func refusesWatchList(err error) bool {
+	return apierrors.IsBadRequest(err) || apierrors.IsInvalid(err) ||
+		apierrors.IsMethodNotSupported(err) || apierrors.IsNotAcceptable(err) ||
+		apierrors.IsUnsupportedMediaType(err)
+}
+
+// consume reads a watch until it ends, the idle timer fires or ctx is
+// cancelled; it stops the watch before returning. rv advances with every
+// event and bookmark. When l is not nil the stream is a WatchList in its
+// initial phase: events count for the list until the end bookmark.
+func (r *run[T]) consume(ctx context.Context, wi watch.Interface, rv *string, l *listing) outcome {
+	w := r.w
+	defer wi.Stop()
+	idle := time.NewTimer(w.s.idle)
+	defer idle.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return outcome{reason: ReasonClosed}
+		case <-idle.C:
+			return outcome{reason: ReasonIdle}
+		case ev, ok := <-wi.ResultChan():
+			if !ok {
+				return outcome{reason: ReasonClosed}
+			}
+			// During a WatchList's initial phase only objects prove
+			// progress: a server that ignores sendInitialEvents sends
+			// plain bookmarks and never the end marker.
+			if l == nil || ev.Type != watch.Bookmark {
+				idle.Reset(w.s.idle)
+			}
+			w.s.metrics.Observed(time.Now())
+			switch ev.Type {
+			case watch.Added, watch.Modified:
+				u, isU := ev.Object.(*unstructured.Unstructured)
+				if !isU {
+					continue
+				}
+				w.observe(u, l)
+				*rv = u.GetResourceVersion()
+				if l == nil {
+					w.s.metrics.Tracked(len(w.track.entries))
+				}
+			case watch.Deleted:
+				u, isU := ev.Object.(*unstructured.Unstructured)
+				if !isU {
+					continue
+				}
+				w.deleted(u)
+				*rv = u.GetResourceVersion()
+			case watch.Bookmark:
+				u, isU := ev.Object.(*unstructured.Unstructured)
+				if !isU {
+					continue
+				}
+				*rv = u.GetResourceVersion()
+				if l != nil && l.ev.Phase != SyncFinished && u.GetAnnotations()[metav1.InitialEventsAnnotationKey] == "true" {
+					r.finishList(l, *rv)
+					l.ev.Phase = SyncFinished
+					l = nil
+				}
+			case watch.Error:
+				err := apierrors.FromObject(ev.Object)
+				if classify(err) == ReasonExpired {
+					w.s.metrics.Error(ReasonExpired)
+					return outcome{reason: ReasonExpired, err: err}
+				}
+				return r.failure("watch", err)
+			}
+		}
+	}
+}
+
+// observe records an object seen by a list or an Added/Modified watch event
+// and emits the entry it calls for. l is the list in progress, nil for
+// watch events.
+func (w *Watcher[T]) observe(u *unstructured.Unstructured, l *listing) {
+	t := w.track
+	m := readMeta(u, w.s.labels, w.s.annotations)
+	old, known := t.entries[m.key]
+	prio := w.cfg.Priority
+	if l != nil {
+		prio = w.s.listPriority
+	}
+	var typ opkit.Type
+	switch {
+	case known && old.uid != m.uid:
+		// Recreated under the same name: the old incarnation is gone.
+		w.emit(m.key, typed.Tombstone[T](m.key, types.UID(old.uid), old.rv), opkit.Deleted, true, prio)
+		if l != nil {
+			l.ev.Deleted++
+		}
+		typ = opkit.Added
+	case !known, l != nil && l.initial:
+		typ = opkit.Added
+	case old.rv == m.rv:
+		// Unchanged (a relist, or a replayed event).
+	case w.cfg.SkipStatusOnly && m.generation != 0 && m.generation == old.generation && m.fingerprint == old.fingerprint:
+		// Status-only change: track it, emit nothing.
+	default:
+		typ = opkit.Modified
+	}
+	t.store(m, l != nil, old, known)
+	if typ == 0 {
+		if l != nil {
+			l.ev.Unchanged++
+		}
+		return
+	}
+	obj, err := typed.FromUnstructured[T](u)
+	if err != nil {
+		w.s.metrics.Error(ReasonDecode)
+		w.log.Error("cannot decode object into the user's type; no entry emitted", "key", m.key.String(), "err", err)
+		return
+	}
+	w.emit(m.key, obj, typ, false, prio)
+	if l != nil {
+		if typ == opkit.Added {
+			l.ev.Added++
+		} else {
+			l.ev.Modified++
+		}
+	}
+}
+
+// deleted handles a Deleted watch event.
+func (w *Watcher[T]) deleted(u *unstructured.Unstructured) {
+	key := opkit.Key{Namespace: u.GetNamespace(), Name: u.GetName()}
+	delete(w.track.entries, key)
+	w.s.metrics.Tracked(len(w.track.entries))
+	obj, err := typed.FromUnstructured[T](u)
+	if err != nil {
+		w.s.metrics.Error(ReasonDecode)
+		w.log.Error("cannot decode deleted object; emitting a tombstone", "key", key.String(), "err", err)
+		w.emit(key, typed.Tombstone[T](key, u.GetUID(), u.GetResourceVersion()), opkit.Deleted, true, w.cfg.Priority)
+		return
+	}
+	w.emit(key, obj, opkit.Deleted, false, w.cfg.Priority)
+}
+
+// emit hands one entry to the queue. A dropped add is counted and logged at
+// debug level; tracking goes on regardless (see the package documentation).
+func (w *Watcher[T]) emit(key opkit.Key, obj T, typ opkit.Type, finalStateUnknown bool, prio int) {
+	out := w.cfg.Queue.Add(key, opkit.Event[T]{
+		Object:            obj,
+		Type:              typ,
+		Source:            opkit.APIServer,
+		FinalStateUnknown: finalStateUnknown,
+	}, queue.AddOptions{Priority: prio})
+	w.s.metrics.Event(typ, out)
+	if !out.Accepted() {
+		w.log.Debug("queue did not accept the entry", "key", key.String(), "type", typ, "outcome", out)
+	}
+}
