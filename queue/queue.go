@@ -1,0 +1,729 @@
+package queue
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+)
+
+// Config configures a [Queue]. The zero value is valid and means defaults:
+// newest payload wins on merge, no metrics.
+type Config[V any] struct {
+	// Merge decides how an add combines with the payload already held for
+	// its key (pending, or parked behind an in-flight entry). nil means
+	// MergeReplace for every add. It is called with the queue's lock held:
+	// it must be quick and must not call the queue.
+	Merge func(pending, incoming V) Merge
+
+	// Metrics receives the queue's measurements. nil means none, at no cost
+	// on the hot path.
+	Metrics Metrics
+}
+
+// entry states.
+const (
+	stFree uint8 = iota
+	stReady
+	stDelayed
+	stInFlight
+	stParked
+)
+
+// none marks the absence of a slot index.
+const none int32 = -1
+
+// slot is one entry of the queue, stored by value in Queue.slots and
+// referred to by its index so that the structures pointing at it (the key
+// map, the ready rings, the delay heap) hold no pointers and the slots are
+// reused without allocating.
+type slot[K comparable, V any] struct {
+	key K
+	val V
+	// due is when the entry is (or was) due, in nanoseconds since the
+	// queue's epoch. While the entry is in flight it holds the hand-out
+	// time instead (only when metrics are on).
+	due int64
+	// enq is when the earliest add merged into the entry was accepted.
+	enq     int64
+	prio    int32
+	retries int32
+	// stamp changes whenever the entry is (re)inserted into a ready ring or
+	// the delay heap; elements carrying an older stamp are stale.
+	stamp uint32
+	// next is the entry delivered after this one for the same key (parked).
+	next int32
+	// pos is the index in Queue.inflight while the entry is in flight.
+	pos   int32
+	state uint8
+}
+
+// Queue is a keyed, deduplicating priority/delay work queue with a
+// suspendable intake. Create one with [New]; all methods are safe for
+// concurrent use. See the package documentation for its guarantees.
+type Queue[K comparable, V any] struct {
+	mu      sync.Mutex
+	merge   func(pending, incoming V) Merge
+	metrics Metrics
+	epoch   time.Time
+
+	keys  map[K]int32 // key -> first entry of its chain
+	slots []slot[K, V]
+	free  []int32
+
+	levels     []*level // ready entries, highest priority first
+	nReady     int
+	readyStale int // stale elements left in the rings
+	delay      delayHeap
+	delayStale int // stale elements left in the delay heap
+	nDelayed   int
+	nParked    int
+	inflight   []int32
+
+	waiters  []*waiter // Gets blocked, oldest first
+	spare    []*waiter
+	owner    *waiter // the waiter whose timer is armed for the earliest due time
+	ownerDue int64
+
+	suspended bool
+	shutdown  bool
+	drained   chan struct{} // closed when the last in-flight entry is Done after shutdown
+}
+
+// waiter is a blocked Get. ch receives at most one wake-up per
+// registration; timer is armed only while the waiter owns the delay timer.
+type waiter struct {
+	ch    chan struct{}
+	timer *time.Timer
+}
+
+// New returns an empty queue configured by cfg. It starts no goroutine.
+func New[K comparable, V any](cfg Config[V]) *Queue[K, V] {
+	return &Queue[K, V]{
+		merge:   cfg.Merge,
+		metrics: cfg.Metrics,
+		epoch:   time.Now(),
+		keys:    make(map[K]int32),
+	}
+}
+
+var (
+	_ Adder[string, int]  = (*Queue[string, int])(nil)
+	_ Getter[string, int] = (*Queue[string, int])(nil)
+	_ Gate                = (*Queue[string, int])(nil)
+)
+
+// now returns the queue's clock: monotonic nanoseconds since New.
+func (q *Queue[K, V]) now() int64 { return int64(time.Since(q.epoch)) }
+
+func (q *Queue[K, V]) at(t int64) time.Time { return q.epoch.Add(time.Duration(t)) }
+
+func clamp32(v int) int32 {
+	if v > math.MaxInt32 {
+		return math.MaxInt32
+	}
+	if v < math.MinInt32 {
+		return math.MinInt32
+	}
+	return int32(v)
+}
+
+// Add stores value for key, due after opts.Delay, with opts.Priority and
+// opts.Retries. It never blocks. If the key already has a pending or
+// parked entry, the add is merged into it (see the package
+// documentation); if the key is in flight, the add is parked until Done.
+// It returns Queued for a new key, Merged for a known one, and
+// DroppedSuspended or DroppedShutDown when nothing was stored.
+func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
+	q.mu.Lock()
+	if q.shutdown || q.suspended {
+		out := DroppedSuspended
+		if q.shutdown {
+			out = DroppedShutDown
+		}
+		q.mu.Unlock()
+		if m := q.metrics; m != nil {
+			m.Dropped(out)
+		}
+		return out
+	}
+	now := q.now()
+	due := now
+	if opts.Delay > 0 {
+		due = now + int64(opts.Delay)
+		if due < now { // overflow
+			due = math.MaxInt64
+		}
+	}
+	prio := clamp32(opts.Priority)
+	retries := clamp32(opts.Retries)
+
+	head, known := q.keys[key]
+	out := Merged
+	if !known {
+		out = Queued
+		i := q.alloc()
+		s := &q.slots[i]
+		s.key, s.val, s.enq, s.due, s.prio, s.retries, s.next = key, value, now, due, prio, retries, none
+		q.keys[key] = i
+		q.schedule(i, now)
+	} else {
+		t := head
+		for q.slots[t].next != none {
+			t = q.slots[t].next
+		}
+		mode := MergeSequence // behind an in-flight entry: park a new one
+		if q.slots[t].state != stInFlight {
+			mode = MergeReplace
+			if q.merge != nil {
+				mode = q.merge(q.slots[t].val, value)
+			}
+		}
+		if mode == MergeSequence {
+			i := q.alloc()
+			s := &q.slots[i]
+			s.key, s.val, s.enq, s.due, s.prio, s.retries, s.next = key, value, now, due, prio, retries, none
+			s.state = stParked
+			q.nParked++
+			q.slots[t].next = i
+		} else {
+			q.mergeInto(t, value, mode == MergeReplace, due, prio, retries, now)
+		}
+	}
+	q.mu.Unlock()
+	if m := q.metrics; m != nil {
+		m.Added(int(prio), out == Merged)
+		if retries > 0 {
+			m.Retried(int(retries))
+		}
+	}
+	return out
+}
+
+// mergeInto merges an add into the held (pending or parked) entry t.
+func (q *Queue[K, V]) mergeInto(t int32, value V, replace bool, due int64, prio, retries int32, now int64) {
+	s := &q.slots[t]
+	if replace {
+		s.val = value
+		s.retries = retries
+	}
+	oldPrio := s.prio
+	if prio > s.prio {
+		s.prio = prio
+	}
+	switch s.state {
+	case stParked:
+		if due < s.due {
+			s.due = due
+		}
+	case stReady:
+		if s.prio != oldPrio {
+			q.readyStale++
+			q.pushReady(t)
+		}
+	case stDelayed:
+		if due < s.due {
+			s.due = due
+			q.delayStale++
+			if due <= now {
+				q.nDelayed--
+				q.nReady++
+				q.pushReady(t)
+				q.wakeOne()
+			} else {
+				q.pushDelayed(t)
+				q.rearm(now)
+			}
+		}
+	}
+	if s.prio != oldPrio && (s.state == stReady || s.state == stDelayed) {
+		if m := q.metrics; m != nil {
+			m.Depth(int(oldPrio), -1)
+			m.Depth(int(s.prio), 1)
+		}
+	}
+}
+
+// alloc returns a free slot index, growing the slab if needed.
+func (q *Queue[K, V]) alloc() int32 {
+	if n := len(q.free); n > 0 {
+		i := q.free[n-1]
+		q.free = q.free[:n-1]
+		return i
+	}
+	if len(q.slots) >= math.MaxInt32 {
+		panic("queue: too many entries")
+	}
+	q.slots = append(q.slots, slot[K, V]{})
+	return int32(len(q.slots) - 1)
+}
+
+// release returns slot i to the free list, dropping its key and payload so
+// the garbage collector can reclaim what they point to.
+func (q *Queue[K, V]) release(i int32) {
+	s := &q.slots[i]
+	var zk K
+	var zv V
+	s.key, s.val, s.state, s.next = zk, zv, stFree, none
+	s.stamp++
+	q.free = append(q.free, i)
+}
+
+// schedule makes entry i pending: ready if due, delayed otherwise.
+func (q *Queue[K, V]) schedule(i int32, now int64) {
+	s := &q.slots[i]
+	if m := q.metrics; m != nil {
+		m.Depth(int(s.prio), 1)
+	}
+	if s.due <= now {
+		q.nReady++
+		q.pushReady(i)
+		q.wakeOne()
+		return
+	}
+	q.nDelayed++
+	q.pushDelayed(i)
+	q.rearm(now)
+}
+
+func (q *Queue[K, V]) pushReady(i int32) {
+	s := &q.slots[i]
+	s.state = stReady
+	s.stamp++
+	q.levelFor(s.prio).ring.push(elem{idx: i, stamp: s.stamp})
+	if q.readyStale > 64 && q.readyStale > q.nReady {
+		q.compactReady()
+	}
+}
+
+func (q *Queue[K, V]) pushDelayed(i int32) {
+	s := &q.slots[i]
+	s.state = stDelayed
+	s.stamp++
+	q.delay.push(delem{due: s.due, idx: i, stamp: s.stamp})
+	if q.delayStale > 64 && q.delayStale > q.nDelayed {
+		q.compactDelay()
+	}
+}
+
+// levelFor returns the ready level of priority p, creating it if needed.
+func (q *Queue[K, V]) levelFor(p int32) *level {
+	i := 0
+	for ; i < len(q.levels); i++ {
+		l := q.levels[i]
+		if l.prio == p {
+			return l
+		}
+		if l.prio < p {
+			break
+		}
+	}
+	if len(q.levels) >= maxEmptyLevels {
+		q.pruneLevels()
+		return q.levelFor(p)
+	}
+	l := &level{prio: p}
+	q.levels = append(q.levels, nil)
+	copy(q.levels[i+1:], q.levels[i:])
+	q.levels[i] = l
+	return l
+}
+
+// maxEmptyLevels bounds the number of priority levels kept; empty ones are
+// dropped beyond it.
+const maxEmptyLevels = 32
+
+func (q *Queue[K, V]) pruneLevels() {
+	kept := q.levels[:0]
+	for _, l := range q.levels {
+		if l.ring.n > 0 {
+			kept = append(kept, l)
+		}
+	}
+	clear(q.levels[len(kept):])
+	q.levels = kept
+}
+
+func (q *Queue[K, V]) valid(e elem, st uint8) bool {
+	s := &q.slots[e.idx]
+	return s.state == st && s.stamp == e.stamp
+}
+
+func (q *Queue[K, V]) compactReady() {
+	for _, l := range q.levels {
+		r := &l.ring
+		n := r.n
+		for range n {
+			e := r.pop()
+			if q.valid(e, stReady) {
+				r.push(e)
+			}
+		}
+	}
+	q.readyStale = 0
+}
+
+func (q *Queue[K, V]) compactDelay() {
+	h := q.delay[:0]
+	for _, e := range q.delay {
+		if q.valid(elem{idx: e.idx, stamp: e.stamp}, stDelayed) {
+			h = append(h, e)
+		}
+	}
+	q.delay = h
+	q.delay.init()
+	q.delayStale = 0
+}
+
+// promote moves the delayed entries due at now to the ready rings, in due
+// order.
+func (q *Queue[K, V]) promote(now int64) {
+	for len(q.delay) > 0 && q.delay[0].due <= now {
+		e := q.delay.pop()
+		if !q.valid(elem{idx: e.idx, stamp: e.stamp}, stDelayed) {
+			q.delayStale--
+			continue
+		}
+		q.nDelayed--
+		q.nReady++
+		q.pushReady(e.idx)
+	}
+}
+
+// earliest returns the due time of the earliest delayed entry, dropping
+// stale heap tops on the way.
+func (q *Queue[K, V]) earliest() (int64, bool) {
+	for len(q.delay) > 0 {
+		e := q.delay[0]
+		if q.valid(elem{idx: e.idx, stamp: e.stamp}, stDelayed) {
+			return e.due, true
+		}
+		q.delay.pop()
+		q.delayStale--
+	}
+	return 0, false
+}
+
+// take hands out the first ready entry of the highest priority. The caller
+// made sure nReady > 0.
+func (q *Queue[K, V]) take(now int64) Item[K, V] {
+	for _, l := range q.levels {
+		for l.ring.n > 0 {
+			e := l.ring.pop()
+			if !q.valid(e, stReady) {
+				q.readyStale--
+				continue
+			}
+			s := &q.slots[e.idx]
+			it := Item[K, V]{
+				Key: s.key, Value: s.val, Priority: int(s.prio), Retries: int(s.retries),
+				Enqueued: q.at(s.enq), Due: q.at(s.due),
+			}
+			q.nReady--
+			s.state = stInFlight
+			s.pos = int32(len(q.inflight))
+			q.inflight = append(q.inflight, e.idx)
+			if m := q.metrics; m != nil {
+				m.Depth(int(s.prio), -1)
+				m.Waited(int(s.prio), time.Duration(now-s.enq))
+				s.due = now
+			}
+			return it
+		}
+	}
+	panic("queue: internal error: no ready entry")
+}
+
+// wakeOne wakes the oldest blocked Get, if any.
+func (q *Queue[K, V]) wakeOne() {
+	if len(q.waiters) == 0 {
+		return
+	}
+	w := q.waiters[0]
+	copy(q.waiters, q.waiters[1:])
+	q.waiters[len(q.waiters)-1] = nil
+	q.waiters = q.waiters[:len(q.waiters)-1]
+	select {
+	case w.ch <- struct{}{}:
+	default:
+	}
+}
+
+// rearm makes sure that, while some Get is blocked and an entry is
+// delayed, one blocked Get (the owner) has its timer armed for the
+// earliest due time. There is no other timer and no goroutine: the owner
+// wakes at the due time and takes the entry itself.
+func (q *Queue[K, V]) rearm(now int64) {
+	if len(q.waiters) == 0 || q.nDelayed == 0 {
+		return
+	}
+	due, ok := q.earliest()
+	if !ok {
+		return
+	}
+	if q.owner == nil {
+		q.owner = q.waiters[0]
+	} else if due >= q.ownerDue {
+		return
+	}
+	q.ownerDue = due
+	q.owner.timer.Reset(time.Duration(due - now))
+}
+
+// leave unregisters w after it woke up, for whatever reason. It reports
+// whether w had been sent a wake-up.
+func (q *Queue[K, V]) leave(w *waiter) (signalled bool) {
+	for i, x := range q.waiters {
+		if x == w {
+			copy(q.waiters[i:], q.waiters[i+1:])
+			q.waiters[len(q.waiters)-1] = nil
+			q.waiters = q.waiters[:len(q.waiters)-1]
+			break
+		}
+	}
+	if q.owner == w {
+		q.owner = nil
+		w.timer.Stop()
+	}
+	select {
+	case <-w.ch:
+		return true
+	default:
+		return false
+	}
+}
+
+func (q *Queue[K, V]) newWaiter() *waiter {
+	if n := len(q.spare); n > 0 {
+		w := q.spare[n-1]
+		q.spare = q.spare[:n-1]
+		return w
+	}
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return &waiter{ch: make(chan struct{}, 1), timer: t}
+}
+
+// Get blocks until an entry is due and returns it, highest priority first
+// and first come first served within a priority. The caller must pass the
+// item's key to [Queue.Done] when it has finished with it; until then no
+// other Get returns that key.
+//
+// Get returns ctx.Err() if ctx ends first (an entry that is due may still
+// be returned when ctx is already done), and [ErrShutDown] once the queue
+// is shut down and no entry is due; after shutdown Get never blocks.
+func (q *Queue[K, V]) Get(ctx context.Context) (Item[K, V], error) {
+	q.mu.Lock()
+	var w *waiter
+	for {
+		var now int64
+		haveNow := q.nDelayed > 0 || q.metrics != nil
+		if haveNow {
+			now = q.now()
+			if q.nDelayed > 0 {
+				q.promote(now)
+			}
+		}
+		if q.nReady > 0 {
+			it := q.take(now)
+			if w != nil {
+				q.spare = append(q.spare, w)
+			}
+			if q.nReady > 0 {
+				q.wakeOne()
+			}
+			q.rearm(now)
+			q.mu.Unlock()
+			return it, nil
+		}
+		if q.shutdown {
+			if w != nil {
+				q.spare = append(q.spare, w)
+			}
+			q.mu.Unlock()
+			return Item[K, V]{}, ErrShutDown
+		}
+		if w == nil {
+			w = q.newWaiter()
+		}
+		q.waiters = append(q.waiters, w)
+		if q.nDelayed > 0 {
+			if !haveNow {
+				now = q.now()
+			}
+			q.rearm(now)
+		}
+		q.mu.Unlock()
+
+		select {
+		case <-w.ch:
+		case <-w.timer.C:
+		case <-ctx.Done():
+			q.mu.Lock()
+			if q.leave(w) && q.nReady > 0 {
+				q.wakeOne() // pass on the wake-up meant for us
+			}
+			if q.nDelayed > 0 {
+				q.rearm(q.now())
+			}
+			q.spare = append(q.spare, w)
+			q.mu.Unlock()
+			return Item[K, V]{}, ctx.Err()
+		}
+		q.mu.Lock()
+		q.leave(w)
+	}
+}
+
+// Done marks the in-flight entry of key as finished. If adds for the key
+// were parked meanwhile, the next one becomes pending. Done panics if key
+// is not in flight (a missing or repeated Done is a programming error).
+func (q *Queue[K, V]) Done(key K) {
+	q.mu.Lock()
+	i, ok := q.keys[key]
+	if !ok || q.slots[i].state != stInFlight {
+		q.mu.Unlock()
+		panic(fmt.Sprintf("queue: Done(%v) of a key that is not in flight", key))
+	}
+	s := &q.slots[i]
+	var now int64
+	var worked time.Duration
+	m := q.metrics
+	if m != nil {
+		now = q.now()
+		worked = time.Duration(now - s.due)
+	}
+	// remove from the in-flight list
+	last := q.inflight[len(q.inflight)-1]
+	q.inflight[s.pos] = last
+	q.slots[last].pos = s.pos
+	q.inflight = q.inflight[:len(q.inflight)-1]
+
+	next := s.next
+	q.release(i)
+	if next == none {
+		delete(q.keys, key)
+	} else {
+		q.keys[key] = next
+		q.nParked--
+		if m == nil {
+			now = q.now()
+		}
+		q.schedule(next, now)
+	}
+	if q.shutdown && len(q.inflight) == 0 && q.drained != nil {
+		close(q.drained)
+		q.drained = nil
+	}
+	q.mu.Unlock()
+	if m != nil {
+		m.Worked(worked)
+	}
+}
+
+// Suspend closes the intake: until Resume, every Add returns
+// DroppedSuspended and stores nothing. Entries already held stay (use
+// Clear to drop them); Get and Done work as usual.
+func (q *Queue[K, V]) Suspend() {
+	q.mu.Lock()
+	q.suspended = true
+	q.mu.Unlock()
+}
+
+// Resume reopens the intake closed by Suspend.
+func (q *Queue[K, V]) Resume() {
+	q.mu.Lock()
+	q.suspended = false
+	q.mu.Unlock()
+}
+
+// Suspended reports whether the intake is suspended.
+func (q *Queue[K, V]) Suspended() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.suspended
+}
+
+// Clear removes every pending and parked entry and returns how many it
+// removed. In-flight entries are not touched (their Done is still
+// expected), but adds parked behind them are removed.
+func (q *Queue[K, V]) Clear() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	n := 0
+	m := q.metrics
+	for key, head := range q.keys {
+		i := head
+		if q.slots[i].state == stInFlight {
+			i = q.slots[head].next
+			q.slots[head].next = none
+		} else {
+			delete(q.keys, key)
+		}
+		for i != none {
+			s := &q.slots[i]
+			if m != nil && (s.state == stReady || s.state == stDelayed) {
+				m.Depth(int(s.prio), -1)
+			}
+			next := s.next
+			q.release(i)
+			n++
+			i = next
+		}
+	}
+	for _, l := range q.levels {
+		l.ring.reset()
+	}
+	q.delay = q.delay[:0]
+	q.nReady, q.nDelayed, q.nParked, q.readyStale, q.delayStale = 0, 0, 0, 0, 0
+	return n
+}
+
+// ShutDown shuts the queue down: every later Add returns DroppedShutDown,
+// blocked Gets wake up, and Get hands out the entries already due, then
+// returns ErrShutDown without blocking. Entries not yet due are never
+// handed out. ShutDown is idempotent; the queue owns no goroutine, so
+// none is left behind.
+func (q *Queue[K, V]) ShutDown() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.shutdown {
+		return
+	}
+	q.shutdown = true
+	for len(q.waiters) > 0 {
+		q.wakeOne()
+	}
+}
+
+// ShutDownWithDrain shuts the queue down like ShutDown, then waits until
+// every in-flight entry is Done, or ctx ends, in which case it returns an
+// error wrapping ctx.Err() (the queue stays shut down).
+func (q *Queue[K, V]) ShutDownWithDrain(ctx context.Context) error {
+	q.ShutDown()
+	q.mu.Lock()
+	if len(q.inflight) == 0 {
+		q.mu.Unlock()
+		return nil
+	}
+	if q.drained == nil {
+		q.drained = make(chan struct{})
+	}
+	ch := q.drained
+	q.mu.Unlock()
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("queue: drain: %w", ctx.Err())
+	}
+}
+
+// Len returns the number of entries held and not in flight: pending (due
+// or delayed) and parked.
+func (q *Queue[K, V]) Len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.nReady + q.nDelayed + q.nParked
+}

@@ -1,0 +1,121 @@
+package queue
+
+// The containers behind the queue: a FIFO ring per priority level for due
+// entries, and a binary min-heap keyed by due time for delayed ones. Both
+// hold small pointer-free elements (a slot index and the stamp it had when
+// inserted); an element whose stamp no longer matches its slot is stale and
+// skipped, which lets a merge move an entry without searching for it.
+
+// elem refers to a slot of the queue as it was when inserted.
+type elem struct {
+	idx   int32
+	stamp uint32
+}
+
+// level is the FIFO of due entries of one priority.
+type level struct {
+	prio int32
+	ring ring
+}
+
+// ring is a growable circular FIFO of elems.
+type ring struct {
+	buf  []elem // len is a power of two (or zero)
+	head int
+	n    int
+}
+
+func (r *ring) push(e elem) {
+	if r.n == len(r.buf) {
+		r.grow()
+	}
+	r.buf[(r.head+r.n)&(len(r.buf)-1)] = e
+	r.n++
+}
+
+func (r *ring) pop() elem {
+	e := r.buf[r.head]
+	r.head = (r.head + 1) & (len(r.buf) - 1)
+	r.n--
+	return e
+}
+
+func (r *ring) grow() {
+	size := 2 * len(r.buf)
+	if size == 0 {
+		size = 16
+	}
+	buf := make([]elem, size)
+	for i := range r.n {
+		buf[i] = r.buf[(r.head+i)&(len(r.buf)-1)]
+	}
+	r.buf, r.head = buf, 0
+}
+
+func (r *ring) reset() { r.head, r.n = 0, 0 }
+
+// delem is an element of the delay heap.
+type delem struct {
+	due   int64
+	idx   int32
+	stamp uint32
+}
+
+// delayHeap is a binary min-heap of delems by due time.
+type delayHeap []delem
+
+func (h *delayHeap) push(e delem) {
+	*h = append(*h, e)
+	h.up(len(*h) - 1)
+}
+
+func (h *delayHeap) pop() delem {
+	s := *h
+	e := s[0]
+	n := len(s) - 1
+	s[0] = s[n]
+	*h = s[:n]
+	if n > 0 {
+		h.down(0)
+	}
+	return e
+}
+
+func (h delayHeap) up(i int) {
+	e := h[i]
+	for i > 0 {
+		p := (i - 1) / 2
+		if h[p].due <= e.due {
+			break
+		}
+		h[i] = h[p]
+		i = p
+	}
+	h[i] = e
+}
+
+func (h delayHeap) down(i int) {
+	n := len(h)
+	e := h[i]
+	for {
+		c := 2*i + 1
+		if c >= n {
+			break
+		}
+		if r := c + 1; r < n && h[r].due < h[c].due {
+			c = r
+		}
+		if e.due <= h[c].due {
+			break
+		}
+		h[i] = h[c]
+		i = c
+	}
+	h[i] = e
+}
+
+func (h delayHeap) init() {
+	for i := len(h)/2 - 1; i >= 0; i-- {
+		h.down(i)
+	}
+}
