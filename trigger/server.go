@@ -1,0 +1,210 @@
+package trigger
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+)
+
+// ServerConfig configures a Server. The zero value of every optional field
+// means its documented default.
+type ServerConfig struct {
+	// Addr is the listen address for Run; "" means ":8443" with TLS and
+	// ":8080" without.
+	Addr string
+	// Handler serves the requests (required), typically from NewHandler.
+	Handler http.Handler
+	// CertFile and KeyFile are a PEM certificate (chain) and key. When both
+	// are set the server speaks only HTTPS and reloads the pair when either
+	// file's modification time or size changes (checked on each TLS
+	// handshake), so a rotated certificate (e.g. a cert-manager Secret
+	// volume) is picked up without a restart. Setting only one is an
+	// error.
+	CertFile, KeyFile string
+	// ReadHeaderTimeout (zero: 5s), ReadTimeout (zero: 10s), WriteTimeout
+	// (zero: 30s) and IdleTimeout (zero: 60s) are http.Server's.
+	ReadHeaderTimeout, ReadTimeout, WriteTimeout, IdleTimeout time.Duration
+	// MaxHeaderBytes is http.Server's; zero means 16 KiB.
+	MaxHeaderBytes int
+	// ShutdownTimeout bounds the graceful shutdown once Run's context
+	// ends; zero means 10s.
+	ShutdownTimeout time.Duration
+	// Logger receives start, stop and certificate reload records; nil
+	// means slog.Default().
+	Logger *slog.Logger
+}
+
+// Server is an HTTP(S) server for the trigger endpoint with timeouts on
+// every phase of a request. Run owns the net/http goroutines.
+type Server struct {
+	cfg   ServerConfig
+	certs *certReloader // nil without TLS
+}
+
+// NewServer validates cfg (and loads the certificate, if any) and returns
+// a Server; call Run to serve.
+func NewServer(cfg ServerConfig) (*Server, error) {
+	if cfg.Handler == nil {
+		return nil, errors.New("trigger: ServerConfig.Handler is required")
+	}
+	if (cfg.CertFile == "") != (cfg.KeyFile == "") {
+		return nil, errors.New("trigger: ServerConfig needs both CertFile and KeyFile, or neither")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	for _, f := range []struct {
+		v   *time.Duration
+		def time.Duration
+	}{
+		{&cfg.ReadHeaderTimeout, 5 * time.Second},
+		{&cfg.ReadTimeout, 10 * time.Second},
+		{&cfg.WriteTimeout, 30 * time.Second},
+		{&cfg.IdleTimeout, 60 * time.Second},
+		{&cfg.ShutdownTimeout, 10 * time.Second},
+	} {
+		if *f.v < 0 {
+			return nil, errors.New("trigger: ServerConfig timeouts must not be negative")
+		}
+		if *f.v == 0 {
+			*f.v = f.def
+		}
+	}
+	if cfg.MaxHeaderBytes == 0 {
+		cfg.MaxHeaderBytes = 16 << 10
+	}
+	s := &Server{cfg: cfg}
+	if cfg.CertFile != "" {
+		s.certs = &certReloader{certFile: cfg.CertFile, keyFile: cfg.KeyFile, log: cfg.Logger}
+		if err := s.certs.reload(); err != nil {
+			return nil, fmt.Errorf("trigger: %w", err)
+		}
+	}
+	if s.cfg.Addr == "" {
+		s.cfg.Addr = ":8080"
+		if s.certs != nil {
+			s.cfg.Addr = ":8443"
+		}
+	}
+	return s, nil
+}
+
+// Run listens on Addr and serves until ctx ends; see Serve.
+func (s *Server) Run(ctx context.Context) error {
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", s.cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("trigger: listen: %w", err)
+	}
+	return s.Serve(ctx, ln)
+}
+
+// Serve serves on ln (closing it when done) until ctx ends, then shuts
+// down gracefully within ShutdownTimeout. It returns nil after a shutdown
+// caused by ctx, or the error that stopped the server.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{
+		Handler:           s.cfg.Handler,
+		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
+		ReadTimeout:       s.cfg.ReadTimeout,
+		WriteTimeout:      s.cfg.WriteTimeout,
+		IdleTimeout:       s.cfg.IdleTimeout,
+		MaxHeaderBytes:    s.cfg.MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(s.cfg.Logger.Handler(), slog.LevelWarn),
+		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	}
+	if s.certs != nil {
+		srv.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: s.certs.get}
+		ln = tls.NewListener(ln, srv.TLSConfig)
+	}
+	s.cfg.Logger.Info("trigger: serving", "addr", ln.Addr().String(), "tls", s.certs != nil)
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	select {
+	case err := <-done:
+		return fmt.Errorf("trigger: serve: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ShutdownTimeout)
+	defer cancel()
+	err := srv.Shutdown(sctx)
+	<-done
+	if err != nil {
+		_ = srv.Close()
+		return fmt.Errorf("trigger: shutdown: %w", err)
+	}
+	return nil
+}
+
+// certReloader serves a certificate pair and reloads it when a file changes.
+type certReloader struct {
+	certFile, keyFile string
+	log               *slog.Logger
+
+	mu       sync.Mutex
+	cert     *tls.Certificate
+	certStat fileStamp
+	keyStat  fileStamp
+}
+
+type fileStamp struct {
+	mod  time.Time
+	size int64
+}
+
+func stamp(path string) (fileStamp, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fileStamp{}, err
+	}
+	return fileStamp{mod: fi.ModTime(), size: fi.Size()}, nil
+}
+
+// reload loads the pair unconditionally.
+func (c *certReloader) reload() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.reloadLocked()
+}
+
+func (c *certReloader) reloadLocked() error {
+	cs, err := stamp(c.certFile)
+	if err != nil {
+		return fmt.Errorf("certificate: %w", err)
+	}
+	ks, err := stamp(c.keyFile)
+	if err != nil {
+		return fmt.Errorf("key: %w", err)
+	}
+	// Record the stamps first: a broken pair is retried only after the
+	// files change again, not on every handshake.
+	c.certStat, c.keyStat = cs, ks
+	pair, err := tls.LoadX509KeyPair(c.certFile, c.keyFile)
+	if err != nil {
+		return fmt.Errorf("certificate pair: %w", err)
+	}
+	c.cert = &pair
+	return nil
+}
+
+func (c *certReloader) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cs, cerr := stamp(c.certFile)
+	ks, kerr := stamp(c.keyFile)
+	if cerr == nil && kerr == nil && (cs != c.certStat || ks != c.keyStat) {
+		if err := c.reloadLocked(); err != nil {
+			c.log.Error("trigger: certificate reload failed; serving the previous one", "error", err)
+		} else {
+			c.log.Info("trigger: certificate reloaded", "cert", c.certFile)
+		}
+	}
+	return c.cert, nil
+}
