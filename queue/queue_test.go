@@ -1,0 +1,735 @@
+package queue_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/opkit/opkit/queue"
+)
+
+// helpers
+
+func newQ(t *testing.T, cfg queue.Config[int]) *queue.Queue[string, int] {
+	t.Helper()
+	return queue.New[string, int](cfg)
+}
+
+// cancelled is a context that is already done: Get with it returns a due
+// entry if there is one and never blocks.
+func cancelled() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}
+
+// tryGet returns a due entry without blocking.
+func tryGet[K comparable, V any](t *testing.T, q *queue.Queue[K, V]) (queue.Item[K, V], bool) {
+	t.Helper()
+	it, err := q.Get(cancelled())
+	if err != nil {
+		if !errors.Is(err, context.Canceled) && !errors.Is(err, queue.ErrShutDown) {
+			t.Fatalf("Get: unexpected error %v", err)
+		}
+		return it, false
+	}
+	return it, true
+}
+
+func mustGet[K comparable, V any](t *testing.T, q *queue.Queue[K, V]) queue.Item[K, V] {
+	t.Helper()
+	it, ok := tryGet(t, q)
+	if !ok {
+		t.Fatal("Get: nothing due, want an entry")
+	}
+	return it
+}
+
+func mustAdd[K comparable, V any](t *testing.T, q *queue.Queue[K, V], k K, v V, o queue.AddOptions, want queue.Outcome) {
+	t.Helper()
+	if got := q.Add(k, v, o); got != want {
+		t.Fatalf("Add(%v, %v, %+v) = %v, want %v", k, v, o, got, want)
+	}
+}
+
+// Semantics 1: keyed and deduplicated.
+
+func TestAddOfPendingKeyMergesIntoOneEntry(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := newQ(t, queue.Config[int]{})
+		start := time.Now()
+		mustAdd(t, q, "a", 1, queue.AddOptions{Delay: 10 * time.Second, Priority: 1, Retries: 4}, queue.Queued)
+		mustAdd(t, q, "a", 2, queue.AddOptions{Delay: 3 * time.Second, Priority: 0, Retries: 0}, queue.Merged)
+		mustAdd(t, q, "a", 3, queue.AddOptions{Delay: 20 * time.Second, Priority: -5, Retries: 2}, queue.Merged)
+		if got := q.Len(); got != 1 {
+			t.Fatalf("Len = %d, want 1", got)
+		}
+		if _, ok := tryGet(t, q); ok {
+			t.Fatal("entry handed out before due")
+		}
+		it, err := q.Get(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		// earliest due (3s), highest priority (1), newest payload and retries.
+		if got := time.Since(start); got != 3*time.Second {
+			t.Errorf("handed out after %v, want 3s (earliest due wins)", got)
+		}
+		if it.Value != 3 || it.Priority != 1 || it.Retries != 2 {
+			t.Errorf("got value %d prio %d retries %d, want 3, 1, 2", it.Value, it.Priority, it.Retries)
+		}
+		if !it.Enqueued.Equal(start) || !it.Due.Equal(start.Add(3*time.Second)) {
+			t.Errorf("Enqueued %v Due %v, want %v and +3s", it.Enqueued, it.Due, start)
+		}
+		q.Done("a")
+		if _, ok := tryGet(t, q); ok {
+			t.Fatal("merged adds were delivered more than once")
+		}
+	})
+}
+
+// event is a test payload shaped like a watch event.
+type event struct {
+	typ string // "Added", "Modified", "Deleted"
+	uid string
+	n   int
+}
+
+// eventMerge is the rule reconcile supplies: a pending delete is never
+// turned into something else; a recreated object (other UID) after a
+// delete is delivered after it.
+func eventMerge(pending, incoming event) queue.Merge {
+	if pending.typ == "Deleted" {
+		if incoming.uid != pending.uid {
+			return queue.MergeSequence
+		}
+		return queue.MergeKeep
+	}
+	return queue.MergeReplace
+}
+
+func TestPendingDeleteIsKeptAndRecreationIsDeliveredAfterIt(t *testing.T) {
+	q := queue.New[string, event](queue.Config[event]{Merge: eventMerge})
+	mustAdd(t, q, "ns/x", event{"Modified", "u1", 1}, queue.AddOptions{}, queue.Queued)
+	mustAdd(t, q, "ns/x", event{"Deleted", "u1", 2}, queue.AddOptions{}, queue.Merged)
+	// a late modification of the same object must not hide the delete
+	mustAdd(t, q, "ns/x", event{"Modified", "u1", 3}, queue.AddOptions{}, queue.Merged)
+	// the object is recreated with another UID, then modified
+	mustAdd(t, q, "ns/x", event{"Added", "u2", 4}, queue.AddOptions{}, queue.Merged)
+	mustAdd(t, q, "ns/x", event{"Modified", "u2", 5}, queue.AddOptions{}, queue.Merged)
+
+	it := mustGet(t, q)
+	if it.Value != (event{"Deleted", "u1", 2}) {
+		t.Fatalf("first = %+v, want the delete of u1", it.Value)
+	}
+	if _, ok := tryGet(t, q); ok {
+		t.Fatal("successor handed out while the delete is in flight")
+	}
+	q.Done("ns/x")
+	it = mustGet(t, q)
+	if it.Value != (event{"Modified", "u2", 5}) {
+		t.Fatalf("second = %+v, want the newest event of u2", it.Value)
+	}
+	q.Done("ns/x")
+	if q.Len() != 0 {
+		t.Fatalf("Len = %d, want 0", q.Len())
+	}
+}
+
+func TestMergeKeepKeepsPayloadButMergesDueAndPriority(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		keep := func(_, _ int) queue.Merge { return queue.MergeKeep }
+		q := newQ(t, queue.Config[int]{Merge: keep})
+		start := time.Now()
+		q.Add("a", 1, queue.AddOptions{Delay: time.Minute, Retries: 7})
+		q.Add("a", 2, queue.AddOptions{Delay: time.Second, Priority: 9, Retries: 1})
+		it, _ := q.Get(context.Background())
+		if it.Value != 1 || it.Retries != 7 || it.Priority != 9 || time.Since(start) != time.Second {
+			t.Fatalf("got %+v after %v; want value 1, retries 7, prio 9 after 1s", it, time.Since(start))
+		}
+	})
+}
+
+// Semantics 2: exclusive while in flight.
+
+func TestKeyInFlightIsNotHandedOutAgainUntilDone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := newQ(t, queue.Config[int]{})
+		q.Add("a", 1, queue.AddOptions{})
+		it := mustGet(t, q)
+		if it.Value != 1 {
+			t.Fatalf("got %d", it.Value)
+		}
+		// adds while in flight are parked and merged among themselves
+		mustAdd(t, q, "a", 2, queue.AddOptions{Priority: 3}, queue.Merged)
+		mustAdd(t, q, "a", 3, queue.AddOptions{}, queue.Merged)
+		if q.Len() != 1 {
+			t.Fatalf("Len = %d, want 1 parked", q.Len())
+		}
+		got := make(chan queue.Item[string, int], 1)
+		go func() {
+			it, err := q.Get(context.Background())
+			if err != nil {
+				t.Error(err)
+			}
+			got <- it
+		}()
+		synctest.Wait()
+		select {
+		case it := <-got:
+			t.Fatalf("Get returned %+v while the key was in flight", it)
+		default:
+		}
+		q.Done("a")
+		it = <-got
+		if it.Value != 3 || it.Priority != 3 {
+			t.Fatalf("after Done got %+v, want value 3 prio 3", it)
+		}
+		q.Done("a")
+	})
+}
+
+func TestDonePanicsForKeyNotInFlight(t *testing.T) {
+	q := newQ(t, queue.Config[int]{})
+	q.Add("a", 1, queue.AddOptions{})
+	for _, key := range []string{"a", "b"} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("Done(%q) did not panic", key)
+				}
+			}()
+			q.Done(key)
+		}()
+	}
+}
+
+// Semantics 3: delay, no polling tick.
+
+func TestDelayedEntryIsHandedOutAtItsDueTimeToAWaitingGet(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := newQ(t, queue.Config[int]{})
+		start := time.Now()
+		q.Add("late", 1, queue.AddOptions{Delay: 10 * time.Second})
+		type res struct {
+			key string
+			at  time.Duration
+		}
+		got := make(chan res, 3)
+		go func() {
+			for range 3 {
+				it, err := q.Get(context.Background())
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				got <- res{it.Key, time.Since(start)}
+				q.Done(it.Key)
+			}
+		}()
+		synctest.Wait() // the Get is blocked, its timer armed for 10s
+		// an earlier entry added while Get waits re-arms the timer
+		q.Add("early", 2, queue.AddOptions{Delay: 1500 * time.Millisecond})
+		time.Sleep(5 * time.Second)
+		q.Add("now", 3, queue.AddOptions{})
+		want := []res{{"early", 1500 * time.Millisecond}, {"now", 5 * time.Second}, {"late", 10 * time.Second}}
+		for _, w := range want {
+			if r := <-got; r != w {
+				t.Errorf("got %+v, want %+v", r, w)
+			}
+		}
+	})
+}
+
+func TestDueEntriesAreServedByPriorityThenFIFO(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := newQ(t, queue.Config[int]{})
+		q.Add("d-low", 0, queue.AddOptions{Delay: time.Second, Priority: -1})
+		q.Add("d-high", 0, queue.AddOptions{Delay: 2 * time.Second, Priority: 10})
+		q.Add("a", 0, queue.AddOptions{})
+		q.Add("b", 0, queue.AddOptions{Priority: 5})
+		q.Add("c", 0, queue.AddOptions{})
+		q.Add("e", 0, queue.AddOptions{Priority: 5})
+		time.Sleep(3 * time.Second)
+		var order []string
+		for {
+			it, ok := tryGet(t, q)
+			if !ok {
+				break
+			}
+			order = append(order, it.Key)
+		}
+		want := []string{"d-high", "b", "e", "a", "c", "d-low"}
+		if len(order) != len(want) {
+			t.Fatalf("order %v, want %v", order, want)
+		}
+		for i := range want {
+			if order[i] != want[i] {
+				t.Fatalf("order %v, want %v", order, want)
+			}
+		}
+	})
+}
+
+func TestManyWaitingGetsEachReceiveOneDelayedEntry(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := newQ(t, queue.Config[int]{})
+		start := time.Now()
+		const n = 8
+		var wg sync.WaitGroup
+		for range n {
+			wg.Go(func() {
+				it, err := q.Get(context.Background())
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if want := time.Duration(it.Value) * time.Second; time.Since(start) != want {
+					t.Errorf("%s handed out after %v, want %v", it.Key, time.Since(start), want)
+				}
+			})
+		}
+		synctest.Wait()
+		for i := range n {
+			q.Add(string(rune('a'+i)), n-i, queue.AddOptions{Delay: time.Duration(n-i) * time.Second})
+		}
+		wg.Wait()
+	})
+}
+
+// Semantics 4: priority.
+
+func TestHighPriorityAddJumpsAheadOfLargeBacklog(t *testing.T) {
+	q := queue.New[int, int](queue.Config[int]{})
+	for i := range 100_000 {
+		q.Add(i, i, queue.AddOptions{Priority: -1})
+	}
+	q.Add(-1, 0, queue.AddOptions{Priority: 100})
+	if it := mustGet(t, q); it.Key != -1 {
+		t.Fatalf("next Get = %d, want the high-priority entry", it.Key)
+	}
+}
+
+func TestMergeRaisingPriorityMovesEntryAhead(t *testing.T) {
+	q := newQ(t, queue.Config[int]{})
+	q.Add("a", 0, queue.AddOptions{})
+	q.Add("b", 0, queue.AddOptions{})
+	q.Add("b", 0, queue.AddOptions{Priority: 1})
+	if it := mustGet(t, q); it.Key != "b" {
+		t.Fatalf("got %s, want b", it.Key)
+	}
+	if it := mustGet(t, q); it.Key != "a" {
+		t.Fatalf("got %s, want a", it.Key)
+	}
+	if _, ok := tryGet(t, q); ok {
+		t.Fatal("stale entry handed out")
+	}
+}
+
+// Semantics 5: suspendable intake.
+
+func TestSuspendDropsAddsUntilResumeAndClearRemovesHeldEntries(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := newRecorder()
+		q := newQ(t, queue.Config[int]{Metrics: m})
+		q.Add("inflight", 0, queue.AddOptions{})
+		mustGet(t, q)
+		q.Add("inflight", 1, queue.AddOptions{})              // parked
+		q.Add("due", 0, queue.AddOptions{})                   // ready
+		q.Add("later", 0, queue.AddOptions{Delay: time.Hour}) // delayed
+
+		q.Suspend()
+		if !q.Suspended() {
+			t.Fatal("Suspended() = false after Suspend")
+		}
+		mustAdd(t, q, "x", 0, queue.AddOptions{}, queue.DroppedSuspended)
+		mustAdd(t, q, "due", 0, queue.AddOptions{}, queue.DroppedSuspended)
+		if got := q.Clear(); got != 3 {
+			t.Fatalf("Clear = %d, want 3 (parked, due, delayed)", got)
+		}
+		if q.Len() != 0 {
+			t.Fatalf("Len = %d after Clear", q.Len())
+		}
+		// the in-flight entry is untouched: Done is still expected and works
+		q.Done("inflight")
+		q.Resume()
+		if q.Suspended() {
+			t.Fatal("Suspended() = true after Resume")
+		}
+		mustAdd(t, q, "x", 0, queue.AddOptions{}, queue.Queued)
+		time.Sleep(2 * time.Hour)
+		if it := mustGet(t, q); it.Key != "x" {
+			t.Fatalf("got %s, want x (cleared entries must not come back)", it.Key)
+		}
+		q.Done("x")
+		q.ShutDown()
+		mustAdd(t, q, "y", 0, queue.AddOptions{}, queue.DroppedShutDown)
+		if m.dropped[queue.DroppedSuspended] != 2 || m.dropped[queue.DroppedShutDown] != 1 {
+			t.Fatalf("drops by reason = %v, want 2 suspended, 1 shut down", m.dropped)
+		}
+		if d := m.depthTotal(); d != 0 {
+			t.Fatalf("depth gauge = %d after Clear and drain, want 0", d)
+		}
+	})
+}
+
+func TestSuspendAndClearAreAtomicAgainstConcurrentAdds(t *testing.T) {
+	q := queue.New[int, int](queue.Config[int]{})
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	acceptedAfterSuspend := 0
+	suspended := false // guarded by mu, set right after Suspend returns
+	for p := range 4 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				mu.Lock()
+				wasSuspended := suspended
+				mu.Unlock()
+				out := q.Add(p*1_000_000+i%1000, i, queue.AddOptions{Delay: time.Duration(i%3) * time.Millisecond})
+				if wasSuspended && out.Accepted() {
+					mu.Lock()
+					acceptedAfterSuspend++
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	for range 50 {
+		q.Suspend()
+		mu.Lock()
+		suspended = true
+		mu.Unlock()
+		q.Clear()
+		if n := q.Len(); n != 0 {
+			t.Fatalf("Len = %d after Suspend+Clear with producers running", n)
+		}
+		mu.Lock()
+		suspended = false
+		mu.Unlock()
+		q.Resume()
+	}
+	close(stop)
+	wg.Wait()
+	if acceptedAfterSuspend != 0 {
+		t.Fatalf("%d adds accepted after Suspend returned", acceptedAfterSuspend)
+	}
+}
+
+// Semantics 6: blocking Get, shutdown, drain.
+
+func TestGetReturnsContextErrorWhenContextEnds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := newQ(t, queue.Config[int]{})
+		q.Add("a", 0, queue.AddOptions{Delay: time.Hour})
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, err := q.Get(ctx)
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Get = %v, want DeadlineExceeded", err)
+		}
+		// the entry is still there and still delayed
+		if q.Len() != 1 {
+			t.Fatalf("Len = %d, want 1", q.Len())
+		}
+		it, err := q.Get(context.Background())
+		if err != nil || it.Key != "a" {
+			t.Fatalf("Get = %v, %v", it, err)
+		}
+	})
+}
+
+func TestCancelledGetPassesItsWakeUpOn(t *testing.T) {
+	// A Get whose context ends just as it is woken for a new entry must not
+	// swallow the wake-up: either it takes the entry, or another blocked
+	// Get does. Whichever happens, "a" is handed out exactly once and no Get
+	// stays blocked while it is due.
+	for range 20 {
+		synctest.Test(t, func(t *testing.T) {
+			q := newQ(t, queue.Config[int]{})
+			ctx, cancel := context.WithCancel(context.Background())
+			type res struct {
+				key string
+				err error
+			}
+			first, second := make(chan res, 1), make(chan res, 1)
+			go func() { it, err := q.Get(ctx); first <- res{it.Key, err} }()
+			synctest.Wait()
+			go func() { it, err := q.Get(context.Background()); second <- res{it.Key, err} }()
+			synctest.Wait()
+			cancel()
+			q.Add("a", 0, queue.AddOptions{})
+			synctest.Wait()
+			r1 := <-first
+			switch {
+			case r1.err == nil && r1.key == "a":
+				q.ShutDown() // release the second Get
+				if r2 := <-second; !errors.Is(r2.err, queue.ErrShutDown) {
+					t.Fatalf("second Get = %+v, want ErrShutDown", r2)
+				}
+			case errors.Is(r1.err, context.Canceled):
+				select {
+				case r2 := <-second:
+					if r2.err != nil || r2.key != "a" {
+						t.Fatalf("second Get = %+v, want a", r2)
+					}
+				default:
+					t.Fatal("wake-up lost: the entry is due but the second Get is still blocked")
+				}
+				q.ShutDown()
+			default:
+				t.Fatalf("first Get = %+v", r1)
+			}
+		})
+	}
+}
+
+func TestShutDownWakesBlockedGetsAndIsIdempotent(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := newQ(t, queue.Config[int]{})
+		q.Add("later", 0, queue.AddOptions{Delay: time.Hour})
+		var wg sync.WaitGroup
+		for range 3 {
+			wg.Go(func() {
+				if _, err := q.Get(context.Background()); !errors.Is(err, queue.ErrShutDown) {
+					t.Errorf("Get = %v, want ErrShutDown", err)
+				}
+			})
+		}
+		synctest.Wait()
+		q.ShutDown()
+		q.ShutDown()
+		wg.Wait()
+		// synctest.Test returns only once every goroutine of the bubble has
+		// exited: the queue leaves none behind.
+	})
+}
+
+func TestGetHandsOutDueEntriesAfterShutDown(t *testing.T) {
+	q := newQ(t, queue.Config[int]{})
+	q.Add("a", 0, queue.AddOptions{})
+	q.Add("b", 0, queue.AddOptions{Delay: time.Hour})
+	q.ShutDown()
+	if it := mustGet(t, q); it.Key != "a" {
+		t.Fatalf("got %s", it.Key)
+	}
+	if _, err := q.Get(context.Background()); !errors.Is(err, queue.ErrShutDown) {
+		t.Fatalf("Get = %v, want ErrShutDown without blocking", err)
+	}
+	q.Done("a")
+}
+
+func TestShutDownWithDrainWaitsForInFlightEntries(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := newQ(t, queue.Config[int]{})
+		q.Add("a", 0, queue.AddOptions{})
+		q.Add("b", 0, queue.AddOptions{})
+		mustGet(t, q)
+		mustGet(t, q)
+		start := time.Now()
+		go func() {
+			time.Sleep(time.Second)
+			q.Done("a")
+			time.Sleep(time.Second)
+			q.Done("b")
+		}()
+		if err := q.ShutDownWithDrain(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if got := time.Since(start); got != 2*time.Second {
+			t.Fatalf("drain returned after %v, want 2s (when the last Done came)", got)
+		}
+		if err := q.ShutDownWithDrain(context.Background()); err != nil {
+			t.Fatalf("second drain: %v", err)
+		}
+	})
+}
+
+func TestShutDownWithDrainIsBoundedByContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := newQ(t, queue.Config[int]{})
+		q.Add("a", 0, queue.AddOptions{})
+		mustGet(t, q)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if err := q.ShutDownWithDrain(ctx); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("drain = %v, want DeadlineExceeded", err)
+		}
+		q.Done("a")
+	})
+}
+
+// Semantics 7: retries.
+
+func TestRetryCountTravelsWithTheEntry(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := newQ(t, queue.Config[int]{})
+		b := queue.Backoff{Base: time.Second, Cap: time.Minute, Jitter: -1}
+		start := time.Now()
+		q.Add("a", 0, queue.AddOptions{})
+		for want := range 4 {
+			it, err := q.Get(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if it.Retries != want {
+				t.Fatalf("attempt %d: Retries = %d", want, it.Retries)
+			}
+			next := it.Retries + 1
+			// the retry is added while the key is in flight: it is parked
+			q.Add("a", it.Value, queue.AddOptions{Retries: next, Delay: b.Delay(next)})
+			q.Done("a")
+		}
+		// 1s + 2s + 4s of backoff
+		if got := time.Since(start); got != 7*time.Second {
+			t.Fatalf("4 attempts took %v, want 7s", got)
+		}
+	})
+}
+
+func TestBackoffDelay(t *testing.T) {
+	for _, tc := range []struct {
+		b       queue.Backoff
+		retries int
+		want    time.Duration
+	}{
+		{queue.Backoff{Base: time.Second, Cap: time.Minute, Jitter: -1}, 0, 0},
+		{queue.Backoff{Base: time.Second, Cap: time.Minute, Jitter: -1}, 1, time.Second},
+		{queue.Backoff{Base: time.Second, Cap: time.Minute, Jitter: -1}, 3, 4 * time.Second},
+		{queue.Backoff{Base: time.Second, Cap: time.Minute, Jitter: -1}, 7, time.Minute},
+		{queue.Backoff{Base: time.Second, Cap: time.Minute, Jitter: -1}, 1000, time.Minute},
+		{queue.Backoff{Jitter: -1}, 1, queue.DefaultBackoff.Base},
+		{queue.Backoff{Jitter: -1}, 1 << 20, queue.DefaultBackoff.Cap},
+	} {
+		if got := tc.b.Delay(tc.retries); got != tc.want {
+			t.Errorf("%+v.Delay(%d) = %v, want %v", tc.b, tc.retries, got, tc.want)
+		}
+	}
+	var zero queue.Backoff
+	for r := 1; r < 40; r++ {
+		full := queue.Backoff{Jitter: -1}.Delay(r)
+		got := zero.Delay(r)
+		if lo := full - time.Duration(float64(full)*queue.DefaultBackoff.Jitter); got < lo || got > full {
+			t.Errorf("zero Backoff.Delay(%d) = %v, want in [%v, %v]", r, got, lo, full)
+		}
+	}
+}
+
+// Semantics 8: observability.
+
+type recorder struct {
+	mu                     sync.Mutex
+	added, merged, retried int
+	dropped                map[queue.Outcome]int
+	depth                  map[int]int
+	waited, worked         []time.Duration
+}
+
+func newRecorder() *recorder {
+	return &recorder{dropped: map[queue.Outcome]int{}, depth: map[int]int{}}
+}
+
+func (r *recorder) Added(_ int, merged bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.added++
+	if merged {
+		r.merged++
+	}
+}
+func (r *recorder) Dropped(o queue.Outcome) { r.mu.Lock(); r.dropped[o]++; r.mu.Unlock() }
+func (r *recorder) Depth(p, d int)          { r.mu.Lock(); r.depth[p] += d; r.mu.Unlock() }
+func (r *recorder) Waited(_ int, d time.Duration) {
+	r.mu.Lock()
+	r.waited = append(r.waited, d)
+	r.mu.Unlock()
+}
+func (r *recorder) Worked(d time.Duration) {
+	r.mu.Lock()
+	r.worked = append(r.worked, d)
+	r.mu.Unlock()
+}
+func (r *recorder) Retried(int) { r.mu.Lock(); r.retried++; r.mu.Unlock() }
+func (r *recorder) depthTotal() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, d := range r.depth {
+		n += d
+	}
+	return n
+}
+
+func TestMetricsObserveAddsMergesDepthLatencyAndWork(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := newRecorder()
+		q := newQ(t, queue.Config[int]{Metrics: m})
+		q.Add("a", 0, queue.AddOptions{Delay: time.Second})
+		q.Add("a", 0, queue.AddOptions{Priority: 2, Retries: 1})
+		q.Add("b", 0, queue.AddOptions{Priority: 1})
+		m.mu.Lock()
+		if m.added != 3 || m.merged != 1 || m.retried != 1 || m.depth[2] != 1 || m.depth[1] != 1 || m.depth[0] != 0 {
+			t.Errorf("added %d merged %d retried %d depth %v", m.added, m.merged, m.retried, m.depth)
+		}
+		m.mu.Unlock()
+		time.Sleep(3 * time.Second)
+		it := mustGet(t, q)
+		time.Sleep(5 * time.Second)
+		q.Done(it.Key)
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if len(m.waited) != 1 || m.waited[0] != 3*time.Second {
+			t.Errorf("waited = %v, want [3s]", m.waited)
+		}
+		if len(m.worked) != 1 || m.worked[0] != 5*time.Second {
+			t.Errorf("worked = %v, want [5s]", m.worked)
+		}
+		if m.depth[2] != 0 || m.depth[1] != 1 {
+			t.Errorf("depth = %v, want prio 1: 1", m.depth)
+		}
+	})
+}
+
+func TestAddGetDoneCycleDoesNotAllocateForKnownKeys(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		m    queue.Metrics
+	}{{"nil metrics", nil}, {"metrics", nopMetrics{}}} {
+		q := queue.New[int, int](queue.Config[int]{Metrics: tc.m})
+		ctx := context.Background()
+		for i := range 1000 { // warm up: slots, rings, map
+			q.Add(i, i, queue.AddOptions{})
+		}
+		for range 1000 {
+			it, _ := q.Get(ctx)
+			q.Done(it.Key)
+		}
+		i := 0
+		allocs := testing.AllocsPerRun(1000, func() {
+			q.Add(i%1000, i, queue.AddOptions{})
+			it, _ := q.Get(ctx)
+			q.Done(it.Key)
+			i++
+		})
+		if allocs != 0 {
+			t.Errorf("%s: %v allocs per cycle, want 0", tc.name, allocs)
+		}
+	}
+}
+
+type nopMetrics struct{}
+
+func (nopMetrics) Added(int, bool)           {}
+func (nopMetrics) Dropped(queue.Outcome)     {}
+func (nopMetrics) Depth(int, int)            {}
+func (nopMetrics) Waited(int, time.Duration) {}
+func (nopMetrics) Worked(time.Duration)      {}
+func (nopMetrics) Retried(int)               {}
