@@ -1,0 +1,264 @@
+package watcher_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
+	dynfake "k8s.io/client-go/dynamic/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/queue"
+	"github.com/opkit/opkit/watcher"
+)
+
+// Widget is a custom resource typed by a plain struct, as users write them.
+type Widget struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+	Spec              WidgetSpec   `json:"spec,omitempty"`
+	Status            WidgetStatus `json:"status,omitempty"`
+}
+
+type WidgetSpec struct {
+	Size int `json:"size,omitempty"`
+}
+
+type WidgetStatus struct {
+	Ready bool `json:"ready,omitempty"`
+}
+
+var widgets = opkit.Resource{
+	GroupVersionResource: schema.GroupVersionResource{Group: "test.opkit.dev", Version: "v1", Resource: "widgets"},
+	Kind:                 "Widget",
+	Namespaced:           true,
+}
+
+// widget builds an unstructured Widget; opts edit it further.
+func widget(ns, name, uid, rv string, gen int64, opts ...func(*unstructured.Unstructured)) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "test.opkit.dev/v1",
+		"kind":       "Widget",
+		"metadata": map[string]any{
+			"namespace":       ns,
+			"name":            name,
+			"uid":             uid,
+			"resourceVersion": rv,
+			"generation":      gen,
+		},
+		"spec": map[string]any{"size": int64(1)},
+	}}
+	for _, o := range opts {
+		o(u)
+	}
+	return u
+}
+
+func newFake(objs ...runtime.Object) *dynfake.FakeDynamicClient {
+	return dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+		map[schema.GroupVersionResource]string{widgets.GroupVersionResource: "WidgetList"}, objs...)
+}
+
+// record is one Add seen by the recorder.
+type record struct {
+	Key      opkit.Key
+	Type     opkit.Type
+	RV       string
+	UID      string
+	Final    bool
+	Priority int
+}
+
+func (r record) String() string {
+	s := fmt.Sprintf("%s %s rv=%s uid=%s prio=%d", r.Type, r.Key, r.RV, r.UID, r.Priority)
+	if r.Final {
+		s += " tombstone"
+	}
+	return s
+}
+
+// recorder is a fake queue.Adder that keeps every add, in order.
+type recorder struct {
+	mu      sync.Mutex
+	records []record
+	outcome queue.Outcome
+}
+
+func (r *recorder) Add(key opkit.Key, ev opkit.Event[*Widget], opts queue.AddOptions) queue.Outcome {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if ev.Source != opkit.APIServer {
+		panic("watcher added an entry whose source is not APIServer")
+	}
+	if opkit.KeyOf(ev.Object) != key {
+		panic(fmt.Sprintf("key %v does not match object %v", key, opkit.KeyOf(ev.Object)))
+	}
+	r.records = append(r.records, record{
+		Key: key, Type: ev.Type, RV: ev.Object.ResourceVersion, UID: string(ev.Object.UID),
+		Final: ev.FinalStateUnknown, Priority: opts.Priority,
+	})
+	if r.outcome != 0 {
+		return r.outcome
+	}
+	return queue.Queued
+}
+
+// take returns the records since the last take.
+func (r *recorder) take() []record {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := r.records
+	r.records = nil
+	return out
+}
+
+func (r *recorder) setOutcome(o queue.Outcome) {
+	r.mu.Lock()
+	r.outcome = o
+	r.mu.Unlock()
+}
+
+// metrics is a recording watcher.Metrics.
+type metrics struct {
+	mu       sync.Mutex
+	events   map[string]int // "Type/Outcome"
+	relists  map[watcher.Reason]int
+	restarts map[watcher.Reason]int
+	errors   map[watcher.Reason]int
+	tracked  int
+	observed int
+}
+
+func newMetrics() *metrics {
+	return &metrics{events: map[string]int{}, relists: map[watcher.Reason]int{},
+		restarts: map[watcher.Reason]int{}, errors: map[watcher.Reason]int{}}
+}
+
+func (m *metrics) Event(t opkit.Type, o queue.Outcome) {
+	m.mu.Lock()
+	m.events[t.String()+"/"+o.String()]++
+	m.mu.Unlock()
+}
+func (m *metrics) Relist(r watcher.Reason) { m.mu.Lock(); m.relists[r]++; m.mu.Unlock() }
+func (m *metrics) WatchRestart(r watcher.Reason) {
+	m.mu.Lock()
+	m.restarts[r]++
+	m.mu.Unlock()
+}
+func (m *metrics) Error(r watcher.Reason) { m.mu.Lock(); m.errors[r]++; m.mu.Unlock() }
+func (m *metrics) Tracked(n int)          { m.mu.Lock(); m.tracked = n; m.mu.Unlock() }
+func (m *metrics) Observed(time.Time)     { m.mu.Lock(); m.observed++; m.mu.Unlock() }
+func (m *metrics) get(f func(*metrics) int) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return f(m)
+}
+
+var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// config returns a Config for widgets with a recorder queue, WatchList off
+// (the fake does not serve it) and a silent logger.
+func config(client *dynfake.FakeDynamicClient, q *recorder) watcher.Config[*Widget] {
+	return watcher.Config[*Widget]{
+		Client:    client,
+		Resource:  widgets,
+		Queue:     q,
+		WatchList: watcher.WatchListOff,
+		Logger:    discard,
+	}
+}
+
+// start runs w in the background; the returned stop cancels it and waits
+// for Run to return.
+func start(t *testing.T, w *watcher.Watcher[*Widget]) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	return func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run returned %v, want nil after cancel", err)
+		}
+	}
+}
+
+// watches hands out test-controlled fake watchers through a watch reactor
+// and records the options of every watch request.
+type watches struct {
+	mu       sync.Mutex
+	opened   []*watch.RaceFreeFakeWatcher
+	requests []metav1.ListOptions
+	err      func(n int, opts metav1.ListOptions) error // optional failure per request
+}
+
+func (ws *watches) install(c *dynfake.FakeDynamicClient) {
+	c.PrependWatchReactor("widgets", func(a k8stesting.Action) (bool, watch.Interface, error) {
+		opts := a.(k8stesting.WatchActionImpl).ListOptions
+		ws.mu.Lock()
+		defer ws.mu.Unlock()
+		ws.requests = append(ws.requests, opts)
+		if ws.err != nil {
+			if err := ws.err(len(ws.requests), opts); err != nil {
+				return true, nil, err
+			}
+		}
+		fw := watch.NewRaceFreeFake()
+		ws.opened = append(ws.opened, fw)
+		return true, fw, nil
+	})
+}
+
+// last returns the most recently opened watch.
+func (ws *watches) last(t *testing.T) *watch.RaceFreeFakeWatcher {
+	t.Helper()
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	if len(ws.opened) == 0 {
+		t.Fatal("no watch opened")
+	}
+	return ws.opened[len(ws.opened)-1]
+}
+
+func (ws *watches) rvs() []string {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	var out []string
+	for _, o := range ws.requests {
+		out = append(out, o.ResourceVersion)
+	}
+	return out
+}
+
+// countLists counts list requests through a reactor that does not handle them.
+func countLists(c *dynfake.FakeDynamicClient) func() int {
+	var mu sync.Mutex
+	n := 0
+	c.PrependReactor("list", "widgets", func(k8stesting.Action) (bool, runtime.Object, error) {
+		mu.Lock()
+		n++
+		mu.Unlock()
+		return false, nil, nil
+	})
+	return func() int { mu.Lock(); defer mu.Unlock(); return n }
+}
+
+func sameRecords(t *testing.T, what string, got, want []record) {
+	t.Helper()
+	if !slices.Equal(got, want) {
+		t.Errorf("%s:\n got  %v\n want %v", what, got, want)
+	}
+}
+
+func key(name string) opkit.Key { return opkit.Key{Namespace: "ns", Name: name} }

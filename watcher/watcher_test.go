@@ -1,0 +1,804 @@
+package watcher_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/queue"
+	"github.com/opkit/opkit/watcher"
+)
+
+var ctx = context.Background()
+
+// byKey sorts records by key, keeping the order of records of one key.
+func byKey(rs []record) []record {
+	slices.SortStableFunc(rs, func(a, b record) int { return strings.Compare(a.Key.String(), b.Key.String()) })
+	return rs
+}
+
+func mustNew(t *testing.T, cfg watcher.Config[*Widget]) *watcher.Watcher[*Widget] {
+	t.Helper()
+	w, err := watcher.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+type syncLog struct {
+	mu sync.Mutex
+	ev []watcher.SyncEvent
+}
+
+func (s *syncLog) add(e watcher.SyncEvent) { s.mu.Lock(); s.ev = append(s.ev, e); s.mu.Unlock() }
+func (s *syncLog) take() []watcher.SyncEvent {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := s.ev
+	s.ev = nil
+	return out
+}
+
+func TestNewRejectsInvalidConfig(t *testing.T) {
+	c := newFake()
+	q := &recorder{}
+	cluster := widgets
+	cluster.Namespaced = false
+	for _, tc := range []struct {
+		name string
+		edit func(*watcher.Config[*Widget])
+		want string
+	}{
+		{"no client", func(c *watcher.Config[*Widget]) { c.Client = nil }, "Client is nil"},
+		{"no queue", func(c *watcher.Config[*Widget]) { c.Queue = nil }, "Queue is nil"},
+		{"no kind", func(c *watcher.Config[*Widget]) { c.Resource.Kind = "" }, "no kind"},
+		{"namespace on cluster-scoped", func(c *watcher.Config[*Widget]) { c.Resource = cluster; c.Namespace = "ns" }, "cluster-scoped"},
+		{"negative page size", func(c *watcher.Config[*Widget]) { c.PageSize = -1 }, "PageSize"},
+		{"negative idle", func(c *watcher.Config[*Widget]) { c.IdleTimeout = -time.Second }, "IdleTimeout"},
+		{"base above cap", func(c *watcher.Config[*Widget]) { c.Backoff = watcher.Backoff{Base: time.Minute, Cap: time.Second} }, "exceeds"},
+		{"unknown mode", func(c *watcher.Config[*Widget]) { c.WatchList = 7 }, "WatchList"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := config(c, q)
+			tc.edit(&cfg)
+			_, err := watcher.New(cfg)
+			if !errors.Is(err, watcher.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("New: got %v, want ErrInvalidConfig mentioning %q", err, tc.want)
+			}
+		})
+	}
+	if _, err := watcher.New(config(c, q)); err != nil {
+		t.Fatalf("valid config rejected: %v", err)
+	}
+}
+
+func TestInitialListEmitsEveryObjectAsAddedThenWatchEventsFollow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newFake(widget("ns", "a", "ua", "1", 1), widget("ns", "b", "ub", "2", 1))
+		q := &recorder{}
+		syncs := &syncLog{}
+		cfg := config(c, q)
+		cfg.OnSync = syncs.add
+		w := mustNew(t, cfg)
+		if err := w.Check(); !errors.Is(err, watcher.ErrNotRunning) {
+			t.Fatalf("Check before Run = %v, want ErrNotRunning", err)
+		}
+		stop := start(t, w)
+		defer stop()
+		synctest.Wait()
+
+		sameRecords(t, "initial list", byKey(q.take()), []record{
+			{Key: key("a"), Type: opkit.Added, RV: "1", UID: "ua", Priority: -1},
+			{Key: key("b"), Type: opkit.Added, RV: "2", UID: "ub", Priority: -1},
+		})
+		if !w.Synced() || w.Check() != nil {
+			t.Fatalf("after list: Synced=%v Check=%v, want true, nil", w.Synced(), w.Check())
+		}
+		ev := syncs.take()
+		if len(ev) != 2 || ev[0].Phase != watcher.SyncStarted || !ev[0].Initial ||
+			ev[1].Phase != watcher.SyncFinished || ev[1].Added != 2 || ev[1].Reason != watcher.ReasonInitial {
+			t.Fatalf("sync events = %+v, want Started then Finished with 2 added", ev)
+		}
+
+		res := c.Resource(widgets.GroupVersionResource).Namespace("ns")
+		mustDo(t)(res.Create(ctx, widget("ns", "c", "uc", "3", 1), metav1.CreateOptions{}))
+		mustDo(t)(res.Update(ctx, widget("ns", "a", "ua", "4", 2), metav1.UpdateOptions{}))
+		mustDo(t)(res.Update(ctx, widget("ns", "b", "ub", "2", 1), metav1.UpdateOptions{})) // same resourceVersion: a replay
+		if err := res.Delete(ctx, "a", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		sameRecords(t, "watch events", q.take(), []record{
+			{Key: key("c"), Type: opkit.Added, RV: "3", UID: "uc"},
+			{Key: key("a"), Type: opkit.Modified, RV: "4", UID: "ua"},
+			{Key: key("a"), Type: opkit.Deleted, RV: "4", UID: "ua"},
+		})
+	})
+}
+
+func mustDo(t *testing.T) func(*unstructured.Unstructured, error) {
+	return func(_ *unstructured.Unstructured, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+var expired = &metav1.Status{Status: metav1.StatusFailure, Code: 410, Reason: metav1.StatusReasonExpired, Message: "too old resource version"}
+
+func TestRelistAfterExpiredEmitsOnlyTheDifferences(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newFake(widget("ns", "a", "ua", "1", 1), widget("ns", "b", "ub", "2", 1),
+			widget("ns", "d", "ud", "3", 1), widget("ns", "e", "ue", "4", 1))
+		ws := &watches{}
+		ws.install(c)
+		lists := countLists(c)
+		q := &recorder{}
+		m := newMetrics()
+		syncs := &syncLog{}
+		cfg := config(c, q)
+		cfg.Metrics = m
+		cfg.OnSync = syncs.add
+		stop := start(t, mustNew(t, cfg))
+		defer stop()
+		synctest.Wait()
+		if n := len(q.take()); n != 4 {
+			t.Fatalf("initial list emitted %d entries, want 4", n)
+		}
+		syncs.take()
+
+		// The store changes while the watch is not looking.
+		tr := c.Tracker()
+		gvr := widgets.GroupVersionResource
+		must(t, tr.Update(gvr, widget("ns", "a", "ua", "10", 2), "ns"))  // changed
+		must(t, tr.Delete(gvr, "ns", "b"))                               // vanished
+		must(t, tr.Delete(gvr, "ns", "e"))                               // recreated...
+		must(t, tr.Create(gvr, widget("ns", "e", "ue2", "11", 1), "ns")) // ...with a new UID
+		must(t, tr.Create(gvr, widget("ns", "f", "uf", "12", 1), "ns"))  // new
+		ws.last(t).Error(expired)
+		synctest.Wait()
+
+		sameRecords(t, "relist", byKey(q.take()), []record{
+			{Key: key("a"), Type: opkit.Modified, RV: "10", UID: "ua", Priority: -1},
+			{Key: key("b"), Type: opkit.Deleted, RV: "2", UID: "ub", Final: true, Priority: -1},
+			{Key: key("e"), Type: opkit.Deleted, RV: "4", UID: "ue", Final: true, Priority: -1},
+			{Key: key("e"), Type: opkit.Added, RV: "11", UID: "ue2", Priority: -1},
+			{Key: key("f"), Type: opkit.Added, RV: "12", UID: "uf", Priority: -1},
+		})
+		if lists() != 2 || m.get(func(m *metrics) int { return m.relists[watcher.ReasonExpired] }) != 1 {
+			t.Fatalf("lists=%d relists(expired)=%d, want 2 and 1", lists(), m.relists[watcher.ReasonExpired])
+		}
+		ev := syncs.take()
+		if len(ev) != 2 || ev[1].Initial || ev[1].Reason != watcher.ReasonExpired ||
+			ev[1].Added != 2 || ev[1].Modified != 1 || ev[1].Deleted != 2 || ev[1].Unchanged != 1 {
+			t.Fatalf("relist sync events = %+v", ev)
+		}
+		if got := m.get(func(m *metrics) int { return m.tracked }); got != 4 {
+			t.Fatalf("tracked = %d, want 4 (a d e f)", got)
+		}
+		if rvs := ws.rvs(); len(rvs) != 2 || rvs[1] == rvs[0] {
+			t.Fatalf("watch resourceVersions = %v, want a second watch from the relist's", rvs)
+		}
+	})
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func bookmark(rv string, annotations map[string]string) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "test.opkit.dev/v1", "kind": "Widget"}}
+	u.SetResourceVersion(rv)
+	if annotations != nil {
+		u.SetAnnotations(annotations)
+	}
+	return u
+}
+
+func TestClosedWatchResumesFromTheLastResourceVersionWithoutRelist(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newFake(widget("ns", "a", "ua", "1", 1))
+		ws := &watches{}
+		ws.install(c)
+		lists := countLists(c)
+		q := &recorder{}
+		stop := start(t, mustNew(t, config(c, q)))
+		defer stop()
+		synctest.Wait()
+		q.take()
+
+		fw := ws.last(t)
+		fw.Add(widget("ns", "c", "uc", "7", 1))
+		fw.Modify(widget("ns", "a", "ua", "8", 2))
+		fw.Action(watch.Bookmark, bookmark("9", nil))
+		time.Sleep(2 * time.Minute) // a healthy, long-lived watch...
+		fw.Stop()                   // ...that the server ends
+		synctest.Wait()
+
+		// Reopened at once (no backoff after a healthy watch), from the
+		// bookmark's resourceVersion, with no relist.
+		rvs := ws.rvs()
+		if len(rvs) != 2 || rvs[1] != "9" || lists() != 1 {
+			t.Fatalf("watch RVs = %v, lists = %d; want a second watch from 9 and 1 list", rvs, lists())
+		}
+		sameRecords(t, "events", q.take(), []record{
+			{Key: key("c"), Type: opkit.Added, RV: "7", UID: "uc"},
+			{Key: key("a"), Type: opkit.Modified, RV: "8", UID: "ua"},
+		})
+
+		// A watch the server closes at once is reopened only after a backoff.
+		ws.last(t).Stop()
+		synctest.Wait()
+		if n := len(ws.rvs()); n != 2 {
+			t.Fatalf("reopened a short-lived watch without backoff (%d watches)", n)
+		}
+		time.Sleep(watcher.DefaultBackoffBase)
+		synctest.Wait()
+		if rvs := ws.rvs(); len(rvs) != 3 || rvs[2] != "9" {
+			t.Fatalf("watch RVs = %v, want a third watch from 9 after the backoff", rvs)
+		}
+	})
+}
+
+func TestWatchErrorEventBacksOffAndResumes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newFake(widget("ns", "a", "ua", "1", 1))
+		ws := &watches{}
+		ws.install(c)
+		lists := countLists(c)
+		q := &recorder{}
+		m := newMetrics()
+		cfg := config(c, q)
+		cfg.Metrics = m
+		w := mustNew(t, cfg)
+		stop := start(t, w)
+		defer stop()
+		synctest.Wait()
+		ws.last(t).Action(watch.Bookmark, bookmark("5", nil))
+		ws.last(t).Error(&metav1.Status{Status: metav1.StatusFailure, Code: 500, Reason: metav1.StatusReasonInternalError, Message: "etcd hiccup"})
+		synctest.Wait()
+		if err := w.Check(); !errors.Is(err, watcher.ErrDisconnected) || !apierrors.IsInternalError(err) {
+			t.Fatalf("Check = %v, want ErrDisconnected wrapping the 500", err)
+		}
+		time.Sleep(watcher.DefaultBackoffBase)
+		synctest.Wait()
+		if rvs := ws.rvs(); len(rvs) != 2 || rvs[1] != "5" || lists() != 1 {
+			t.Fatalf("watch RVs = %v, lists = %d; want a resume from 5 and no relist", rvs, lists())
+		}
+		if err := w.Check(); err != nil {
+			t.Fatalf("Check after reconnect = %v", err)
+		}
+		if m.get(func(m *metrics) int { return m.errors[watcher.ReasonError] }) != 1 {
+			t.Fatalf("errors = %v, want one %q", m.errors, watcher.ReasonError)
+		}
+	})
+}
+
+func TestWatchRequestRefusedWith410Relists(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newFake(widget("ns", "a", "ua", "1", 1))
+		ws := &watches{err: func(n int, _ metav1.ListOptions) error {
+			if n == 1 {
+				return apierrors.NewResourceExpired("too old resource version")
+			}
+			return nil
+		}}
+		ws.install(c)
+		lists := countLists(c)
+		q := &recorder{}
+		stop := start(t, mustNew(t, config(c, q)))
+		defer stop()
+		synctest.Wait()
+		if lists() != 2 || len(ws.rvs()) != 2 {
+			t.Fatalf("lists = %d, watches = %d; want a relist then a second watch", lists(), len(ws.rvs()))
+		}
+		// The relist found nothing new: only the initial Added.
+		sameRecords(t, "entries", q.take(), []record{{Key: key("a"), Type: opkit.Added, RV: "1", UID: "ua", Priority: -1}})
+	})
+}
+
+func TestIdleWatchIsRestarted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newFake()
+		ws := &watches{}
+		ws.install(c)
+		m := newMetrics()
+		cfg := config(c, &recorder{})
+		cfg.Metrics = m
+		stop := start(t, mustNew(t, cfg))
+		defer stop()
+		synctest.Wait()
+		first := ws.last(t)
+
+		// A bookmark proves the watch alive and resets the idle timer.
+		time.Sleep(watcher.DefaultIdleTimeout - time.Minute)
+		first.Action(watch.Bookmark, bookmark("42", nil))
+		time.Sleep(watcher.DefaultIdleTimeout - time.Second)
+		synctest.Wait()
+		if n := len(ws.rvs()); n != 1 {
+			t.Fatalf("%d watches after a bookmark kept the first alive, want 1", n)
+		}
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		rvs := ws.rvs()
+		if len(rvs) != 2 || rvs[1] != "42" || !first.IsStopped() {
+			t.Fatalf("watch RVs = %v, first stopped = %v; want a restart from 42 and the stalled watch stopped", rvs, first.IsStopped())
+		}
+		if m.get(func(m *metrics) int { return m.restarts[watcher.ReasonIdle] }) != 1 {
+			t.Fatalf("restarts = %v, want one idle", m.restarts)
+		}
+	})
+}
+
+// listErrors makes the first n lists fail with err(i) and records when
+// every list was attempted.
+func listErrors(c interface {
+	PrependReactor(string, string, k8stesting.ReactionFunc)
+}, fail func(i int) error) func() []time.Time {
+	var mu sync.Mutex
+	var at []time.Time
+	c.PrependReactor("list", "widgets", func(k8stesting.Action) (bool, runtime.Object, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		at = append(at, time.Now())
+		if err := fail(len(at)); err != nil {
+			return true, nil, err
+		}
+		return false, nil, nil
+	})
+	return func() []time.Time { mu.Lock(); defer mu.Unlock(); return slices.Clone(at) }
+}
+
+func gaps(at []time.Time) []time.Duration {
+	var out []time.Duration
+	for i := 1; i < len(at); i++ {
+		out = append(out, at[i].Sub(at[i-1]))
+	}
+	return out
+}
+
+func TestTransientErrorsBackOffExponentiallyWithJitterUpToTheCap(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newFake(widget("ns", "a", "ua", "1", 1))
+		const failures = 7
+		attempts := listErrors(c, func(i int) error {
+			if i <= failures {
+				return apierrors.NewInternalError(errors.New("boom"))
+			}
+			return nil
+		})
+		q := &recorder{}
+		cfg := config(c, q)
+		cfg.Backoff = watcher.Backoff{Base: time.Second, Cap: 8 * time.Second}
+		w := mustNew(t, cfg)
+		stop := start(t, w)
+		defer stop()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		at := attempts()
+		if len(at) != failures+1 || !w.Synced() {
+			t.Fatalf("%d list attempts, synced=%v; want %d and synced", len(at), w.Synced(), failures+1)
+		}
+		for i, g := range gaps(at) {
+			d := min(time.Second<<i, 8*time.Second)
+			if g < d/2 || g > d {
+				t.Errorf("wait before attempt %d = %v, want within [%v, %v]", i+2, g, d/2, d)
+			}
+		}
+	})
+}
+
+func TestThrottledListHonoursRetryAfter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newFake()
+		m := newMetrics()
+		attempts := listErrors(c, func(i int) error {
+			if i <= 2 {
+				return apierrors.NewTooManyRequests("slow down", 20)
+			}
+			return nil
+		})
+		cfg := config(c, &recorder{})
+		cfg.Metrics = m
+		stop := start(t, mustNew(t, cfg))
+		defer stop()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		g := gaps(attempts())
+		if len(g) != 2 || g[0] < 20*time.Second || g[1] < 20*time.Second {
+			t.Fatalf("waits between attempts = %v, want two of at least Retry-After (20s)", g)
+		}
+		if m.get(func(m *metrics) int { return m.errors[watcher.ReasonThrottled] }) != 2 {
+			t.Fatalf("errors = %v, want 2 throttled", m.errors)
+		}
+	})
+}
+
+func TestForbiddenAndNotFoundAreReportedAndRetriedSlowly(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		err    error
+		is     func(error) bool
+		reason watcher.Reason
+	}{
+		{"forbidden", apierrors.NewForbidden(widgets.GroupResource(), "", errors.New(`user "u" cannot list`)), apierrors.IsForbidden, watcher.ReasonForbidden},
+		{"notfound", apierrors.NewNotFound(widgets.GroupResource(), ""), apierrors.IsNotFound, watcher.ReasonNotFound},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				c := newFake(widget("ns", "a", "ua", "1", 1))
+				var mu sync.Mutex
+				fixed := false
+				attempts := listErrors(c, func(int) error {
+					mu.Lock()
+					defer mu.Unlock()
+					if fixed {
+						return nil
+					}
+					return tc.err
+				})
+				m := newMetrics()
+				cfg := config(c, &recorder{})
+				cfg.Metrics = m
+				w := mustNew(t, cfg)
+				stop := start(t, w)
+				defer stop()
+				synctest.Wait()
+				err := w.Check()
+				if !errors.Is(err, watcher.ErrNotSynced) || !tc.is(err) || !strings.Contains(err.Error(), "widgets") {
+					t.Fatalf("Check = %v, want ErrNotSynced wrapping the %s error, naming the resource", err, tc.name)
+				}
+				time.Sleep(2 * time.Minute)
+				// Slow retries: at least Slow/2 apart, so at most 1 + 120s/15s.
+				n := len(attempts())
+				if n < 2 || n > 9 {
+					t.Fatalf("%d attempts in 2 minutes, want between 2 and 9", n)
+				}
+				for _, g := range gaps(attempts()) {
+					if g < watcher.DefaultBackoffSlow/2 {
+						t.Fatalf("retried after %v, want at least %v", g, watcher.DefaultBackoffSlow/2)
+					}
+				}
+				if m.get(func(m *metrics) int { return m.errors[tc.reason] }) != n {
+					t.Fatalf("errors = %v, want %d %q", m.errors, n, tc.reason)
+				}
+				mu.Lock()
+				fixed = true
+				mu.Unlock()
+				time.Sleep(watcher.DefaultBackoffSlow)
+				synctest.Wait()
+				if err := w.Check(); err != nil || !w.Synced() {
+					t.Fatalf("after the grant: Check = %v, Synced = %v", err, w.Synced())
+				}
+			})
+		})
+	}
+}
+
+func TestSkipStatusOnlyDropsSameGenerationChangesExceptNamedOnes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newFake(widget("ns", "a", "ua", "1", 1), widget("ns", "cm", "ucm", "2", 0))
+		q := &recorder{}
+		cfg := config(c, q)
+		cfg.SkipStatusOnly = true
+		cfg.WatchLabels = []string{"tier"}
+		cfg.WatchAnnotations = []string{"note"}
+		stop := start(t, mustNew(t, cfg))
+		defer stop()
+		synctest.Wait()
+		q.take()
+
+		res := c.Resource(widgets.GroupVersionResource).Namespace("ns")
+		meta := func(f func(m map[string]any)) func(u *unstructured.Unstructured) {
+			return func(u *unstructured.Unstructured) { f(u.Object["metadata"].(map[string]any)) }
+		}
+		steps := []struct {
+			u    *unstructured.Unstructured
+			emit bool
+		}{
+			{widget("ns", "a", "ua", "3", 1, func(u *unstructured.Unstructured) { u.Object["status"] = map[string]any{"ready": true} }), false},
+			{widget("ns", "a", "ua", "4", 1, meta(func(m map[string]any) { m["labels"] = map[string]any{"tier": "x"} })), true},
+			{widget("ns", "a", "ua", "5", 1, meta(func(m map[string]any) { m["labels"] = map[string]any{"tier": "x", "other": "y"} })), false},
+			{widget("ns", "a", "ua", "6", 1, meta(func(m map[string]any) { m["annotations"] = map[string]any{"note": "z"} })), true},
+			{widget("ns", "a", "ua", "7", 1, meta(func(m map[string]any) {
+				m["annotations"] = map[string]any{"note": "z"}
+				m["finalizers"] = []any{"f"}
+			})), true},
+			{widget("ns", "a", "ua", "8", 1, meta(func(m map[string]any) {
+				m["annotations"] = map[string]any{"note": "z"}
+				m["finalizers"] = []any{"f"}
+				m["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+			})), true},
+			{widget("ns", "a", "ua", "9", 2), true}, // spec change
+			{widget("ns", "cm", "ucm", "10", 0, func(u *unstructured.Unstructured) { u.Object["status"] = map[string]any{"ready": true} }), true}, // generation not maintained
+		}
+		var want []record
+		for _, s := range steps {
+			mustDo(t)(res.Update(ctx, s.u, metav1.UpdateOptions{}))
+			if s.emit {
+				want = append(want, record{Key: opkit.Key{Namespace: "ns", Name: s.u.GetName()}, Type: opkit.Modified, RV: s.u.GetResourceVersion(), UID: string(s.u.GetUID())})
+			}
+		}
+		synctest.Wait()
+		sameRecords(t, "emitted", q.take(), want)
+	})
+}
+
+func TestDroppedAddsAreCountedAndTrackingGoesOn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newFake(widget("ns", "a", "ua", "1", 1), widget("ns", "b", "ub", "2", 1))
+		q := &recorder{outcome: queue.DroppedSuspended}
+		m := newMetrics()
+		cfg := config(c, q)
+		cfg.Metrics = m
+		w := mustNew(t, cfg)
+		stop := start(t, w)
+		synctest.Wait()
+		if got := m.get(func(m *metrics) int { return m.events["Added/DroppedSuspended"] }); got != 2 {
+			t.Fatalf("dropped adds counted = %v, want 2 Added/DroppedSuspended", m.events)
+		}
+		q.take()
+		q.setOutcome(0)
+		res := c.Resource(widgets.GroupVersionResource).Namespace("ns")
+		mustDo(t)(res.Update(ctx, widget("ns", "a", "ua", "1", 1), metav1.UpdateOptions{})) // known state: nothing
+		mustDo(t)(res.Update(ctx, widget("ns", "b", "ub", "3", 2), metav1.UpdateOptions{})) // tracked: Modified
+		synctest.Wait()
+		sameRecords(t, "after the drops", q.take(), []record{{Key: key("b"), Type: opkit.Modified, RV: "3", UID: "ub"}})
+		stop()
+
+		// The caller's recovery: a new Run re-lists and re-emits everything.
+		stop = start(t, w)
+		defer stop()
+		synctest.Wait()
+		sameRecords(t, "new run", byKey(q.take()), []record{
+			{Key: key("a"), Type: opkit.Added, RV: "1", UID: "ua", Priority: -1},
+			{Key: key("b"), Type: opkit.Added, RV: "3", UID: "ub", Priority: -1},
+		})
+	})
+}
+
+func TestANewRunReportsObjectsDeletedWhileStopped(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newFake(widget("ns", "a", "ua", "1", 1), widget("ns", "b", "ub", "2", 1))
+		q := &recorder{}
+		w := mustNew(t, config(c, q))
+		stop := start(t, w)
+		synctest.Wait()
+		stop()
+		if w.Synced() || !errors.Is(w.Check(), watcher.ErrNotRunning) {
+			t.Fatalf("after Run: Synced=%v Check=%v, want false, ErrNotRunning", w.Synced(), w.Check())
+		}
+		q.take()
+		must(t, c.Tracker().Delete(widgets.GroupVersionResource, "ns", "b"))
+		stop = start(t, w)
+		defer stop()
+		synctest.Wait()
+		sameRecords(t, "second run", q.take(), []record{
+			{Key: key("a"), Type: opkit.Added, RV: "1", UID: "ua", Priority: -1},
+			{Key: key("b"), Type: opkit.Deleted, RV: "2", UID: "ub", Final: true, Priority: -1},
+		})
+	})
+}
+
+func TestListPriorityAndWatchPriorityAreConfigurable(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newFake(widget("ns", "a", "ua", "1", 1))
+		q := &recorder{}
+		cfg := config(c, q)
+		cfg.ListPriority = new(0)
+		cfg.Priority = 5
+		stop := start(t, mustNew(t, cfg))
+		defer stop()
+		synctest.Wait()
+		mustDo(t)(c.Resource(widgets.GroupVersionResource).Namespace("ns").Update(ctx, widget("ns", "a", "ua", "2", 2), metav1.UpdateOptions{}))
+		synctest.Wait()
+		sameRecords(t, "priorities", q.take(), []record{
+			{Key: key("a"), Type: opkit.Added, RV: "1", UID: "ua", Priority: 0},
+			{Key: key("a"), Type: opkit.Modified, RV: "2", UID: "ua", Priority: 5},
+		})
+	})
+}
+
+func TestRunIsExclusiveAndCancelStopsEveryWatch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newFake()
+		ws := &watches{}
+		ws.install(c)
+		w := mustNew(t, config(c, &recorder{}))
+		stop := start(t, w)
+		synctest.Wait()
+		if err := w.Run(ctx); !errors.Is(err, watcher.ErrAlreadyRunning) {
+			t.Fatalf("second Run = %v, want ErrAlreadyRunning", err)
+		}
+		ws.last(t).Stop() // closed by the server: reopened later
+		time.Sleep(time.Second)
+		synctest.Wait()
+		stop()
+		// synctest.Test also fails if Run left a goroutine behind.
+		ws.mu.Lock()
+		defer ws.mu.Unlock()
+		for i, fw := range ws.opened {
+			if !fw.IsStopped() {
+				t.Errorf("watch %d still open after Run returned", i)
+			}
+		}
+		if len(ws.opened) != 2 {
+			t.Errorf("%d watches opened, want 2", len(ws.opened))
+		}
+	})
+}
+
+// streaming hides the fake's "no WatchList" marker, so the watcher tries a
+// WatchList; a watch reactor then plays the server's part.
+type streaming struct{ dynamic.Interface }
+
+func TestWatchListStreamsTheInitialObjectsAndGoesOnWatching(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newFake()
+		ws := &watches{}
+		ws.install(c)
+		lists := countLists(c)
+		q := &recorder{}
+		syncs := &syncLog{}
+		cfg := config(c, q)
+		cfg.Client = streaming{c}
+		cfg.WatchList = watcher.WatchListAuto
+		cfg.OnSync = syncs.add
+		w := mustNew(t, cfg)
+		stop := start(t, w)
+		defer stop()
+		synctest.Wait()
+		ws.mu.Lock()
+		opts := ws.requests[0]
+		ws.mu.Unlock()
+		if opts.SendInitialEvents == nil || !*opts.SendInitialEvents || opts.ResourceVersionMatch != metav1.ResourceVersionMatchNotOlderThan ||
+			!opts.AllowWatchBookmarks || opts.ResourceVersion != "" {
+			t.Fatalf("WatchList request options = %+v", opts)
+		}
+		fw := ws.last(t)
+		fw.Add(widget("ns", "a", "ua", "1", 1))
+		fw.Add(widget("ns", "b", "ub", "2", 1))
+		fw.Action(watch.Bookmark, bookmark("3", nil)) // a plain bookmark: not the end
+		synctest.Wait()
+		if w.Synced() {
+			t.Fatal("synced before the initial-events-end bookmark")
+		}
+		fw.Action(watch.Bookmark, bookmark("5", map[string]string{metav1.InitialEventsAnnotationKey: "true"}))
+		synctest.Wait()
+		if !w.Synced() || lists() != 0 {
+			t.Fatalf("Synced=%v lists=%d after the end bookmark, want true and 0", w.Synced(), lists())
+		}
+		fw.Modify(widget("ns", "a", "ua", "6", 2))
+		synctest.Wait()
+		sameRecords(t, "stream", q.take(), []record{
+			{Key: key("a"), Type: opkit.Added, RV: "1", UID: "ua", Priority: -1},
+			{Key: key("b"), Type: opkit.Added, RV: "2", UID: "ub", Priority: -1},
+			{Key: key("a"), Type: opkit.Modified, RV: "6", UID: "ua", Priority: 0},
+		})
+		ev := syncs.take()
+		if len(ev) != 2 || !ev[1].Streaming || ev[1].ResourceVersion != "5" || ev[1].Added != 2 {
+			t.Fatalf("sync events = %+v", ev)
+		}
+		// The server ends the stream: an ordinary watch resumes from 6.
+		time.Sleep(2 * time.Minute)
+		fw.Stop()
+		synctest.Wait()
+		ws.mu.Lock()
+		next := ws.requests[len(ws.requests)-1]
+		ws.mu.Unlock()
+		if next.SendInitialEvents != nil || next.ResourceVersion != "6" || lists() != 0 {
+			t.Fatalf("after the stream: watch options %+v, lists %d; want a plain watch from 6", next, lists())
+		}
+	})
+}
+
+func TestWatchListRefusedFallsBackToPaginatedList(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newFake(widget("ns", "a", "ua", "1", 1))
+		ws := &watches{err: func(_ int, o metav1.ListOptions) error {
+			if o.SendInitialEvents != nil {
+				return apierrors.NewBadRequest("sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled")
+			}
+			return nil
+		}}
+		ws.install(c)
+		lists := countLists(c)
+		q := &recorder{}
+		cfg := config(c, q)
+		cfg.Client = streaming{c}
+		cfg.WatchList = watcher.WatchListAuto
+		w := mustNew(t, cfg)
+		stop := start(t, w)
+		defer stop()
+		synctest.Wait()
+		if !w.Synced() || lists() != 1 {
+			t.Fatalf("Synced=%v lists=%d, want a fallback list", w.Synced(), lists())
+		}
+		sameRecords(t, "entries", q.take(), []record{{Key: key("a"), Type: opkit.Added, RV: "1", UID: "ua", Priority: -1}})
+		// A later relist does not try WatchList again.
+		ws.last(t).Error(expired)
+		synctest.Wait()
+		if lists() != 2 || len(ws.rvs()) != 3 {
+			t.Fatalf("lists=%d watches=%d, want the relist to list directly", lists(), len(ws.rvs()))
+		}
+	})
+}
+
+func TestWatchListThatNeverEndsItsInitialEventsFallsBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newFake(widget("ns", "a", "ua", "1", 1))
+		ws := &watches{}
+		ws.install(c)
+		lists := countLists(c)
+		q := &recorder{}
+		cfg := config(c, q)
+		cfg.Client = streaming{c}
+		cfg.WatchList = watcher.WatchListAuto
+		w := mustNew(t, cfg)
+		stop := start(t, w)
+		defer stop()
+		synctest.Wait()
+		// An old server ignores sendInitialEvents: it replays the object,
+		// then sends plain bookmarks forever.
+		fw := ws.last(t)
+		fw.Add(widget("ns", "a", "ua", "1", 1))
+		for range 6 {
+			time.Sleep(time.Minute)
+			fw.Action(watch.Bookmark, bookmark("2", nil))
+		}
+		synctest.Wait()
+		if !w.Synced() || lists() != 1 || !fw.IsStopped() {
+			t.Fatalf("Synced=%v lists=%d stream stopped=%v; want a fallback list", w.Synced(), lists(), fw.IsStopped())
+		}
+		// The replayed object and the list's copy are one Added.
+		sameRecords(t, "entries", q.take(), []record{
+			{Key: key("a"), Type: opkit.Added, RV: "1", UID: "ua", Priority: -1},
+			{Key: key("a"), Type: opkit.Added, RV: "1", UID: "ua", Priority: -1},
+		})
+	})
+}
+
+func TestWorksWithTheRealQueue(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newFake(widget("ns", "a", "ua", "1", 1), widget("ns", "b", "ub", "2", 1))
+		q := queue.New[opkit.Key, opkit.Event[*Widget]](queue.Config[opkit.Event[*Widget]]{})
+		stop := start(t, mustNew(t, watcher.Config[*Widget]{Client: c, Resource: widgets, Queue: q, Logger: discard}))
+		defer stop()
+		synctest.Wait()
+		mustDo(t)(c.Resource(widgets.GroupVersionResource).Namespace("ns").Update(ctx, widget("ns", "b", "ub", "3", 2), metav1.UpdateOptions{}))
+		synctest.Wait()
+		if q.Len() != 2 {
+			t.Fatalf("queue holds %d entries, want 2", q.Len())
+		}
+		// b's watch event (priority 0) is served before a's list entry (-1).
+		for _, want := range []record{{Key: key("b"), Type: opkit.Modified, RV: "3"}, {Key: key("a"), Type: opkit.Added, RV: "1", Priority: -1}} {
+			it, err := q.Get(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if it.Key != want.Key || it.Value.Type != want.Type || it.Value.Object.ResourceVersion != want.RV || it.Priority != want.Priority || it.Value.Object.Spec.Size != 1 {
+				t.Fatalf("Get = %v %v rv=%s prio=%d, want %v", it.Key, it.Value.Type, it.Value.Object.ResourceVersion, it.Priority, want)
+			}
+			q.Done(it.Key)
+		}
+	})
+}
