@@ -1,0 +1,501 @@
+package natsbroker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/opkit/opkit/trigger"
+)
+
+// Defaults for the zero fields of [Config].
+const (
+	DefaultStream            = "DEMO_TRIGGERS"
+	DefaultSubject           = "demo.reconcile"
+	DefaultDeadLetterStream  = "DEMO_TRIGGERS_DLQ"
+	DefaultDeadLetterSubject = "demo.reconcile.dlq"
+	DefaultDurable           = "opkit-demo"
+	DefaultMaxDeliver        = 100
+	DefaultAckWait           = 30 * time.Second
+	DefaultPrefetch          = 8
+	DefaultMaxAge            = 24 * time.Hour
+	DefaultDeadLetterMaxAge  = 7 * 24 * time.Hour
+)
+
+// Header names set on dead-lettered messages.
+const (
+	HeaderTermReason = "Opkit-Term-Reason"
+	HeaderStreamSeq  = "Opkit-Stream-Seq"
+	HeaderDeliveries = "Opkit-Deliveries"
+	HeaderSubject    = "Opkit-Subject"
+)
+
+// connectionCheckInterval is how often a waiting Receive checks that the
+// connection is still up.
+const connectionCheckInterval = time.Second
+
+// ReasonMaxDeliveries is the dead-letter reason of a message nacked on its
+// last allowed delivery.
+const ReasonMaxDeliveries = "MaxDeliveries"
+
+// Config configures a [Broker]. The zero value of every field but URL (or
+// Conn) means its documented default.
+type Config struct {
+	// URL is the NATS server URL, e.g. "nats://127.0.0.1:4222". Required
+	// unless Conn is set.
+	URL string
+	// Conn is an existing connection to use instead of dialing URL. The
+	// broker does not close a connection it was given.
+	Conn *nats.Conn
+	// Name is the client connection name shown by the server
+	// (default "opkit-demo-operator").
+	Name string
+	// Stream holds the triggers (default DefaultStream); Subject is what
+	// publishers send to (default DefaultSubject).
+	Stream, Subject string
+	// DeadLetterStream and DeadLetterSubject hold dead letters
+	// (defaults DefaultDeadLetterStream, DefaultDeadLetterSubject). The
+	// dead-letter subject must not be matched by Subject.
+	DeadLetterStream, DeadLetterSubject string
+	// Durable is the durable consumer's name (default DefaultDurable);
+	// every replica uses the same one.
+	Durable string
+	// MaxDeliver is the consumer's delivery limit (default
+	// DefaultMaxDeliver); the last delivery's Nack dead-letters.
+	MaxDeliver int
+	// AckWait is how long the server waits for an ack before redelivering
+	// (default DefaultAckWait).
+	AckWait time.Duration
+	// Prefetch is how many messages the client buffers ahead of Receive
+	// (default DefaultPrefetch). Buffered messages are nacked by Close.
+	Prefetch int
+	// MaxAge bounds how long an unconsumed trigger is kept
+	// (default DefaultMaxAge); DeadLetterMaxAge likewise for dead letters
+	// (default DefaultDeadLetterMaxAge).
+	MaxAge, DeadLetterMaxAge time.Duration
+	// Logger receives connection events; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() error {
+	if c.URL == "" && c.Conn == nil {
+		return errors.New("natsbroker: Config.URL or Config.Conn is required")
+	}
+	def := func(s *string, d string) {
+		if *s == "" {
+			*s = d
+		}
+	}
+	def(&c.Name, "opkit-demo-operator")
+	def(&c.Stream, DefaultStream)
+	def(&c.Subject, DefaultSubject)
+	def(&c.DeadLetterStream, DefaultDeadLetterStream)
+	def(&c.DeadLetterSubject, DefaultDeadLetterSubject)
+	def(&c.Durable, DefaultDurable)
+	if c.Subject == c.DeadLetterSubject || c.Stream == c.DeadLetterStream {
+		return errors.New("natsbroker: the dead-letter stream and subject must differ from the trigger stream and subject")
+	}
+	for _, v := range []struct {
+		name string
+		d    *time.Duration
+		def  time.Duration
+	}{{"AckWait", &c.AckWait, DefaultAckWait}, {"MaxAge", &c.MaxAge, DefaultMaxAge}, {"DeadLetterMaxAge", &c.DeadLetterMaxAge, DefaultDeadLetterMaxAge}} {
+		if *v.d < 0 {
+			return fmt.Errorf("natsbroker: negative %s %v", v.name, *v.d)
+		}
+		if *v.d == 0 {
+			*v.d = v.def
+		}
+	}
+	switch {
+	case c.MaxDeliver < 0:
+		return fmt.Errorf("natsbroker: negative MaxDeliver %d", c.MaxDeliver)
+	case c.MaxDeliver == 0:
+		c.MaxDeliver = DefaultMaxDeliver
+	case c.MaxDeliver == 1:
+		return errors.New("natsbroker: MaxDeliver must be at least 2 (a nacked trigger must be redeliverable)")
+	}
+	switch {
+	case c.Prefetch < 0:
+		return fmt.Errorf("natsbroker: negative Prefetch %d", c.Prefetch)
+	case c.Prefetch == 0:
+		c.Prefetch = DefaultPrefetch
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// Broker is a trigger.Broker over a JetStream durable pull consumer.
+type Broker struct {
+	cfg     Config
+	nc      *nats.Conn
+	ownConn bool
+	js      jetstream.JetStream
+	log     *slog.Logger
+
+	// mu guards cons and iter. Receive holds it only to read or replace
+	// them, never while blocked in Next, so Close is not held up.
+	mu     sync.Mutex
+	cons   jetstream.Consumer
+	iter   jetstream.MessagesContext
+	closed bool
+
+	// lastAsync remembers the last asynchronous error the server sent
+	// (permission violations arrive that way), to classify the timeouts
+	// they cause.
+	asyncMu   sync.Mutex
+	lastAsync error
+}
+
+var (
+	_ trigger.Broker = (*Broker)(nil)
+	_ trigger.Lag    = (*Broker)(nil)
+)
+
+// Open connects (unless cfg.Conn is given), creates or updates the trigger
+// and dead-letter streams and the durable consumer, and returns the broker.
+// The connection reconnects on its own forever; while it is down Receive
+// returns Disconnected errors.
+func Open(ctx context.Context, cfg Config) (*Broker, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	b := &Broker{cfg: cfg, log: cfg.Logger}
+	if cfg.Conn != nil {
+		b.nc = cfg.Conn
+	} else {
+		nc, err := nats.Connect(cfg.URL,
+			nats.Name(cfg.Name),
+			nats.MaxReconnects(-1),
+			nats.ReconnectWait(500*time.Millisecond),
+			nats.RetryOnFailedConnect(false),
+			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+				if err != nil { // nil: a deliberate Close
+					b.log.Warn("nats disconnected", "error", err)
+				}
+			}),
+			nats.ReconnectHandler(func(c *nats.Conn) {
+				b.log.Info("nats reconnected", "url", c.ConnectedUrlRedacted())
+			}),
+			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+				b.asyncMu.Lock()
+				b.lastAsync = err
+				b.asyncMu.Unlock()
+				b.log.Warn("nats asynchronous error", "error", err, "kind", Classify(err).String())
+			}),
+		)
+		if err != nil {
+			return nil, &trigger.BrokerError{Kind: Classify(err), Op: "connect", Err: err}
+		}
+		b.nc, b.ownConn = nc, true
+	}
+	js, err := jetstream.New(b.nc)
+	if err != nil {
+		b.closeConn()
+		return nil, &trigger.BrokerError{Kind: Classify(err), Op: "connect", Err: err}
+	}
+	b.js = js
+	if err := b.ensure(ctx); err != nil {
+		b.closeConn()
+		return nil, err
+	}
+	return b, nil
+}
+
+// ensure creates or updates both streams and the consumer.
+func (b *Broker) ensure(ctx context.Context) error {
+	c := b.cfg
+	if _, err := b.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        c.Stream,
+		Description: "opkit reconcile triggers: {namespace, name, reason} pointers",
+		Subjects:    []string{c.Subject},
+		Retention:   jetstream.WorkQueuePolicy,
+		Storage:     jetstream.FileStorage,
+		MaxAge:      c.MaxAge,
+		MaxMsgSize:  64 << 10,
+		Discard:     jetstream.DiscardNew,
+	}); err != nil {
+		return &trigger.BrokerError{Kind: Classify(err), Op: "create stream " + c.Stream, Err: err}
+	}
+	if _, err := b.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        c.DeadLetterStream,
+		Description: "opkit reconcile triggers that were dead-lettered",
+		Subjects:    []string{c.DeadLetterSubject},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		MaxAge:      c.DeadLetterMaxAge,
+	}); err != nil {
+		return &trigger.BrokerError{Kind: Classify(err), Op: "create stream " + c.DeadLetterStream, Err: err}
+	}
+	cons, err := b.js.CreateOrUpdateConsumer(ctx, c.Stream, jetstream.ConsumerConfig{
+		Durable:       c.Durable,
+		Description:   "opkit demo operator replicas",
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       c.AckWait,
+		MaxDeliver:    c.MaxDeliver,
+		FilterSubject: c.Subject,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		MaxAckPending: 1000,
+	})
+	if err != nil {
+		return &trigger.BrokerError{Kind: Classify(err), Op: "create consumer " + c.Durable, Err: err}
+	}
+	b.mu.Lock()
+	b.cons = cons
+	b.mu.Unlock()
+	return nil
+}
+
+// iterator returns the current pull iterator, creating it (and the
+// consumer, if it was deleted) when needed.
+func (b *Broker) iterator(ctx context.Context) (jetstream.MessagesContext, error) {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil, &trigger.BrokerError{Kind: trigger.BrokerDisconnected, Op: "receive", Err: errors.New("broker closed")}
+	}
+	if it := b.iter; it != nil {
+		b.mu.Unlock()
+		return it, nil
+	}
+	cons := b.cons
+	b.mu.Unlock()
+	if cons == nil {
+		if err := b.ensure(ctx); err != nil {
+			return nil, err
+		}
+		b.mu.Lock()
+		cons = b.cons
+		b.mu.Unlock()
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(b.cfg.Prefetch), jetstream.PullExpiry(5*time.Second))
+	if err != nil {
+		kind := Classify(err)
+		if kind == trigger.BrokerNotFound {
+			b.mu.Lock()
+			b.cons = nil // recreate it next time
+			b.mu.Unlock()
+		}
+		return nil, &trigger.BrokerError{Kind: kind, Op: "receive", Err: err}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		it.Stop()
+		return nil, &trigger.BrokerError{Kind: trigger.BrokerDisconnected, Op: "receive", Err: errors.New("broker closed")}
+	}
+	b.iter = it
+	return it, nil
+}
+
+// Receive blocks until a message arrives, ctx ends (ctx's error) or the
+// subscription fails (a *trigger.BrokerError; the next call starts over).
+func (b *Broker) Receive(ctx context.Context) (trigger.Message, error) {
+	it, err := b.iterator(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		if !b.nc.IsConnected() {
+			return nil, &trigger.BrokerError{Kind: trigger.BrokerDisconnected, Op: "receive", Err: fmt.Errorf("connection %s", b.nc.Status())}
+		}
+		// Wait in slices of connectionCheckInterval: while the connection is
+		// down the iterator just waits for it to come back, and the consumer
+		// must hear about it (logs, metrics, readiness).
+		sliceCtx, cancel := context.WithTimeout(ctx, connectionCheckInterval)
+		msg, err := it.Next(jetstream.NextContext(sliceCtx))
+		sliceTimedOut := sliceCtx.Err() != nil
+		cancel()
+		if err != nil {
+			if ctxErr := ctx.Err(); ctxErr != nil {
+				return nil, ctxErr
+			}
+			if sliceTimedOut && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
+				continue
+			}
+			b.mu.Lock()
+			if b.iter == it {
+				b.iter = nil
+			}
+			kind := b.classify(err)
+			if kind == trigger.BrokerNotFound {
+				b.cons = nil
+			}
+			b.mu.Unlock()
+			it.Stop()
+			return nil, &trigger.BrokerError{Kind: kind, Op: "receive", Err: err}
+		}
+		md, err := msg.Metadata()
+		if err != nil {
+			// Not a JetStream delivery (cannot be acked): skip it.
+			b.log.Warn("nats: ignoring a message without JetStream metadata", "subject", msg.Subject(), "error", err)
+			continue
+		}
+		return &message{b: b, msg: msg, md: md}, nil
+	}
+}
+
+// Lag returns the consumer's backlog: messages not yet delivered
+// (NumPending) plus delivered but not yet acknowledged (NumAckPending).
+func (b *Broker) Lag(ctx context.Context) (int64, error) {
+	b.mu.Lock()
+	cons := b.cons
+	b.mu.Unlock()
+	if cons == nil {
+		return 0, &trigger.BrokerError{Kind: trigger.BrokerNotFound, Op: "lag", Err: errors.New("no consumer")}
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return 0, &trigger.BrokerError{Kind: b.classify(err), Op: "lag", Err: err}
+	}
+	return int64(info.NumPending) + int64(info.NumAckPending), nil
+}
+
+// Connected reports whether the connection to the server is up (for
+// readiness checks).
+func (b *Broker) Connected() bool { return b.nc.IsConnected() }
+
+// Conn returns the underlying connection (for publishing).
+func (b *Broker) Conn() *nats.Conn { return b.nc }
+
+// Close stops the pull iterator, nacks the messages it had buffered but
+// Receive had not yet returned (so they are redelivered at once rather than
+// after AckWait), and closes the connection if the broker opened it. Call it
+// after the consumer's Run has returned. It is idempotent.
+func (b *Broker) Close() error {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil
+	}
+	b.closed = true
+	it := b.iter
+	b.iter = nil
+	b.mu.Unlock()
+	if it != nil {
+		it.Drain()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		for {
+			msg, err := it.Next(jetstream.NextContext(ctx))
+			if err != nil {
+				break
+			}
+			_ = msg.Nak()
+		}
+		cancel()
+		it.Stop()
+	}
+	if b.nc.IsConnected() {
+		_ = b.nc.Flush()
+	}
+	b.closeConn()
+	return nil
+}
+
+func (b *Broker) closeConn() {
+	if b.ownConn {
+		b.nc.Close()
+	}
+}
+
+// classify is Classify, also using the last asynchronous server error
+// (a permission violation surfaces as a timeout on the request it broke).
+func (b *Broker) classify(err error) trigger.BrokerErrorKind {
+	kind := Classify(err)
+	if kind != trigger.BrokerUnknown && kind != trigger.BrokerDisconnected {
+		return kind
+	}
+	b.asyncMu.Lock()
+	last := b.lastAsync
+	b.asyncMu.Unlock()
+	if last != nil && b.nc.IsConnected() {
+		if k := Classify(last); k == trigger.BrokerPermission || k == trigger.BrokerQuota {
+			return k
+		}
+	}
+	if !b.nc.IsConnected() {
+		return trigger.BrokerDisconnected
+	}
+	return kind
+}
+
+// message is one JetStream delivery.
+type message struct {
+	b   *Broker
+	msg jetstream.Msg
+	md  *jetstream.MsgMetadata
+}
+
+func (m *message) Data() []byte { return m.msg.Data() }
+
+// Deliveries is the server's delivery count for this message (1 on the first).
+func (m *message) Deliveries() int { return int(m.md.NumDelivered) }
+
+// Ack acknowledges and waits for the server to confirm.
+func (m *message) Ack(ctx context.Context) error {
+	if err := m.msg.DoubleAck(ctx); err != nil {
+		return &trigger.BrokerError{Kind: m.b.classify(err), Op: "ack", Err: err}
+	}
+	return nil
+}
+
+// Nack asks for redelivery after delay. On the last delivery MaxDeliver
+// allows it dead-letters instead, since JetStream would never redeliver.
+func (m *message) Nack(ctx context.Context, delay time.Duration) error {
+	if m.Deliveries() >= m.b.cfg.MaxDeliver {
+		return m.deadLetter(ctx, ReasonMaxDeliveries, "nack")
+	}
+	if err := m.msg.NakWithDelay(delay); err != nil {
+		return &trigger.BrokerError{Kind: m.b.classify(err), Op: "nack", Err: err}
+	}
+	return m.flush(ctx, "nack")
+}
+
+// Term copies the message to the dead-letter subject, then terminates it.
+// If the copy fails the message is left alone (it is redelivered after
+// AckWait), so a dead letter is never lost.
+func (m *message) Term(ctx context.Context, reason string) error {
+	return m.deadLetter(ctx, reason, "term")
+}
+
+func (m *message) deadLetter(ctx context.Context, reason, op string) error {
+	dl := nats.NewMsg(m.b.cfg.DeadLetterSubject)
+	dl.Data = m.msg.Data()
+	dl.Header.Set(HeaderTermReason, reason)
+	dl.Header.Set(HeaderStreamSeq, strconv.FormatUint(m.md.Sequence.Stream, 10))
+	dl.Header.Set(HeaderDeliveries, strconv.FormatUint(m.md.NumDelivered, 10))
+	dl.Header.Set(HeaderSubject, m.msg.Subject())
+	// The stream sequence as message ID: a retried dead-letter of the same
+	// message within the duplicate window is stored once.
+	dl.Header.Set(jetstream.MsgIDHeader, m.b.cfg.Stream+"-"+strconv.FormatUint(m.md.Sequence.Stream, 10))
+	if _, err := m.b.js.PublishMsg(ctx, dl); err != nil {
+		return &trigger.BrokerError{Kind: m.b.classify(err), Op: op + ": publish dead letter", Err: err}
+	}
+	if err := m.msg.TermWithReason(reason); err != nil {
+		return &trigger.BrokerError{Kind: m.b.classify(err), Op: op, Err: err}
+	}
+	return m.flush(ctx, op)
+}
+
+// flush makes sure the server has read what was sent (nak and term are
+// fire-and-forget in the protocol).
+func (m *message) flush(ctx context.Context, op string) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+	}
+	if err := m.b.nc.FlushWithContext(ctx); err != nil {
+		return &trigger.BrokerError{Kind: m.b.classify(err), Op: op, Err: err}
+	}
+	return nil
+}

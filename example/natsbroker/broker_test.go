@@ -1,0 +1,296 @@
+package natsbroker_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/opkit/opkit/example/natsbroker"
+	"github.com/opkit/opkit/trigger"
+)
+
+// startServer runs an embedded JetStream server for one test.
+func startServer(t *testing.T) *natsbroker.Embedded {
+	t.Helper()
+	srv, err := natsbroker.StartEmbedded(natsbroker.EmbeddedConfig{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	return srv
+}
+
+func open(t *testing.T, url string, mod func(*natsbroker.Config)) *natsbroker.Broker {
+	t.Helper()
+	cfg := natsbroker.Config{URL: url, AckWait: 30 * time.Second}
+	if mod != nil {
+		mod(&cfg)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	b, err := natsbroker.Open(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+func publish(t *testing.T, b *natsbroker.Broker, name string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := natsbroker.Publish(ctx, b.Conn(), "", natsbroker.Pointer{Namespace: "ns", Name: name}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func receive(t *testing.T, b *natsbroker.Broker) trigger.Message {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	m, err := b.Receive(ctx)
+	if err != nil {
+		t.Fatalf("receive: %v", err)
+	}
+	return m
+}
+
+func ctx5(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// waitLag polls Lag until it reports want: the server updates a consumer's
+// pending count asynchronously after a publish or an ack.
+func waitLag(t *testing.T, b *natsbroker.Broker, want int64) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		lag, err := b.Lag(ctx5(t))
+		if err == nil && lag == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("lag = %d, %v; want %d", lag, err, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestAckedMessageIsGoneAndLagFollows(t *testing.T) {
+	srv := startServer(t)
+	b := open(t, srv.URL(), nil)
+	for i := range 3 {
+		publish(t, b, "obj-"+strconv.Itoa(i))
+	}
+	waitLag(t, b, 3)
+	for i := range 3 {
+		m := receive(t, b)
+		want := fmt.Sprintf(`{"namespace":"ns","name":"obj-%d"}`, i)
+		if got := string(m.Data()); got != want {
+			t.Errorf("message %d = %s, want %s (in publish order)", i, got, want)
+		}
+		if m.Deliveries() != 1 {
+			t.Errorf("first delivery count = %d, want 1", m.Deliveries())
+		}
+		if err := m.Ack(ctx5(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitLag(t, b, 0)
+}
+
+func TestNackRedeliversWithCount(t *testing.T) {
+	srv := startServer(t)
+	b := open(t, srv.URL(), nil)
+	publish(t, b, "a")
+	m := receive(t, b)
+	if err := m.Nack(ctx5(t), 50*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	m2 := receive(t, b)
+	if string(m2.Data()) != string(m.Data()) || m2.Deliveries() != 2 {
+		t.Fatalf("redelivery = %s (count %d), want the same message with count 2", m2.Data(), m2.Deliveries())
+	}
+	if err := m2.Ack(ctx5(t)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func deadLetters(t *testing.T, b *natsbroker.Broker) []jetstream.RawStreamMsg {
+	t.Helper()
+	js, err := jetstream.New(b.Conn())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.Stream(ctx5(t), natsbroker.DefaultDeadLetterStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx5(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []jetstream.RawStreamMsg
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
+		m, err := s.GetMsg(ctx5(t), seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, *m)
+	}
+	return out
+}
+
+func TestTermDeadLettersAndNeverRedelivers(t *testing.T) {
+	srv := startServer(t)
+	b := open(t, srv.URL(), nil)
+	publish(t, b, "bad")
+	publish(t, b, "good")
+	m := receive(t, b)
+	if err := m.Term(ctx5(t), string(trigger.TermMalformed)); err != nil {
+		t.Fatal(err)
+	}
+	// The next message is the second one: the first is never redelivered.
+	m2 := receive(t, b)
+	if got := string(m2.Data()); got != `{"namespace":"ns","name":"good"}` {
+		t.Fatalf("after Term got %s, want the second message", got)
+	}
+	m2.Ack(ctx5(t))
+	dl := deadLetters(t, b)
+	if len(dl) != 1 {
+		t.Fatalf("dead letters = %d, want 1", len(dl))
+	}
+	if string(dl[0].Data) != string(m.Data()) || dl[0].Header.Get(natsbroker.HeaderTermReason) != "Malformed" ||
+		dl[0].Header.Get(natsbroker.HeaderDeliveries) != "1" || dl[0].Header.Get(natsbroker.HeaderSubject) != natsbroker.DefaultSubject {
+		t.Fatalf("dead letter = %s %v", dl[0].Data, dl[0].Header)
+	}
+	waitLag(t, b, 0)
+}
+
+func TestNackOnLastDeliveryDeadLetters(t *testing.T) {
+	srv := startServer(t)
+	b := open(t, srv.URL(), func(c *natsbroker.Config) { c.MaxDeliver = 2 })
+	publish(t, b, "x")
+	m := receive(t, b)
+	if err := m.Nack(ctx5(t), time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	m = receive(t, b)
+	if m.Deliveries() != 2 {
+		t.Fatalf("deliveries = %d, want 2", m.Deliveries())
+	}
+	if err := m.Nack(ctx5(t), time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	dl := deadLetters(t, b)
+	if len(dl) != 1 || dl[0].Header.Get(natsbroker.HeaderTermReason) != natsbroker.ReasonMaxDeliveries {
+		t.Fatalf("dead letters = %v, want one with reason %s", dl, natsbroker.ReasonMaxDeliveries)
+	}
+}
+
+func TestReceiveEndsWithContext(t *testing.T) {
+	srv := startServer(t)
+	b := open(t, srv.URL(), nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.Receive(ctx)
+		done <- err
+	}()
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Receive after cancel = %v, want context.Canceled", err)
+	}
+}
+
+func TestServerGoneIsDisconnected(t *testing.T) {
+	srv := startServer(t)
+	b := open(t, srv.URL(), nil)
+	srv.Shutdown()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// The first call may still be served by the old iterator; within a few
+	// calls the failure must be reported as Disconnected.
+	for {
+		_, err := b.Receive(ctx)
+		if ctx.Err() != nil {
+			t.Fatal("no Disconnected error before the deadline")
+		}
+		if err == nil {
+			continue
+		}
+		if k := trigger.KindOf(err); k == trigger.BrokerDisconnected {
+			return
+		} else {
+			t.Logf("receive error of kind %v: %v", k, err)
+		}
+	}
+}
+
+func TestCloseNacksBufferedMessages(t *testing.T) {
+	srv := startServer(t)
+	// A long AckWait: without the nack on Close the buffered messages would
+	// not come back within the test's deadline.
+	b1 := open(t, srv.URL(), func(c *natsbroker.Config) { c.AckWait = time.Hour })
+	for i := range 5 {
+		publish(t, b1, "m"+strconv.Itoa(i))
+	}
+	m := receive(t, b1) // the iterator now holds the rest in its buffer
+	if err := m.Ack(ctx5(t)); err != nil {
+		t.Fatal(err)
+	}
+	b1.Close()
+	b2 := open(t, srv.URL(), func(c *natsbroker.Config) { c.AckWait = time.Hour })
+	for range 4 {
+		m := receive(t, b2)
+		if err := m.Ack(ctx5(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestClassify(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want trigger.BrokerErrorKind
+	}{
+		{nats.ErrAuthorization, trigger.BrokerPermission},
+		{errors.New(`nats: permissions violation for subscription to "demo.reconcile"`), trigger.BrokerPermission},
+		{&jetstream.APIError{Code: 400, ErrorCode: 10047, Description: "insufficient storage resources available"}, trigger.BrokerQuota},
+		{jetstream.ErrMaximumConsumersLimit, trigger.BrokerQuota},
+		{fmt.Errorf("wrapped: %w", nats.ErrMaxPayload), trigger.BrokerQuota},
+		{jetstream.ErrConsumerNotFound, trigger.BrokerNotFound},
+		{jetstream.ErrStreamNotFound, trigger.BrokerNotFound},
+		{nats.ErrConnectionClosed, trigger.BrokerDisconnected},
+		{nats.ErrNoServers, trigger.BrokerDisconnected},
+		{jetstream.ErrNoHeartbeat, trigger.BrokerDisconnected},
+		{errors.New("something else"), trigger.BrokerUnknown},
+	} {
+		if got := natsbroker.Classify(tc.err); got != tc.want {
+			t.Errorf("Classify(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	for _, cfg := range []natsbroker.Config{
+		{},
+		{URL: "nats://x", MaxDeliver: 1},
+		{URL: "nats://x", MaxDeliver: -1},
+		{URL: "nats://x", AckWait: -time.Second},
+		{URL: "nats://x", Subject: "a", DeadLetterSubject: "a"},
+	} {
+		if _, err := natsbroker.Open(context.Background(), cfg); err == nil {
+			t.Errorf("Open(%+v) succeeded, want a validation error", cfg)
+		}
+	}
+}
