@@ -1,0 +1,118 @@
+package testcluster
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// process is one running etcd or kube-apiserver. Its waiter goroutine (started
+// by startProcess, owned by the process) closes done when the process exits.
+type process struct {
+	name    string
+	cmd     *exec.Cmd
+	logPath string
+	done    chan struct{}
+	err     error // exit status; read only after done is closed
+}
+
+// startProcess runs bin with args in its own process group, appending its
+// output to logPath.
+func startProcess(name, bin, logPath string, args []string) (*process, error) {
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open %s log: %w", name, err)
+	}
+	fmt.Fprintf(logFile, "==== %s: %s %s\n", time.Now().Format(time.RFC3339Nano), bin, strings.Join(args, " "))
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout = logFile
+	cmd.Stderr = logFile
+	cmd.Stdin = nil
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		// Own process group, so stop can kill the process and anything it
+		// spawned, and a terminal's Ctrl-C reaches only the test binary,
+		// which then stops the cluster in order.
+		Setpgid: true,
+		// If the thread that started us dies (test binary crashed, killed
+		// by the go test timeout), the kernel kills the process.
+		Pdeathsig: syscall.SIGKILL,
+	}
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	p := &process{name: name, cmd: cmd, logPath: logPath, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		logFile.Close()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// exited reports whether the process has exited.
+func (p *process) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// stop sends sig to the process group, waits up to grace for the process to
+// exit, then kills the group. It returns once the process has exited.
+func (p *process) stop(sig syscall.Signal, grace time.Duration) {
+	pgid := p.cmd.Process.Pid // Setpgid: the group id is the leader's pid
+	if p.exited() {
+		// The leader is gone, but a child might survive in the group.
+		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		return
+	}
+	_ = syscall.Kill(-pgid, sig)
+	if sig != syscall.SIGKILL {
+		select {
+		case <-p.done:
+		case <-time.After(grace):
+		}
+	}
+	_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	<-p.done
+}
+
+// tail returns the last n lines of the process log.
+func (p *process) tail(n int) string { return tailFile(p.logPath, n) }
+
+// tailFile returns the last n lines of the file at path, or a note why it
+// could not be read.
+func tailFile(path string, n int) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Sprintf("(no log: %v)", err)
+	}
+	defer f.Close()
+	const maxRead = 64 << 10
+	if st, err := f.Stat(); err == nil && st.Size() > maxRead {
+		if _, err := f.Seek(-maxRead, io.SeekEnd); err != nil {
+			return fmt.Sprintf("(log unreadable: %v)", err)
+		}
+	}
+	data, err := io.ReadAll(f)
+	if err != nil {
+		return fmt.Sprintf("(log unreadable: %v)", err)
+	}
+	lines := bytes.Split(bytes.TrimRight(data, "\n"), []byte("\n"))
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return string(bytes.Join(lines, []byte("\n")))
+}
+
+// errProcessExited is wrapped by errors of a process that exited during start.
+var errProcessExited = errors.New("process exited")
