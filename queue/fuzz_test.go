@@ -1,0 +1,231 @@
+package queue_test
+
+import (
+	"fmt"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/opkit/opkit/queue"
+)
+
+// The model: per key, the entry in flight (if any) and the entries held
+// for it in delivery order. If nothing is in flight, held[0] is the pending
+// entry and the rest are parked successors.
+type modelEntry struct {
+	val, prio, retries int
+	due                time.Time
+}
+
+type modelKey struct {
+	inflight *modelEntry
+	held     []*modelEntry
+}
+
+type model struct {
+	keys      map[int]*modelKey
+	suspended bool
+	shutdown  bool
+}
+
+// fuzzMerge derives the merge mode from the incoming payload so that the
+// model can replay it.
+func fuzzMerge(_, incoming int) queue.Merge {
+	switch {
+	case incoming%7 == 0:
+		return queue.MergeSequence
+	case incoming%5 == 0:
+		return queue.MergeKeep
+	}
+	return queue.MergeReplace
+}
+
+func (m *model) add(k, v int, o queue.AddOptions, now time.Time) queue.Outcome {
+	if m.shutdown {
+		return queue.DroppedShutDown
+	}
+	if m.suspended {
+		return queue.DroppedSuspended
+	}
+	mk := m.keys[k]
+	if mk == nil {
+		mk = &modelKey{}
+		m.keys[k] = mk
+	}
+	due := now
+	if o.Delay > 0 {
+		due = now.Add(o.Delay)
+	}
+	e := &modelEntry{val: v, prio: o.Priority, retries: o.Retries, due: due}
+	if mk.inflight == nil && len(mk.held) == 0 {
+		mk.held = append(mk.held, e)
+		return queue.Queued
+	}
+	if len(mk.held) == 0 {
+		mk.held = append(mk.held, e)
+		return queue.Merged
+	}
+	t := mk.held[len(mk.held)-1]
+	switch fuzzMerge(t.val, v) {
+	case queue.MergeSequence:
+		mk.held = append(mk.held, e)
+		return queue.Merged
+	case queue.MergeReplace:
+		t.val, t.retries = v, o.Retries
+	}
+	t.prio = max(t.prio, o.Priority)
+	if due.Before(t.due) {
+		t.due = due
+	}
+	return queue.Merged
+}
+
+func (m *model) held() int {
+	n := 0
+	for _, mk := range m.keys {
+		n += len(mk.held)
+	}
+	return n
+}
+
+// checkGet compares what Get returned (ok false: nothing) with the model,
+// and moves the model's entry in flight.
+func (m *model) checkGet(it queue.Item[int, int], ok bool, now time.Time) error {
+	best := -1 << 62
+	for _, mk := range m.keys {
+		if mk.inflight == nil && len(mk.held) > 0 && !mk.held[0].due.After(now) {
+			best = max(best, mk.held[0].prio)
+		}
+	}
+	if !ok {
+		if best != -1<<62 {
+			return fmt.Errorf("Get returned nothing, but an entry of priority %d is due", best)
+		}
+		return nil
+	}
+	mk := m.keys[it.Key]
+	switch {
+	case mk == nil || len(mk.held) == 0:
+		return fmt.Errorf("Get returned %+v, the model holds nothing for it", it)
+	case mk.inflight != nil:
+		return fmt.Errorf("Get returned key %d which is already in flight", it.Key)
+	}
+	e := mk.held[0]
+	switch {
+	case e.due.After(now) || it.Due.After(now):
+		return fmt.Errorf("Get returned %+v before its due time %v (now %v)", it, e.due, now)
+	case it.Priority < best:
+		return fmt.Errorf("Get returned priority %d while %d is due", it.Priority, best)
+	case it.Value != e.val || it.Priority != e.prio || it.Retries != e.retries || !it.Due.Equal(e.due):
+		return fmt.Errorf("Get returned %+v, model expects %+v", it, *e)
+	}
+	mk.inflight, mk.held = e, mk.held[1:]
+	return nil
+}
+
+// FuzzQueueAgainstModel drives the queue with random sequences of add, get,
+// done, suspend, resume, clear, shutdown and time advances (synctest's fake
+// clock), and checks it against the model after every step: never two
+// holders of a key, nothing handed out before due, priority order among due
+// entries, merged payload/priority/due/retries as specified, drops only
+// while suspended or shut down, Clear and Len counts. At the end every
+// accepted group of adds is handed out exactly once.
+func FuzzQueueAgainstModel(f *testing.F) {
+	f.Add([]byte{0, 1, 0, 3, 0, 0, 5, 1, 0})
+	f.Add([]byte{0, 1, 4, 0, 1, 9, 3, 0, 0, 9, 0, 7, 3, 0, 0, 5, 1, 0, 3, 0, 0})
+	f.Add([]byte{0, 2, 1, 6, 0, 0, 0, 2, 1, 8, 0, 0, 7, 0, 0, 0, 3, 2, 3, 0, 0})
+	f.Add([]byte{1, 1, 0, 3, 0, 0, 1, 1, 3, 2, 1, 8, 5, 1, 0, 3, 0, 0, 10, 0, 0, 3, 0, 0})
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		synctest.Test(t, func(t *testing.T) {
+			runModel(t, ops)
+		})
+	})
+}
+
+func runModel(t *testing.T, ops []byte) {
+	q := queue.New[int, int](queue.Config[int]{Merge: fuzzMerge})
+	m := &model{keys: map[int]*modelKey{}}
+	next := 1
+	for len(ops) >= 3 {
+		op, k, arg := ops[0]%11, int(ops[1]%6), int(ops[2])
+		ops = ops[3:]
+		now := time.Now()
+		switch op {
+		case 0, 1, 2:
+			o := queue.AddOptions{
+				Delay:    time.Duration(arg%4) * 100 * time.Millisecond,
+				Priority: (arg>>2)%3 - 1,
+				Retries:  (arg >> 4) % 3,
+			}
+			v := next
+			next++
+			want := m.add(k, v, o, now)
+			if got := q.Add(k, v, o); got != want {
+				t.Fatalf("Add(%d, %d, %+v) = %v, model says %v", k, v, o, got, want)
+			}
+		case 3, 4:
+			it, ok := tryGet(t, q)
+			if err := m.checkGet(it, ok, now); err != nil {
+				t.Fatal(err)
+			}
+		case 5:
+			for i := range 6 {
+				kk := (k + i) % 6
+				if mk := m.keys[kk]; mk != nil && mk.inflight != nil {
+					mk.inflight = nil
+					q.Done(kk)
+					break
+				}
+			}
+		case 6:
+			q.Suspend()
+			m.suspended = true
+		case 7:
+			q.Resume()
+			m.suspended = false
+		case 8:
+			want := m.held()
+			for _, mk := range m.keys {
+				mk.held = nil
+			}
+			if got := q.Clear(); got != want {
+				t.Fatalf("Clear = %d, model says %d", got, want)
+			}
+		case 9, 10:
+			if op == 10 && arg%4 == 0 {
+				q.ShutDown()
+				m.shutdown = true
+				continue
+			}
+			time.Sleep(time.Duration(arg%8) * 50 * time.Millisecond)
+		}
+		if got, want := q.Len(), m.held(); got != want {
+			t.Fatalf("Len = %d, model says %d", got, want)
+		}
+	}
+	// Drain: resume, let every delay pass, and finish everything.
+	q.Resume()
+	m.suspended = false
+	time.Sleep(time.Second)
+	for k, mk := range m.keys {
+		if mk.inflight != nil {
+			mk.inflight = nil
+			q.Done(k)
+		}
+	}
+	for {
+		now := time.Now()
+		it, ok := tryGet(t, q)
+		if err := m.checkGet(it, ok, now); err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			break
+		}
+		m.keys[it.Key].inflight = nil
+		q.Done(it.Key)
+	}
+	if n := m.held(); n != 0 || q.Len() != 0 {
+		t.Fatalf("after drain the model holds %d entries and Len = %d; every accepted add must be handed out", n, q.Len())
+	}
+}
