@@ -1,0 +1,404 @@
+package trigger_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	dynfake "k8s.io/client-go/dynamic/fake"
+	clienttesting "k8s.io/client-go/testing"
+
+	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/queue"
+	"github.com/opkit/opkit/trigger"
+)
+
+// allowAll is an Authenticator that lets everyone in, so tests of the
+// other status codes need no token plumbing.
+type allowAll struct{}
+
+func (allowAll) Authorize(context.Context, trigger.AuthRequest) (string, error) { return "tester", nil }
+
+type handlerEnv struct {
+	h   http.Handler
+	q   *cmQueue
+	dyn *dynfake.FakeDynamicClient
+	m   *countingMetrics
+}
+
+func newHandlerEnv(t *testing.T, mutate func(*trigger.HandlerConfig[*corev1.ConfigMap])) *handlerEnv {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	e := &handlerEnv{dyn: dynfake.NewSimpleDynamicClient(scheme, cm("ns", "a")), m: newCounting()}
+	var tr *trigger.Trigger[*corev1.ConfigMap]
+	tr, e.q = newCMTrigger(t, e.m)
+	cfg := trigger.HandlerConfig[*corev1.ConfigMap]{
+		Trigger:       tr,
+		Dynamic:       e.dyn,
+		Authenticator: allowAll{},
+		Leader:        func() string { return "replica-b" },
+		Metrics:       e.m,
+		Logger:        discard,
+	}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	h, err := trigger.NewHandler(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.h = h
+	return e
+}
+
+func (e *handlerEnv) do(method, target string, body io.Reader, header http.Header) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(method, target, body)
+	for k, v := range header {
+		r.Header[k] = v
+	}
+	w := httptest.NewRecorder()
+	e.h.ServeHTTP(w, r)
+	return w
+}
+
+func post(e *handlerEnv, target string) *httptest.ResponseRecorder {
+	return e.do(http.MethodPost, target, nil, nil)
+}
+
+// wantStatus checks the code and that the body is a Kubernetes-style Status
+// with the given reason, and returns it.
+func wantStatus(t *testing.T, w *httptest.ResponseRecorder, code int, reason string) trigger.Status {
+	t.Helper()
+	if w.Code != code {
+		t.Fatalf("code = %d, want %d; body %s", w.Code, code, w.Body)
+	}
+	if ct := w.Header().Get("Content-Type"); ct != "application/json" {
+		t.Errorf("Content-Type = %q, want application/json", ct)
+	}
+	var st trigger.Status
+	dec := json.NewDecoder(w.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&st); err != nil {
+		t.Fatalf("body is not a Status: %v", err)
+	}
+	if st.Kind != "Status" || st.APIVersion != "v1" || st.Status != "Failure" || st.Code != code || string(st.Reason) != reason || st.Message == "" {
+		t.Errorf("status = %+v, want Failure %d %s with a message", st, code, reason)
+	}
+	return st
+}
+
+func TestHandler202SchedulesTheRefetchedObject(t *testing.T) {
+	e := newHandlerEnv(t, nil)
+	w := e.do(http.MethodPost, "/reconcile/ns/a?delay=0s&reason=ci+deployed", nil, nil)
+	if w.Code != http.StatusAccepted {
+		t.Fatalf("code = %d, body %s", w.Code, w.Body)
+	}
+	var got trigger.Accepted
+	if err := json.Unmarshal(w.Body.Bytes(), &got); err != nil {
+		t.Fatal(err)
+	}
+	want := trigger.Accepted{Key: "ns/a", Namespace: "ns", Name: "a", UID: "uid-a", ResourceVersion: "7", Delay: "0s", Outcome: "Queued"}
+	if got != want {
+		t.Errorf("body = %+v, want %+v", got, want)
+	}
+	it, err := e.q.Get(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if it.Value.Object.UID != "uid-a" || it.Value.Reason != "ci deployed" || it.Value.Source != opkit.Operator || it.Value.Type != opkit.Modified || it.Priority != trigger.DefaultPriority {
+		t.Errorf("queued %+v (priority %d)", it.Value, it.Priority)
+	}
+	if e.m.requests[202] != 1 {
+		t.Errorf("metrics = %v", e.m.requests)
+	}
+}
+
+func TestHandler202ReasonFromJSONBodyAndDelay(t *testing.T) {
+	e := newHandlerEnv(t, nil)
+	w := e.do(http.MethodPost, "/reconcile/ns/a?delay=90s", strings.NewReader(`{"reason":"pipeline 42"}`), http.Header{"Content-Type": {"application/json; charset=utf-8"}})
+	if w.Code != http.StatusAccepted {
+		t.Fatalf("code = %d, body %s", w.Code, w.Body)
+	}
+	var got trigger.Accepted
+	_ = json.Unmarshal(w.Body.Bytes(), &got)
+	if got.Delay != "1m30s" {
+		t.Errorf("delay = %q, want 1m30s", got.Delay)
+	}
+	if e.q.Len() != 1 {
+		t.Fatalf("queue len = %d, want 1", e.q.Len())
+	}
+}
+
+func TestHandler404(t *testing.T) {
+	e := newHandlerEnv(t, nil)
+	st := wantStatus(t, post(e, "/reconcile/ns/missing"), 404, "NotFound")
+	if st.Details == nil || st.Details.Name != "missing" {
+		t.Errorf("details = %+v", st.Details)
+	}
+	wantStatus(t, post(e, "/elsewhere"), 404, "NotFound")
+	wantStatus(t, post(e, "/reconcile/ns/a/extra"), 404, "NotFound")
+	// A namespaced resource has no cluster-scoped route.
+	wantStatus(t, post(e, "/reconcile/a"), 404, "NotFound")
+	if e.q.Len() != 0 {
+		t.Errorf("queue len = %d", e.q.Len())
+	}
+}
+
+func TestHandler400(t *testing.T) {
+	e := newHandlerEnv(t, nil)
+	for _, target := range []string{
+		"/reconcile/Bad_NS/a",
+		"/reconcile/ns/UPPER",
+		"/reconcile/ns/" + strings.Repeat("a", 254),
+		"/reconcile/" + strings.Repeat("n", 64) + "/a",
+		"/reconcile/ns%2Fx/a",
+		"/reconcile/ns/a?delay=soon",
+		"/reconcile/ns/a?delay=-1s",
+		"/reconcile/ns/a?delay=2h",
+		"/reconcile/ns/a?delay=1s&delay=2s",
+		"/reconcile/ns/a?force=true",
+		"/reconcile/ns/a?reason=%ff",
+		"/reconcile/ns/a?reason=" + strings.Repeat("r", trigger.MaxReasonLen+1),
+		"/reconcile/ns/a?a=%zz",
+	} {
+		t.Run(target[:min(len(target), 40)], func(t *testing.T) {
+			wantStatus(t, post(e, target), 400, "BadRequest")
+		})
+	}
+	json := http.Header{"Content-Type": {"application/json"}}
+	for _, body := range []string{`{"reason":1}`, `{"name":"b"}`, `{"reason":"x"} {}`, `not json`} {
+		wantStatus(t, e.do(http.MethodPost, "/reconcile/ns/a", strings.NewReader(body), json), 400, "BadRequest")
+	}
+	wantStatus(t, e.do(http.MethodPost, "/reconcile/ns/a?reason=q", strings.NewReader(`{"reason":"b"}`), json), 400, "BadRequest")
+	if e.q.Len() != 0 {
+		t.Errorf("queue len = %d after bad requests", e.q.Len())
+	}
+}
+
+func TestHandler405(t *testing.T) {
+	e := newHandlerEnv(t, nil)
+	for _, m := range []string{http.MethodGet, http.MethodPut, http.MethodDelete, http.MethodPatch} {
+		w := e.do(m, "/reconcile/ns/a", nil, nil)
+		wantStatus(t, w, 405, "MethodNotAllowed")
+		if w.Header().Get("Allow") != "POST" {
+			t.Errorf("%s: Allow = %q", m, w.Header().Get("Allow"))
+		}
+	}
+}
+
+func TestHandler413(t *testing.T) {
+	e := newHandlerEnv(t, nil)
+	big := `{"reason":"` + strings.Repeat("x", 2000) + `"}`
+	wantStatus(t, e.do(http.MethodPost, "/reconcile/ns/a", strings.NewReader(big), http.Header{"Content-Type": {"application/json"}}), 413, "RequestEntityTooLarge")
+	// Without a Content-Length (chunked) the limit still holds.
+	r := httptest.NewRequest(http.MethodPost, "/reconcile/ns/a", io.MultiReader(strings.NewReader(big)))
+	r.ContentLength = -1
+	r.Header.Set("Content-Type", "application/json")
+	w := httptest.NewRecorder()
+	e.h.ServeHTTP(w, r)
+	wantStatus(t, w, 413, "RequestEntityTooLarge")
+}
+
+func TestHandler415(t *testing.T) {
+	e := newHandlerEnv(t, nil)
+	for _, ct := range []string{"text/plain", "application/x-www-form-urlencoded", "", "application/yaml"} {
+		h := http.Header{}
+		if ct != "" {
+			h.Set("Content-Type", ct)
+		}
+		wantStatus(t, e.do(http.MethodPost, "/reconcile/ns/a", strings.NewReader(`{"reason":"x"}`), h), 415, "UnsupportedMediaType")
+	}
+}
+
+func TestHandler503WhenDropped(t *testing.T) {
+	e := newHandlerEnv(t, nil)
+	e.q.Suspend()
+	w := post(e, "/reconcile/ns/a")
+	st := wantStatus(t, w, 503, "ServiceUnavailable")
+	if w.Header().Get("Retry-After") != "5" || w.Header().Get(trigger.LeaderHeader) != "replica-b" {
+		t.Errorf("headers = %v", w.Header())
+	}
+	if st.Leader != "replica-b" || st.Outcome != "DroppedSuspended" {
+		t.Errorf("status leader=%q outcome=%q", st.Leader, st.Outcome)
+	}
+	e.q.Resume()
+	e.q.ShutDown()
+	st = wantStatus(t, post(e, "/reconcile/ns/a"), 503, "ServiceUnavailable")
+	if st.Outcome != "DroppedShutDown" {
+		t.Errorf("outcome = %q", st.Outcome)
+	}
+}
+
+func TestHandler503WithoutKnownLeader(t *testing.T) {
+	e := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) { c.Leader = nil; c.RetryAfter = 1500 * time.Millisecond })
+	e.q.Suspend()
+	w := post(e, "/reconcile/ns/a")
+	st := wantStatus(t, w, 503, "ServiceUnavailable")
+	if _, ok := w.Header()[trigger.LeaderHeader]; ok || st.Leader != "" {
+		t.Errorf("leader given though unknown: %v %q", w.Header(), st.Leader)
+	}
+	if w.Header().Get("Retry-After") != "2" {
+		t.Errorf("Retry-After = %q, want 2 (rounded up)", w.Header().Get("Retry-After"))
+	}
+}
+
+func TestHandler502And504FromTheAPIServer(t *testing.T) {
+	for _, tc := range []struct {
+		err    error
+		code   int
+		reason string
+	}{
+		{apierrors.NewInternalError(errors.New("etcd down")), 502, "BadGateway"},
+		{apierrors.NewForbidden(schema.GroupResource{Resource: "configmaps"}, "a", errors.New("operator lacks get")), 502, "BadGateway"},
+		{apierrors.NewTimeoutError("slow", 1), 504, "Timeout"},
+		{apierrors.NewServerTimeout(schema.GroupResource{Resource: "configmaps"}, "get", 1), 504, "Timeout"},
+	} {
+		e := newHandlerEnv(t, nil)
+		e.dyn.PrependReactor("get", "configmaps", func(clienttesting.Action) (bool, runtime.Object, error) { return true, nil, tc.err })
+		wantStatus(t, post(e, "/reconcile/ns/a"), tc.code, tc.reason)
+		if e.q.Len() != 0 {
+			t.Errorf("%v: queued", tc.err)
+		}
+	}
+}
+
+func TestHandler504WhenTheRefetchHangs(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) {
+			c.Dynamic = nil
+			c.APITimeout = 2 * time.Second
+			c.Get = func(ctx context.Context, key opkit.Key) (*corev1.ConfigMap, error) {
+				<-ctx.Done()
+				return nil, ctx.Err()
+			}
+		})
+		start := time.Now()
+		wantStatus(t, post(e, "/reconcile/ns/a"), 504, "Timeout")
+		if d := time.Since(start); d != 2*time.Second {
+			t.Errorf("answered after %v, want the APITimeout 2s", d)
+		}
+	})
+}
+
+func TestHandler429InFlightLimit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		e := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) {
+			c.MaxInFlight = 1
+			c.Dynamic = nil
+			c.Get = func(ctx context.Context, key opkit.Key) (*corev1.ConfigMap, error) {
+				<-release
+				return cm(key.Namespace, key.Name), nil
+			}
+		})
+		first := make(chan int)
+		go func() { first <- post(e, "/reconcile/ns/a").Code }()
+		synctest.Wait() // the first request holds the only slot
+		w := post(e, "/reconcile/ns/b")
+		wantStatus(t, w, 429, "TooManyRequests")
+		if w.Header().Get("Retry-After") == "" {
+			t.Error("429 without Retry-After")
+		}
+		close(release)
+		if code := <-first; code != 202 {
+			t.Errorf("first request = %d, want 202", code)
+		}
+		if code := post(e, "/reconcile/ns/b").Code; code != 202 {
+			t.Errorf("after the slot is free: %d, want 202", code)
+		}
+	})
+}
+
+func TestHandler429RateLimit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) { c.RateLimit = 2; c.RateBurst = 2 })
+		codes := []int{post(e, "/reconcile/ns/a").Code, post(e, "/reconcile/ns/a").Code}
+		wantStatus(t, post(e, "/reconcile/ns/a"), 429, "TooManyRequests")
+		time.Sleep(500 * time.Millisecond) // virtual: one token refills at 2/s
+		codes = append(codes, post(e, "/reconcile/ns/a").Code)
+		for i, c := range codes {
+			if c != 202 {
+				t.Errorf("request %d = %d, want 202", i, c)
+			}
+		}
+		wantStatus(t, post(e, "/reconcile/ns/a"), 429, "TooManyRequests")
+	})
+}
+
+func TestHandlerClusterScopedRoute(t *testing.T) {
+	scheme := runtime.NewScheme()
+	dyn := dynfake.NewSimpleDynamicClientWithCustomListKinds(scheme, map[schema.GroupVersionResource]string{widgets.GroupVersionResource: "WidgetList"})
+	w0 := &Widget{}
+	w0.APIVersion, w0.Kind, w0.Name, w0.UID = "demo.opkit.dev/v1", "Widget", "big", "uid-big"
+	u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(w0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dyn.Tracker().Add(&unstructured.Unstructured{Object: u}); err != nil {
+		t.Fatal(err)
+	}
+	q := queue.New[opkit.Key, opkit.Event[*Widget]](queue.Config[opkit.Event[*Widget]]{})
+	tr, _ := trigger.New(trigger.Config[*Widget]{Queue: q, Resource: widgets, Logger: discard})
+	h, err := trigger.NewHandler(trigger.HandlerConfig[*Widget]{Trigger: tr, Dynamic: dyn, Authenticator: allowAll{}, Logger: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &handlerEnv{h: h}
+	if w := post(e, "/reconcile/big"); w.Code != 202 {
+		t.Fatalf("code = %d, body %s", w.Code, w.Body)
+	}
+	wantStatus(t, post(e, "/reconcile/ns/big"), 404, "NotFound")
+	wantStatus(t, post(e, "/reconcile/none"), 404, "NotFound")
+	it, _ := q.Get(context.Background())
+	if it.Key != (opkit.Key{Name: "big"}) || it.Value.Object.UID != "uid-big" {
+		t.Errorf("queued %v %+v", it.Key, it.Value.Object)
+	}
+}
+
+func TestHandler500WhenTheServerReturnsAnotherKind(t *testing.T) {
+	e := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) {
+		c.Dynamic = nil
+		c.Get = func(ctx context.Context, key opkit.Key) (*corev1.ConfigMap, error) {
+			o := cm(key.Namespace, key.Name)
+			o.Kind = "Secret"
+			return o, nil
+		}
+	})
+	wantStatus(t, post(e, "/reconcile/ns/a"), 500, "InternalError")
+}
+
+func TestNewHandlerRequiresAuthOrExplicitInsecure(t *testing.T) {
+	tr, _ := newCMTrigger(t, nil)
+	dyn := dynfake.NewSimpleDynamicClient(runtime.NewScheme())
+	if _, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: tr, Dynamic: dyn}); err == nil {
+		t.Error("NewHandler without any authentication succeeded")
+	}
+	if _, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: tr, Dynamic: dyn, InsecureSkipAuth: true, Authenticator: allowAll{}}); err == nil {
+		t.Error("NewHandler with InsecureSkipAuth and an Authenticator succeeded")
+	}
+	if _, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: tr, InsecureSkipAuth: true}); err == nil {
+		t.Error("NewHandler without Get or Dynamic succeeded")
+	}
+	if _, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: tr, Dynamic: dyn, InsecureSkipAuth: true, MaxDelay: -1}); err == nil {
+		t.Error("NewHandler with a negative MaxDelay succeeded")
+	}
+	h, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: tr, Dynamic: dyn, InsecureSkipAuth: true, Logger: discard})
+	if err != nil || h == nil {
+		t.Fatalf("insecure handler: %v", err)
+	}
+}

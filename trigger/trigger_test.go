@@ -1,0 +1,209 @@
+package trigger_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/queue"
+	"github.com/opkit/opkit/trigger"
+)
+
+var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+func TestNewValidatesConfig(t *testing.T) {
+	q := queue.New[opkit.Key, opkit.Event[*corev1.ConfigMap]](queue.Config[opkit.Event[*corev1.ConfigMap]]{})
+	for _, tc := range []struct {
+		name string
+		cfg  trigger.Config[*corev1.ConfigMap]
+	}{
+		{"no queue", trigger.Config[*corev1.ConfigMap]{Resource: configMaps}},
+		{"no resource", trigger.Config[*corev1.ConfigMap]{Queue: q}},
+		{"no kind", trigger.Config[*corev1.ConfigMap]{Queue: q, Resource: opkit.Resource{GroupVersionResource: configMaps.GroupVersionResource}}},
+	} {
+		if _, err := trigger.New(tc.cfg); err == nil {
+			t.Errorf("%s: New succeeded, want an error", tc.name)
+		}
+	}
+	tr, err := trigger.New(trigger.Config[*corev1.ConfigMap]{Queue: q, Resource: configMaps})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr.Priority() != trigger.DefaultPriority {
+		t.Errorf("zero Priority gave %d, want DefaultPriority %d", tr.Priority(), trigger.DefaultPriority)
+	}
+}
+
+func TestEnqueueRejectsBadInput(t *testing.T) {
+	ctx := context.Background()
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	other := cm("ns", "a")
+	other.Kind = "Secret"
+	otherGroup := cm("ns", "a")
+	otherGroup.APIVersion = "demo.opkit.dev/v1"
+	for _, tc := range []struct {
+		name    string
+		ctx     context.Context
+		obj     *corev1.ConfigMap
+		typ     opkit.Type
+		src     opkit.Source
+		delay   time.Duration
+		retries int
+		want    error
+	}{
+		{"nil object", ctx, nil, opkit.Modified, opkit.Operator, 0, 0, trigger.ErrInvalid},
+		{"no name", ctx, cm("ns", ""), opkit.Modified, opkit.Operator, 0, 0, trigger.ErrInvalid},
+		{"no namespace for a namespaced resource", ctx, cm("", "a"), opkit.Modified, opkit.Operator, 0, 0, trigger.ErrInvalid},
+		{"negative delay", ctx, cm("ns", "a"), opkit.Modified, opkit.Operator, -time.Second, 0, trigger.ErrInvalid},
+		{"negative retries", ctx, cm("ns", "a"), opkit.Modified, opkit.Operator, 0, -1, trigger.ErrInvalid},
+		{"zero type", ctx, cm("ns", "a"), 0, opkit.Operator, 0, 0, trigger.ErrInvalid},
+		{"unknown type", ctx, cm("ns", "a"), opkit.Type(9), opkit.Operator, 0, 0, trigger.ErrInvalid},
+		{"zero source", ctx, cm("ns", "a"), opkit.Modified, 0, 0, 0, trigger.ErrInvalid},
+		{"unknown source", ctx, cm("ns", "a"), opkit.Modified, opkit.Source(7), 0, 0, trigger.ErrInvalid},
+		{"APIServer source is reserved", ctx, cm("ns", "a"), opkit.Modified, opkit.APIServer, 0, 0, trigger.ErrInvalid},
+		{"object of another kind", ctx, other, opkit.Modified, opkit.Operator, 0, 0, trigger.ErrInvalid},
+		{"object of another group", ctx, otherGroup, opkit.Modified, opkit.Operator, 0, 0, trigger.ErrInvalid},
+		{"context already done", cancelled, cm("ns", "a"), opkit.Modified, opkit.Operator, 0, 0, context.Canceled},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newCounting()
+			tr, q := newCMTrigger(t, m)
+			ok, err := tr.Enqueue(tc.ctx, tc.obj, tc.typ, tc.src, tc.delay, tc.retries)
+			if ok || !errors.Is(err, tc.want) {
+				t.Fatalf("Enqueue = (%v, %v), want (false, error wrapping %v)", ok, err, tc.want)
+			}
+			if q.Len() != 0 {
+				t.Errorf("queue holds %d entries after a refused Enqueue, want 0", q.Len())
+			}
+			if m.rejected != 1 || len(m.enqueued) != 0 {
+				t.Errorf("metrics: rejected=%d enqueued=%v, want 1 and none", m.rejected, m.enqueued)
+			}
+		})
+	}
+}
+
+func TestEnqueueRejectsNamespaceForClusterScoped(t *testing.T) {
+	q := queue.New[opkit.Key, opkit.Event[*Widget]](queue.Config[opkit.Event[*Widget]]{})
+	tr, err := trigger.New(trigger.Config[*Widget]{Queue: q, Resource: widgets, Logger: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &Widget{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "w"}}
+	if ok, err := tr.Enqueue(context.Background(), w, opkit.Modified, opkit.Operator, 0, 0); ok || !errors.Is(err, trigger.ErrInvalid) {
+		t.Fatalf("Enqueue of a namespaced key for a cluster-scoped resource = (%v, %v), want ErrInvalid", ok, err)
+	}
+	// Without TypeMeta the kind is not checked; the same object without
+	// a namespace is fine.
+	w.Namespace = ""
+	if ok, err := tr.Enqueue(context.Background(), w, opkit.Modified, opkit.Operator, 0, 0); !ok || err != nil {
+		t.Fatalf("Enqueue = (%v, %v), want (true, nil)", ok, err)
+	}
+}
+
+func TestEnqueueSchedulesWithTriggerPriorityAndReason(t *testing.T) {
+	m := newCounting()
+	tr, q := newCMTrigger(t, m)
+	ctx := context.Background()
+	// A backlog of watch entries (priority 0) and relist entries (-1).
+	for i := range 50 {
+		q.Add(opkit.Key{Namespace: "ns", Name: "watch-" + string(rune('a'+i%26)) + strings.Repeat("x", i/26)}, opkit.Event[*corev1.ConfigMap]{}, queue.AddOptions{Priority: i%2 - 1})
+	}
+	o, err := tr.Submit(ctx, trigger.Request[*corev1.ConfigMap]{Object: cm("ns", "hot"), Type: opkit.Modified, Source: opkit.Operator, Retries: 2, Reason: "deployed v2"})
+	if err != nil || o != queue.Queued {
+		t.Fatalf("Submit = (%v, %v), want (Queued, nil)", o, err)
+	}
+	it, err := q.Get(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if it.Key != (opkit.Key{Namespace: "ns", Name: "hot"}) {
+		t.Fatalf("first item = %v, want the trigger ahead of the backlog", it.Key)
+	}
+	if it.Priority != trigger.DefaultPriority || it.Retries != 2 {
+		t.Errorf("item priority=%d retries=%d, want %d and 2", it.Priority, it.Retries, trigger.DefaultPriority)
+	}
+	ev := it.Value
+	if ev.Type != opkit.Modified || ev.Source != opkit.Operator || ev.Reason != "deployed v2" || ev.Object.UID != "uid-hot" {
+		t.Errorf("event = %+v", ev)
+	}
+	q.Done(it.Key)
+	// A second trigger for a pending key merges.
+	if ok, err := tr.Enqueue(ctx, cm("ns", "watch-a"), opkit.Modified, opkit.Operator, 0, 0); !ok || err != nil {
+		t.Fatalf("Enqueue = (%v, %v)", ok, err)
+	}
+	if m.enqueued[queue.Queued] != 1 || m.enqueued[queue.Merged] != 1 {
+		t.Errorf("enqueued metrics = %v, want one Queued and one Merged", m.enqueued)
+	}
+}
+
+func TestEnqueueDelayIsHonoured(t *testing.T) {
+	tr, q := newCMTrigger(t, nil)
+	if ok, err := tr.Enqueue(context.Background(), cm("ns", "later"), opkit.Modified, opkit.Operator, time.Hour, 0); !ok || err != nil {
+		t.Fatalf("Enqueue = (%v, %v)", ok, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if it, err := q.Get(ctx); err == nil {
+		t.Fatalf("Get returned %v before its delay", it.Key)
+	}
+}
+
+func TestEnqueueReportsDrops(t *testing.T) {
+	m := newCounting()
+	tr, q := newCMTrigger(t, m)
+	ctx := context.Background()
+
+	q.Suspend()
+	ok, err := tr.Enqueue(ctx, cm("ns", "a"), opkit.Modified, opkit.Operator, 0, 0)
+	if ok || err != nil {
+		t.Fatalf("Enqueue while suspended = (%v, %v), want (false, nil)", ok, err)
+	}
+	o, err := tr.Submit(ctx, trigger.Request[*corev1.ConfigMap]{Object: cm("ns", "a"), Type: opkit.Modified, Source: opkit.Operator})
+	if o != queue.DroppedSuspended || err != nil {
+		t.Fatalf("Submit while suspended = (%v, %v), want DroppedSuspended", o, err)
+	}
+	q.Resume()
+	q.ShutDown()
+	o, err = tr.Submit(ctx, trigger.Request[*corev1.ConfigMap]{Object: cm("ns", "a"), Type: opkit.Modified, Source: opkit.Operator})
+	if o != queue.DroppedShutDown || err != nil {
+		t.Fatalf("Submit after shutdown = (%v, %v), want DroppedShutDown", o, err)
+	}
+	if m.enqueued[queue.DroppedSuspended] != 2 || m.enqueued[queue.DroppedShutDown] != 1 {
+		t.Errorf("metrics = %v", m.enqueued)
+	}
+}
+
+func TestSubmitRejectsOversizedReason(t *testing.T) {
+	tr, _ := newCMTrigger(t, nil)
+	for _, reason := range []string{strings.Repeat("x", trigger.MaxReasonLen+1), "bad \xff utf8"} {
+		_, err := tr.Submit(context.Background(), trigger.Request[*corev1.ConfigMap]{Object: cm("ns", "a"), Type: opkit.Modified, Source: opkit.Operator, Reason: reason})
+		if !errors.Is(err, trigger.ErrInvalid) {
+			t.Errorf("reason %.20q: err = %v, want ErrInvalid", reason, err)
+		}
+	}
+}
+
+func TestConfiguredPriority(t *testing.T) {
+	q := queue.New[opkit.Key, opkit.Event[*corev1.ConfigMap]](queue.Config[opkit.Event[*corev1.ConfigMap]]{})
+	tr, err := trigger.New(trigger.Config[*corev1.ConfigMap]{Queue: q, Resource: configMaps, Priority: -5, Logger: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q.Add(opkit.Key{Namespace: "ns", Name: "watch"}, opkit.Event[*corev1.ConfigMap]{}, queue.AddOptions{})
+	if ok, _ := tr.Enqueue(context.Background(), cm("ns", "low"), opkit.Modified, opkit.Operator, 0, 0); !ok {
+		t.Fatal("not scheduled")
+	}
+	it, _ := q.Get(context.Background())
+	if it.Key.Name != "watch" {
+		t.Errorf("first = %v, want the watch entry ahead of a priority -5 trigger", it.Key)
+	}
+}
