@@ -46,6 +46,8 @@ type Watcher[T opkit.Object] struct {
 	s   settings
 	log *slog.Logger
 	res dynamic.ResourceInterface
+	// name is the resource as logs and errors show it: "widgets.example.com/v1".
+	name string
 
 	running atomic.Bool
 
@@ -64,11 +66,18 @@ func New[T opkit.Object](cfg Config[T]) (*Watcher[T], error) {
 	if err != nil {
 		return nil, err
 	}
+	gvr := cfg.Resource.GroupVersionResource
+	name := gvr.Resource
+	if gvr.Group != "" {
+		name += "." + gvr.Group
+	}
+	name += "/" + gvr.Version
 	w := &Watcher[T]{
+		name:  name,
 		cfg:   cfg,
 		s:     s,
 		track: newTracker(),
-		log: s.logger.With("resource", cfg.Resource.GroupVersionResource.String(),
+		log: s.logger.With("resource", name,
 			"namespace", cfg.Namespace),
 	}
 	r := cfg.Client.Resource(cfg.Resource.GroupVersionResource)
@@ -105,15 +114,34 @@ func (w *Watcher[T]) Check() error {
 	switch {
 	case !w.active:
 		return ErrNotRunning
-	case !w.synced && w.lastErr != nil:
-		return fmt.Errorf("%w: %w: %w", ErrNotSynced, ErrDisconnected, w.lastErr)
-	case !w.synced:
+	case !w.synced && w.lastErr == nil:
 		return ErrNotSynced
 	case w.lastErr != nil:
-		return fmt.Errorf("%w: %w", ErrDisconnected, w.lastErr)
+		return &healthError{synced: w.synced, cause: w.lastErr}
 	}
 	return nil
 }
+
+// healthError is Check's answer while the latest call failed: it is
+// ErrDisconnected (and ErrNotSynced before the first list) and unwraps to
+// the call's error.
+type healthError struct {
+	synced bool
+	cause  error
+}
+
+func (e *healthError) Error() string {
+	if e.synced {
+		return "watcher: not connected: " + e.cause.Error()
+	}
+	return "watcher: not synced, not connected: " + e.cause.Error()
+}
+
+func (e *healthError) Is(target error) bool {
+	return target == ErrDisconnected || (!e.synced && target == ErrNotSynced)
+}
+
+func (e *healthError) Unwrap() error { return e.cause }
 
 func (w *Watcher[T]) setErr(err error) {
 	w.mu.Lock()
@@ -292,7 +320,7 @@ func (r *run[T]) failure(call string, err error) outcome {
 		return outcome{reason: reason, err: err}
 	}
 	r.failures++
-	wrapped := fmt.Errorf("%s %s: %w", call, w.cfg.Resource.GroupVersionResource, err)
+	wrapped := fmt.Errorf("%s %s: %w", call, w.name, err)
 	w.setErr(wrapped)
 	w.s.metrics.Error(reason)
 	switch reason {
@@ -435,7 +463,7 @@ func (r *run[T]) streamList(ctx context.Context, initial bool, reason Reason) (r
 			r.watchList = false
 			return r.pagedList(ctx, initial, reason)
 		}
-		return "", false, r.failure("watchlist", err)
+		return "", false, r.failure("list (WatchList)", err)
 	}
 	w.setErr(nil)
 	l := r.beginList(initial, reason, true)
