@@ -69,11 +69,12 @@ integration: controlplane-bin
 	done
 
 # fuzz-targets prints "dir FuzzName" for every fuzz target of module $(1),
-# found in the test files, so new targets need no Makefile change.
+# found in the test files, so new targets need no Makefile change. It runs
+# inside $$(...), so the cd does not leak.
 define fuzz-targets
-(cd $(1) && $(GO) list -f '{{$$d := .Dir}}{{range .TestGoFiles}}{{$$d}}/{{.}} {{end}}{{range .XTestGoFiles}}{{$$d}}/{{.}} {{end}}' ./... \
+cd $(1) && $(GO) list -f '{{$$d := .Dir}}{{range .TestGoFiles}}{{$$d}}/{{.}} {{end}}{{range .XTestGoFiles}}{{$$d}}/{{.}} {{end}}' ./... \
   | xargs -r grep -Ho '^func Fuzz[A-Za-z0-9_]*' \
-  | sed -E 's#^(.*)/[^/]+:func (Fuzz[A-Za-z0-9_]*)$$#\1 \2#' | sort -u)
+  | sed -E 's#^(.*)/[^/]+:func (Fuzz[A-Za-z0-9_]*)$$#\1 \2#' | sort -u
 endef
 
 # run-fuzz runs every fuzz target of every module for $(1) each.
