@@ -1,0 +1,290 @@
+package watcherbench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/internal/testcluster"
+	"github.com/opkit/opkit/queue"
+	"github.com/opkit/opkit/watcher"
+)
+
+// objects is the number of custom objects every sync reads.
+const objects = 10_000
+
+// Gadget is the benchmark's custom resource, typed by a plain struct.
+type Gadget struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+	Spec              GadgetSpec `json:"spec,omitempty"`
+}
+
+type GadgetSpec struct {
+	Size int    `json:"size,omitempty"`
+	Data string `json:"data,omitempty"`
+}
+
+var gadgets = opkit.Resource{
+	GroupVersionResource: schema.GroupVersionResource{Group: "bench.opkit.dev", Version: "v1", Resource: "gadgets"},
+	Kind:                 "Gadget",
+	Namespaced:           true,
+}
+
+const namespace = "bench"
+
+var env struct {
+	once    sync.Once
+	cluster *testcluster.Cluster
+	client  dynamic.Interface
+	skip    string
+	err     error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if env.cluster != nil {
+		env.cluster.Stop()
+	}
+	os.Exit(code)
+}
+
+// setup starts the control plane and creates the objects, once per process.
+func setup(b *testing.B) dynamic.Interface {
+	b.Helper()
+	env.once.Do(func() {
+		if err := testcluster.CheckBinaries(testcluster.DefaultBinDir()); err != nil {
+			env.skip = err.Error()
+			return
+		}
+		env.err = populate(b)
+	})
+	if env.skip != "" {
+		b.Skip(env.skip)
+	}
+	if env.err != nil {
+		b.Fatal(env.err)
+	}
+	return env.client
+}
+
+func populate(b *testing.B) error {
+	ctx := context.Background()
+	c, err := testcluster.New(ctx, testcluster.Options{})
+	if err != nil {
+		return err
+	}
+	env.cluster = c
+	cfg := c.Config()
+	cfg.QPS, cfg.Burst = -1, 0 // no client-side throttling, for both contenders
+	d, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	env.client = d
+	free := map[string]any{"type": "object", "x-kubernetes-preserve-unknown-fields": true}
+	crd := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "apiextensions.k8s.io/v1",
+		"kind":       "CustomResourceDefinition",
+		"metadata":   map[string]any{"name": "gadgets.bench.opkit.dev"},
+		"spec": map[string]any{
+			"group": "bench.opkit.dev",
+			"scope": "Namespaced",
+			"names": map[string]any{"plural": "gadgets", "singular": "gadget", "kind": "Gadget", "listKind": "GadgetList"},
+			"versions": []any{map[string]any{
+				"name": "v1", "served": true, "storage": true,
+				"subresources": map[string]any{"status": map[string]any{}},
+				"schema": map[string]any{"openAPIV3Schema": map[string]any{
+					"type": "object", "properties": map[string]any{"spec": free, "status": free},
+				}},
+			}},
+		},
+	}}
+	crdGVR := schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+	if _, err := d.Resource(crdGVR).Create(ctx, crd, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	nsGVR := schema.GroupVersionResource{Version: "v1", Resource: "namespaces"}
+	ns := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": namespace}}}
+	if _, err := d.Resource(nsGVR).Create(ctx, ns, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	res := d.Resource(gadgets.GroupVersionResource).Namespace(namespace)
+	for deadline := time.Now().Add(time.Minute); ; {
+		_, err := res.List(ctx, metav1.ListOptions{Limit: 1})
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("gadgets not served: %w", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	start := time.Now()
+	data := strings.Repeat("0123456789abcdef", 40) // 640 bytes; the rest is metadata
+	var (
+		wg    sync.WaitGroup
+		next  atomic.Int64
+		first atomic.Value
+	)
+	for range 8 {
+		wg.Go(func() {
+			for i := int(next.Add(1)) - 1; i < objects; i = int(next.Add(1)) - 1 {
+				u := &unstructured.Unstructured{Object: map[string]any{
+					"apiVersion": "bench.opkit.dev/v1",
+					"kind":       "Gadget",
+					"metadata": map[string]any{
+						"namespace": namespace, "name": fmt.Sprintf("gadget-%05d", i),
+						"labels": map[string]any{"app": "bench", "shard": fmt.Sprint(i % 16)},
+					},
+					"spec": map[string]any{"size": int64(i), "data": data},
+				}}
+				if _, err := res.Create(ctx, u, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+					first.CompareAndSwap(nil, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err, _ := first.Load().(error); err != nil {
+		return err
+	}
+	one, err := res.Get(ctx, "gadget-00000", metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	raw, _ := one.MarshalJSON()
+	b.Logf("created %d gadgets of %d bytes (JSON, with managedFields) in %v", objects, len(raw), time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// heap returns the live heap after a full collection.
+func heap() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
+// counter is the queue for the opkit watcher: it counts entries and keeps
+// none, so the heap measured is the watcher's own (a real queue holds
+// pending entries until workers take them, whatever the watcher).
+type counter struct{ n atomic.Int64 }
+
+func (c *counter) Add(opkit.Key, opkit.Event[*Gadget], queue.AddOptions) queue.Outcome {
+	c.n.Add(1)
+	return queue.Queued
+}
+
+var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// measure runs sync b.N times; sync returns once synced and a stop func.
+// It reports the time per sync (ns/op) and the heap retained per object.
+func measure(b *testing.B, sync func() (stop func(), count int64)) {
+	var retained float64
+	b.ResetTimer()
+	for range b.N {
+		b.StopTimer()
+		base := heap()
+		b.StartTimer()
+		stop, count := sync()
+		b.StopTimer()
+		after := heap()
+		if count != objects {
+			b.Fatalf("synced %d objects, want %d", count, objects)
+		}
+		retained += (float64(after) - float64(base)) / objects
+		stop()
+		b.StartTimer()
+	}
+	b.ReportMetric(retained/float64(b.N), "heapB/obj")
+}
+
+func BenchmarkInitialSync(b *testing.B) {
+	client := setup(b)
+
+	b.Run("impl=opkit", func(b *testing.B) {
+		measure(b, func() (func(), int64) {
+			q := &counter{}
+			synced := make(chan struct{})
+			w, err := watcher.New(watcher.Config[*Gadget]{
+				Client: client, Resource: gadgets, Namespace: namespace, Queue: q, Logger: discard,
+				OnSync: func(e watcher.SyncEvent) {
+					if e.Phase == watcher.SyncFinished && e.Initial {
+						close(synced)
+					}
+				},
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- w.Run(ctx) }()
+			<-synced
+			return func() {
+				runtime.KeepAlive(w)
+				cancel()
+				<-done
+			}, q.n.Load()
+		})
+	})
+
+	for _, strip := range []bool{false, true} {
+		name := "impl=informer"
+		if strip {
+			// What controller-runtime's cache does by default.
+			name = "impl=informer-stripped"
+		}
+		b.Run(name, func(b *testing.B) {
+			measure(b, func() (func(), int64) {
+				factory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(client, 0, namespace, nil)
+				inf := factory.ForResource(gadgets.GroupVersionResource).Informer()
+				if strip {
+					inf.SetTransform(func(obj any) (any, error) {
+						if m, ok := obj.(metav1.Object); ok {
+							m.SetManagedFields(nil)
+						}
+						return obj, nil
+					})
+				}
+				var n atomic.Int64
+				inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: func(any) { n.Add(1) }})
+				stop := make(chan struct{})
+				factory.Start(stop)
+				for !inf.HasSynced() {
+					time.Sleep(time.Millisecond)
+				}
+				// Handlers run asynchronously; wait for them to drain.
+				for n.Load() < objects {
+					time.Sleep(time.Millisecond)
+				}
+				return func() {
+					runtime.KeepAlive(inf)
+					close(stop)
+					factory.Shutdown()
+				}, n.Load()
+			})
+		})
+	}
+}
