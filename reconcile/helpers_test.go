@@ -11,6 +11,7 @@ import (
 
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/internal/typed"
+	"github.com/opkit/opkit/reconcile"
 )
 
 // Widget is a custom resource as an operator author writes it: a plain
@@ -61,5 +62,5 @@ func newFakeDynamic(t testing.TB, objs ...*Widget) *dynfake.FakeDynamicClient {
 		seed = append(seed, u)
 	}
 	return dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
-		map[schema.GroupVersionResource]string{widgets.GroupVersionResource: "WidgetList"}, seed...)
+		map[schema.GroupVersionResource]string{widgets.GroupVersionResource: "WidgetList", reconcile.EventsResource: "EventList"}, seed...)
 }

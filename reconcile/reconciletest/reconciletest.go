@@ -51,7 +51,10 @@ func New[T opkit.Object](t testing.TB, res opkit.Resource, objs ...opkit.Object)
 	if err := res.Validate(); err != nil {
 		t.Fatalf("reconciletest: %v", err)
 	}
-	listKinds := map[schema.GroupVersionResource]string{res.GroupVersionResource: res.Kind + "List"}
+	listKinds := map[schema.GroupVersionResource]string{
+		res.GroupVersionResource: res.Kind + "List",
+		reconcile.EventsResource: "EventList", // for reconcile.Recorder
+	}
 	var seed []runtime.Object
 	for _, o := range objs {
 		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(o)

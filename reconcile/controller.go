@@ -1,0 +1,516 @@
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/dynamic"
+
+	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/internal/typed"
+	"github.com/opkit/opkit/queue"
+	"github.com/opkit/opkit/trigger"
+	"github.com/opkit/opkit/watcher"
+)
+
+// Defaults applied by [NewController] to zero fields of [Config].
+const (
+	// DefaultConcurrency is the number of worker goroutines.
+	DefaultConcurrency = 4
+	// DefaultMaxRetries is how many times a failed reconcile is retried
+	// before the controller gives up on it: with the queue's default
+	// backoff (5ms doubling, capped at 5m) about 25 minutes of retries.
+	DefaultMaxRetries = 20
+	// DefaultTimeout bounds one reconcile call.
+	DefaultTimeout = 5 * time.Minute
+	// DefaultShutdownTimeout is how long in-flight reconciles may run on
+	// after shutdown began before their contexts are cancelled.
+	DefaultShutdownTimeout = 30 * time.Second
+	// DefaultFreshFor is how long a watch event stays fresh enough to be
+	// reconciled without a re-fetch.
+	DefaultFreshFor = time.Second
+)
+
+// Errors returned by the controller.
+var (
+	// ErrInvalidConfig wraps every configuration error from NewController.
+	ErrInvalidConfig = errors.New("reconcile: invalid config")
+	// ErrAlreadyRunning is returned by Run when it is called again.
+	ErrAlreadyRunning = errors.New("reconcile: controller already running")
+	// ErrPanic is wrapped by the error a panicking reconcile is turned into.
+	ErrPanic = errors.New("reconcile: panic")
+)
+
+// Config configures a [Controller]. Name, Resource, Dynamic and Reconciler
+// are required; every other zero field means its documented default.
+type Config[T opkit.Object] struct {
+	// Name identifies the controller in logs and as the reporting
+	// controller of its Kubernetes Events, e.g. "demo.opkit.dev/demo".
+	Name string
+	// Resource is the resource T is served as (group, version, plural,
+	// kind, scope).
+	Resource opkit.Resource
+	// Dynamic reads, watches and re-fetches objects.
+	Dynamic dynamic.Interface
+	// Reconciler is called for every request.
+	Reconciler Reconciler[T]
+
+	// Concurrency is the number of worker goroutines; default
+	// DefaultConcurrency (4).
+	Concurrency int
+	// MaxRetries is how many retries a failing request gets before the
+	// controller gives up on it; default DefaultMaxRetries (20); negative
+	// means retry forever.
+	MaxRetries int
+	// Backoff is the retry delay policy; the zero value is
+	// queue.DefaultBackoff (5ms doubling to 5m, 10% jitter).
+	Backoff queue.Backoff
+	// Timeout bounds each reconcile call (its context's deadline); default
+	// DefaultTimeout (5m); negative means none.
+	Timeout time.Duration
+	// ShutdownTimeout is how long in-flight reconciles may go on after Run's
+	// context is cancelled before their contexts are cancelled too; default
+	// DefaultShutdownTimeout (30s).
+	ShutdownTimeout time.Duration
+	// FreshFor decides which requests are re-fetched: an Added/Modified
+	// entry from the watch that was not delayed, not retried and is handed
+	// to a worker within FreshFor of its add is reconciled with the object
+	// the watch delivered. Every other Added/Modified request (waited in a
+	// backlog, delayed, retried, or from a trigger) is re-fetched from the
+	// API server first. Default DefaultFreshFor (1s); negative means always
+	// re-fetch.
+	FreshFor time.Duration
+
+	// Watch configures the watcher. Client, Resource and Queue are set by
+	// the controller and must be left zero; a nil Logger means the
+	// controller's.
+	Watch watcher.Config[T]
+
+	// TriggerPriority is the queue priority of external triggers
+	// (Controller.Trigger); zero means trigger.DefaultPriority.
+	TriggerPriority int
+	// NoEvents turns off Kubernetes Events. By default the controller
+	// records a Warning Event (events.k8s.io/v1, through Dynamic) on the
+	// object when it gives up on it (after MaxRetries, or on a terminal
+	// error); the identity needs "create" on events.events.k8s.io.
+	NoEvents bool
+	// RecordTriggerEvents also records a Normal Event ("Triggered") on the
+	// object for every reconcile requested by an external trigger (source
+	// Operator), with the trigger's reason.
+	RecordTriggerEvents bool
+
+	// Logger receives the controller's logs; every line about a reconcile
+	// carries key, type, source, retry and term (when leading). nil means
+	// slog.Default().
+	Logger *slog.Logger
+	// Metrics receives the controller's measurements; nil means none.
+	Metrics Metrics
+	// QueueMetrics receives the queue's measurements; nil means none.
+	QueueMetrics queue.Metrics
+}
+
+// elector is what the controller needs of a *leader.Elector.
+type elector interface {
+	Run(ctx context.Context, work func(ctx context.Context) error) error
+	Check() error
+	IsLeader() bool
+}
+
+// Controller runs a [Reconciler] over one resource: one queue, one watcher,
+// optionally a leader elector, and Concurrency workers. Build it with
+// [NewController], start it with [Controller.Run].
+//
+// Goroutines: Run owns all of them — the watcher's Run, the workers, and
+// with Leader the elector's campaign (whose terms run the watcher and the
+// workers). None is left when Run returns.
+//
+// Termination: when Run's context is cancelled the controller stops its
+// intake (the watcher stops, workers take no more entries), lets the
+// reconciles in flight finish for up to ShutdownTimeout, then cancels their
+// contexts and waits for them; entries still queued are abandoned (the next
+// start relists). When a leadership term ends, in-flight reconciles are
+// cancelled at once: another replica may take over.
+type Controller[T opkit.Object] struct {
+	cfg     Config[T]
+	log     *slog.Logger
+	metrics Metrics
+	queue   *queue.Queue[opkit.Key, opkit.Event[T]]
+	client  *typed.Client[T]
+	watch   *watcher.Watcher[T]
+	elector elector // nil without Leader
+	// termOf reads the leadership term from a term's context.
+	termOf func(context.Context) (int32, bool)
+	trig   *trigger.Trigger[T]
+	rec    *Recorder
+	drain  time.Duration
+
+	mu        sync.Mutex
+	running   bool
+	termWork  []Runnable
+	termReady map[string]func() error
+}
+
+// NewController validates cfg, applies its defaults and builds the queue,
+// the watcher, the trigger and (with Leader) the elector. It starts nothing.
+func NewController[T opkit.Object](cfg Config[T]) (*Controller[T], error) {
+	bad := func(format string, args ...any) (*Controller[T], error) {
+		return nil, fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case cfg.Name == "":
+		return bad("Name is required")
+	case cfg.Dynamic == nil:
+		return bad("Dynamic is required")
+	case cfg.Reconciler == nil:
+		return bad("Reconciler is required")
+	case cfg.Watch.Client != nil || cfg.Watch.Queue != nil || cfg.Watch.Resource != (opkit.Resource{}):
+		return bad("Watch.Client, Watch.Resource and Watch.Queue are set by the controller")
+	case cfg.RecordTriggerEvents && cfg.NoEvents:
+		return bad("RecordTriggerEvents contradicts NoEvents")
+	case cfg.Concurrency < 0:
+		return bad("negative Concurrency %d", cfg.Concurrency)
+	case cfg.ShutdownTimeout < 0:
+		return bad("negative ShutdownTimeout %v", cfg.ShutdownTimeout)
+	}
+	if err := cfg.Resource.Validate(); err != nil {
+		return bad("%v", err)
+	}
+	if cfg.Concurrency == 0 {
+		cfg.Concurrency = DefaultConcurrency
+	}
+	if cfg.MaxRetries == 0 {
+		cfg.MaxRetries = DefaultMaxRetries
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	if cfg.ShutdownTimeout == 0 {
+		cfg.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if cfg.FreshFor == 0 {
+		cfg.FreshFor = DefaultFreshFor
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	log = log.With("controller", cfg.Name)
+	c := &Controller[T]{
+		cfg:       cfg,
+		log:       log,
+		metrics:   cfg.Metrics,
+		client:    typed.New[T](cfg.Dynamic, cfg.Resource),
+		drain:     cfg.ShutdownTimeout,
+		termReady: map[string]func() error{},
+	}
+	if c.metrics == nil {
+		c.metrics = noMetrics{}
+	}
+	c.queue = queue.New[opkit.Key](queue.Config[opkit.Event[T]]{Merge: MergeEvents[T], Metrics: cfg.QueueMetrics})
+
+	wcfg := cfg.Watch
+	wcfg.Client, wcfg.Resource, wcfg.Queue = cfg.Dynamic, cfg.Resource, c.queue
+	if wcfg.Logger == nil {
+		wcfg.Logger = log
+	}
+	w, err := watcher.New(wcfg)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	c.watch = w
+
+	tr, err := trigger.New(trigger.Config[T]{Queue: c.queue, Resource: cfg.Resource, Priority: cfg.TriggerPriority, Logger: log})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	c.trig = tr
+
+	if !cfg.NoEvents {
+		if c.rec, err = NewRecorder(RecorderConfig{Dynamic: cfg.Dynamic, Controller: cfg.Name, Resource: cfg.Resource}); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+	}
+
+	return c, nil
+}
+
+// Trigger returns the trigger bound to the controller's queue, for the
+// HTTP handler, message consumers and the operator's own code. Its adds are
+// dropped (false) while this replica is not the leader.
+func (c *Controller[T]) Trigger() *trigger.Trigger[T] { return c.trig }
+
+// Runnable returns the controller as a [Group] component: its Name, Run
+// and Check.
+func (c *Controller[T]) Runnable() Runnable {
+	return Runnable{Name: c.cfg.Name, Run: c.Run, Ready: c.Check}
+}
+
+// Queue returns the controller's queue (its length, for diagnostics).
+func (c *Controller[T]) Queue() *queue.Queue[opkit.Key, opkit.Event[T]] { return c.queue }
+
+// Check is a readiness check: nil for a follower standing by; for an
+// active controller, the watcher's health (running, synced, connected);
+// with Leader also the elector's. It is safe to call from any goroutine.
+func (c *Controller[T]) Check() error {
+	var errs []error
+	if c.elector != nil {
+		if err := c.elector.Check(); err != nil {
+			errs = append(errs, err)
+		}
+		if !c.elector.IsLeader() {
+			return errors.Join(errs...)
+		}
+	}
+	if err := c.watch.Check(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// AddTermWork registers r to run alongside the watcher and the workers:
+// in every leadership term with Leader (its context ends with the term),
+// for the whole of Run without. It must be called before Run. Its Ready
+// check, if any, is ignored here (a [Group] reports it).
+func (c *Controller[T]) AddTermWork(r Runnable) error {
+	if r.Run == nil || r.Name == "" {
+		return errors.New("reconcile: term work needs a Name and a Run func")
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.running {
+		return ErrAlreadyRunning
+	}
+	c.termWork = append(c.termWork, r)
+	return nil
+}
+
+// Run runs the controller until ctx is cancelled, then shuts down as
+// described on [Controller], and returns nil once every goroutine it
+// started has returned. It returns an error if a component fails (the
+// watcher, term work, the elector with ExitOnLoss), and ErrAlreadyRunning
+// if called twice.
+func (c *Controller[T]) Run(ctx context.Context) error {
+	c.mu.Lock()
+	if c.running {
+		c.mu.Unlock()
+		return ErrAlreadyRunning
+	}
+	c.running = true
+	work := c.termWork
+	c.mu.Unlock()
+	defer c.queue.ShutDown()
+
+	if c.elector == nil {
+		return c.runTerm(ctx, ctx, work)
+	}
+	return c.elector.Run(ctx, func(termCtx context.Context) error {
+		return c.runTerm(ctx, termCtx, work)
+	})
+}
+
+// runTerm runs the watcher, the term work and the workers until termCtx
+// ends (or a component fails), then stops them: at once when the term was
+// lost, after a drain of up to c.drain when runCtx (the process) is ending.
+func (c *Controller[T]) runTerm(runCtx, termCtx context.Context, work []Runnable) error {
+	log := c.log
+	if c.termOf != nil {
+		if term, ok := c.termOf(termCtx); ok {
+			log = log.With("term", term)
+		}
+	}
+	// Intake side: the watcher, term work and workers' Get stop with it.
+	intakeCtx, stopIntake := context.WithCancel(termCtx)
+	defer stopIntake()
+	// Reconciles run under workCtx: it keeps termCtx's values (the term)
+	// but is cancelled separately, after the drain.
+	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(termCtx))
+	defer cancelWork()
+
+	var (
+		wg       sync.WaitGroup
+		errOnce  sync.Once
+		firstErr error
+	)
+	fail := func(err error) {
+		errOnce.Do(func() { firstErr = err })
+		stopIntake()
+	}
+	wg.Go(func() {
+		if err := c.watch.Run(intakeCtx); err != nil {
+			fail(fmt.Errorf("reconcile: watcher: %w", err))
+		}
+	})
+	for _, r := range work {
+		wg.Go(func() {
+			if err := r.Run(intakeCtx); err != nil && intakeCtx.Err() == nil {
+				fail(fmt.Errorf("reconcile: %s: %w", r.Name, err))
+			}
+		})
+	}
+	var workers sync.WaitGroup
+	for range c.cfg.Concurrency {
+		workers.Go(func() { c.worker(intakeCtx, workCtx, log) })
+	}
+
+	<-intakeCtx.Done()
+	if runCtx.Err() != nil && firstErr == nil {
+		// Graceful shutdown: no new intake; in-flight reconciles get the drain.
+		if c.elector == nil {
+			c.queue.ShutDown()
+		}
+		log.Info("controller stopping: draining in-flight reconciles", "deadline", c.drain)
+		t := time.AfterFunc(c.drain, cancelWork)
+		defer t.Stop()
+	} else {
+		// Term lost or a component failed: stop at once.
+		cancelWork()
+	}
+	workers.Wait()
+	cancelWork()
+	wg.Wait()
+	return firstErr
+}
+
+// worker takes entries until intakeCtx ends and reconciles them under workCtx.
+func (c *Controller[T]) worker(intakeCtx, workCtx context.Context, log *slog.Logger) {
+	for {
+		item, err := c.queue.Get(intakeCtx)
+		if err != nil {
+			return
+		}
+		if intakeCtx.Err() != nil {
+			// Handed out as the intake closed: abandoned like the queued ones.
+			c.queue.Done(item.Key)
+			return
+		}
+		c.process(workCtx, item, log)
+		c.queue.Done(item.Key)
+	}
+}
+
+// needsRefetch applies the FreshFor rule to an Added/Modified item.
+func (c *Controller[T]) needsRefetch(item queue.Item[opkit.Key, opkit.Event[T]]) bool {
+	ev := item.Value
+	if ev.Type == opkit.Deleted {
+		return false
+	}
+	if c.cfg.FreshFor < 0 || ev.Source != opkit.APIServer || item.Retries > 0 || isNil(ev.Object) {
+		return true
+	}
+	if item.Due.After(item.Enqueued) { // it was delayed
+		return true
+	}
+	return time.Since(item.Enqueued) > c.cfg.FreshFor
+}
+
+func (c *Controller[T]) process(ctx context.Context, item queue.Item[opkit.Key, opkit.Event[T]], log *slog.Logger) {
+	ev := item.Value
+	log = log.With("key", item.Key.String(), "type", ev.Type.String(), "source", ev.Source.String(), "retry", item.Retries)
+	req := Request[T]{
+		Key: item.Key, Object: ev.Object, Type: ev.Type, Source: ev.Source,
+		Retries: item.Retries, Reason: ev.Reason, FinalStateUnknown: ev.FinalStateUnknown,
+	}
+	if c.needsRefetch(item) {
+		c.metrics.Refetched()
+		obj, err := c.client.Get(ctx, item.Key)
+		switch {
+		case apierrors.IsNotFound(err):
+			log.Debug("object gone before its reconcile: skipped")
+			c.metrics.Skipped(SkipGone)
+			return
+		case err != nil:
+			// Not the reconciler's fault, but retried the same way.
+			c.afterReconcile(ctx, item, req, Done(), fmt.Errorf("re-fetch: %w", err), 0, log)
+			return
+		}
+		req.Object = obj
+	}
+	if ev.Source == opkit.Operator && c.cfg.RecordTriggerEvents && !isNil(req.Object) {
+		note := "reconcile requested by an external trigger"
+		if ev.Reason != "" {
+			note += ": " + ev.Reason
+		}
+		if err := c.rec.Record(ctx, req.Object, EventSpec{Type: EventNormal, Reason: "Triggered", Action: "Reconcile", Note: note}); err != nil {
+			log.Warn("recording the trigger event failed", "err", err)
+		}
+	}
+	start := time.Now()
+	res, err := c.call(ctx, req, log)
+	c.afterReconcile(ctx, item, req, res, err, time.Since(start), log)
+}
+
+// call runs the reconciler with the per-reconcile timeout and turns a panic
+// into an error.
+func (c *Controller[T]) call(ctx context.Context, req Request[T], log *slog.Logger) (res Result, err error) {
+	if c.cfg.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.cfg.Timeout)
+		defer cancel()
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			c.metrics.Panicked()
+			log.Error("reconcile panicked", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+			res, err = Done(), fmt.Errorf("%w: %v", ErrPanic, p)
+		}
+	}()
+	return c.cfg.Reconciler.Reconcile(ctx, req)
+}
+
+// afterReconcile applies the decision table of [Reconciler].
+func (c *Controller[T]) afterReconcile(ctx context.Context, item queue.Item[opkit.Key, opkit.Event[T]], req Request[T], res Result, err error, took time.Duration, log *slog.Logger) {
+	ev := item.Value
+	if !isNil(req.Object) {
+		ev.Object = req.Object
+	}
+	after, requeue := res.Requeue()
+	switch {
+	case err == nil && !requeue:
+		c.metrics.Reconciled(OutcomeDone, took)
+		log.Debug("reconciled", "took", took)
+	case err == nil:
+		c.metrics.Reconciled(OutcomeRequeue, took)
+		log.Debug("reconciled; requeued", "after", after, "took", took)
+		c.add(item.Key, ev, queue.AddOptions{Delay: after}, log)
+	case IsTerminal(err):
+		c.metrics.Reconciled(OutcomeTerminal, took)
+		log.Error("reconcile failed with a terminal error: not retried", "err", err)
+		c.record(ctx, req.Object, "ReconcileTerminalError", err, log)
+	case c.cfg.MaxRetries >= 0 && item.Retries >= c.cfg.MaxRetries:
+		c.metrics.Reconciled(OutcomeGaveUp, took)
+		log.Error("reconcile failed on its last retry: dropped", "err", err, "maxRetries", c.cfg.MaxRetries)
+		c.record(ctx, req.Object, "ReconcileFailed", fmt.Errorf("gave up after %d retries: %w", item.Retries, err), log)
+	default:
+		c.metrics.Reconciled(OutcomeRetry, took)
+		retries := item.Retries + 1
+		delay := c.cfg.Backoff.Delay(retries)
+		if requeue {
+			delay = max(delay, after)
+		}
+		log.Warn("reconcile failed: retrying", "err", err, "after", delay)
+		c.add(item.Key, ev, queue.AddOptions{Delay: delay, Retries: retries, Priority: item.Priority}, log)
+	}
+}
+
+func (c *Controller[T]) add(key opkit.Key, ev opkit.Event[T], opts queue.AddOptions, log *slog.Logger) {
+	if out := c.queue.Add(key, ev, opts); !out.Accepted() {
+		log.Debug("requeue dropped", "outcome", out.String())
+	}
+}
+
+// record writes a Warning Event about a failure on obj; the recorder's own
+// timeout bounds it even when ctx has ended.
+func (c *Controller[T]) record(ctx context.Context, obj T, reason string, err error, log *slog.Logger) {
+	if c.rec == nil || isNil(obj) {
+		return
+	}
+	if rerr := c.rec.Record(context.WithoutCancel(ctx), obj, EventSpec{Type: EventWarning, Reason: reason, Action: "Reconcile", Note: err.Error()}); rerr != nil {
+		log.Warn("recording the failure event failed", "err", rerr)
+	}
+}

@@ -1,0 +1,521 @@
+package reconcile_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	eventsv1 "k8s.io/api/events/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/internal/typed"
+	"github.com/opkit/opkit/queue"
+	"github.com/opkit/opkit/reconcile"
+	"github.com/opkit/opkit/trigger"
+)
+
+// call is one observed reconcile.
+type call struct {
+	at      time.Time
+	req     reconcile.Request[*Widget]
+	ctxErr  error // the context's error when the reconciler returned
+	retries int
+}
+
+// recorder is a reconciler whose behaviour a test scripts per call.
+type recorder struct {
+	mu    sync.Mutex
+	calls []call
+	do    func(ctx context.Context, n int, req reconcile.Request[*Widget]) (reconcile.Result, error)
+}
+
+func (r *recorder) Reconcile(ctx context.Context, req reconcile.Request[*Widget]) (reconcile.Result, error) {
+	r.mu.Lock()
+	n := len(r.calls)
+	r.calls = append(r.calls, call{at: time.Now(), req: req, retries: req.Retries})
+	r.mu.Unlock()
+	var res reconcile.Result
+	var err error
+	if r.do != nil {
+		res, err = r.do(ctx, n, req)
+	}
+	r.mu.Lock()
+	r.calls[n].ctxErr = ctx.Err()
+	r.mu.Unlock()
+	return res, err
+}
+
+func (r *recorder) snapshot() []call {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.calls)
+}
+
+// countingMetrics counts the controller's measurements.
+type countingMetrics struct {
+	mu        sync.Mutex
+	outcomes  map[reconcile.Outcome]int
+	panics    int
+	skipped   int
+	refetched int
+}
+
+func (m *countingMetrics) Reconciled(o reconcile.Outcome, _ time.Duration) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.outcomes == nil {
+		m.outcomes = map[reconcile.Outcome]int{}
+	}
+	m.outcomes[o]++
+}
+func (m *countingMetrics) Panicked()                    { m.mu.Lock(); m.panics++; m.mu.Unlock() }
+func (m *countingMetrics) Skipped(reconcile.SkipReason) { m.mu.Lock(); m.skipped++; m.mu.Unlock() }
+func (m *countingMetrics) Refetched()                   { m.mu.Lock(); m.refetched++; m.mu.Unlock() }
+func (m *countingMetrics) get(o reconcile.Outcome) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.outcomes[o]
+}
+
+type env struct {
+	dyn     *fakeDyn
+	ctrl    *reconcile.Controller[*Widget]
+	rec     *recorder
+	metrics *countingMetrics
+	cancel  context.CancelFunc
+	done    chan error
+}
+
+var quiet = slog.New(slog.DiscardHandler)
+
+// start builds a controller over a fake cluster holding objs and runs it.
+// Call it inside a synctest bubble (or not, for real-time tests).
+func start(t *testing.T, rec *recorder, mod func(*reconcile.Config[*Widget]), objs ...*Widget) *env {
+	t.Helper()
+	e := &env{dyn: newFakeDynamic(t, objs...), rec: rec, metrics: &countingMetrics{}, done: make(chan error, 1)}
+	cfg := reconcile.Config[*Widget]{
+		Name: "test.opkit.dev/widgets", Resource: widgets, Dynamic: e.dyn,
+		Reconciler: rec, Logger: quiet, Metrics: e.metrics,
+		Backoff: queue.Backoff{Base: time.Second, Cap: time.Minute, Jitter: -1},
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	ctrl, err := reconcile.NewController(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.ctrl = ctrl
+	ctx, cancel := context.WithCancel(context.Background())
+	e.cancel = cancel
+	go func() { e.done <- ctrl.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-e.done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return e
+}
+
+func (e *env) events(t *testing.T) []eventsv1.Event {
+	t.Helper()
+	l, err := e.dyn.Resource(reconcile.EventsResource).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []eventsv1.Event
+	for _, u := range l.Items {
+		var ev eventsv1.Event
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &ev); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, ev)
+	}
+	return out
+}
+
+func (e *env) setSize(t *testing.T, name string, size int) {
+	t.Helper()
+	c := typed.New[*Widget](e.dyn, widgets)
+	w, err := c.Get(context.Background(), opkit.Key{Namespace: "ns", Name: name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Spec.Size = size
+	// Through the tracker: no watch event, like a change the watch has not delivered yet.
+	u, _ := typed.ToUnstructured(w)
+	if err := e.dyn.Tracker().Update(widgets.GroupVersionResource, u, "ns"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestControllerReconcilesEveryListedObjectOnceWithoutRefetch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &recorder{}
+		e := start(t, rec, nil, widget("a"), widget("b"), widget("c"))
+		synctest.Wait()
+		var names []string
+		for _, c := range rec.snapshot() {
+			if c.req.Type != opkit.Added || c.req.Source != opkit.APIServer || c.req.Retries != 0 || c.req.Object.Name != c.req.Key.Name {
+				t.Errorf("request %+v", c.req)
+			}
+			names = append(names, c.req.Key.Name)
+		}
+		slices.Sort(names)
+		if fmt.Sprint(names) != "[a b c]" {
+			t.Fatalf("reconciled %v, want [a b c] once each", names)
+		}
+		if e.metrics.refetched != 0 {
+			t.Fatalf("%d re-fetches of fresh watch entries, want 0", e.metrics.refetched)
+		}
+	})
+}
+
+func TestControllerRetriesWithBackoffThenGivesUpAndRecordsAnEvent(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		boom := errors.New("boom")
+		rec := &recorder{do: func(context.Context, int, reconcile.Request[*Widget]) (reconcile.Result, error) {
+			return reconcile.Done(), boom
+		}}
+		e := start(t, rec, func(c *reconcile.Config[*Widget]) { c.MaxRetries = 3 }, widget("a"))
+		time.Sleep(time.Hour)
+		synctest.Wait()
+		calls := rec.snapshot()
+		if len(calls) != 4 {
+			t.Fatalf("%d calls, want 4 (first attempt + MaxRetries 3)", len(calls))
+		}
+		var gaps []time.Duration
+		for i, c := range calls {
+			if c.retries != i {
+				t.Errorf("call %d: Retries %d, want %d", i, c.retries, i)
+			}
+			if i > 0 {
+				gaps = append(gaps, c.at.Sub(calls[i-1].at))
+			}
+		}
+		if fmt.Sprint(gaps) != "[1s 2s 4s]" {
+			t.Errorf("retry gaps %v, want [1s 2s 4s] (base 1s, doubling, no jitter)", gaps)
+		}
+		if e.metrics.get(reconcile.OutcomeRetry) != 3 || e.metrics.get(reconcile.OutcomeGaveUp) != 1 {
+			t.Errorf("outcomes %v", e.metrics.outcomes)
+		}
+		evs := e.events(t)
+		if len(evs) != 1 || evs[0].Type != "Warning" || evs[0].Reason != "ReconcileFailed" || evs[0].Regarding.Name != "a" || evs[0].Regarding.Kind != "Widget" {
+			t.Fatalf("events %+v, want one Warning ReconcileFailed about Widget a", evs)
+		}
+	})
+}
+
+func TestControllerErrorWithDelayWaitsAtLeastTheDelay(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &recorder{do: func(_ context.Context, n int, _ reconcile.Request[*Widget]) (reconcile.Result, error) {
+			switch n {
+			case 0: // backoff for retry 1 is 1s; the delay wins
+				return reconcile.RequeueAfter(10 * time.Second), errors.New("not yet")
+			case 1: // backoff for retry 2 is 2s; it wins over a smaller delay
+				return reconcile.RequeueAfter(time.Millisecond), errors.New("not yet")
+			}
+			return reconcile.Done(), nil
+		}}
+		start(t, rec, nil, widget("a"))
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		calls := rec.snapshot()
+		if len(calls) != 3 {
+			t.Fatalf("%d calls, want 3", len(calls))
+		}
+		if g1, g2 := calls[1].at.Sub(calls[0].at), calls[2].at.Sub(calls[1].at); g1 != 10*time.Second || g2 != 2*time.Second {
+			t.Fatalf("gaps %v, %v; want 10s (delay floor) then 2s (backoff)", g1, g2)
+		}
+	})
+}
+
+func TestControllerRequeueAfterResetsTheRetryCount(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &recorder{do: func(_ context.Context, n int, _ reconcile.Request[*Widget]) (reconcile.Result, error) {
+			switch n {
+			case 0, 1:
+				return reconcile.Done(), errors.New("flaky")
+			case 2:
+				return reconcile.RequeueAfter(30 * time.Second), nil
+			}
+			return reconcile.Done(), nil
+		}}
+		start(t, rec, nil, widget("a"))
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		calls := rec.snapshot()
+		var retries []int
+		for _, c := range calls {
+			retries = append(retries, c.retries)
+		}
+		if fmt.Sprint(retries) != "[0 1 2 0]" {
+			t.Fatalf("Retries per call %v, want [0 1 2 0]", retries)
+		}
+		if gap := calls[3].at.Sub(calls[2].at); gap != 30*time.Second {
+			t.Fatalf("requeue gap %v, want 30s", gap)
+		}
+	})
+}
+
+func TestControllerDoesNotRetryATerminalError(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &recorder{do: func(context.Context, int, reconcile.Request[*Widget]) (reconcile.Result, error) {
+			return reconcile.RequeueAfter(time.Second), fmt.Errorf("spec: %w", reconcile.TerminalError(errors.New("size must be positive")))
+		}}
+		e := start(t, rec, nil, widget("a"))
+		time.Sleep(time.Hour)
+		synctest.Wait()
+		if n := len(rec.snapshot()); n != 1 {
+			t.Fatalf("%d calls, want 1", n)
+		}
+		evs := e.events(t)
+		if e.metrics.get(reconcile.OutcomeTerminal) != 1 || len(evs) != 1 || evs[0].Reason != "ReconcileTerminalError" {
+			t.Fatalf("outcomes %v, events %+v", e.metrics.outcomes, evs)
+		}
+	})
+}
+
+func TestControllerCancelsAReconcileAtItsTimeoutAndRetriesIt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &recorder{do: func(ctx context.Context, n int, _ reconcile.Request[*Widget]) (reconcile.Result, error) {
+			if n == 0 {
+				<-ctx.Done() // a stuck call
+				return reconcile.Done(), ctx.Err()
+			}
+			return reconcile.Done(), nil
+		}}
+		start(t, rec, func(c *reconcile.Config[*Widget]) { c.Timeout = 3 * time.Second }, widget("a"))
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		calls := rec.snapshot()
+		if len(calls) != 2 || !errors.Is(calls[0].ctxErr, context.DeadlineExceeded) || calls[1].retries != 1 {
+			t.Fatalf("calls %+v; want a timed-out call then one retry", calls)
+		}
+		// Timeout 3s, then backoff 1s.
+		if gap := calls[1].at.Sub(calls[0].at); gap != 4*time.Second {
+			t.Fatalf("gap %v, want 4s", gap)
+		}
+	})
+}
+
+func TestControllerTurnsAPanicIntoARetriedError(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &recorder{do: func(_ context.Context, n int, _ reconcile.Request[*Widget]) (reconcile.Result, error) {
+			if n == 0 {
+				var m map[string]int
+				m["x"]++ // nil map write
+			}
+			return reconcile.Done(), nil
+		}}
+		e := start(t, rec, nil, widget("a"))
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		calls := rec.snapshot()
+		if len(calls) != 2 || calls[1].retries != 1 || e.metrics.panics != 1 || e.metrics.get(reconcile.OutcomeDone) != 1 {
+			t.Fatalf("calls %d, panics %d, outcomes %v; want the panic retried once", len(calls), e.metrics.panics, e.metrics.outcomes)
+		}
+	})
+}
+
+func TestControllerRefetchesAWaitingRequestAndSkipsAVanishedObject(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &recorder{do: func(_ context.Context, n int, _ reconcile.Request[*Widget]) (reconcile.Result, error) {
+			if n == 0 {
+				return reconcile.Done(), errors.New("retry me")
+			}
+			return reconcile.Done(), nil
+		}}
+		e := start(t, rec, nil, widget("a"))
+		synctest.Wait()
+		// While the retry waits, the object changes without a watch event.
+		e.setSize(t, "a", 7)
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		calls := rec.snapshot()
+		if len(calls) != 2 || calls[0].req.Object.Spec.Size != 1 || calls[1].req.Object.Spec.Size != 7 {
+			t.Fatalf("calls %+v; want the retry to see size 7", calls)
+		}
+
+		// A trigger for an object that no longer exists is skipped.
+		gone := widget("gone")
+		if ok, err := e.ctrl.Trigger().Enqueue(context.Background(), gone, opkit.Modified, opkit.Operator, 0, 0); !ok || err != nil {
+			t.Fatalf("Enqueue = %v, %v", ok, err)
+		}
+		synctest.Wait()
+		if n := len(rec.snapshot()); n != 2 || e.metrics.skipped != 1 {
+			t.Fatalf("%d calls, %d skipped; want the vanished object skipped", n, e.metrics.skipped)
+		}
+
+		// A trigger carrying a stale object is reconciled with the fresh one.
+		stale := widget("a") // size 1
+		e.setSize(t, "a", 9)
+		e.ctrl.Trigger().Enqueue(context.Background(), stale, opkit.Modified, opkit.Operator, 0, 0)
+		synctest.Wait()
+		calls = rec.snapshot()
+		if len(calls) != 3 || calls[2].req.Object.Spec.Size != 9 || calls[2].req.Source != opkit.Operator {
+			t.Fatalf("calls %+v; want the trigger reconciled with size 9", calls[len(calls)-1])
+		}
+	})
+}
+
+func TestControllerRefetchesWatchEntriesThatWaitedInABacklog(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &recorder{do: func(context.Context, int, reconcile.Request[*Widget]) (reconcile.Result, error) {
+			time.Sleep(2 * time.Second) // longer than FreshFor (1s)
+			return reconcile.Done(), nil
+		}}
+		e := start(t, rec, func(c *reconcile.Config[*Widget]) { c.Concurrency = 1 }, widget("a"), widget("b"), widget("c"))
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if n := len(rec.snapshot()); n != 3 || e.metrics.refetched != 2 {
+			t.Fatalf("%d calls, %d re-fetches; want 3 calls, the 2 that waited re-fetched", n, e.metrics.refetched)
+		}
+	})
+}
+
+func TestControllerShutdownLetsInFlightReconcilesFinishWithinTheDrain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		rec := &recorder{do: func(ctx context.Context, _ int, _ reconcile.Request[*Widget]) (reconcile.Result, error) {
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+			return reconcile.Done(), nil
+		}}
+		e := start(t, rec, func(c *reconcile.Config[*Widget]) { c.ShutdownTimeout = 10 * time.Second }, widget("a"))
+		synctest.Wait()
+		e.cancel()
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		select {
+		case <-e.done:
+			t.Fatal("Run returned while a reconcile was in flight")
+		default:
+		}
+		close(release)
+		synctest.Wait()
+		calls := rec.snapshot()
+		if len(calls) != 1 || calls[0].ctxErr != nil {
+			t.Fatalf("calls %+v; want one call that finished with its context intact", calls)
+		}
+		err := <-e.done
+		e.done <- err // for the cleanup
+	})
+}
+
+func TestControllerShutdownCancelsReconcilesThatOutliveTheDrain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &recorder{do: func(ctx context.Context, _ int, _ reconcile.Request[*Widget]) (reconcile.Result, error) {
+			<-ctx.Done()
+			return reconcile.Done(), ctx.Err()
+		}}
+		e := start(t, rec, func(c *reconcile.Config[*Widget]) { c.ShutdownTimeout = 10 * time.Second }, widget("a"))
+		synctest.Wait()
+		began := time.Now()
+		e.cancel()
+		err := <-e.done
+		e.done <- err
+		if took := time.Since(began); took != 10*time.Second {
+			t.Fatalf("Run returned %v after cancel, want at the 10s drain deadline", took)
+		}
+		if calls := rec.snapshot(); len(calls) != 1 || !errors.Is(calls[0].ctxErr, context.Canceled) {
+			t.Fatalf("calls %+v; want one call cancelled at the deadline, no retry", calls)
+		}
+	})
+}
+
+func TestControllerNeverRunsTwoReconcilesOfOneKeyAtOnce(t *testing.T) {
+	// Real time and the race detector: many triggers on few keys.
+	keys := []string{"k0", "k1", "k2", "k3"}
+	var objs []*Widget
+	for _, k := range keys {
+		objs = append(objs, widget(k))
+	}
+	var (
+		inFlight sync.Map // key -> *atomic.Int32
+		overlaps atomic.Int32
+		last     sync.Map // key -> true once its final trigger was reconciled
+		lastSeen atomic.Int32
+	)
+	rec := &recorder{do: func(_ context.Context, _ int, req reconcile.Request[*Widget]) (reconcile.Result, error) {
+		v, _ := inFlight.LoadOrStore(req.Key, new(atomic.Int32))
+		n := v.(*atomic.Int32)
+		if n.Add(1) > 1 {
+			overlaps.Add(1)
+		}
+		time.Sleep(50 * time.Microsecond)
+		n.Add(-1)
+		if req.Reason == "last" {
+			if _, loaded := last.LoadOrStore(req.Key, true); !loaded {
+				lastSeen.Add(1)
+			}
+		}
+		return reconcile.Done(), nil
+	}}
+	e := start(t, rec, func(c *reconcile.Config[*Widget]) { c.Concurrency = 8 }, objs...)
+	var wg sync.WaitGroup
+	for p := range 4 {
+		wg.Go(func() {
+			for i := range 500 {
+				w := widget(keys[(p+i)%len(keys)])
+				if ok, err := e.ctrl.Trigger().Enqueue(context.Background(), w, opkit.Modified, opkit.Operator, 0, 0); !ok || err != nil {
+					t.Errorf("Enqueue = %v, %v", ok, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	// A final trigger per key: the newest payload wins on merge, so each
+	// key's last reconcile carries this reason.
+	for _, k := range keys {
+		if _, err := e.ctrl.Trigger().Submit(context.Background(), trigger.Request[*Widget]{Object: widget(k), Type: opkit.Modified, Source: opkit.Operator, Reason: "last"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for lastSeen.Load() < int32(len(keys)) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := lastSeen.Load(); got != int32(len(keys)) {
+		t.Fatalf("final triggers reconciled for %d of %d keys", got, len(keys))
+	}
+	if overlaps.Load() != 0 {
+		t.Fatalf("%d overlapping reconciles of one key", overlaps.Load())
+	}
+}
+
+func TestNewControllerValidatesItsConfig(t *testing.T) {
+	dyn := newFakeDynamic(t)
+	ok := reconcile.Config[*Widget]{Name: "n", Resource: widgets, Dynamic: dyn, Reconciler: &recorder{}}
+	for name, mod := range map[string]func(*reconcile.Config[*Widget]){
+		"no name":                   func(c *reconcile.Config[*Widget]) { c.Name = "" },
+		"no dynamic":                func(c *reconcile.Config[*Widget]) { c.Dynamic = nil },
+		"no reconciler":             func(c *reconcile.Config[*Widget]) { c.Reconciler = nil },
+		"bad resource":              func(c *reconcile.Config[*Widget]) { c.Resource = opkit.Resource{} },
+		"negative workers":          func(c *reconcile.Config[*Widget]) { c.Concurrency = -1 },
+		"watch client set":          func(c *reconcile.Config[*Widget]) { c.Watch.Client = dyn },
+		"trigger events, no events": func(c *reconcile.Config[*Widget]) { c.RecordTriggerEvents, c.NoEvents = true, true },
+	} {
+		cfg := ok
+		mod(&cfg)
+		if _, err := reconcile.NewController(cfg); !errors.Is(err, reconcile.ErrInvalidConfig) {
+			t.Errorf("%s: err = %v, want ErrInvalidConfig", name, err)
+		}
+	}
+	if _, err := reconcile.NewController(ok); err != nil {
+		t.Fatalf("valid config refused: %v", err)
+	}
+}

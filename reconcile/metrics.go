@@ -1,0 +1,71 @@
+package reconcile
+
+import "time"
+
+// Outcome classifies how one reconcile ended, for [Metrics] and logs.
+type Outcome uint8
+
+const (
+	// OutcomeDone: no error, no requeue.
+	OutcomeDone Outcome = iota + 1
+	// OutcomeRequeue: no error, requeued after the result's delay.
+	OutcomeRequeue
+	// OutcomeRetry: an error (or a panic); requeued with backoff.
+	OutcomeRetry
+	// OutcomeTerminal: a terminal error; dropped without retry.
+	OutcomeTerminal
+	// OutcomeGaveUp: an error on the last allowed attempt (MaxRetries); dropped.
+	OutcomeGaveUp
+)
+
+// String returns the outcome's lowercase name, fit for a metric label.
+func (o Outcome) String() string {
+	switch o {
+	case OutcomeDone:
+		return "done"
+	case OutcomeRequeue:
+		return "requeue"
+	case OutcomeRetry:
+		return "retry"
+	case OutcomeTerminal:
+		return "terminal"
+	case OutcomeGaveUp:
+		return "gave_up"
+	}
+	return "unknown"
+}
+
+// SkipReason says why a request was not passed to the reconciler.
+type SkipReason string
+
+const (
+	// SkipGone: the re-fetch found that the object no longer exists (its
+	// Deleted event follows, or has already been reconciled).
+	SkipGone SkipReason = "gone"
+)
+
+// Metrics receives the controller's measurements. A nil Metrics in
+// [Config] means none. Methods are called from worker goroutines,
+// concurrently: they must be quick, safe for concurrent use, and must not
+// block. The queue's own measurements (depth, latency, retries) come from
+// Config.QueueMetrics.
+type Metrics interface {
+	// Reconciled observes one call of the reconciler: how it ended and how
+	// long it took.
+	Reconciled(o Outcome, took time.Duration)
+	// Panicked counts a reconcile that panicked (also observed by
+	// Reconciled as OutcomeRetry, OutcomeGaveUp).
+	Panicked()
+	// Skipped counts a request not passed to the reconciler.
+	Skipped(reason SkipReason)
+	// Refetched counts a re-fetch of an Added/Modified object before its
+	// reconcile.
+	Refetched()
+}
+
+type noMetrics struct{}
+
+func (noMetrics) Reconciled(Outcome, time.Duration) {}
+func (noMetrics) Panicked()                         {}
+func (noMetrics) Skipped(SkipReason)                {}
+func (noMetrics) Refetched()                        {}
