@@ -398,7 +398,7 @@ func (r *run[T]) finishList(l *listing, rv string) {
 	for _, k := range w.track.vanished() {
 		e := w.track.entries[k]
 		delete(w.track.entries, k)
-		w.emit(k, typed.Tombstone[T](k, types.UID(e.uid), e.rv), opkit.Deleted, true, w.s.listPriority)
+		w.emit(k, w.tombstone(k, types.UID(e.uid), e.rv), opkit.Deleted, true, w.s.listPriority)
 		l.ev.Deleted++
 	}
 	w.s.metrics.Tracked(len(w.track.entries))
@@ -599,7 +599,7 @@ func (w *Watcher[T]) observe(u *unstructured.Unstructured, l *listing) {
 	switch {
 	case known && old.uid != m.uid:
 		// Recreated under the same name: the old incarnation is gone.
-		w.emit(m.key, typed.Tombstone[T](m.key, types.UID(old.uid), old.rv), opkit.Deleted, true, prio)
+		w.emit(m.key, w.tombstone(m.key, types.UID(old.uid), old.rv), opkit.Deleted, true, prio)
 		if l != nil {
 			l.ev.Deleted++
 		}
@@ -645,10 +645,19 @@ func (w *Watcher[T]) deleted(u *unstructured.Unstructured) {
 	if err != nil {
 		w.s.metrics.Error(ReasonDecode)
 		w.log.Error("cannot decode deleted object; emitting a tombstone", "key", key.String(), "err", err)
-		w.emit(key, typed.Tombstone[T](key, u.GetUID(), u.GetResourceVersion()), opkit.Deleted, true, w.cfg.Priority)
+		w.emit(key, w.tombstone(key, u.GetUID(), u.GetResourceVersion()), opkit.Deleted, true, w.cfg.Priority)
 		return
 	}
 	w.emit(key, obj, opkit.Deleted, false, w.cfg.Priority)
+}
+
+// tombstone returns the object of a Deleted entry whose final state is
+// unknown: namespace, name, UID, the last resourceVersion seen, and the
+// resource's apiVersion and kind.
+func (w *Watcher[T]) tombstone(key opkit.Key, uid types.UID, rv string) T {
+	obj := typed.Tombstone[T](key, uid, rv)
+	obj.GetObjectKind().SetGroupVersionKind(w.cfg.Resource.GroupVersionKind())
+	return obj
 }
 
 // emit hands one entry to the queue. A dropped add is counted and logged at

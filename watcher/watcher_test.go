@@ -802,3 +802,59 @@ func TestWorksWithTheRealQueue(t *testing.T) {
 		}
 	})
 }
+
+func TestAnObjectTheUsersTypeCannotHoldIsTrackedButNotEmitted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		bad := widget("ns", "bad", "ub", "1", 1, func(u *unstructured.Unstructured) { u.Object["spec"] = map[string]any{"size": "huge"} })
+		c := newFake(bad, widget("ns", "good", "ug", "2", 1))
+		q := &recorder{}
+		m := newMetrics()
+		cfg := config(c, q)
+		cfg.Metrics = m
+		w := mustNew(t, cfg)
+		stop := start(t, w)
+		defer stop()
+		synctest.Wait()
+		sameRecords(t, "entries", q.take(), []record{{Key: key("good"), Type: opkit.Added, RV: "2", UID: "ug", Priority: -1}})
+		if !w.Synced() || m.get(func(m *metrics) int { return m.errors[watcher.ReasonDecode] }) != 1 || m.get(func(m *metrics) int { return m.tracked }) != 2 {
+			t.Fatalf("synced=%v errors=%v tracked=%d; want synced, one decode error, 2 tracked", w.Synced(), m.errors, m.tracked)
+		}
+	})
+}
+
+func TestTombstonesCarryIdentityAndKind(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newFake(widget("ns", "a", "ua", "1", 1))
+		var mu sync.Mutex
+		var got []opkit.Event[*Widget]
+		cfg := config(c, nil)
+		cfg.Queue = adderFunc(func(_ opkit.Key, ev opkit.Event[*Widget], _ queue.AddOptions) queue.Outcome {
+			mu.Lock()
+			got = append(got, ev)
+			mu.Unlock()
+			return queue.Queued
+		})
+		w := mustNew(t, cfg)
+		stop := start(t, w)
+		synctest.Wait()
+		stop()
+		must(t, c.Tracker().Delete(widgets.GroupVersionResource, "ns", "a"))
+		stop = start(t, w)
+		defer stop()
+		synctest.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		ts := got[len(got)-1]
+		o := ts.Object
+		if ts.Type != opkit.Deleted || !ts.FinalStateUnknown || o.Namespace != "ns" || o.Name != "a" || o.UID != "ua" ||
+			o.ResourceVersion != "1" || o.Kind != "Widget" || o.APIVersion != "test.opkit.dev/v1" || o.Spec.Size != 0 {
+			t.Fatalf("tombstone event = %+v", ts)
+		}
+	})
+}
+
+type adderFunc func(opkit.Key, opkit.Event[*Widget], queue.AddOptions) queue.Outcome
+
+func (f adderFunc) Add(k opkit.Key, ev opkit.Event[*Widget], o queue.AddOptions) queue.Outcome {
+	return f(k, ev, o)
+}
