@@ -92,10 +92,10 @@ type Options struct {
 	// ReadyTimeout bounds the wait for each API server's /readyz. Default 60s.
 	ReadyTimeout time.Duration
 	// DisableWatchCache runs the API servers with --watch-cache=false, so
-	// every watch is served by etcd. A watch resuming from a compacted
-	// resourceVersion then fails with 410 Gone at once, whereas with the
-	// watch cache on the API server answers from memory while it still holds
-	// that version.
+	// every list and watch is served by etcd. A watch resuming from a
+	// resourceVersion that Compact removed then fails with 410 Gone at once;
+	// with the watch cache on, the API server answers it from memory while it
+	// still holds that version. Chaos tests that need 410 set this.
 	DisableWatchCache bool
 	// APIServerFlags are extra kube-apiserver flags ("--name=value"), added
 	// after (and so overriding) the defaults.
@@ -569,10 +569,15 @@ func (c *Cluster) LogTail(i, n int) string {
 }
 
 // Compact compacts etcd's history up to its current revision and returns that
-// revision. Afterwards etcd answers reads and watches at older revisions with
-// "required revision has been compacted", which the API server turns into
-// 410 Gone -- for requests that reach etcd; see Options.DisableWatchCache.
-// It talks to etcd's JSON gateway, with no etcd client library.
+// revision. It talks to etcd's JSON gateway, with no etcd client library.
+//
+// Afterwards etcd refuses reads and watches at older revisions, which the API
+// server reports as 410 Gone -- but only for requests that reach etcd. With
+// the watch cache on (the default) the API server keeps serving a watch or an
+// exact list from a compacted resourceVersion out of memory (observed with
+// v1.37.2); to make such a watch fail with 410, use a cluster started with
+// Options.DisableWatchCache, or restart the API server after Compact (its new
+// cache starts at the current revision).
 func (c *Cluster) Compact(ctx context.Context) (int64, error) {
 	var rng struct {
 		Header struct {
