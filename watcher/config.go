@@ -22,9 +22,11 @@ const (
 	// DefaultPageSize is the number of objects per list page.
 	DefaultPageSize int64 = 500
 	// DefaultIdleTimeout is how long a watch may stay silent (no event, no
-	// bookmark) before it is restarted. The API server sends a bookmark
-	// about once a minute on an open watch, so five minutes is several
-	// missed bookmarks: a dead connection, not a quiet resource.
+	// bookmark) before it is restarted. An API server with its watch cache
+	// on sends a bookmark about once a minute on an open watch, so five
+	// minutes is several missed bookmarks: a dead connection, not a quiet
+	// resource. (With the watch cache off a quiet watch gets no bookmarks
+	// and is restarted every IdleTimeout: a cheap resume, not a relist.)
 	DefaultIdleTimeout = 5 * time.Minute
 	// DefaultBackoffBase is the first retry delay after a failure.
 	DefaultBackoffBase = 500 * time.Millisecond
@@ -126,7 +128,9 @@ type Config[T opkit.Object] struct {
 	// subresource), unless the deletion timestamp, the finalizers, or one of
 	// the labels or annotations named in WatchLabels / WatchAnnotations
 	// changed. Objects whose generation is 0 (resources that do not
-	// maintain it, such as ConfigMaps) are never skipped.
+	// maintain it, such as ConfigMaps) are never skipped. The rule applies
+	// to watch events and to the Modified entries of relists alike; the
+	// resourceVersion is tracked either way.
 	SkipStatusOnly   bool
 	WatchLabels      []string
 	WatchAnnotations []string

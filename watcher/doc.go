@@ -51,6 +51,10 @@
 // the caller, which restarts the watcher (a fresh Run, hence a full list)
 // when the intake resumes; the leader does exactly that on every new term.
 //
+// A list attempt that fails midway is retried from a fresh snapshot; entries
+// it already emitted may be emitted again (the queue coalesces them), and
+// vanished objects are only decided by a list that completed.
+//
 // # Synced
 //
 // A Run reports the start and the end of every (re)list through
