@@ -334,12 +334,21 @@ func (c *Controller[T]) runTerm(runCtx, termCtx context.Context, work []Runnable
 
 	var (
 		wg       sync.WaitGroup
-		errOnce  sync.Once
+		errMu    sync.Mutex
 		firstErr error
 	)
 	fail := func(err error) {
-		errOnce.Do(func() { firstErr = err })
+		errMu.Lock()
+		if firstErr == nil {
+			firstErr = err
+		}
+		errMu.Unlock()
 		stopIntake()
+	}
+	failed := func() error {
+		errMu.Lock()
+		defer errMu.Unlock()
+		return firstErr
 	}
 	wg.Go(func() {
 		if err := c.watch.Run(intakeCtx); err != nil {
@@ -359,7 +368,7 @@ func (c *Controller[T]) runTerm(runCtx, termCtx context.Context, work []Runnable
 	}
 
 	<-intakeCtx.Done()
-	if runCtx.Err() != nil && firstErr == nil {
+	if runCtx.Err() != nil && failed() == nil {
 		// Graceful shutdown: no new intake; in-flight reconciles get the drain.
 		if c.elector == nil {
 			c.queue.ShutDown()
@@ -374,7 +383,7 @@ func (c *Controller[T]) runTerm(runCtx, termCtx context.Context, work []Runnable
 	workers.Wait()
 	cancelWork()
 	wg.Wait()
-	return firstErr
+	return failed()
 }
 
 // worker takes entries until intakeCtx ends and reconciles them under workCtx.
@@ -478,6 +487,12 @@ func (c *Controller[T]) afterReconcile(ctx context.Context, item queue.Item[opki
 		c.metrics.Reconciled(OutcomeRequeue, took)
 		log.Debug("reconciled; requeued", "after", after, "took", took)
 		c.add(item.Key, ev, queue.AddOptions{Delay: after}, log)
+	case ctx.Err() != nil:
+		// The term ended or the drain ran out: not the reconciler's failure,
+		// and nothing may be written any more. The next term (or process)
+		// starts with a full list.
+		c.metrics.Reconciled(OutcomeInterrupted, took)
+		log.Info("reconcile interrupted by shutdown or the end of the term", "err", err)
 	case IsTerminal(err):
 		c.metrics.Reconciled(OutcomeTerminal, took)
 		log.Error("reconcile failed with a terminal error: not retried", "err", err)

@@ -433,6 +433,9 @@ func TestControllerShutdownCancelsReconcilesThatOutliveTheDrain(t *testing.T) {
 		if calls := rec.snapshot(); len(calls) != 1 || !errors.Is(calls[0].ctxErr, context.Canceled) {
 			t.Fatalf("calls %+v; want one call cancelled at the deadline, no retry", calls)
 		}
+		if n := e.metrics.get(reconcile.OutcomeInterrupted); n != 1 || len(e.events(t)) != 0 {
+			t.Fatalf("interrupted %d, events %d; want 1 interrupted and no Event", n, len(e.events(t)))
+		}
 	})
 }
 

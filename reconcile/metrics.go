@@ -16,6 +16,10 @@ const (
 	OutcomeTerminal
 	// OutcomeGaveUp: an error on the last allowed attempt (MaxRetries); dropped.
 	OutcomeGaveUp
+	// OutcomeInterrupted: an error after the controller cancelled the
+	// reconcile (end of the leadership term, or of the shutdown drain); not
+	// retried, no Event.
+	OutcomeInterrupted
 )
 
 // String returns the outcome's lowercase name, fit for a metric label.
@@ -31,6 +35,8 @@ func (o Outcome) String() string {
 		return "terminal"
 	case OutcomeGaveUp:
 		return "gave_up"
+	case OutcomeInterrupted:
+		return "interrupted"
 	}
 	return "unknown"
 }
