@@ -1,0 +1,287 @@
+package reconciler_test
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	kubefake "k8s.io/client-go/kubernetes/fake"
+
+	"github.com/opkit/opkit"
+	demov1 "github.com/opkit/opkit/example/api/v1"
+	"github.com/opkit/opkit/example/reconciler"
+	"github.com/opkit/opkit/reconcile"
+	"github.com/opkit/opkit/reconcile/reconciletest"
+)
+
+var (
+	t0  = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	key = opkit.Key{Namespace: "team-a", Name: "hello"}
+)
+
+func entity(msg string, replicas int32) *demov1.DemoEntity {
+	e := &demov1.DemoEntity{}
+	e.Namespace, e.Name, e.UID, e.Generation, e.ResourceVersion = key.Namespace, key.Name, "uid-1", 1, "1"
+	e.Spec.Message, e.Spec.Replicas = msg, &replicas
+	return e
+}
+
+type fixture struct {
+	h      *reconciletest.Harness[*demov1.DemoEntity]
+	r      *reconciler.Reconciler
+	events *kubefake.Clientset
+	now    time.Time
+}
+
+func setup(t *testing.T, objs ...opkit.Object) *fixture {
+	t.Helper()
+	f := &fixture{h: reconciletest.New[*demov1.DemoEntity](t, demov1.Resource, objs...), events: kubefake.NewClientset(), now: t0}
+	rec, err := reconcile.NewRecorder(reconcile.RecorderConfig{Kube: f.events, Controller: "demo.opkit.dev/demo-operator", Resource: demov1.Resource})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.r, err = reconciler.New(reconciler.Config{Dynamic: f.h.Dynamic, Recorder: rec, Identity: "replica-a", Now: func() time.Time { return f.now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func (f *fixture) configMap(t *testing.T) (*corev1.ConfigMap, bool) {
+	t.Helper()
+	u, err := f.h.Dynamic.Resource(corev1.SchemeGroupVersion.WithResource("configmaps")).Namespace(key.Namespace).
+		Get(context.Background(), reconciler.ConfigMapName(key.Name), metav1.GetOptions{})
+	if err != nil {
+		return nil, false
+	}
+	cm := &corev1.ConfigMap{}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, cm); err != nil {
+		t.Fatal(err)
+	}
+	return cm, true
+}
+
+// bumpSpec changes the stored entity's spec and generation, as an update
+// through the API server would.
+func (f *fixture) bumpSpec(t *testing.T, msg string, replicas int32) {
+	t.Helper()
+	e := f.h.Get(key)
+	e.Spec.Message, e.Spec.Replicas = msg, &replicas
+	e.Generation++
+	u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj := f.h.Dynamic.Resource(demov1.Resource.GroupVersionResource).Namespace(key.Namespace)
+	if _, err := obj.Update(context.Background(), toU(u), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCreateMakesOwnedConfigMapAndStatus(t *testing.T) {
+	f := setup(t, entity("hi", 3))
+	c := f.h.ReconcileKey(context.Background(), f.r, key)
+	if c.Err != nil {
+		t.Fatal(c.Err)
+	}
+	want := []string{
+		"patch demoentities team-a/hello",        // the finalizer
+		"create configmaps team-a/hello-demo",    // the ConfigMap
+		"update demoentities/status team-a/hello", // the status
+	}
+	if got := c.Writes(); !slices.Equal(got, want) {
+		t.Fatalf("writes = %q, want %q", got, want)
+	}
+	cm, ok := f.configMap(t)
+	if !ok {
+		t.Fatal("no ConfigMap")
+	}
+	if cm.Data["message"] != "hi" || cm.Data["replicas"] != "3" {
+		t.Errorf("ConfigMap data = %v, want message=hi replicas=3", cm.Data)
+	}
+	ref := metav1.GetControllerOf(cm)
+	if ref == nil || ref.UID != "uid-1" || ref.Kind != "DemoEntity" || ref.APIVersion != "demo.opkit.dev/v1" ||
+		ref.BlockOwnerDeletion == nil || !*ref.BlockOwnerDeletion {
+		t.Errorf("controller reference = %+v, want the entity", ref)
+	}
+	e := f.h.Get(key)
+	if !slices.Contains(e.Finalizers, demov1.Finalizer) {
+		t.Errorf("finalizers = %v, want %s", e.Finalizers, demov1.Finalizer)
+	}
+	st := e.Status
+	if st.ObservedGeneration != 1 || st.ReconciledBy != "replica-a" || st.ConfigMap != "hello-demo" ||
+		st.LastReconciled == nil || !st.LastReconciled.Time.Equal(t0) {
+		t.Errorf("status = %+v", st)
+	}
+	if lt := st.LastTrigger; lt == nil || lt.Source != "APIServer" || lt.Reason != "Modified" || !lt.At.Time.Equal(t0) {
+		t.Errorf("lastTrigger = %+v, want APIServer/Modified at t0", lt)
+	}
+	if cond := meta.FindStatusCondition(st.Conditions, demov1.ConditionReady); cond == nil ||
+		cond.Status != metav1.ConditionTrue || cond.ObservedGeneration != 1 || cond.Reason != reconciler.ReasonReconciled {
+		t.Errorf("Ready = %+v", cond)
+	}
+}
+
+func TestSecondReconcileWritesNothing(t *testing.T) {
+	f := setup(t, entity("hi", 3))
+	if c := f.h.ReconcileKey(context.Background(), f.r, key); c.Err != nil {
+		t.Fatal(c.Err)
+	}
+	f.now = t0.Add(time.Minute)
+	c := f.h.AssertConverged(context.Background(), f.r, key)
+	if len(c.Actions) == 0 {
+		t.Error("the second reconcile made no call at all; it should still read the ConfigMap")
+	}
+	if got := f.h.Get(key).Status.LastReconciled.Time; !got.Equal(t0) {
+		t.Errorf("lastReconciled moved to %v on a no-op reconcile", got)
+	}
+}
+
+func TestSpecChangeUpdatesConfigMapAndObservedGeneration(t *testing.T) {
+	f := setup(t, entity("hi", 3))
+	f.h.ReconcileKey(context.Background(), f.r, key)
+	f.bumpSpec(t, "bye", 0)
+	f.now = t0.Add(time.Minute)
+	c := f.h.ReconcileKey(context.Background(), f.r, key)
+	if c.Err != nil {
+		t.Fatal(c.Err)
+	}
+	want := []string{"update configmaps team-a/hello-demo", "update demoentities/status team-a/hello"}
+	if got := c.Writes(); !slices.Equal(got, want) {
+		t.Fatalf("writes = %q, want %q", got, want)
+	}
+	cm, _ := f.configMap(t)
+	if cm.Data["message"] != "bye" || cm.Data["replicas"] != "0" {
+		t.Errorf("ConfigMap data = %v, want message=bye replicas=0", cm.Data)
+	}
+	st := f.h.Get(key).Status
+	if st.ObservedGeneration != 2 || !st.LastReconciled.Time.Equal(f.now) {
+		t.Errorf("status = %+v, want observedGeneration 2 at t0+1m", st)
+	}
+	f.h.AssertConverged(context.Background(), f.r, key)
+}
+
+func TestConfigMapDriftIsRepaired(t *testing.T) {
+	f := setup(t, entity("hi", 3))
+	f.h.ReconcileKey(context.Background(), f.r, key)
+	cm, _ := f.configMap(t)
+	cm.Data["message"] = "tampered"
+	u, _ := runtime.DefaultUnstructuredConverter.ToUnstructured(cm)
+	cmU := toU(u)
+	cmU.SetAPIVersion("v1")
+	cmU.SetKind("ConfigMap")
+	if _, err := f.h.Dynamic.Resource(corev1.SchemeGroupVersion.WithResource("configmaps")).Namespace(key.Namespace).
+		Update(context.Background(), cmU, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c := f.h.ReconcileKey(context.Background(), f.r, key)
+	if got := c.Writes(); len(got) == 0 || got[0] != "update configmaps team-a/hello-demo" {
+		t.Fatalf("writes = %q, want the ConfigMap repaired first", got)
+	}
+	if cm, _ := f.configMap(t); cm.Data["message"] != "hi" {
+		t.Errorf("message = %q after repair", cm.Data["message"])
+	}
+}
+
+func TestTriggerReasonLandsInStatus(t *testing.T) {
+	f := setup(t, entity("hi", 3))
+	f.h.ReconcileKey(context.Background(), f.r, key)
+	f.now = t0.Add(time.Hour)
+	req := f.h.Request(key, opkit.Modified)
+	req.Source, req.Reason = opkit.Operator, "deployed build 42"
+	c := f.h.Reconcile(context.Background(), f.r, req)
+	if c.Err != nil {
+		t.Fatal(c.Err)
+	}
+	// Nothing changed but the trigger is recorded: a status write only.
+	if got, want := c.Writes(), []string{"update demoentities/status team-a/hello"}; !slices.Equal(got, want) {
+		t.Fatalf("writes = %q, want %q", got, want)
+	}
+	lt := f.h.Get(key).Status.LastTrigger
+	if lt == nil || lt.Source != "Operator" || lt.Reason != "deployed build 42" || !lt.At.Time.Equal(f.now) {
+		t.Fatalf("lastTrigger = %+v, want Operator/deployed build 42 at t0+1h", lt)
+	}
+	// The watch event caused by that status write changes nothing.
+	f.h.AssertConverged(context.Background(), f.r, key)
+	if lt := f.h.Get(key).Status.LastTrigger; lt.Source != "Operator" {
+		t.Errorf("a converged watch reconcile overwrote lastTrigger with %+v", lt)
+	}
+}
+
+func TestFinalizerDeletesConfigMapAndRecordsEvent(t *testing.T) {
+	f := setup(t, entity("hi", 3))
+	f.h.ReconcileKey(context.Background(), f.r, key)
+	f.h.MarkDeleting(key)
+	c := f.h.ReconcileKey(context.Background(), f.r, key)
+	if c.Err != nil {
+		t.Fatal(c.Err)
+	}
+	want := []string{"delete configmaps team-a/hello-demo", "patch demoentities team-a/hello"}
+	if got := c.Writes(); !slices.Equal(got, want) {
+		t.Fatalf("writes = %q, want %q", got, want)
+	}
+	if _, ok := f.configMap(t); ok {
+		t.Error("ConfigMap still there after finalize")
+	}
+	if f.h.Exists(key) {
+		t.Error("entity still stored after its finalizer was removed")
+	}
+	evs, err := f.events.EventsV1().Events(key.Namespace).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(evs.Items) != 1 || evs.Items[0].Reason != reconciler.EventConfigMapDeleted || evs.Items[0].Regarding.Name != key.Name ||
+		evs.Items[0].Regarding.Kind != "DemoEntity" {
+		t.Fatalf("events = %+v, want one ConfigMapDeleted about the entity", evs.Items)
+	}
+	// The Deleted event that follows needs nothing.
+	del := reconcile.Request[*demov1.DemoEntity]{Key: key, Object: entity("hi", 3), Type: opkit.Deleted, Source: opkit.APIServer}
+	if c := f.h.Reconcile(context.Background(), f.r, del); c.Err != nil || len(c.Actions) != 0 {
+		t.Errorf("Deleted request: err %v, calls %d; want none", c.Err, len(c.Actions))
+	}
+}
+
+func TestFinalizeLeavesForeignConfigMapAlone(t *testing.T) {
+	e := entity("hi", 3)
+	e.Finalizers = []string{demov1.Finalizer}
+	foreign := &corev1.ConfigMap{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: "hello-demo"},
+		Data:       map[string]string{"owner": "someone else"},
+	}
+	f := setup(t, e, foreign)
+	f.h.MarkDeleting(key)
+	c := f.h.ReconcileKey(context.Background(), f.r, key)
+	if got, want := c.Writes(), []string{"patch demoentities team-a/hello"}; c.Err != nil || !slices.Equal(got, want) {
+		t.Fatalf("writes = %q (err %v), want only the finalizer removal", got, c.Err)
+	}
+	if _, ok := f.configMap(t); !ok {
+		t.Error("a ConfigMap the entity did not control was deleted")
+	}
+}
+
+func TestConfigMapControlledByAnotherKindIsAConflict(t *testing.T) {
+	yes := true
+	other := &corev1.ConfigMap{
+		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: "hello-demo",
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "Deployment", Name: "web", UID: "u-9", Controller: &yes}}},
+	}
+	f := setup(t, entity("hi", 3), other)
+	c := f.h.ReconcileKey(context.Background(), f.r, key)
+	if !reconcile.IsTerminal(c.Err) {
+		t.Fatalf("err = %v, want a terminal error", c.Err)
+	}
+	cond := meta.FindStatusCondition(f.h.Get(key).Status.Conditions, demov1.ConditionReady)
+	if cond == nil || cond.Status != metav1.ConditionFalse || cond.Reason != reconciler.ReasonConfigMapConflict {
+		t.Fatalf("Ready = %+v, want False/%s", cond, reconciler.ReasonConfigMapConflict)
+	}
+	if cm, _ := f.configMap(t); cm.Data != nil {
+		t.Errorf("foreign ConfigMap was modified: %v", cm.Data)
+	}
+}
