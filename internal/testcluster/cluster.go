@@ -190,11 +190,18 @@ func newOnce(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		return nil, fmt.Errorf("testcluster: create temp dir: %w", err)
 	}
 	c := &Cluster{opts: opts, dir: dir}
+	// Registered from the start, so that Main's signal handler also stops a
+	// cluster that is still starting.
+	register(c)
 	defer func() {
 		if err != nil {
 			_ = c.Stop()
 		}
 	}()
+	// Held while processes start (Stop waits for it); released to wait.
+	c.mu.Lock()
+	unlock := sync.OnceFunc(c.mu.Unlock)
+	defer unlock()
 	if c.pki, err = writePKI(dir); err != nil {
 		return nil, fmt.Errorf("testcluster: %w", err)
 	}
@@ -228,7 +235,8 @@ func newOnce(ctx context.Context, opts Options) (_ *Cluster, err error) {
 			return nil, err
 		}
 	}
-	for i := range c.apiservers {
+	unlock()
+	for i := range ports[2:] {
 		if err := c.waitReady(ctx, i); err != nil {
 			return nil, err
 		}
@@ -386,6 +394,9 @@ func (c *Cluster) Stop() error {
 		return nil
 	}
 	c.stopped = true
+	// Unregistered only when done, so that a Stop from Main's signal
+	// handler waits for one in progress (on c.mu) before the process exits.
+	defer unregister(c)
 	// The data is thrown away: no need for a graceful shutdown.
 	for _, s := range c.apiservers {
 		if s.proc != nil {

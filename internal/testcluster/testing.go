@@ -20,8 +20,42 @@ import (
 	"k8s.io/client-go/dynamic"
 )
 
+// live holds every cluster New started and Stop has not stopped yet, so that
+// Main's signal handler can stop private clusters too.
+var live struct {
+	mu       sync.Mutex
+	clusters map[*Cluster]struct{}
+}
+
+func register(c *Cluster) {
+	live.mu.Lock()
+	defer live.mu.Unlock()
+	if live.clusters == nil {
+		live.clusters = make(map[*Cluster]struct{})
+	}
+	live.clusters[c] = struct{}{}
+}
+
+func unregister(c *Cluster) {
+	live.mu.Lock()
+	defer live.mu.Unlock()
+	delete(live.clusters, c)
+}
+
+func stopAll() {
+	live.mu.Lock()
+	cs := make([]*Cluster, 0, len(live.clusters))
+	for c := range live.clusters {
+		cs = append(cs, c)
+	}
+	live.mu.Unlock()
+	for _, c := range cs {
+		_ = c.Stop()
+	}
+}
+
 // shared is the one cluster of a test binary, started by the first Shared
-// call and stopped by Main. It is the package's only global state: a test
+// call and stopped by Main. Together with live, the package's only global state: a test
 // binary has one TestMain.
 var shared struct {
 	mu      sync.Mutex
@@ -39,7 +73,7 @@ var shared struct {
 // exits 1: integration tests fail, they never skip), runs the tests, stops
 // the shared cluster (if Shared started one) and exits with the tests' code.
 // The shared cluster is also stopped when m.Run panics and on SIGINT or
-// SIGTERM; if the process dies otherwise, the kernel kills the processes
+// SIGTERM (which also stop private clusters); if the process dies otherwise, the kernel kills the processes
 // (see the package doc).
 func Main(m *testing.M) {
 	os.Exit(runMain(m))
@@ -48,7 +82,7 @@ func Main(m *testing.M) {
 func runMain(m *testing.M) int {
 	dir := DefaultBinDir()
 	if err := CheckBinaries(dir); err != nil {
-		fmt.Fprintf(os.Stderr, "control plane binaries missing in %s: run `make test` or hack/controlplane.sh build\n(%v)\n", dir, err)
+		fmt.Fprintf(os.Stderr, "control plane binaries missing in %s: run `make test` or hack/controlplane.sh build\n", dir)
 		return 1
 	}
 	shared.mu.Lock()
@@ -61,8 +95,9 @@ func runMain(m *testing.M) int {
 	go func() { // owned by runMain; ends when it returns
 		select {
 		case s := <-sigs:
-			fmt.Fprintf(os.Stderr, "testcluster: %v: stopping the shared control plane\n", s)
+			fmt.Fprintf(os.Stderr, "testcluster: %v: stopping every control plane of this test binary\n", s)
 			stopShared(false)
+			stopAll()
 			os.Exit(1)
 		case <-done:
 		}
