@@ -29,6 +29,7 @@ const (
 	stDelayed
 	stInFlight
 	stParked
+	stIdle // finished; the key stays mapped to the slot so the next add reuses it
 )
 
 // none marks the absence of a slot index.
@@ -80,6 +81,8 @@ type Queue[K comparable, V any] struct {
 	nDelayed   int
 	nParked    int
 	inflight   []int32
+	nIdle      int   // slots in state stIdle
+	lastNow    int64 // the last clock reading: the current time is no earlier
 
 	waiters  []*waiter // Gets blocked, oldest first
 	spare    []*waiter
@@ -117,6 +120,25 @@ var (
 // now returns the queue's clock: monotonic nanoseconds since New.
 func (q *Queue[K, V]) now() int64 { return int64(time.Since(q.epoch)) }
 
+// clock returns now and remembers it as a lower bound of the current time;
+// the caller holds q.mu.
+func (q *Queue[K, V]) clock() int64 {
+	n := q.now()
+	q.lastNow = n
+	return n
+}
+
+// dueAt returns now+delay, saturating; delay <= 0 means now.
+func dueAt(now int64, delay time.Duration) int64 {
+	if delay <= 0 {
+		return now
+	}
+	if due := now + int64(delay); due >= now {
+		return due
+	}
+	return math.MaxInt64
+}
+
 func (q *Queue[K, V]) at(t int64) time.Time { return q.epoch.Add(time.Duration(t)) }
 
 func clamp32(v int) int32 {
@@ -148,25 +170,33 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 		}
 		return out
 	}
-	now := q.now()
-	due := now
-	if opts.Delay > 0 {
-		due = now + int64(opts.Delay)
-		if due < now { // overflow
-			due = math.MaxInt64
-		}
+	// The clock is read only when needed: a merge into a due entry, the
+	// common case of a burst of events for one object, needs no time.
+	var now int64
+	haveNow := false
+	if opts.Delay > 0 || q.metrics != nil {
+		now, haveNow = q.clock(), true
 	}
 	prio := clamp32(opts.Priority)
 	retries := clamp32(opts.Retries)
 
 	head, known := q.keys[key]
 	out := Merged
-	if !known {
+	if !known || q.slots[head].state == stIdle {
 		out = Queued
-		i := q.alloc()
+		if !haveNow {
+			now = q.clock()
+		}
+		due := dueAt(now, opts.Delay)
+		i := head
+		if known {
+			q.nIdle--
+		} else {
+			i = q.alloc()
+			q.keys[key] = i
+		}
 		s := &q.slots[i]
 		s.key, s.val, s.enq, s.due, s.prio, s.retries, s.next = key, value, now, due, prio, retries, none
-		q.keys[key] = i
 		q.schedule(i, now)
 	} else {
 		t := head
@@ -181,6 +211,10 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 			}
 		}
 		if mode == MergeSequence {
+			if !haveNow {
+				now = q.clock()
+			}
+			due := dueAt(now, opts.Delay)
 			i := q.alloc()
 			s := &q.slots[i]
 			s.key, s.val, s.enq, s.due, s.prio, s.retries, s.next = key, value, now, due, prio, retries, none
@@ -188,7 +222,7 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 			q.nParked++
 			q.slots[t].next = i
 		} else {
-			q.mergeInto(t, value, mode == MergeReplace, due, prio, retries, now)
+			q.mergeInto(t, value, mode == MergeReplace, opts.Delay, prio, retries, now, haveNow)
 		}
 	}
 	q.mu.Unlock()
@@ -202,8 +236,20 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 }
 
 // mergeInto merges an add into the held (pending or parked) entry t.
-func (q *Queue[K, V]) mergeInto(t int32, value V, replace bool, due int64, prio, retries int32, now int64) {
+// now is the clock if haveNow, else it is read only when the merge needs it.
+func (q *Queue[K, V]) mergeInto(t int32, value V, replace bool, delay time.Duration, prio, retries int32, now int64, haveNow bool) {
 	s := &q.slots[t]
+	// The incoming due time is now+delay. It matters only if it may be
+	// earlier than the held one, which an entry already due never is.
+	var due int64
+	if s.state != stReady && (delay > 0 || s.due > q.lastNow) {
+		if !haveNow {
+			now = q.clock()
+		}
+		due = dueAt(now, delay)
+	} else {
+		due = s.due
+	}
 	if replace {
 		s.val = value
 		s.retries = retries
@@ -520,7 +566,7 @@ func (q *Queue[K, V]) Get(ctx context.Context) (Item[K, V], error) {
 		var now int64
 		haveNow := q.nDelayed > 0 || q.metrics != nil
 		if haveNow {
-			now = q.now()
+			now = q.clock()
 			if q.nDelayed > 0 {
 				q.promote(now)
 			}
@@ -550,7 +596,7 @@ func (q *Queue[K, V]) Get(ctx context.Context) (Item[K, V], error) {
 		q.waiters = append(q.waiters, w)
 		if q.nDelayed > 0 {
 			if !haveNow {
-				now = q.now()
+				now = q.clock()
 			}
 			q.rearm(now)
 		}
@@ -565,7 +611,7 @@ func (q *Queue[K, V]) Get(ctx context.Context) (Item[K, V], error) {
 				q.wakeOne() // pass on the wake-up meant for us
 			}
 			if q.nDelayed > 0 {
-				q.rearm(q.now())
+				q.rearm(q.clock())
 			}
 			q.spare = append(q.spare, w)
 			q.mu.Unlock()
@@ -581,8 +627,20 @@ func (q *Queue[K, V]) Get(ctx context.Context) (Item[K, V], error) {
 // is not in flight (a missing or repeated Done is a programming error).
 func (q *Queue[K, V]) Done(key K) {
 	q.mu.Lock()
-	i, ok := q.keys[key]
-	if !ok || q.slots[i].state != stInFlight {
+	var i int32 = none
+	// With few entries in flight (one per worker), scanning them is cheaper
+	// than hashing the key.
+	if len(q.inflight) <= 8 {
+		for _, j := range q.inflight {
+			if q.slots[j].key == key {
+				i = j
+				break
+			}
+		}
+	} else if j, ok := q.keys[key]; ok {
+		i = j
+	}
+	if i == none || q.slots[i].state != stInFlight {
 		q.mu.Unlock()
 		panic(fmt.Sprintf("queue: Done(%v) of a key that is not in flight", key))
 	}
@@ -591,7 +649,7 @@ func (q *Queue[K, V]) Done(key K) {
 	var worked time.Duration
 	m := q.metrics
 	if m != nil {
-		now = q.now()
+		now = q.clock()
 		worked = time.Duration(now - s.due)
 	}
 	// remove from the in-flight list
@@ -601,14 +659,21 @@ func (q *Queue[K, V]) Done(key K) {
 	q.inflight = q.inflight[:len(q.inflight)-1]
 
 	next := s.next
-	q.release(i)
 	if next == none {
-		delete(q.keys, key)
+		// Keep the key mapped to its slot: the next add of a key seen
+		// before costs no map write and no allocation.
+		var zv V
+		s.val, s.state = zv, stIdle
+		q.nIdle++
+		if q.nIdle > minIdle && q.nIdle > len(q.slots)-q.nIdle-len(q.free) {
+			q.evictIdle()
+		}
 	} else {
+		q.release(i)
 		q.keys[key] = next
 		q.nParked--
 		if m == nil {
-			now = q.now()
+			now = q.clock()
 		}
 		q.schedule(next, now)
 	}
@@ -620,6 +685,24 @@ func (q *Queue[K, V]) Done(key K) {
 	if m != nil {
 		m.Worked(worked)
 	}
+}
+
+// minIdle is how many finished keys the queue always may keep mapped; beyond
+// it, it keeps at most as many as it holds live entries.
+const minIdle = 1024
+
+// evictIdle forgets every finished key. It runs when the finished keys
+// outnumber both minIdle and the live entries, so its cost (a pass over
+// the key map) is paid for by as many Dones, and the memory held for keys
+// no longer in use stays bounded.
+func (q *Queue[K, V]) evictIdle() {
+	for key, i := range q.keys {
+		if q.slots[i].state == stIdle {
+			delete(q.keys, key)
+			q.release(i)
+		}
+	}
+	q.nIdle = 0
 }
 
 // Suspend closes the intake: until Resume, every Add returns
@@ -655,6 +738,9 @@ func (q *Queue[K, V]) Clear() int {
 	m := q.metrics
 	for key, head := range q.keys {
 		i := head
+		if q.slots[i].state == stIdle {
+			continue
+		}
 		if q.slots[i].state == stInFlight {
 			i = q.slots[head].next
 			q.slots[head].next = none

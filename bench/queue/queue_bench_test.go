@@ -1,0 +1,252 @@
+package queuebench
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// W1: add -> get -> done with n distinct keys, n-1 of them queued behind
+// the cycle (n = 1: an empty queue).
+func BenchmarkW1Cycle(b *testing.B) {
+	for _, n := range []int{1, 1_000, 100_000} {
+		for _, impl := range Impls {
+			b.Run(fmt.Sprintf("keys=%d/%s", n, impl.Name), func(b *testing.B) {
+				cycle(b, impl.New(), n)
+			})
+		}
+	}
+}
+
+// W1 with opkit's metrics on (atomic counters) versus nil.
+func BenchmarkW1Metrics(b *testing.B) {
+	for _, n := range []int{1, 100_000} {
+		b.Run(fmt.Sprintf("keys=%d/nil", n), func(b *testing.B) { cycle(b, NewOpkit(nil), n) })
+		b.Run(fmt.Sprintf("keys=%d/counting", n), func(b *testing.B) { cycle(b, NewOpkit(&CountingMetrics{}), n) })
+	}
+}
+
+func cycle(b *testing.B, q Queue, n int) {
+	defer q.ShutDown()
+	for k := 1; k < n; k++ {
+		q.Add(k, 0, 0)
+	}
+	next := 0
+	// warm up: every key seen once, so the measured cycles reuse entries
+	for range n {
+		q.Add(next, 0, 0)
+		k, _ := q.Get()
+		q.Done(k)
+		next = k
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		q.Add(next, 0, 0)
+		k, _ := q.Get()
+		q.Done(k)
+		next = k
+	}
+}
+
+// W2: two producers and two consumers over 10,000 keys. items/s counts
+// adds per second until everything added was handed out and done; pace is
+// the share of hand-outs that happened while the producers were running
+// (consumers that keep pace score close to the producers' share of the
+// run time; starved consumers score near 0).
+func BenchmarkW2ProducersConsumers(b *testing.B) {
+	const keys = 10_000
+	for _, impl := range Impls {
+		b.Run(impl.Name, func(b *testing.B) {
+			q := impl.New()
+			var handed, handedDuring atomic.Int64
+			var producing atomic.Bool
+			var cw sync.WaitGroup
+			for range 2 {
+				cw.Go(func() {
+					for {
+						k, ok := q.Get()
+						if !ok {
+							return
+						}
+						if producing.Load() {
+							handedDuring.Add(1)
+						}
+						handed.Add(1)
+						q.Done(k)
+					}
+				})
+			}
+			// last[k] is the value of the last add of k; a key is settled
+			// when it was handed out after its last add.
+			b.ReportAllocs()
+			b.ResetTimer()
+			start := time.Now()
+			producing.Store(true)
+			var pw sync.WaitGroup
+			per := b.N / 2
+			for p := range 2 {
+				pw.Go(func() {
+					r := rand.New(rand.NewPCG(uint64(p), 2))
+					for range per {
+						q.Add(r.IntN(keys), 0, 0)
+					}
+				})
+			}
+			pw.Wait()
+			producing.Store(false)
+			produced := time.Since(start)
+			// drain: wait until the consumers have gone idle
+			for last := int64(-1); ; {
+				time.Sleep(2 * time.Millisecond)
+				h := handed.Load()
+				if h == last {
+					break
+				}
+				last = h
+			}
+			elapsed := time.Since(start) - 4*time.Millisecond // the two idle polls
+			b.StopTimer()
+			q.ShutDown()
+			cw.Wait()
+			b.ReportMetric(float64(2*per)/elapsed.Seconds(), "items/s")
+			b.ReportMetric(float64(2*per)/produced.Seconds(), "adds/s")
+			if h := handed.Load(); h > 0 {
+				b.ReportMetric(100*float64(handedDuring.Load())/float64(h), "pace%")
+			}
+		})
+	}
+}
+
+// W3: 100,000 adds with random delays in [0,1s), drained by two
+// consumers. Reports ns per delayed add, the p99 lateness of hand-outs
+// after their due time, and heap bytes per pending delayed item.
+func BenchmarkW3Delayed(b *testing.B) {
+	const n = 100_000
+	for _, impl := range Impls {
+		b.Run(impl.Name, func(b *testing.B) {
+			due := make([]int64, n) // due time of key k, ns since start
+			late := make([]int64, 0, n)
+			var lateMu sync.Mutex
+			delays := make([]time.Duration, n)
+			r := rand.New(rand.NewPCG(3, 3))
+			for i := range delays {
+				delays[i] = time.Duration(r.Int64N(int64(time.Second)))
+			}
+			var addNs, bytesPer, p99 []float64
+			for b.Loop() {
+				late = late[:0]
+				var before, after runtime.MemStats
+				runtime.GC()
+				runtime.ReadMemStats(&before)
+				q := impl.New()
+				start := time.Now()
+				for k := range n {
+					due[k] = int64(time.Since(start) + delays[k])
+					q.Add(k, 0, delays[k])
+				}
+				addNs = append(addNs, float64(time.Since(start).Nanoseconds())/n)
+				runtime.GC()
+				runtime.ReadMemStats(&after)
+				bytesPer = append(bytesPer, float64(int64(after.HeapAlloc)-int64(before.HeapAlloc))/n)
+				var got atomic.Int64
+				var cw sync.WaitGroup
+				for range 2 {
+					cw.Go(func() {
+						var mine []int64
+						for {
+							k, ok := q.Get()
+							if !ok {
+								break
+							}
+							mine = append(mine, int64(time.Since(start))-due[k])
+							q.Done(k)
+							if got.Add(1) == n {
+								q.ShutDown()
+							}
+						}
+						lateMu.Lock()
+						late = append(late, mine...)
+						lateMu.Unlock()
+					})
+				}
+				cw.Wait()
+				slices.Sort(late)
+				p99 = append(p99, float64(late[len(late)*99/100])/1e6)
+			}
+			b.ReportMetric(median(addNs), "ns/add")
+			b.ReportMetric(median(p99), "p99-late-ms")
+			b.ReportMetric(median(bytesPer), "B/pending")
+		})
+	}
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// W4: the same 1,000 keys added 10 times while pending; ns/add excludes
+// the drain of the 1,000 entries that follows each round.
+func BenchmarkW4Dedup(b *testing.B) {
+	const keys, times = 1_000, 10
+	for _, impl := range Impls {
+		b.Run(impl.Name, func(b *testing.B) {
+			q := impl.New()
+			defer q.ShutDown()
+			var addTime time.Duration
+			rounds := 0
+			b.ReportAllocs()
+			for b.Loop() {
+				start := time.Now()
+				for range times {
+					for k := range keys {
+						q.Add(k, 0, 0)
+					}
+				}
+				addTime += time.Since(start)
+				rounds++
+				for range keys {
+					k, _ := q.Get()
+					q.Done(k)
+				}
+			}
+			b.ReportMetric(float64(addTime.Nanoseconds())/float64(rounds*keys*times), "ns/add")
+		})
+	}
+}
+
+// W5: one high-priority add behind 100,000 pending low-priority entries;
+// ns/op is the time until Get returns it. Queues without priorities hand
+// out the backlog first (each low entry taken is added back so the
+// backlog stays at 100,000).
+func BenchmarkW5PriorityJump(b *testing.B) {
+	const backlog = 100_000
+	const high = -1
+	for _, impl := range Impls {
+		b.Run(impl.Name, func(b *testing.B) {
+			q := impl.New()
+			defer q.ShutDown()
+			for k := range backlog {
+				q.Add(k, -1, 0)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				q.Add(high, 1, 0)
+				for {
+					k, _ := q.Get()
+					q.Done(k)
+					if k == high {
+						break
+					}
+					q.Add(k, -1, 0)
+				}
+			}
+		})
+	}
+}
