@@ -24,6 +24,26 @@
 // and the [opkit.Resource] given in [Config] (group, version, resource
 // plural, kind, namespaced or cluster-scoped).
 //
+// # Re-fetch rule
+//
+// An Added/Modified entry from the watch that was not delayed, not retried
+// and reaches a worker within Config.FreshFor (1s) of its add is reconciled
+// with the object the watch delivered: nothing newer can exist that the
+// watch has not queued behind it. Every other Added/Modified request — one
+// that waited in a backlog, a delayed or retried one, any external trigger —
+// is re-fetched first; if the object is gone it is skipped and counted
+// (Metrics.Skipped), and its Deleted event does the rest. Deleted requests
+// carry the last known state (a tombstone when FinalStateUnknown).
+//
+// # Kubernetes Events
+//
+// The controller records a Warning Event on the object when it gives up on
+// it (terminal error, or MaxRetries exhausted) and, with
+// Config.RecordTriggerEvents, a Normal Event for every externally triggered
+// reconcile. Events are created synchronously by the worker (one API call,
+// bounded by a timeout) through the dynamic client: no broadcaster and no
+// goroutine per object.
+//
 // # Helpers
 //
 // [Finalizer] adds and removes a finalizer with conflict-safe patches and

@@ -17,17 +17,24 @@ import (
 //	                                         (MergeReplace) since both are the delete
 //	Deleted    another UID (recreated)       MergeSequence: the delete is delivered
 //	                                         first, then the new object's event
-//	other      anything                      MergeReplace: the newest state wins
+//	other      Deleted of another UID        MergeSequence: the pending event of the
+//	                                         newer object stays and the old object's
+//	                                         delete follows it (only a retried delete
+//	                                         arrives in that order)
+//	other      anything else                 MergeReplace: the newest state wins
 //
 // Due time and priority merge inside the queue whatever the rule (earliest
 // due, highest priority). With MergeReplace the incoming event's Source and
 // Reason win too: a trigger's reason merged into a later watch event is not
 // reported separately.
 func MergeEvents[T opkit.Object](pending, incoming opkit.Event[T]) queue.Merge {
+	pu, iu := uidOf(pending.Object), uidOf(incoming.Object)
 	if pending.Type != opkit.Deleted {
+		if incoming.Type == opkit.Deleted && pu != "" && iu != "" && pu != iu {
+			return queue.MergeSequence
+		}
 		return queue.MergeReplace
 	}
-	pu, iu := uidOf(pending.Object), uidOf(incoming.Object)
 	if pu != "" && iu != "" && pu != iu {
 		return queue.MergeSequence
 	}

@@ -33,6 +33,7 @@ func TestMergeEventsNeverTurnsAPendingDeleteIntoSomethingElse(t *testing.T) {
 		{"added then modified: newest wins", ev(opkit.Added, "u1"), ev(opkit.Modified, "u1"), queue.MergeReplace},
 		{"modified then deleted: the delete wins", ev(opkit.Modified, "u1"), ev(opkit.Deleted, "u1"), queue.MergeReplace},
 		{"modified then recreated: newest wins", ev(opkit.Modified, "u1"), ev(opkit.Added, "u2"), queue.MergeReplace},
+		{"recreated, then the old object's delete retried: both", ev(opkit.Added, "u2"), ev(opkit.Deleted, "u1"), queue.MergeSequence},
 		{"deleted then modified, same uid: keep the delete", ev(opkit.Deleted, "u1"), ev(opkit.Modified, "u1"), queue.MergeKeep},
 		{"deleted then added, same uid: keep the delete", ev(opkit.Deleted, "u1"), ev(opkit.Added, "u1"), queue.MergeKeep},
 		{"deleted then deleted: keep", ev(opkit.Deleted, "u1"), ev(opkit.Deleted, "u1"), queue.MergeKeep},

@@ -59,7 +59,9 @@ type Request[T opkit.Object] struct {
 	// re-fetches it, see [Controller]); for Deleted it is the last state
 	// known (see FinalStateUnknown).
 	Object T
-	// Type is Added, Modified or Deleted.
+	// Type is Added, Modified or Deleted. A retried Deleted request can
+	// come after a newer object with the same key was reconciled: a
+	// reconciler that cleans up on Deleted should match Object's UID.
 	Type opkit.Type
 	// Source is APIServer for the watch stream, Operator for triggers.
 	Source opkit.Source

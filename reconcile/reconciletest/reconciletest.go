@@ -208,6 +208,25 @@ func (h *Harness[T]) AssertConverged(ctx context.Context, r reconcile.Reconciler
 	return c
 }
 
+// Events returns the Kubernetes Events recorded so far through the fake
+// dynamic client (by a [reconcile.Recorder] built on Harness.Dynamic), as
+// "Type Reason: Note", in creation order.
+func (h *Harness[T]) Events() []string {
+	h.t.Helper()
+	list, err := h.Dynamic.Resource(reconcile.EventsResource).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		h.t.Fatalf("reconciletest: list events: %v", err)
+	}
+	var out []string
+	for _, u := range list.Items {
+		typ, _, _ := unstructured.NestedString(u.Object, "type")
+		reason, _, _ := unstructured.NestedString(u.Object, "reason")
+		note, _, _ := unstructured.NestedString(u.Object, "note")
+		out = append(out, fmt.Sprintf("%s %s: %s", typ, reason, note))
+	}
+	return out
+}
+
 func isWrite(verb string) bool {
 	switch verb {
 	case "create", "update", "patch", "delete", "deletecollection":

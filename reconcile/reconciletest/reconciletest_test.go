@@ -82,3 +82,18 @@ func TestRequestForDeletedCarriesTheLastStateAndRemovesTheObject(t *testing.T) {
 		t.Fatalf("request %+v, exists %v", req, h.Exists(key))
 	}
 }
+
+func TestHarnessShowsTheEventsARecorderCreated(t *testing.T) {
+	h := reconciletest.New[*Widget](t, widgets, seedWidget())
+	rec, err := reconcile.NewRecorder(reconcile.RecorderConfig{Dynamic: h.Dynamic, Controller: "test.opkit.dev/widgets", Resource: widgets})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := reconcile.Func[*Widget](func(ctx context.Context, req reconcile.Request[*Widget]) (reconcile.Result, error) {
+		return reconcile.Done(), rec.Record(ctx, req.Object, reconcile.EventSpec{Reason: "Resized", Note: "size 3"})
+	})
+	c := h.ReconcileKey(context.Background(), r, opkit.Key{Namespace: "shop", Name: "blue"})
+	if w := c.Writes(); c.Err != nil || fmt.Sprint(h.Events()) != "[Normal Resized: size 3]" || len(w) != 1 || !strings.HasPrefix(w[0], "create events shop/blue.") {
+		t.Fatalf("err %v, events %q, writes %q", c.Err, h.Events(), c.Writes())
+	}
+}
