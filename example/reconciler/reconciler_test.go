@@ -3,6 +3,7 @@ package reconciler_test
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,7 +11,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	kubefake "k8s.io/client-go/kubernetes/fake"
 
 	"github.com/opkit/opkit"
 	demov1 "github.com/opkit/opkit/example/api/v1"
@@ -34,14 +34,13 @@ func entity(msg string, replicas int32) *demov1.DemoEntity {
 type fixture struct {
 	h      *reconciletest.Harness[*demov1.DemoEntity]
 	r      *reconciler.Reconciler
-	events *kubefake.Clientset
 	now    time.Time
 }
 
 func setup(t *testing.T, objs ...opkit.Object) *fixture {
 	t.Helper()
-	f := &fixture{h: reconciletest.New[*demov1.DemoEntity](t, demov1.Resource, objs...), events: kubefake.NewClientset(), now: t0}
-	rec, err := reconcile.NewRecorder(reconcile.RecorderConfig{Kube: f.events, Controller: "demo.opkit.dev/demo-operator", Resource: demov1.Resource})
+	f := &fixture{h: reconciletest.New[*demov1.DemoEntity](t, demov1.Resource, objs...), now: t0}
+	rec, err := reconcile.NewRecorder(reconcile.RecorderConfig{Dynamic: f.h.Dynamic, Controller: "demo.opkit.dev/demo-operator", Resource: demov1.Resource})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,8 +220,12 @@ func TestFinalizerDeletesConfigMapAndRecordsEvent(t *testing.T) {
 	if c.Err != nil {
 		t.Fatal(c.Err)
 	}
-	want := []string{"delete configmaps team-a/hello-demo", "patch demoentities team-a/hello"}
-	if got := c.Writes(); !slices.Equal(got, want) {
+	want := []string{"delete configmaps team-a/hello-demo", "create events team-a/" /* generated name */, "patch demoentities team-a/hello"}
+	got := c.Writes()
+	if len(got) == 3 && strings.HasPrefix(got[1], want[1]) {
+		got[1] = want[1]
+	}
+	if !slices.Equal(got, want) {
 		t.Fatalf("writes = %q, want %q", got, want)
 	}
 	if _, ok := f.configMap(t); ok {
@@ -231,13 +234,9 @@ func TestFinalizerDeletesConfigMapAndRecordsEvent(t *testing.T) {
 	if f.h.Exists(key) {
 		t.Error("entity still stored after its finalizer was removed")
 	}
-	evs, err := f.events.EventsV1().Events(key.Namespace).List(context.Background(), metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(evs.Items) != 1 || evs.Items[0].Reason != reconciler.EventConfigMapDeleted || evs.Items[0].Regarding.Name != key.Name ||
-		evs.Items[0].Regarding.Kind != "DemoEntity" {
-		t.Fatalf("events = %+v, want one ConfigMapDeleted about the entity", evs.Items)
+	evs := f.h.Events()
+	if want := "Normal " + reconciler.EventConfigMapDeleted + ": Deleted ConfigMap hello-demo before the entity's deletion"; len(evs) != 1 || evs[0] != want {
+		t.Fatalf("events = %q, want [%q]", evs, want)
 	}
 	// The Deleted event that follows needs nothing.
 	del := reconcile.Request[*demov1.DemoEntity]{Key: key, Object: entity("hi", 3), Type: opkit.Deleted, Source: opkit.APIServer}
