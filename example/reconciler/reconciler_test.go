@@ -32,9 +32,9 @@ func entity(msg string, replicas int32) *demov1.DemoEntity {
 }
 
 type fixture struct {
-	h      *reconciletest.Harness[*demov1.DemoEntity]
-	r      *reconciler.Reconciler
-	now    time.Time
+	h   *reconciletest.Harness[*demov1.DemoEntity]
+	r   *reconciler.Reconciler
+	now time.Time
 }
 
 func setup(t *testing.T, objs ...opkit.Object) *fixture {
@@ -89,8 +89,8 @@ func TestCreateMakesOwnedConfigMapAndStatus(t *testing.T) {
 		t.Fatal(c.Err)
 	}
 	want := []string{
-		"patch demoentities team-a/hello",        // the finalizer
-		"create configmaps team-a/hello-demo",    // the ConfigMap
+		"patch demoentities team-a/hello",         // the finalizer
+		"create configmaps team-a/hello-demo",     // the ConfigMap
 		"update demoentities/status team-a/hello", // the status
 	}
 	if got := c.Writes(); !slices.Equal(got, want) {
