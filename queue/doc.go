@@ -1,18 +1,73 @@
 // Package queue is opkit's work queue: a keyed, deduplicating priority and
-// delay queue with a suspendable intake, shared by the producers of one
-// controller (the watcher, the triggers, the workers' retries call Add from
-// their own goroutines) and its workers (each worker goroutine calls Get and
-// Done). The queue owns no goroutine: a blocked Get waits on its own timer.
+// delay queue with a suspendable intake, one per controller, fed by the
+// producers' goroutines (the watcher, the triggers and the workers' retries
+// call Add) and drained by the worker goroutines (each calls Get, then
+// Done); the queue itself owns no goroutine, not even a timer loop.
 //
-// Guarantees:
+// A [Queue] is generic over its key K (opkit.Key in practice) and its
+// payload V (an opkit.Event). Create one with [New]; the zero [Config] is
+// valid. Producers see it as an [Adder], the leader elector as a [Gate],
+// workers as a [Getter].
 //
-//   - Keyed and deduplicated: at most one pending entry per key.
-//   - Exclusive while in flight: a key handed out by Get is not handed out
-//     again until Done.
-//   - Delay: nothing is handed out before it is due.
-//   - Priority: due entries are served highest priority first, FIFO within
-//     a priority.
-//   - Suspendable intake: Suspend, Resume and Clear are atomic with respect
-//     to Add.
-//   - Blocking Get with a context; idempotent ShutDown; ShutDownWithDrain.
+// # Guarantees
+//
+//   - Keyed and deduplicated. At most one pending entry per key. An add
+//     for a key that is pending merges into its entry: the earliest due
+//     time wins, the highest priority wins, the earliest add time is kept
+//     as Enqueued, and [Config.Merge] decides the payload: MergeReplace (the
+//     default: the newest payload and its retry count win), MergeKeep (the
+//     held payload and retry count stay, e.g. a pending Deleted is never
+//     turned into something else) or MergeSequence (both are delivered, the
+//     held one first, e.g. a recreated object with another UID after the
+//     delete of the old one). An add returns Queued for a key the queue
+//     held nothing for, Merged otherwise.
+//   - Exclusive while in flight. A key handed out by Get is not handed out
+//     again until Done(key). Adds for it meanwhile are parked, merged among
+//     themselves by the same rules, and become pending at Done.
+//   - Delay. An entry is never handed out before it is due. There is no
+//     polling tick: while Gets are blocked and an entry is delayed, one of
+//     those Gets waits on a timer armed for the earliest due time and takes
+//     the entry itself when it fires.
+//   - Priority. Due entries are handed out highest priority first, and
+//     within a priority in the order they became due (adds without delay:
+//     add order; delayed entries: the order the queue noticed them due,
+//     which is due order, at the latest at the next Get). A high-priority
+//     add is returned by the next Get whatever the backlog; finding it
+//     costs O(number of distinct priorities), not O(backlog).
+//   - Suspendable intake. [Queue.Suspend] makes every Add return
+//     DroppedSuspended until [Queue.Resume]; [Queue.Clear] removes pending
+//     and parked entries and returns how many. In-flight entries are not
+//     touched (their Done is still expected). These take the same lock as
+//     Add: an Add that returned after Suspend returned was dropped, and
+//     nothing accepted before a Clear survives it.
+//   - Blocking Get with a context. [Queue.Get] blocks until an entry is
+//     due, ctx ends (ctx.Err() is returned) or the queue shuts down.
+//     [Queue.ShutDown] is idempotent: later adds return DroppedShutDown,
+//     blocked Gets wake, Get hands out what is already due and then returns
+//     [ErrShutDown] without blocking. [Queue.ShutDownWithDrain] also waits,
+//     bounded by its context, until every in-flight entry is Done. No
+//     goroutine of the queue exists, before or after shutdown.
+//   - Retries. The retry count (AddOptions.Retries) travels with the entry
+//     and comes back in Item.Retries; [Backoff] turns it into a delay. The
+//     queue keeps no per-key failure history: what it holds for a key
+//     ends at Done, apart from a bounded cache of finished keys (below).
+//   - Observability without dependencies. [Metrics] receives adds, merges,
+//     drops by reason, depth by priority, queue latency, work duration and
+//     retries; [Queue.Stats] samples unfinished work and the longest
+//     running entry. A nil Metrics costs nothing: no call, no clock read.
+//
+// # Costs
+//
+// Add, Get and Done take one mutex each and are O(1) for due entries
+// (a FIFO ring per priority) and O(log n) for delayed ones (a binary heap
+// by due time). Entries live in a slab and are reused, so a cycle for a
+// key seen before allocates nothing; the queue keeps finished keys mapped
+// to their slot for that, but never more of them than max(1024, live
+// entries). A merge into an entry that is already due reads no clock.
+//
+// # Concurrency
+//
+// All methods are safe for concurrent use. Config.Merge and the Metrics
+// methods are called synchronously, some with the queue's lock held: they
+// must be quick and must not call the queue.
 package queue

@@ -733,3 +733,24 @@ func (nopMetrics) Depth(int, int)            {}
 func (nopMetrics) Waited(int, time.Duration) {}
 func (nopMetrics) Worked(time.Duration)      {}
 func (nopMetrics) Retried(int)               {}
+
+func TestStatsReportInFlightWork(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := newQ(t, queue.Config[int]{Metrics: nopMetrics{}})
+		q.Add("a", 0, queue.AddOptions{})
+		q.Add("b", 0, queue.AddOptions{})
+		q.Add("c", 0, queue.AddOptions{Delay: time.Hour})
+		mustGet(t, q)
+		q.Add("a", 1, queue.AddOptions{}) // parked
+		time.Sleep(2 * time.Second)
+		mustGet(t, q)
+		time.Sleep(3 * time.Second)
+		q.Suspend()
+		got := q.Stats()
+		want := queue.Stats{Ready: 0, Delayed: 1, Parked: 1, InFlight: 2,
+			LongestRunning: 5 * time.Second, UnfinishedWork: 8 * time.Second, Suspended: true}
+		if got != want {
+			t.Fatalf("Stats = %+v, want %+v", got, want)
+		}
+	})
+}

@@ -24,6 +24,9 @@ type Queue interface {
 	// Get blocks for the next key; ok is false once the queue is shut down.
 	Get() (key int, ok bool)
 	Done(key int)
+	// Len is the number of entries waiting to be handed out (for
+	// controller-runtime: only those already due).
+	Len() int
 	ShutDown()
 }
 
@@ -68,6 +71,7 @@ func (o *Opkit) Get() (int, bool) {
 
 func (o *Opkit) Done(key int) { o.Q.Done(key) }
 func (o *Opkit) ShutDown()    { o.Q.ShutDown() }
+func (o *Opkit) Len() int     { return o.Q.Len() }
 
 // ClientGo adapts client-go's TypedRateLimitingInterface (no priorities).
 type ClientGo struct {
@@ -97,6 +101,7 @@ func (c *ClientGo) Get() (int, bool) {
 
 func (c *ClientGo) Done(key int) { c.Q.Done(key) }
 func (c *ClientGo) ShutDown()    { c.Q.ShutDown() }
+func (c *ClientGo) Len() int     { return c.Q.Len() }
 
 // PriorityQueue adapts controller-runtime's priorityqueue.
 type PriorityQueue struct {
@@ -131,6 +136,7 @@ func (p *PriorityQueue) Get() (int, bool) {
 
 func (p *PriorityQueue) Done(key int) { p.Q.Done(key) }
 func (p *PriorityQueue) ShutDown()    { p.Q.ShutDown() }
+func (p *PriorityQueue) Len() int     { return p.Q.Len() }
 
 // noopProvider is a workqueue.MetricsProvider that records nothing.
 type noopProvider struct{}

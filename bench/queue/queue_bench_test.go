@@ -53,17 +53,18 @@ func cycle(b *testing.B, q Queue, n int) {
 	}
 }
 
-// W2: two producers and two consumers over 10,000 keys. items/s counts
-// adds per second until everything added was handed out and done; pace is
-// the share of hand-outs that happened while the producers were running
-// (consumers that keep pace score close to the producers' share of the
-// run time; starved consumers score near 0).
+// W2: two producers and two consumers over 10,000 keys. items/s is adds
+// per second from the first add until everything was handed out and done;
+// adds/s is the producers' rate alone. pace% is the share of hand-outs that
+// happened while the producers were running: consumers that keep pace
+// score close to 100 (the drain after the producers stop is short);
+// starved consumers score near 0.
 func BenchmarkW2ProducersConsumers(b *testing.B) {
 	const keys = 10_000
 	for _, impl := range Impls {
 		b.Run(impl.Name, func(b *testing.B) {
 			q := impl.New()
-			var handed, handedDuring atomic.Int64
+			var handed, handedDuring, inflight atomic.Int64
 			var producing atomic.Bool
 			var cw sync.WaitGroup
 			for range 2 {
@@ -73,16 +74,16 @@ func BenchmarkW2ProducersConsumers(b *testing.B) {
 						if !ok {
 							return
 						}
+						inflight.Add(1)
 						if producing.Load() {
 							handedDuring.Add(1)
 						}
 						handed.Add(1)
 						q.Done(k)
+						inflight.Add(-1)
 					}
 				})
 			}
-			// last[k] is the value of the last add of k; a key is settled
-			// when it was handed out after its last add.
 			b.ReportAllocs()
 			b.ResetTimer()
 			start := time.Now()
@@ -100,31 +101,36 @@ func BenchmarkW2ProducersConsumers(b *testing.B) {
 			pw.Wait()
 			producing.Store(false)
 			produced := time.Since(start)
-			// drain: wait until the consumers have gone idle
-			for last := int64(-1); ; {
-				time.Sleep(2 * time.Millisecond)
-				h := handed.Load()
-				if h == last {
-					break
+			// drain: until nothing is queued or in flight, twice in a row
+			for idle := 0; idle < 2; {
+				if q.Len() == 0 && inflight.Load() == 0 {
+					idle++
+				} else {
+					idle = 0
 				}
-				last = h
+				runtime.Gosched()
 			}
-			elapsed := time.Since(start) - 4*time.Millisecond // the two idle polls
+			elapsed := time.Since(start)
 			b.StopTimer()
 			q.ShutDown()
 			cw.Wait()
 			b.ReportMetric(float64(2*per)/elapsed.Seconds(), "items/s")
 			b.ReportMetric(float64(2*per)/produced.Seconds(), "adds/s")
+			pace := 0.0
 			if h := handed.Load(); h > 0 {
-				b.ReportMetric(100*float64(handedDuring.Load())/float64(h), "pace%")
+				pace = 100 * float64(handedDuring.Load()) / float64(h)
 			}
+			b.ReportMetric(pace, "pace%")
 		})
 	}
 }
 
-// W3: 100,000 adds with random delays in [0,1s), drained by two
-// consumers. Reports ns per delayed add, the p99 lateness of hand-outs
-// after their due time, and heap bytes per pending delayed item.
+// W3: 100,000 adds with random delays in [0,1s). Each round first
+// measures heap bytes per pending delayed item (adds into a fresh queue
+// with no consumer, GC before and after), then adds the same delays into
+// another fresh queue while two consumers drain it, measuring ns per
+// delayed add and how late each entry is handed out after its due time
+// (p99).
 func BenchmarkW3Delayed(b *testing.B) {
 	const n = 100_000
 	for _, impl := range Impls {
@@ -139,25 +145,29 @@ func BenchmarkW3Delayed(b *testing.B) {
 			}
 			var addNs, bytesPer, p99 []float64
 			for b.Loop() {
-				late = late[:0]
+				// memory
 				var before, after runtime.MemStats
 				runtime.GC()
 				runtime.ReadMemStats(&before)
 				q := impl.New()
-				start := time.Now()
 				for k := range n {
-					due[k] = int64(time.Since(start) + delays[k])
-					q.Add(k, 0, delays[k])
+					q.Add(k, 0, delays[k]+time.Hour)
 				}
-				addNs = append(addNs, float64(time.Since(start).Nanoseconds())/n)
 				runtime.GC()
 				runtime.ReadMemStats(&after)
 				bytesPer = append(bytesPer, float64(int64(after.HeapAlloc)-int64(before.HeapAlloc))/n)
+				q.ShutDown()
+				runtime.KeepAlive(q)
+
+				// cost of an add and lateness, consumers running
+				late = late[:0]
+				q = impl.New()
+				start := time.Now()
 				var got atomic.Int64
 				var cw sync.WaitGroup
 				for range 2 {
 					cw.Go(func() {
-						var mine []int64
+						mine := make([]int64, 0, n)
 						for {
 							k, ok := q.Get()
 							if !ok {
@@ -174,6 +184,12 @@ func BenchmarkW3Delayed(b *testing.B) {
 						lateMu.Unlock()
 					})
 				}
+				t0 := time.Now()
+				for k := range n {
+					due[k] = int64(time.Since(start) + delays[k])
+					q.Add(k, 0, delays[k])
+				}
+				addNs = append(addNs, float64(time.Since(t0).Nanoseconds())/n)
 				cw.Wait()
 				slices.Sort(late)
 				p99 = append(p99, float64(late[len(late)*99/100])/1e6)
