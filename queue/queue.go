@@ -35,10 +35,10 @@ const (
 // none marks the absence of a slot index.
 const none int32 = -1
 
-// slot is one entry of the queue, stored by value in Queue.slots and
-// referred to by its index so that the structures pointing at it (the key
-// map, the ready rings, the delay heap) hold no pointers and the slots are
-// reused without allocating.
+// slot is one entry of the queue, stored by value in the pages of a slab
+// and referred to by its index, so that the structures pointing at it (the
+// key map, the ready rings, the delay heap) hold no pointers, and slots
+// are reused without allocating.
 type slot[K comparable, V any] struct {
 	key K
 	val V
@@ -50,15 +50,26 @@ type slot[K comparable, V any] struct {
 	enq     int64
 	prio    int32
 	retries int32
-	// stamp changes whenever the entry is (re)inserted into a ready ring or
-	// the delay heap; elements carrying an older stamp are stale.
-	stamp uint32
+	// meta is the state (low 3 bits) and a generation bumped by every
+	// state change (see setState). Ring and heap elements record the meta
+	// of their insertion; once it changes they are stale.
+	meta uint32
 	// next is the entry delivered after this one for the same key (parked).
 	next int32
-	// pos is the index in Queue.inflight while the entry is in flight.
-	pos   int32
-	state uint8
 }
+
+func (s *slot[K, V]) state() uint8 { return uint8(s.meta & 7) }
+
+// setState changes the state and the generation, leaving every ring or
+// heap element that refers to the slot stale.
+func (s *slot[K, V]) setState(st uint8) { s.meta = (s.meta>>3+1)<<3 | uint32(st) }
+
+// pageBits sets the slab's page size: slots are allocated 256 at a time and
+// never move, so growing the slab copies nothing.
+const (
+	pageBits = 8
+	pageSize = 1 << pageBits
+)
 
 // Queue is a keyed, deduplicating priority/delay work queue with a
 // suspendable intake. Create one with [New]; all methods are safe for
@@ -69,9 +80,10 @@ type Queue[K comparable, V any] struct {
 	metrics Metrics
 	epoch   time.Time
 
-	keys  map[K]int32 // key -> first entry of its chain
-	slots []slot[K, V]
-	free  []int32
+	keys   map[K]int32 // key -> first entry of its chain
+	pages  [][]slot[K, V]
+	nslots int32 // slots handed out by alloc so far (free ones included)
+	free   []int32
 
 	levels     []*level // ready entries, highest priority first
 	nReady     int
@@ -182,7 +194,7 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 
 	head, known := q.keys[key]
 	out := Merged
-	if !known || q.slots[head].state == stIdle {
+	if !known || q.sl(head).state() == stIdle {
 		out = Queued
 		if !haveNow {
 			now = q.clock()
@@ -195,19 +207,19 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 			i = q.alloc()
 			q.keys[key] = i
 		}
-		s := &q.slots[i]
+		s := q.sl(i)
 		s.key, s.val, s.enq, s.due, s.prio, s.retries, s.next = key, value, now, due, prio, retries, none
 		q.schedule(i, now)
 	} else {
 		t := head
-		for q.slots[t].next != none {
-			t = q.slots[t].next
+		for q.sl(t).next != none {
+			t = q.sl(t).next
 		}
 		mode := MergeSequence // behind an in-flight entry: park a new one
-		if q.slots[t].state != stInFlight {
+		if q.sl(t).state() != stInFlight {
 			mode = MergeReplace
 			if q.merge != nil {
-				mode = q.merge(q.slots[t].val, value)
+				mode = q.merge(q.sl(t).val, value)
 			}
 		}
 		if mode == MergeSequence {
@@ -216,11 +228,11 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 			}
 			due := dueAt(now, opts.Delay)
 			i := q.alloc()
-			s := &q.slots[i]
+			s := q.sl(i)
 			s.key, s.val, s.enq, s.due, s.prio, s.retries, s.next = key, value, now, due, prio, retries, none
-			s.state = stParked
+			s.setState(stParked)
 			q.nParked++
-			q.slots[t].next = i
+			q.sl(t).next = i
 		} else {
 			q.mergeInto(t, value, mode == MergeReplace, opts.Delay, prio, retries, now, haveNow)
 		}
@@ -238,11 +250,11 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 // mergeInto merges an add into the held (pending or parked) entry t.
 // now is the clock if haveNow, else it is read only when the merge needs it.
 func (q *Queue[K, V]) mergeInto(t int32, value V, replace bool, delay time.Duration, prio, retries int32, now int64, haveNow bool) {
-	s := &q.slots[t]
+	s := q.sl(t)
 	// The incoming due time is now+delay. It matters only if it may be
 	// earlier than the held one, which an entry already due never is.
 	var due int64
-	if s.state != stReady && (delay > 0 || s.due > q.lastNow) {
+	if s.state() != stReady && (delay > 0 || s.due > q.lastNow) {
 		if !haveNow {
 			now = q.clock()
 		}
@@ -258,7 +270,7 @@ func (q *Queue[K, V]) mergeInto(t int32, value V, replace bool, delay time.Durat
 	if prio > s.prio {
 		s.prio = prio
 	}
-	switch s.state {
+	switch s.state() {
 	case stParked:
 		if due < s.due {
 			s.due = due
@@ -283,7 +295,7 @@ func (q *Queue[K, V]) mergeInto(t int32, value V, replace bool, delay time.Durat
 			}
 		}
 	}
-	if s.prio != oldPrio && (s.state == stReady || s.state == stDelayed) {
+	if s.prio != oldPrio && (s.state() == stReady || s.state() == stDelayed) {
 		if m := q.metrics; m != nil {
 			m.Depth(int(oldPrio), -1)
 			m.Depth(int(s.prio), 1)
@@ -291,34 +303,40 @@ func (q *Queue[K, V]) mergeInto(t int32, value V, replace bool, delay time.Durat
 	}
 }
 
-// alloc returns a free slot index, growing the slab if needed.
+// sl returns slot i.
+func (q *Queue[K, V]) sl(i int32) *slot[K, V] { return &q.pages[i>>pageBits][i&(pageSize-1)] }
+
+// alloc returns a free slot index, growing the slab by a page if needed.
 func (q *Queue[K, V]) alloc() int32 {
 	if n := len(q.free); n > 0 {
 		i := q.free[n-1]
 		q.free = q.free[:n-1]
 		return i
 	}
-	if len(q.slots) >= math.MaxInt32 {
+	if q.nslots >= math.MaxInt32-pageSize {
 		panic("queue: too many entries")
 	}
-	q.slots = append(q.slots, slot[K, V]{})
-	return int32(len(q.slots) - 1)
+	if int(q.nslots) == len(q.pages)*pageSize {
+		q.pages = append(q.pages, make([]slot[K, V], pageSize))
+	}
+	q.nslots++
+	return q.nslots - 1
 }
 
 // release returns slot i to the free list, dropping its key and payload so
 // the garbage collector can reclaim what they point to.
 func (q *Queue[K, V]) release(i int32) {
-	s := &q.slots[i]
+	s := q.sl(i)
 	var zk K
 	var zv V
-	s.key, s.val, s.state, s.next = zk, zv, stFree, none
-	s.stamp++
+	s.key, s.val, s.next = zk, zv, none
+	s.setState(stFree)
 	q.free = append(q.free, i)
 }
 
 // schedule makes entry i pending: ready if due, delayed otherwise.
 func (q *Queue[K, V]) schedule(i int32, now int64) {
-	s := &q.slots[i]
+	s := q.sl(i)
 	if m := q.metrics; m != nil {
 		m.Depth(int(s.prio), 1)
 	}
@@ -334,20 +352,18 @@ func (q *Queue[K, V]) schedule(i int32, now int64) {
 }
 
 func (q *Queue[K, V]) pushReady(i int32) {
-	s := &q.slots[i]
-	s.state = stReady
-	s.stamp++
-	q.levelFor(s.prio).ring.push(elem{idx: i, stamp: s.stamp})
+	s := q.sl(i)
+	s.setState(stReady)
+	q.levelFor(s.prio).ring.push(elem{idx: i, meta: s.meta})
 	if q.readyStale > 64 && q.readyStale > q.nReady {
 		q.compactReady()
 	}
 }
 
 func (q *Queue[K, V]) pushDelayed(i int32) {
-	s := &q.slots[i]
-	s.state = stDelayed
-	s.stamp++
-	q.delay.push(delem{due: s.due, idx: i, stamp: s.stamp})
+	s := q.sl(i)
+	s.setState(stDelayed)
+	q.delay.push(delem{due: s.due, idx: i, meta: s.meta})
 	if q.delayStale > 64 && q.delayStale > q.nDelayed {
 		q.compactDelay()
 	}
@@ -391,10 +407,9 @@ func (q *Queue[K, V]) pruneLevels() {
 	q.levels = kept
 }
 
-func (q *Queue[K, V]) valid(e elem, st uint8) bool {
-	s := &q.slots[e.idx]
-	return s.state == st && s.stamp == e.stamp
-}
+// valid reports whether a ring or heap element still refers to its slot
+// as inserted.
+func (q *Queue[K, V]) valid(idx int32, meta uint32) bool { return q.sl(idx).meta == meta }
 
 func (q *Queue[K, V]) compactReady() {
 	for _, l := range q.levels {
@@ -402,7 +417,7 @@ func (q *Queue[K, V]) compactReady() {
 		n := r.n
 		for range n {
 			e := r.pop()
-			if q.valid(e, stReady) {
+			if q.valid(e.idx, e.meta) {
 				r.push(e)
 			}
 		}
@@ -413,7 +428,7 @@ func (q *Queue[K, V]) compactReady() {
 func (q *Queue[K, V]) compactDelay() {
 	h := q.delay[:0]
 	for _, e := range q.delay {
-		if q.valid(elem{idx: e.idx, stamp: e.stamp}, stDelayed) {
+		if q.valid(e.idx, e.meta) {
 			h = append(h, e)
 		}
 	}
@@ -427,7 +442,7 @@ func (q *Queue[K, V]) compactDelay() {
 func (q *Queue[K, V]) promote(now int64) {
 	for len(q.delay) > 0 && q.delay[0].due <= now {
 		e := q.delay.pop()
-		if !q.valid(elem{idx: e.idx, stamp: e.stamp}, stDelayed) {
+		if !q.valid(e.idx, e.meta) {
 			q.delayStale--
 			continue
 		}
@@ -442,7 +457,7 @@ func (q *Queue[K, V]) promote(now int64) {
 func (q *Queue[K, V]) earliest() (int64, bool) {
 	for len(q.delay) > 0 {
 		e := q.delay[0]
-		if q.valid(elem{idx: e.idx, stamp: e.stamp}, stDelayed) {
+		if q.valid(e.idx, e.meta) {
 			return e.due, true
 		}
 		q.delay.pop()
@@ -457,18 +472,17 @@ func (q *Queue[K, V]) take(now int64) Item[K, V] {
 	for _, l := range q.levels {
 		for l.ring.n > 0 {
 			e := l.ring.pop()
-			if !q.valid(e, stReady) {
+			if !q.valid(e.idx, e.meta) {
 				q.readyStale--
 				continue
 			}
-			s := &q.slots[e.idx]
+			s := q.sl(e.idx)
 			it := Item[K, V]{
 				Key: s.key, Value: s.val, Priority: int(s.prio), Retries: int(s.retries),
 				Enqueued: q.at(s.enq), Due: q.at(s.due),
 			}
 			q.nReady--
-			s.state = stInFlight
-			s.pos = int32(len(q.inflight))
+			s.setState(stInFlight)
 			q.inflight = append(q.inflight, e.idx)
 			if m := q.metrics; m != nil {
 				m.Depth(int(s.prio), -1)
@@ -627,24 +641,32 @@ func (q *Queue[K, V]) Get(ctx context.Context) (Item[K, V], error) {
 // is not in flight (a missing or repeated Done is a programming error).
 func (q *Queue[K, V]) Done(key K) {
 	q.mu.Lock()
+	// Find the entry and its place in q.inflight. With few entries in
+	// flight (about one per worker), comparing their keys is cheaper than
+	// hashing the key.
 	var i int32 = none
-	// With few entries in flight (one per worker), scanning them is cheaper
-	// than hashing the key.
+	pos := -1
 	if len(q.inflight) <= 8 {
-		for _, j := range q.inflight {
-			if q.slots[j].key == key {
-				i = j
+		for j, x := range q.inflight {
+			if q.sl(x).key == key {
+				i, pos = x, j
 				break
 			}
 		}
-	} else if j, ok := q.keys[key]; ok {
-		i = j
+	} else if x, ok := q.keys[key]; ok && q.sl(x).state() == stInFlight {
+		i = x
+		for j, y := range q.inflight {
+			if y == x {
+				pos = j
+				break
+			}
+		}
 	}
-	if i == none || q.slots[i].state != stInFlight {
+	if pos < 0 {
 		q.mu.Unlock()
 		panic(fmt.Sprintf("queue: Done(%v) of a key that is not in flight", key))
 	}
-	s := &q.slots[i]
+	s := q.sl(i)
 	var now int64
 	var worked time.Duration
 	m := q.metrics
@@ -653,19 +675,19 @@ func (q *Queue[K, V]) Done(key K) {
 		worked = time.Duration(now - s.due)
 	}
 	// remove from the in-flight list
-	last := q.inflight[len(q.inflight)-1]
-	q.inflight[s.pos] = last
-	q.slots[last].pos = s.pos
-	q.inflight = q.inflight[:len(q.inflight)-1]
+	last := len(q.inflight) - 1
+	q.inflight[pos] = q.inflight[last]
+	q.inflight = q.inflight[:last]
 
 	next := s.next
 	if next == none {
 		// Keep the key mapped to its slot: the next add of a key seen
 		// before costs no map write and no allocation.
 		var zv V
-		s.val, s.state = zv, stIdle
+		s.val = zv
+		s.setState(stIdle)
 		q.nIdle++
-		if q.nIdle > minIdle && q.nIdle > len(q.slots)-q.nIdle-len(q.free) {
+		if q.nIdle > minIdle && q.nIdle > int(q.nslots)-q.nIdle-len(q.free) {
 			q.evictIdle()
 		}
 	} else {
@@ -697,7 +719,7 @@ const minIdle = 1024
 // no longer in use stays bounded.
 func (q *Queue[K, V]) evictIdle() {
 	for key, i := range q.keys {
-		if q.slots[i].state == stIdle {
+		if q.sl(i).state() == stIdle {
 			delete(q.keys, key)
 			q.release(i)
 		}
@@ -738,18 +760,18 @@ func (q *Queue[K, V]) Clear() int {
 	m := q.metrics
 	for key, head := range q.keys {
 		i := head
-		if q.slots[i].state == stIdle {
+		if q.sl(i).state() == stIdle {
 			continue
 		}
-		if q.slots[i].state == stInFlight {
-			i = q.slots[head].next
-			q.slots[head].next = none
+		if q.sl(i).state() == stInFlight {
+			i = q.sl(head).next
+			q.sl(head).next = none
 		} else {
 			delete(q.keys, key)
 		}
 		for i != none {
-			s := &q.slots[i]
-			if m != nil && (s.state == stReady || s.state == stDelayed) {
+			s := q.sl(i)
+			if m != nil && (s.state() == stReady || s.state() == stDelayed) {
 				m.Depth(int(s.prio), -1)
 			}
 			next := s.next
@@ -834,7 +856,7 @@ func (q *Queue[K, V]) Stats() Stats {
 	if q.metrics != nil && len(q.inflight) > 0 {
 		now := q.clock()
 		for _, i := range q.inflight {
-			d := time.Duration(now - q.slots[i].due)
+			d := time.Duration(now - q.sl(i).due)
 			st.UnfinishedWork += d
 			st.LongestRunning = max(st.LongestRunning, d)
 		}

@@ -2,14 +2,14 @@ package queue
 
 // The containers behind the queue: a FIFO ring per priority level for due
 // entries, and a binary min-heap keyed by due time for delayed ones. Both
-// hold small pointer-free elements (a slot index and the stamp it had when
-// inserted); an element whose stamp no longer matches its slot is stale and
-// skipped, which lets a merge move an entry without searching for it.
+// hold small pointer-free elements (a slot index and the slot's meta word
+// when inserted); an element whose meta no longer matches its slot is stale
+// and skipped, which lets a merge move an entry without searching for it.
 
 // elem refers to a slot of the queue as it was when inserted.
 type elem struct {
-	idx   int32
-	stamp uint32
+	idx  int32
+	meta uint32
 }
 
 // level is the FIFO of due entries of one priority.
@@ -56,9 +56,9 @@ func (r *ring) reset() { r.head, r.n = 0, 0 }
 
 // delem is an element of the delay heap.
 type delem struct {
-	due   int64
-	idx   int32
-	stamp uint32
+	due  int64
+	idx  int32
+	meta uint32
 }
 
 // delayHeap is a binary min-heap of delems by due time.
