@@ -77,6 +77,10 @@ type Broker struct {
 	// "MaxDeliver") when a Nack would exceed this many deliveries. Set it
 	// before use.
 	MaxDeliver int
+	// AckWait is how long a delivery whose Ack, Nack or Term failed (see
+	// FailSettle) stays in flight before it is redelivered, as a real
+	// broker's ack deadline would; zero means 30s. Set it before use.
+	AckWait time.Duration
 
 	mu        sync.Mutex
 	wake      chan struct{} // closed and replaced when a message becomes ready
@@ -175,7 +179,7 @@ func (b *Broker) FailReceive(err error) {
 }
 
 // FailSettle makes every Ack, Nack and Term return err until
-// FailSettle(nil); the delivery is then handed back at once, as a broker
+// FailSettle(nil); the delivery is redelivered after AckWait, as a broker
 // would after its ack deadline.
 func (b *Broker) FailSettle(err error) {
 	b.mu.Lock()
@@ -267,7 +271,19 @@ func (m *message) settle(ctx context.Context, f func()) error {
 	}
 	m.settled = true
 	if b.settleErr != nil {
-		b.makeReady(m.e)
+		wait := b.AckWait
+		if wait <= 0 {
+			wait = 30 * time.Second
+		}
+		e := m.e
+		e.state = delayed
+		time.AfterFunc(wait, func() {
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			if e.state == delayed {
+				b.makeReady(e)
+			}
+		})
 		return b.settleErr
 	}
 	f()

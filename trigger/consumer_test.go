@@ -1,0 +1,453 @@
+package trigger_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/trigger"
+	"github.com/opkit/opkit/trigger/brokertest"
+)
+
+// objects is a fake API server for the consumer: a set of existing
+// ConfigMaps and an optional error injector.
+type objects struct {
+	mu      sync.Mutex
+	exist   map[opkit.Key]bool
+	fail    func(key opkit.Key) error
+	calls   int
+	running atomic.Int32
+	peak    atomic.Int32
+	block   chan struct{} // when non-nil, Get waits for it to close
+}
+
+func (o *objects) get(ctx context.Context, key opkit.Key) (*corev1.ConfigMap, error) {
+	n := o.running.Add(1)
+	defer o.running.Add(-1)
+	for {
+		p := o.peak.Load()
+		if n <= p || o.peak.CompareAndSwap(p, n) {
+			break
+		}
+	}
+	o.mu.Lock()
+	o.calls++
+	block, fail := o.block, o.fail
+	o.mu.Unlock()
+	if block != nil {
+		select {
+		case <-block:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	if fail != nil {
+		if err := fail(key); err != nil {
+			return nil, err
+		}
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !o.exist[key] {
+		return nil, apierrors.NewNotFound(schema.GroupResource{Resource: "configmaps"}, key.Name)
+	}
+	return cm(key.Namespace, key.Name), nil
+}
+
+type consumerEnv struct {
+	b    *brokertest.Broker
+	q    *cmQueue
+	objs *objects
+	m    *countingMetrics
+	c    *trigger.Consumer[*corev1.ConfigMap]
+}
+
+func newConsumerEnv(t *testing.T, mutate func(*trigger.ConsumerConfig[*corev1.ConfigMap])) *consumerEnv {
+	t.Helper()
+	e := &consumerEnv{b: brokertest.New(), m: newCounting(), objs: &objects{exist: map[opkit.Key]bool{{Namespace: "ns", Name: "a"}: true, {Namespace: "ns", Name: "b"}: true}}}
+	var tr *trigger.Trigger[*corev1.ConfigMap]
+	tr, e.q = newCMTrigger(t, nil)
+	cfg := trigger.ConsumerConfig[*corev1.ConfigMap]{Broker: e.b, Trigger: tr, Get: e.objs.get, Metrics: e.m, Logger: discard, LagInterval: -1}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	c, err := trigger.NewConsumer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.c = c
+	return e
+}
+
+// run starts the consumer and returns a stop function that cancels it and
+// waits for Run to return (failing the test if Run returned an error).
+func (e *consumerEnv) run(t *testing.T) (stop func()) {
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- e.c.Run(ctx) }()
+	return func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run = %v", err)
+		}
+	}
+}
+
+func ops(evs []brokertest.Event) string {
+	var s []string
+	for _, ev := range evs {
+		x := string(ev.Op)
+		if ev.Reason != "" {
+			x += ":" + ev.Reason
+		}
+		if ev.Op == brokertest.OpNack {
+			x += "@" + ev.Delay.String()
+		}
+		s = append(s, x)
+	}
+	return strings.Join(s, ",")
+}
+
+func TestConsumerSettlesEachKindOfMessage(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newConsumerEnv(t, nil)
+		cases := []struct {
+			body string
+			want string
+		}{
+			{`{"namespace":"ns","name":"a","reason":"image pushed"}`, "Ack"},
+			{`{"namespace":"ns","name":"gone"}`, "Ack"},
+			{`not json`, "Term:Malformed"},
+			{`{"namespace":"ns","name":"a","extra":1}`, "Term:Malformed"},
+			{`{"namespace":"ns","name":"a"} {"x":1}`, "Term:Malformed"},
+			{`{"namespace":"ns","name":5}`, "Term:Malformed"},
+			{`["ns","a"]`, "Term:Malformed"},
+			{`null`, "Term:Malformed"},
+			{`{"namespace":"ns","name":"UPPER"}`, "Term:Invalid"},
+			{`{"name":"a"}`, "Term:Invalid"},
+			{`{"namespace":"ns","name":""}`, "Term:Invalid"},
+			{`{"namespace":"ns","name":"a","reason":"` + strings.Repeat("r", trigger.MaxReasonLen+1) + `"}`, "Term:Invalid"},
+			{`{"namespace":"ns","name":"a","reason":"` + strings.Repeat("r", 5000) + `"}`, "Term:TooLarge"},
+		}
+		ids := make([]uint64, len(cases))
+		for i, c := range cases {
+			ids[i] = e.b.Publish([]byte(c.body))
+		}
+		stop := e.run(t)
+		synctest.Wait()
+		stop()
+		for i, c := range cases {
+			if got := ops(e.b.EventsFor(ids[i])); got != c.want {
+				t.Errorf("%.40s: settled %q, want %q", c.body, got, c.want)
+			}
+		}
+		// The dead letter holds exactly the malformed and invalid ones.
+		dead := e.b.DeadLetters()
+		if len(dead) != len(cases)-2 {
+			t.Errorf("dead letters = %d, want %d", len(dead), len(cases)-2)
+		}
+		if e.b.Outstanding() != 0 {
+			t.Errorf("outstanding = %d", e.b.Outstanding())
+		}
+		it, err := e.q.Get(context.Background())
+		if err != nil || it.Key != (opkit.Key{Namespace: "ns", Name: "a"}) || it.Value.Reason != "image pushed" || it.Value.Source != opkit.Operator || it.Value.Type != opkit.Modified {
+			t.Errorf("queued %v %+v (%v)", it.Key, it.Value, err)
+		}
+		if e.q.Len() != 0 {
+			t.Errorf("queue len after one Get = %d, want 0 (only one trigger scheduled)", e.q.Len())
+		}
+		m := e.m
+		if m.received != len(cases) || m.acked[trigger.AckScheduled] != 1 || m.acked[trigger.AckNotFound] != 1 ||
+			m.terminated[trigger.TermMalformed] != 6 || m.terminated[trigger.TermInvalid] != 4 || m.terminated[trigger.TermTooLarge] != 1 || m.processed != len(cases) {
+			t.Errorf("metrics = received %d acked %v terminated %v processed %d", m.received, m.acked, m.terminated, m.processed)
+		}
+	})
+}
+
+func TestConsumerNeverAcksADroppedTrigger(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newConsumerEnv(t, func(c *trigger.ConsumerConfig[*corev1.ConfigMap]) { c.DroppedDelay = 3 * time.Second })
+		e.q.Suspend() // a follower: every Add is dropped
+		id := e.b.Publish([]byte(`{"namespace":"ns","name":"a"}`))
+		stop := e.run(t)
+		defer stop()
+		synctest.Wait()
+		if got := ops(e.b.EventsFor(id)); got != "Nack@3s" {
+			t.Fatalf("after a drop: %q, want one Nack@3s", got)
+		}
+		time.Sleep(3 * time.Second) // redelivered, dropped again
+		synctest.Wait()
+		if got := ops(e.b.EventsFor(id)); got != "Nack@3s,Nack@3s" {
+			t.Fatalf("after the redelivery: %q", got)
+		}
+		e.q.Resume() // leadership acquired
+		time.Sleep(3 * time.Second)
+		synctest.Wait()
+		evs := e.b.EventsFor(id)
+		if got := ops(evs); got != "Nack@3s,Nack@3s,Ack" || evs[2].Delivery != 3 {
+			t.Fatalf("after resuming: %q (last delivery %d), want the third delivery acked", got, evs[len(evs)-1].Delivery)
+		}
+		if e.q.Len() != 1 {
+			t.Errorf("queue len = %d, want the trigger scheduled", e.q.Len())
+		}
+		if e.m.nacked[trigger.NackDropped] != 2 || e.m.acked[trigger.AckScheduled] != 1 {
+			t.Errorf("metrics nacked %v acked %v", e.m.nacked, e.m.acked)
+		}
+	})
+}
+
+func TestConsumerNacksAPIErrorsWithGrowingDelay(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newConsumerEnv(t, func(c *trigger.ConsumerConfig[*corev1.ConfigMap]) {
+			c.RetryBase, c.RetryCap = time.Second, 5*time.Second
+		})
+		failures := 4
+		e.objs.fail = func(opkit.Key) error {
+			if failures > 0 {
+				failures--
+				return apierrors.NewInternalError(errors.New("etcd leader changed"))
+			}
+			return nil
+		}
+		id := e.b.Publish([]byte(`{"namespace":"ns","name":"a"}`))
+		stop := e.run(t)
+		defer stop()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if got := ops(e.b.EventsFor(id)); got != "Nack@1s,Nack@2s,Nack@4s,Nack@5s,Ack" {
+			t.Errorf("settlements = %q", got)
+		}
+		if e.m.nacked[trigger.NackAPIError] != 4 {
+			t.Errorf("nacked = %v", e.m.nacked)
+		}
+	})
+}
+
+func TestConsumerReconnectsAndReportsBrokerErrorsByKind(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newConsumerEnv(t, func(c *trigger.ConsumerConfig[*corev1.ConfigMap]) {
+			c.ReconnectBase, c.ReconnectCap = time.Second, 4*time.Second
+		})
+		if err := e.c.Check(); !errors.Is(err, trigger.ErrNotRunning) {
+			t.Fatalf("Check before Run = %v, want ErrNotRunning", err)
+		}
+		e.b.FailReceive(&trigger.BrokerError{Kind: trigger.BrokerPermission, Op: "receive", Err: errors.New("nats: permissions violation for subscription")})
+		stop := e.run(t)
+		defer stop()
+		synctest.Wait()
+		err := e.c.Check()
+		var be *trigger.BrokerError
+		if !errors.As(err, &be) || be.Kind != trigger.BrokerPermission || !strings.Contains(err.Error(), "Permission") {
+			t.Fatalf("Check = %v, want a Permission BrokerError named in the message", err)
+		}
+		// Backoff 1s, 2s, 4s, 4s: five attempts within 11s.
+		time.Sleep(11*time.Second + time.Millisecond)
+		synctest.Wait()
+		if n := e.m.brokerErrs[trigger.BrokerPermission]; n != 5 {
+			t.Errorf("receive attempts = %d, want 5 (backoff 1s, 2s, 4s, 4s)", n)
+		}
+		e.b.FailReceive(&trigger.BrokerError{Kind: trigger.BrokerQuota, Op: "receive", Err: errors.New("max ack pending")})
+		time.Sleep(4 * time.Second)
+		synctest.Wait()
+		if err := e.c.Check(); trigger.KindOf(err) != trigger.BrokerQuota {
+			t.Errorf("Check = %v, want Quota", err)
+		}
+		e.b.FailReceive(nil)
+		id := e.b.Publish([]byte(`{"namespace":"ns","name":"a"}`))
+		time.Sleep(4 * time.Second)
+		synctest.Wait()
+		if err := e.c.Check(); err != nil {
+			t.Errorf("Check after recovery = %v", err)
+		}
+		if got := ops(e.b.EventsFor(id)); got != "Ack" {
+			t.Errorf("message after reconnect: %q", got)
+		}
+	})
+}
+
+func TestConsumerReportsSettleFailures(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newConsumerEnv(t, nil)
+		e.b.FailSettle(&trigger.BrokerError{Kind: trigger.BrokerDisconnected, Op: "ack", Err: errors.New("connection closed")})
+		stop := e.run(t)
+		defer stop()
+		e.q.Suspend()
+		id := e.b.Publish([]byte(`{"namespace":"ns","name":"a"}`))
+		synctest.Wait()
+		if got := ops(e.b.EventsFor(id)); got != "" {
+			t.Fatalf("settlements recorded despite the failure: %q", got)
+		}
+		if err := e.c.Check(); trigger.KindOf(err) != trigger.BrokerDisconnected {
+			t.Errorf("Check = %v, want Disconnected", err)
+		}
+		e.b.FailSettle(nil)
+		e.q.Resume()
+		time.Sleep(30 * time.Second) // the fake broker's AckWait
+		synctest.Wait()
+		evs := e.b.EventsFor(id)
+		if got := ops(evs); got != "Ack" || evs[0].Delivery != 2 {
+			t.Errorf("settlements = %q, want the redelivery acked", got)
+		}
+		if err := e.c.Check(); err != nil {
+			t.Errorf("Check after recovery = %v", err)
+		}
+	})
+}
+
+func TestConsumerBoundsConcurrencyAndStopsGracefully(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newConsumerEnv(t, func(c *trigger.ConsumerConfig[*corev1.ConfigMap]) { c.Concurrency = 3 })
+		e.objs.block = make(chan struct{})
+		for range 10 {
+			e.b.Publish([]byte(`{"namespace":"ns","name":"a"}`))
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() { done <- e.c.Run(ctx) }()
+		synctest.Wait()
+		if n := e.b.InFlight(); n != 3 {
+			t.Fatalf("in flight = %d, want Concurrency 3", n)
+		}
+		cancel()
+		synctest.Wait()
+		select {
+		case <-done:
+			t.Fatal("Run returned while messages were in flight")
+		default:
+		}
+		close(e.objs.block)
+		if err := <-done; err != nil {
+			t.Fatalf("Run = %v", err)
+		}
+		if p := e.objs.peak.Load(); p != 3 {
+			t.Errorf("peak concurrent re-fetches = %d, want 3", p)
+		}
+		evs := e.b.Events()
+		if got := ops(evs); got != "Ack,Ack,Ack" {
+			t.Errorf("settlements = %q, want the 3 in-flight messages acked", got)
+		}
+		if e.b.Outstanding() != 7 || e.b.InFlight() != 0 {
+			t.Errorf("outstanding %d in flight %d, want 7 untouched and none held", e.b.Outstanding(), e.b.InFlight())
+		}
+	})
+}
+
+// cancelOnReceive cancels the consumer's context while handing out a
+// message: the message is received but can no longer be handled.
+type cancelOnReceive struct {
+	*brokertest.Broker
+	cancel context.CancelFunc
+}
+
+func (b cancelOnReceive) Receive(ctx context.Context) (trigger.Message, error) {
+	m, err := b.Broker.Receive(ctx)
+	b.cancel()
+	return m, err
+}
+
+func TestConsumerNacksWhatItReceivedWhileStopping(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		b := brokertest.New()
+		id := b.Publish([]byte(`{"namespace":"ns","name":"a"}`))
+		tr, q := newCMTrigger(t, nil)
+		c, err := trigger.NewConsumer(trigger.ConsumerConfig[*corev1.ConfigMap]{
+			Broker: cancelOnReceive{b, cancel}, Trigger: tr, Logger: discard,
+			Get: func(context.Context, opkit.Key) (*corev1.ConfigMap, error) { return cm("ns", "a"), nil },
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Run(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got := ops(b.EventsFor(id)); got != "Nack@0s" {
+			t.Errorf("settlements = %q, want Nack@0s", got)
+		}
+		if q.Len() != 0 {
+			t.Error("a message received while stopping was scheduled")
+		}
+	})
+}
+
+func TestConsumerReportsLag(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newConsumerEnv(t, func(c *trigger.ConsumerConfig[*corev1.ConfigMap]) { c.LagInterval = 10 * time.Second })
+		e.objs.block = make(chan struct{})
+		for range 4 {
+			e.b.Publish([]byte(`{"namespace":"ns","name":"a"}`))
+		}
+		stop := e.run(t)
+		synctest.Wait()
+		e.b.FailLag(&trigger.BrokerError{Kind: trigger.BrokerPermission, Op: "lag"})
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		close(e.objs.block)
+		stop()
+		// First poll: 3 waiting (one in flight). Second poll failed.
+		if len(e.m.lag) != 1 || e.m.lag[0] != 3 {
+			t.Errorf("lag reports = %v, want [3]", e.m.lag)
+		}
+		if e.m.brokerErrs[trigger.BrokerPermission] != 1 {
+			t.Errorf("broker errors = %v", e.m.brokerErrs)
+		}
+	})
+}
+
+func TestConsumerAllowUnknownFields(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newConsumerEnv(t, func(c *trigger.ConsumerConfig[*corev1.ConfigMap]) { c.AllowUnknownFields = true })
+		id := e.b.Publish([]byte(`{"namespace":"ns","name":"b","source":"ci","sha":"abc"}`))
+		stop := e.run(t)
+		synctest.Wait()
+		stop()
+		if got := ops(e.b.EventsFor(id)); got != "Ack" {
+			t.Errorf("settlements = %q, want Ack", got)
+		}
+	})
+}
+
+func TestNewConsumerValidates(t *testing.T) {
+	tr, _ := newCMTrigger(t, nil)
+	get := func(context.Context, opkit.Key) (*corev1.ConfigMap, error) { return nil, nil }
+	for name, cfg := range map[string]trigger.ConsumerConfig[*corev1.ConfigMap]{
+		"no broker":        {Trigger: tr, Get: get},
+		"no trigger":       {Broker: brokertest.New(), Get: get},
+		"no getter":        {Broker: brokertest.New(), Trigger: tr},
+		"negative timeout": {Broker: brokertest.New(), Trigger: tr, Get: get, APITimeout: -1},
+		"negative conc":    {Broker: brokertest.New(), Trigger: tr, Get: get, Concurrency: -1},
+		"bad type":         {Broker: brokertest.New(), Trigger: tr, Get: get, Type: 9},
+	} {
+		if _, err := trigger.NewConsumer(cfg); err == nil {
+			t.Errorf("%s: NewConsumer succeeded", name)
+		}
+	}
+}
+
+func TestConsumerRunTwiceConcurrentlyFails(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newConsumerEnv(t, nil)
+		stop := e.run(t)
+		synctest.Wait()
+		if err := e.c.Run(t.Context()); err == nil {
+			t.Error("second concurrent Run succeeded")
+		}
+		if err := e.c.Check(); err != nil {
+			t.Errorf("Check while running = %v", err)
+		}
+		stop()
+		if err := e.c.Check(); !errors.Is(err, trigger.ErrNotRunning) {
+			t.Errorf("Check after stop = %v", err)
+		}
+	})
+}
