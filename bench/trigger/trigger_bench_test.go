@@ -292,7 +292,42 @@ type contender struct {
 	fire func(b *testing.B, s int)
 	// queued returns the number of entries waiting in the queue.
 	queued func() int
+	// report, if set, reports the contender's own metrics at the end.
+	report func(b *testing.B)
 	stop   func()
+}
+
+// waits records how long trigger entries waited in opkit's queue (from the
+// add to the hand-out to a worker), through the queue's Metrics hook.
+type waits struct {
+	prio int
+	mu   sync.Mutex
+	d    []time.Duration
+}
+
+func (w *waits) Added(int, bool)       {}
+func (w *waits) Dropped(queue.Outcome) {}
+func (w *waits) Depth(int, int)        {}
+func (w *waits) Worked(time.Duration)  {}
+func (w *waits) Retried(int)           {}
+func (w *waits) Waited(p int, d time.Duration) {
+	if p == w.prio {
+		w.mu.Lock()
+		w.d = append(w.d, d)
+		w.mu.Unlock()
+	}
+}
+
+// report adds the p50 and p99 of the queue wait of triggers: the part of
+// the latency the queue's priorities decide (the rest is the handler's and
+// the worker's re-fetch).
+func (w *waits) report(b *testing.B) {
+	w.mu.Lock()
+	d := slices.Clone(w.d)
+	w.mu.Unlock()
+	slices.Sort(d)
+	b.ReportMetric(float64(percentile(d, 0.50)), "queue-p50-ns")
+	b.ReportMetric(float64(percentile(d, 0.99)), "queue-p99-ns")
 }
 
 // measure fires one trigger per b.Loop iteration, paced by gap, behind the
@@ -332,6 +367,9 @@ func measure(b *testing.B, tr *tracker, c contender, l load) {
 	b.ReportMetric(0, "ns/op") // the pacing, not a result
 	b.ReportMetric(float64(percentile(lat, 0.50)), "p50-ns")
 	b.ReportMetric(float64(percentile(lat, 0.99)), "p99-ns")
+	if c.report != nil {
+		c.report(b)
+	}
 	if l != idle {
 		// The backlog must still be there when the last trigger is fired,
 		// or the triggers were not measured behind it.
@@ -370,6 +408,7 @@ func BenchmarkTriggerLatency(b *testing.B) {
 // through the HTTP endpoint, else straight to Trigger.Enqueue.
 func startOpkit(b *testing.B, client dynamic.Interface, tr *tracker, viaHTTP bool) contender {
 	b.Helper()
+	qm := &waits{}
 	ctrl, err := reconcile.NewController(reconcile.Config[*corev1.ConfigMap]{
 		Name:     "trigger-bench",
 		Resource: configMaps,
@@ -385,14 +424,16 @@ func startOpkit(b *testing.B, client dynamic.Interface, tr *tracker, viaHTTP boo
 		// re-fetched once it had waited, turning the backlog's cost into
 		// 100,000 GETs on the API server the triggers' re-fetches also
 		// use. Triggers are re-fetched whatever FreshFor says.
-		FreshFor: time.Hour,
-		Watch:    watcher.Config[*corev1.ConfigMap]{Namespace: namespace},
-		NoEvents: true,
-		Logger:   discard,
+		FreshFor:     time.Hour,
+		Watch:        watcher.Config[*corev1.ConfigMap]{Namespace: namespace},
+		NoEvents:     true,
+		Logger:       discard,
+		QueueMetrics: qm,
 	})
 	if err != nil {
 		b.Fatal(err)
 	}
+	qm.prio = ctrl.Trigger().Priority()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- ctrl.Run(ctx) }()
@@ -414,8 +455,12 @@ func startOpkit(b *testing.B, client dynamic.Interface, tr *tracker, viaHTTP boo
 	}
 
 	q := ctrl.Queue()
+	qm.mu.Lock()
+	qm.d = nil // the initial list's entries are not triggers, but be sure
+	qm.mu.Unlock()
 	c := contender{
 		queued: q.Len,
+		report: qm.report,
 		fill: func(l load) {
 			prio := 0 // the watcher's default watch priority
 			if l == relistBacklog {
