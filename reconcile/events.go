@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/opkit/opkit"
 )
@@ -34,9 +35,12 @@ const DefaultEventTimeout = 5 * time.Second
 // RecorderConfig configures a [Recorder].
 type RecorderConfig struct {
 	// Dynamic is the client Events are created with, as events.k8s.io/v1
-	// objects (the controller's dynamic client will do: no clientset is
-	// needed, and reconciletest's fake records them). Required.
+	// objects (the controller's dynamic client will do, and reconciletest's
+	// fake records them). One of Dynamic and Kube is required.
 	Dynamic dynamic.Interface
+	// Kube, if set, creates the Events through its EventsV1 client
+	// instead of Dynamic.
+	Kube kubernetes.Interface
 	// Controller is the reporting controller, e.g. "demo.opkit.dev/demo-operator".
 	// Required.
 	Controller string
@@ -67,8 +71,8 @@ type Recorder struct {
 
 // NewRecorder validates cfg and returns a recorder.
 func NewRecorder(cfg RecorderConfig) (*Recorder, error) {
-	if cfg.Dynamic == nil {
-		return nil, errors.New("reconcile: recorder needs a dynamic client")
+	if cfg.Dynamic == nil && cfg.Kube == nil {
+		return nil, errors.New("reconcile: recorder needs a dynamic or a kubernetes client")
 	}
 	if cfg.Controller == "" {
 		return nil, errors.New("reconcile: recorder needs a Controller name")
@@ -110,6 +114,12 @@ func (r *Recorder) Record(ctx context.Context, obj opkit.Object, spec EventSpec)
 	ev := r.build(obj, spec, time.Now())
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
 	defer cancel()
+	if r.cfg.Kube != nil {
+		if _, err := r.cfg.Kube.EventsV1().Events(ev.Namespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("reconcile: record event %s on %s: %w", spec.Reason, opkit.KeyOf(obj), err)
+		}
+		return nil
+	}
 	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(ev)
 	if err != nil {
 		return fmt.Errorf("reconcile: record event: %w", err)

@@ -8,6 +8,7 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	kfake "k8s.io/client-go/kubernetes/fake"
 
 	"github.com/opkit/opkit/reconcile"
 )
@@ -53,5 +54,22 @@ func TestNewRecorderValidatesItsConfig(t *testing.T) {
 	}
 	if _, err := reconcile.NewRecorder(reconcile.RecorderConfig{Dynamic: newFakeDynamic(t)}); err == nil {
 		t.Error("no controller name accepted")
+	}
+}
+
+func TestRecorderWritesThroughAClientsetWhenGivenOne(t *testing.T) {
+	kube := kfake.NewClientset()
+	r, err := reconcile.NewRecorder(reconcile.RecorderConfig{Kube: kube, Controller: "test.opkit.dev/widgets", Resource: widgets})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cluster := widget("c")
+	cluster.Namespace = "" // cluster-scoped objects get their Events in "default"
+	if err := r.Record(context.Background(), cluster, reconcile.EventSpec{Reason: "Triggered", Note: "by CI"}); err != nil {
+		t.Fatal(err)
+	}
+	l, err := kube.EventsV1().Events("default").List(context.Background(), metav1.ListOptions{})
+	if err != nil || len(l.Items) != 1 || l.Items[0].Reason != "Triggered" || l.Items[0].Type != "Normal" || l.Items[0].Regarding.Name != "c" {
+		t.Fatalf("events %+v, %v", l, err)
 	}
 }
