@@ -17,7 +17,7 @@ func TestFinishedKeysAreForgottenBeyondBound(t *testing.T) {
 			t.Fatal(err)
 		}
 		q.Done(it.Key)
-		if n := len(q.keys); n > minIdle+1 {
+		if n := q.ix.n; n > minIdle+1 {
 			t.Fatalf("after %d distinct keys the queue maps %d keys, want at most %d", k+1, n, minIdle+1)
 		}
 	}

@@ -80,7 +80,7 @@ type Queue[K comparable, V any] struct {
 	metrics Metrics
 	epoch   time.Time
 
-	keys   map[K]int32 // key -> first entry of its chain
+	ix     keyIndex // key -> first entry of its chain
 	pages  [][]slot[K, V]
 	nslots int32 // slots handed out by alloc so far (free ones included)
 	free   []int32
@@ -119,7 +119,7 @@ func New[K comparable, V any](cfg Config[V]) *Queue[K, V] {
 		merge:   cfg.Merge,
 		metrics: cfg.Metrics,
 		epoch:   time.Now(),
-		keys:    make(map[K]int32),
+		ix:      newKeyIndex(),
 	}
 }
 
@@ -192,7 +192,9 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 	prio := clamp32(opts.Priority)
 	retries := clamp32(opts.Retries)
 
-	head, known := q.keys[key]
+	h := hashOf(q.ix.seed, key)
+	head, pos := q.find(key, h)
+	known := head != none
 	out := Merged
 	if !known || q.sl(head).state() == stIdle {
 		out = Queued
@@ -205,11 +207,13 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 			q.nIdle--
 		} else {
 			i = q.alloc()
-			q.keys[key] = i
 		}
 		s := q.sl(i)
 		s.key, s.val, s.enq, s.due, s.prio, s.retries, s.next = key, value, now, due, prio, retries, none
 		q.schedule(i, now)
+		if !known {
+			q.insertAt(pos, h, i) // after schedule: a rebuild keeps only slots in use
+		}
 	} else {
 		t := head
 		for q.sl(t).next != none {
@@ -363,7 +367,7 @@ func (q *Queue[K, V]) pushReady(i int32) {
 func (q *Queue[K, V]) pushDelayed(i int32) {
 	s := q.sl(i)
 	s.setState(stDelayed)
-	q.delay.push(delem{due: s.due, idx: i, meta: s.meta})
+	q.delay.push(mkDelem(s.due, i))
 	if q.delayStale > 64 && q.delayStale > q.nDelayed {
 		q.compactDelay()
 	}
@@ -411,6 +415,13 @@ func (q *Queue[K, V]) pruneLevels() {
 // as inserted.
 func (q *Queue[K, V]) valid(idx int32, meta uint32) bool { return q.sl(idx).meta == meta }
 
+// validDelayed reports whether a delay heap element still stands for its
+// slot.
+func (q *Queue[K, V]) validDelayed(e delem) bool {
+	s := q.sl(e.idx)
+	return s.state() == stDelayed && s.due == e.due()
+}
+
 func (q *Queue[K, V]) compactReady() {
 	for _, l := range q.levels {
 		r := &l.ring
@@ -428,7 +439,7 @@ func (q *Queue[K, V]) compactReady() {
 func (q *Queue[K, V]) compactDelay() {
 	h := q.delay[:0]
 	for _, e := range q.delay {
-		if q.valid(e.idx, e.meta) {
+		if q.validDelayed(e) {
 			h = append(h, e)
 		}
 	}
@@ -440,9 +451,9 @@ func (q *Queue[K, V]) compactDelay() {
 // promote moves the delayed entries due at now to the ready rings, in due
 // order.
 func (q *Queue[K, V]) promote(now int64) {
-	for len(q.delay) > 0 && q.delay[0].due <= now {
+	for len(q.delay) > 0 && q.delay[0].due() <= now {
 		e := q.delay.pop()
-		if !q.valid(e.idx, e.meta) {
+		if !q.validDelayed(e) {
 			q.delayStale--
 			continue
 		}
@@ -457,8 +468,8 @@ func (q *Queue[K, V]) promote(now int64) {
 func (q *Queue[K, V]) earliest() (int64, bool) {
 	for len(q.delay) > 0 {
 		e := q.delay[0]
-		if q.valid(e.idx, e.meta) {
-			return e.due, true
+		if q.validDelayed(e) {
+			return e.due(), true
 		}
 		q.delay.pop()
 		q.delayStale--
@@ -653,7 +664,7 @@ func (q *Queue[K, V]) Done(key K) {
 				break
 			}
 		}
-	} else if x, ok := q.keys[key]; ok && q.sl(x).state() == stInFlight {
+	} else if x, _ := q.find(key, hashOf(q.ix.seed, key)); x != none && q.sl(x).state() == stInFlight {
 		i = x
 		for j, y := range q.inflight {
 			if y == x {
@@ -691,8 +702,9 @@ func (q *Queue[K, V]) Done(key K) {
 			q.evictIdle()
 		}
 	} else {
+		_, p := q.find(key, hashOf(q.ix.seed, key))
+		q.setAt(p, next)
 		q.release(i)
-		q.keys[key] = next
 		q.nParked--
 		if m == nil {
 			now = q.clock()
@@ -718,12 +730,12 @@ const minIdle = 1024
 // the key map) is paid for by as many Dones, and the memory held for keys
 // no longer in use stays bounded.
 func (q *Queue[K, V]) evictIdle() {
-	for key, i := range q.keys {
-		if q.sl(i).state() == stIdle {
-			delete(q.keys, key)
+	for _, w := range q.ix.tbl {
+		if i := int32(uint32(w)) - 1; w != 0 && q.sl(i).state() == stIdle {
 			q.release(i)
 		}
 	}
+	q.rebuildIndex(len(q.ix.tbl))
 	q.nIdle = 0
 }
 
@@ -758,7 +770,11 @@ func (q *Queue[K, V]) Clear() int {
 	defer q.mu.Unlock()
 	n := 0
 	m := q.metrics
-	for key, head := range q.keys {
+	for _, w := range q.ix.tbl {
+		if w == 0 {
+			continue
+		}
+		head := int32(uint32(w)) - 1
 		i := head
 		if q.sl(i).state() == stIdle {
 			continue
@@ -766,8 +782,6 @@ func (q *Queue[K, V]) Clear() int {
 		if q.sl(i).state() == stInFlight {
 			i = q.sl(head).next
 			q.sl(head).next = none
-		} else {
-			delete(q.keys, key)
 		}
 		for i != none {
 			s := q.sl(i)
@@ -780,6 +794,7 @@ func (q *Queue[K, V]) Clear() int {
 			i = next
 		}
 	}
+	q.rebuildIndex(len(q.ix.tbl)) // drops the keys whose chains were freed
 	for _, l := range q.levels {
 		l.ring.reset()
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -378,11 +379,13 @@ func TestSuspendDropsAddsUntilResumeAndClearRemovesHeldEntries(t *testing.T) {
 
 func TestSuspendAndClearAreAtomicAgainstConcurrentAdds(t *testing.T) {
 	q := queue.New[int, int](queue.Config[int]{})
+	// epoch is odd from just after Suspend returns until just before
+	// Resume is called: an Add that starts and ends within one odd epoch
+	// must be dropped.
+	var epoch atomic.Int64
+	var violations atomic.Int64
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	var mu sync.Mutex
-	acceptedAfterSuspend := 0
-	suspended := false // guarded by mu, set right after Suspend returns
 	for p := range 4 {
 		wg.Go(func() {
 			for i := 0; ; i++ {
@@ -391,36 +394,28 @@ func TestSuspendAndClearAreAtomicAgainstConcurrentAdds(t *testing.T) {
 					return
 				default:
 				}
-				mu.Lock()
-				wasSuspended := suspended
-				mu.Unlock()
+				e1 := epoch.Load()
 				out := q.Add(p*1_000_000+i%1000, i, queue.AddOptions{Delay: time.Duration(i%3) * time.Millisecond})
-				if wasSuspended && out.Accepted() {
-					mu.Lock()
-					acceptedAfterSuspend++
-					mu.Unlock()
+				if e2 := epoch.Load(); e1 == e2 && e1%2 == 1 && out.Accepted() {
+					violations.Add(1)
 				}
 			}
 		})
 	}
-	for range 50 {
+	for range 200 {
 		q.Suspend()
-		mu.Lock()
-		suspended = true
-		mu.Unlock()
+		epoch.Add(1)
 		q.Clear()
 		if n := q.Len(); n != 0 {
 			t.Fatalf("Len = %d after Suspend+Clear with producers running", n)
 		}
-		mu.Lock()
-		suspended = false
-		mu.Unlock()
+		epoch.Add(1)
 		q.Resume()
 	}
 	close(stop)
 	wg.Wait()
-	if acceptedAfterSuspend != 0 {
-		t.Fatalf("%d adds accepted after Suspend returned", acceptedAfterSuspend)
+	if n := violations.Load(); n != 0 {
+		t.Fatalf("%d adds accepted while suspended", n)
 	}
 }
 

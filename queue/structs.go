@@ -54,12 +54,20 @@ func (r *ring) grow() {
 
 func (r *ring) reset() { r.head, r.n = 0, 0 }
 
-// delem is an element of the delay heap.
+// delem is an element of the delay heap: a due time (split in two words
+// so that the element takes 12 bytes, not 16) and a slot index. It is
+// valid while its slot is delayed with that due time; an element equal to
+// the valid one is harmless, as they are interchangeable.
 type delem struct {
-	due  int64
-	idx  int32
-	meta uint32
+	hi, lo uint32
+	idx    int32
 }
+
+func mkDelem(due int64, idx int32) delem {
+	return delem{hi: uint32(uint64(due) >> 32), lo: uint32(due), idx: idx}
+}
+
+func (e delem) due() int64 { return int64(uint64(e.hi)<<32 | uint64(e.lo)) }
 
 // delayHeap is a binary min-heap of delems by due time.
 type delayHeap []delem
@@ -85,7 +93,7 @@ func (h delayHeap) up(i int) {
 	e := h[i]
 	for i > 0 {
 		p := (i - 1) / 2
-		if h[p].due <= e.due {
+		if h[p].due() <= e.due() {
 			break
 		}
 		h[i] = h[p]
@@ -102,10 +110,10 @@ func (h delayHeap) down(i int) {
 		if c >= n {
 			break
 		}
-		if r := c + 1; r < n && h[r].due < h[c].due {
+		if r := c + 1; r < n && h[r].due() < h[c].due() {
 			c = r
 		}
-		if e.due <= h[c].due {
+		if e.due() <= h[c].due() {
 			break
 		}
 		h[i] = h[c]

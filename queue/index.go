@@ -1,0 +1,91 @@
+package queue
+
+import "hash/maphash"
+
+// keyIndex maps each key the queue holds to the first slot of its chain.
+// It is an open-addressing table with linear probing whose words hold a
+// 32-bit hash of the key (high half) and the slot index + 1 (low half;
+// 0 marks an empty word). The key itself lives only in the slot, so an
+// entry costs the queue 8 bytes here at a load factor of at most 4/5
+// (a Go map would cost about three times that). Keys are never removed one
+// at a time; Clear and the eviction of finished keys rebuild the table.
+type keyIndex struct {
+	tbl  []uint64 // len is a power of two
+	n    int
+	seed maphash.Seed
+}
+
+const minIndex = 16
+
+func newKeyIndex() keyIndex {
+	return keyIndex{tbl: make([]uint64, minIndex), seed: maphash.MakeSeed()}
+}
+
+func hashOf[K comparable](seed maphash.Seed, key K) uint32 {
+	return uint32(maphash.Comparable(seed, key))
+}
+
+// find returns the slot mapped to key (hash h) and the position of its
+// word, or none and the position of the empty word where it would go.
+func (q *Queue[K, V]) find(key K, h uint32) (int32, int) {
+	t := q.ix.tbl
+	mask := len(t) - 1
+	for p := int(h) & mask; ; p = (p + 1) & mask {
+		w := t[p]
+		if w == 0 {
+			return none, p
+		}
+		if uint32(w>>32) == h {
+			if i := int32(uint32(w)) - 1; q.sl(i).key == key {
+				return i, p
+			}
+		}
+	}
+}
+
+// insertAt maps the key of hash h to slot i, at the empty position p that
+// find returned.
+func (q *Queue[K, V]) insertAt(p int, h uint32, i int32) {
+	q.ix.tbl[p] = uint64(h)<<32 | uint64(uint32(i+1))
+	q.ix.n++
+	if q.ix.n*5 > len(q.ix.tbl)*4 {
+		q.rebuildIndex(2 * len(q.ix.tbl))
+	}
+}
+
+// setAt remaps the word at position p (found by find) to slot i.
+func (q *Queue[K, V]) setAt(p int, i int32) {
+	q.ix.tbl[p] = q.ix.tbl[p]&^0xffffffff | uint64(uint32(i+1))
+}
+
+// rebuildIndex reinserts, into a table of the given size (grown, or shrunk
+// to fit), every word whose slot is still in use; words of freed slots
+// are dropped.
+func (q *Queue[K, V]) rebuildIndex(size int) {
+	n := 0
+	for _, w := range q.ix.tbl {
+		if w != 0 && q.sl(int32(uint32(w))-1).state() != stFree {
+			n++
+		}
+	}
+	for size > minIndex && n*5 <= size*2 { // shrink to a load of at most 2/5
+		size /= 2
+	}
+	for n*5 > size*4 {
+		size *= 2
+	}
+	old := q.ix.tbl
+	t := make([]uint64, size)
+	mask := size - 1
+	for _, w := range old {
+		if w == 0 || q.sl(int32(uint32(w))-1).state() == stFree {
+			continue
+		}
+		p := int(uint32(w>>32)) & mask
+		for t[p] != 0 {
+			p = (p + 1) & mask
+		}
+		t[p] = w
+	}
+	q.ix.tbl, q.ix.n = t, n
+}
