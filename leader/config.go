@@ -1,0 +1,199 @@
+package leader
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/opkit/opkit/queue"
+)
+
+// Defaults applied by [New] to zero fields of [Config].
+const (
+	DefaultLeaseDuration = 15 * time.Second
+	DefaultRenewDeadline = 10 * time.Second
+	DefaultRetryPeriod   = 2 * time.Second
+	DefaultClockSkew     = 1 * time.Second
+)
+
+// retryJitter is the largest fraction added at random to RetryPeriod
+// between a follower's polls; RenewDeadline must leave room for it.
+const retryJitter = 0.2
+
+// Errors returned by the package. Use errors.Is to test for them.
+var (
+	// ErrInvalidConfig wraps every validation error returned by New.
+	ErrInvalidConfig = errors.New("leader: invalid config")
+	// ErrLeadershipLost is returned by Run when a term ends without
+	// shutdown and Config.ExitOnLoss is set.
+	ErrLeadershipLost = errors.New("leader: leadership lost")
+	// ErrNotRenewed is returned by Check when this replica leads but has not
+	// renewed the Lease within RenewDeadline.
+	ErrNotRenewed = errors.New("leader: lease not renewed within RenewDeadline")
+	// ErrWorkOverrun is returned by Check while a finished term's work is
+	// still running past the bound after which another replica may lead.
+	ErrWorkOverrun = errors.New("leader: term work still running after its term ended")
+	// ErrAlreadyRunning is returned by Run when it is called a second time.
+	ErrAlreadyRunning = errors.New("leader: Run already called")
+)
+
+// Config configures an [Elector]. The zero value of every optional field
+// means its default; Client, Namespace and Name are required.
+type Config struct {
+	// Client is used for coordination.k8s.io/v1 Leases only (get, create,
+	// update, watch on the one Lease). Required.
+	Client kubernetes.Interface
+	// Namespace and Name locate the Lease. Required.
+	Namespace, Name string
+
+	// Identity is this replica's holder identity; it must be unique among
+	// the replicas. Default: the hostname, "_" and 8 random hex digits.
+	Identity string
+
+	// LeaseDuration is how long followers wait, after observing the last
+	// change of the Lease, before they consider it expired and acquire it.
+	// It is written to the Lease rounded up to whole seconds. Minimum 1s.
+	// Default 15s.
+	LeaseDuration time.Duration
+	// RenewDeadline is how long the leader keeps trying to renew before it
+	// gives up the term (measured from the start of its last successful
+	// renew request). Must be less than LeaseDuration - ClockSkew.
+	// Default 10s.
+	RenewDeadline time.Duration
+	// RetryPeriod is the interval between the leader's renewals and
+	// between a follower's polls (followers also watch the Lease, and set a
+	// timer for its expiry). RetryPeriod*1.2 must be less than
+	// RenewDeadline. Default 2s.
+	RetryPeriod time.Duration
+	// ClockSkew is the safety margin between the end of an ex-leader's work
+	// and the earliest moment a follower may acquire: the work must return
+	// by (last renew + LeaseDuration - ClockSkew) or it is reported as
+	// overrunning. It covers clock-rate differences between nodes and
+	// request latency (wall-clock offsets are irrelevant, see the package
+	// doc). Must be less than LeaseDuration - RenewDeadline; negative is an
+	// error. Default 1s.
+	ClockSkew time.Duration
+
+	// Gate is the queue's intake. It is suspended at start, resumed when a
+	// term starts and suspended first when a term ends. Nil: no gate.
+	Gate queue.Gate
+	// ExitOnLoss makes Run return ErrLeadershipLost (after the term's work
+	// has returned) instead of campaigning again when a term is lost.
+	ExitOnLoss bool
+	// Metrics receives the elector's measurements. Nil: no metrics.
+	Metrics Metrics
+	// Logger receives the elector's logs; lines about a term carry "term".
+	// Nil: slog.Default().
+	Logger *slog.Logger
+}
+
+// Metrics is what the elector reports. Implementations must be safe for
+// concurrent use and must not block. A nil Metrics in Config disables them.
+type Metrics interface {
+	// Leading sets the "is leader" gauge (1 when true). Every call is a
+	// transition of this replica: true when a term starts, false when it
+	// ends.
+	Leading(leading bool)
+	// Renewed records a successful acquisition or renewal; at is when the
+	// request was sent. The age of the last renewal is time.Since(at).
+	Renewed(at time.Time)
+	// RenewFailed counts a failed renew attempt (the term may go on).
+	RenewFailed()
+	// WorkOverran counts a term whose work did not return within its
+	// bound; see the package doc.
+	WorkOverran()
+}
+
+type nopMetrics struct{}
+
+func (nopMetrics) Leading(bool)      {}
+func (nopMetrics) Renewed(time.Time) {}
+func (nopMetrics) RenewFailed()      {}
+func (nopMetrics) WorkOverran()      {}
+
+type nopGate struct{}
+
+func (nopGate) Suspend()   {}
+func (nopGate) Resume()    {}
+func (nopGate) Clear() int { return 0 }
+
+var (
+	_ Metrics    = nopMetrics{}
+	_ queue.Gate = nopGate{}
+)
+
+// withDefaults returns cfg with defaults applied, or an error wrapping
+// ErrInvalidConfig.
+func (cfg Config) withDefaults() (Config, error) {
+	invalid := func(format string, args ...any) (Config, error) {
+		return Config{}, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
+	}
+	if cfg.Client == nil {
+		return invalid("Client is nil")
+	}
+	if cfg.Namespace == "" || cfg.Name == "" {
+		return invalid("Namespace and Name are required (got %q/%q)", cfg.Namespace, cfg.Name)
+	}
+	if cfg.LeaseDuration < 0 || cfg.RenewDeadline < 0 || cfg.RetryPeriod < 0 || cfg.ClockSkew < 0 {
+		return invalid("negative duration")
+	}
+	if cfg.LeaseDuration == 0 {
+		cfg.LeaseDuration = DefaultLeaseDuration
+	}
+	if cfg.RenewDeadline == 0 {
+		cfg.RenewDeadline = DefaultRenewDeadline
+	}
+	if cfg.RetryPeriod == 0 {
+		cfg.RetryPeriod = DefaultRetryPeriod
+	}
+	if cfg.ClockSkew == 0 {
+		cfg.ClockSkew = DefaultClockSkew
+	}
+	if cfg.LeaseDuration < time.Second {
+		return invalid("LeaseDuration %s is less than 1s (the Lease stores whole seconds)", cfg.LeaseDuration)
+	}
+	if cfg.RenewDeadline >= cfg.LeaseDuration {
+		return invalid("RenewDeadline %s must be less than LeaseDuration %s", cfg.RenewDeadline, cfg.LeaseDuration)
+	}
+	if float64(cfg.RetryPeriod)*(1+retryJitter) >= float64(cfg.RenewDeadline) {
+		return invalid("RetryPeriod %s (with %.0f%% jitter) must be less than RenewDeadline %s", cfg.RetryPeriod, retryJitter*100, cfg.RenewDeadline)
+	}
+	if cfg.RenewDeadline+cfg.ClockSkew >= cfg.LeaseDuration {
+		return invalid("ClockSkew %s too large: RenewDeadline %s + ClockSkew must be less than LeaseDuration %s", cfg.ClockSkew, cfg.RenewDeadline, cfg.LeaseDuration)
+	}
+	if cfg.Identity == "" {
+		id, err := defaultIdentity()
+		if err != nil {
+			return Config{}, fmt.Errorf("leader: default identity: %w", err)
+		}
+		cfg.Identity = id
+	}
+	if cfg.Gate == nil {
+		cfg.Gate = nopGate{}
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = nopMetrics{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return cfg, nil
+}
+
+func defaultIdentity() (string, error) {
+	host, err := os.Hostname()
+	if err != nil {
+		return "", err
+	}
+	var b [4]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", err
+	}
+	return host + "_" + hex.EncodeToString(b[:]), nil
+}

@@ -1,0 +1,60 @@
+// Package leader elects one active replica through a coordination.k8s.io/v1
+// Lease and drives the queue's intake gate through every leadership
+// transition, so that a follower never reconciles and an ex-leader has
+// stopped before any other replica can start.
+//
+// One goroutine, the caller of [Elector.Run], owns the campaign loop, the
+// renewals' bookkeeping and the gate. Run starts and owns three kinds of
+// helper goroutines, all of which have exited when Run returns (except an
+// abandoned API call, see below): the term's work, one Lease watch while
+// campaigning, and at most one renew request in flight while leading. The
+// accessors ([Elector.Leader], [Elector.IsLeader], [Elector.Check]) may be
+// called from any goroutine.
+//
+// # Guarantees
+//
+//   - At start the intake is suspended ([queue.Gate.Suspend]); it is resumed
+//     only after the Lease has been written with this replica as holder.
+//   - A term ends when a renew fails to succeed within RenewDeadline of the
+//     last successful one (a hung API call does not delay this: the renew
+//     runs on its own goroutine and the loop watches the deadline), when
+//     another holder is observed, when work returns, or when Run's context
+//     is cancelled. The end of a term is always, in this order: suspend the
+//     intake, cancel the term's context, clear the queue, wait for work to
+//     return.
+//   - The term's work must return before LeaseDuration - ClockSkew has
+//     passed since the start of the last successful renew request; followers
+//     never consider the Lease expired before LeaseDuration has passed since
+//     they observed that renew. Work that outlives the bound is reported
+//     (an Error log line, [Metrics.WorkOverran], [Elector.Check] fails) and
+//     the elector does not campaign again until it has returned.
+//   - Losing leadership does not end Run: the replica goes back to standby
+//     and campaigns again, unless [Config.ExitOnLoss] is set.
+//   - On graceful shutdown (Run's context cancelled) the Lease is released
+//     (empty holder, written with a resourceVersion precondition) only after
+//     the work has returned, so a follower can take over at once. Followers
+//     watch the Lease, so they see the release within one round trip.
+//   - After a crash, a follower acquires the Lease once LeaseDuration has
+//     passed since it last saw the Lease change (a timer, not only the
+//     RetryPeriod poll), i.e. within LeaseDuration + RetryPeriod.
+//   - Every write is an Update carrying the resourceVersion last read:
+//     concurrent campaigners and stale renewals fail with a conflict and
+//     re-read the Lease.
+//
+// # Terms
+//
+// Each term has a number, the Lease's leaseTransitions as written by the
+// acquiring replica (incremented on every acquisition, including
+// re-acquisition by the same replica after a lost term). The work reads it
+// with [TermFrom]; the elector's own log lines carry it as "term".
+//
+// # Clocks
+//
+// Expiry is judged from local monotonic time only: a follower measures
+// LeaseDuration from the moment it observed the Lease's resourceVersion
+// change, never from the renewTime written by another node, so wall-clock
+// offsets between nodes do not matter. ClockSkew is the margin for the
+// remaining risks, clocks running at slightly different rates and request
+// latency: the ex-leader's work must be gone ClockSkew before a follower
+// could possibly decide that the Lease has expired.
+package leader
