@@ -379,7 +379,11 @@ func (h *handler[T]) parse(w http.ResponseWriter, r *http.Request) (request, int
 		return request{}, http.StatusRequestEntityTooLarge, metav1.StatusReasonRequestEntityTooLarge,
 			invalid("body of %d bytes exceeds the limit of %d", r.ContentLength, h.cfg.MaxBodyBytes)
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes))
+	var rb io.ReadCloser = http.NoBody
+	if r.Body != nil { // a server request always has one; a hand-made one may not
+		rb = r.Body
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, rb, h.cfg.MaxBodyBytes))
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
