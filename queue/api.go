@@ -54,9 +54,11 @@ func (o Outcome) String() string {
 type AddOptions struct {
 	// Delay before the entry is due; zero or negative means due now.
 	Delay time.Duration
-	// Priority: among due entries, higher is served first.
+	// Priority: among due entries, higher is served first. It is clamped
+	// to the int32 range.
 	Priority int
-	// Retries is the retry count that travels with the entry.
+	// Retries is the retry count that travels with the entry (clamped to
+	// the int32 range); see [Backoff] for turning it into a Delay.
 	Retries int
 }
 

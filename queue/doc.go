@@ -38,8 +38,9 @@
 //     DroppedSuspended until [Queue.Resume]; [Queue.Clear] removes pending
 //     and parked entries and returns how many. In-flight entries are not
 //     touched (their Done is still expected). These take the same lock as
-//     Add: an Add that returned after Suspend returned was dropped, and
-//     nothing accepted before a Clear survives it.
+//     Add, so there is no check-then-act window: an Add that begins after
+//     Suspend has returned is dropped, and no add accepted before a Clear
+//     survives it.
 //   - Blocking Get with a context. [Queue.Get] blocks until an entry is
 //     due, ctx ends (ctx.Err() is returned) or the queue shuts down.
 //     [Queue.ShutDown] is idempotent: later adds return DroppedShutDown,
@@ -60,10 +61,13 @@
 //
 // Add, Get and Done take one mutex each and are O(1) for due entries
 // (a FIFO ring per priority) and O(log n) for delayed ones (a binary heap
-// by due time). Entries live in a slab and are reused, so a cycle for a
-// key seen before allocates nothing; the queue keeps finished keys mapped
-// to their slot for that, but never more of them than max(1024, live
-// entries). A merge into an entry that is already due reads no clock.
+// by due time). Entries live in a paged slab and are reused; keys map to
+// them through an open-addressing index. A cycle for a key seen before
+// allocates nothing: the queue keeps finished keys mapped to their slot
+// for that, but never more of them than max(1024, live entries). An add
+// reads the clock once (for Item.Enqueued and the due time), except a
+// merge into an entry that is already due, which reads none. With Metrics
+// set, Get and Done read it once more each.
 //
 // # Concurrency
 //

@@ -601,8 +601,8 @@ func TestBackoffDelay(t *testing.T) {
 		{queue.Backoff{Base: time.Second, Cap: time.Minute, Jitter: -1}, 3, 4 * time.Second},
 		{queue.Backoff{Base: time.Second, Cap: time.Minute, Jitter: -1}, 7, time.Minute},
 		{queue.Backoff{Base: time.Second, Cap: time.Minute, Jitter: -1}, 1000, time.Minute},
-		{queue.Backoff{Jitter: -1}, 1, queue.DefaultBackoff.Base},
-		{queue.Backoff{Jitter: -1}, 1 << 20, queue.DefaultBackoff.Cap},
+		{queue.Backoff{Jitter: -1}, 1, queue.DefaultBackoffBase},
+		{queue.Backoff{Jitter: -1}, 1 << 20, queue.DefaultBackoffCap},
 	} {
 		if got := tc.b.Delay(tc.retries); got != tc.want {
 			t.Errorf("%+v.Delay(%d) = %v, want %v", tc.b, tc.retries, got, tc.want)
@@ -612,7 +612,7 @@ func TestBackoffDelay(t *testing.T) {
 	for r := 1; r < 40; r++ {
 		full := queue.Backoff{Jitter: -1}.Delay(r)
 		got := zero.Delay(r)
-		if lo := full - time.Duration(float64(full)*queue.DefaultBackoff.Jitter); got < lo || got > full {
+		if lo := full - time.Duration(float64(full)*queue.DefaultBackoffJitter); got < lo || got > full {
 			t.Errorf("zero Backoff.Delay(%d) = %v, want in [%v, %v]", r, got, lo, full)
 		}
 	}
