@@ -1,0 +1,106 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"strings"
+	"testing"
+)
+
+func TestOperatorFlagsDefaults(t *testing.T) {
+	var stderr bytes.Buffer
+	o, err := parseOperatorFlags(nil, &stderr)
+	if err != nil {
+		t.Fatalf("defaults: %v (%s)", err, stderr.String())
+	}
+	if !o.LeaderElect || o.LeaderElectionID != "opkit-demo-leader" || o.TriggerBindAddress != ":8082" ||
+		o.MetricsBindAddress != ":8080" || o.HealthProbeBindAddress != ":8081" || o.InsecureSkipTriggerAuth || o.Concurrency != 4 {
+		t.Fatalf("defaults = %+v", o)
+	}
+}
+
+func TestOperatorFlagsInvalidExit2(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--concurrency=0"}, "--concurrency must be at least 1"},
+		{[]string{"--metrics-bind-address=nonsense"}, "--metrics-bind-address"},
+		{[]string{"--nats-url=localhost"}, "--nats-url"},
+		{[]string{"--no-such-flag"}, "flag provided but not defined"},
+		{[]string{"--leader-elect=maybe"}, "invalid boolean value"},
+		{[]string{"extra"}, "unexpected argument"},
+	} {
+		var stdout, stderr bytes.Buffer
+		if code := run(tc.args, &stdout, &stderr); code != 2 {
+			t.Errorf("%v: exit %d, want 2", tc.args, code)
+		}
+		if !strings.Contains(stderr.String(), tc.want) {
+			t.Errorf("%v: stderr %q does not say %q", tc.args, stderr.String(), tc.want)
+		}
+	}
+}
+
+func TestHelpDocumentsEveryFlag(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"--help"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("--help exit %d", code)
+	}
+	for _, f := range []string{"kubeconfig", "namespace", "leader-elect", "leader-election-id", "leader-election-namespace",
+		"identity", "concurrency", "trigger-bind-address", "metrics-bind-address", "health-probe-bind-address",
+		"nats-url", "nats-store-dir", "insecure-skip-trigger-auth"} {
+		if !strings.Contains(stderr.String(), "-"+f+" ") && !strings.Contains(stderr.String(), "-"+f+"\n") {
+			t.Errorf("--help does not document --%s", f)
+		}
+	}
+	stderr.Reset()
+	if code := run([]string{"trigger", "--help"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("trigger --help exit %d", code)
+	}
+	for _, f := range []string{"namespace", "reason", "via", "url", "token", "token-file", "nats-url"} {
+		if !strings.Contains(stderr.String(), "-"+f) {
+			t.Errorf("trigger --help does not document --%s", f)
+		}
+	}
+}
+
+func TestTriggerFlags(t *testing.T) {
+	var stderr bytes.Buffer
+	o, err := parseTriggerFlags([]string{"--namespace", "team-a", "hello", "--reason", "deployed 42", "--via", "nats"}, &stderr)
+	if err != nil {
+		t.Fatalf("%v: %s", err, stderr.String())
+	}
+	if o.Namespace != "team-a" || o.Name != "hello" || o.Reason != "deployed 42" || o.Via != "nats" {
+		t.Fatalf("parsed %+v", o)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"hello"}, "--namespace is required"},
+		{[]string{"--namespace", "a"}, "exactly one entity NAME"},
+		{[]string{"--namespace", "a", "x", "y"}, "exactly one entity NAME"},
+		{[]string{"--namespace", "a", "Bad_Name"}, "NAME"},
+		{[]string{"--namespace", "a", "x", "--via", "smtp"}, "want http or nats"},
+		{[]string{"--namespace", "a", "x", "--token", "t", "--token-file", "f"}, "not both"},
+		{[]string{"--namespace", "a", "x", "--via", "nats", "--token", "t"}, "--via http only"},
+		{[]string{"--namespace", "a", "x", "--url", "ftp://h"}, "--url"},
+	} {
+		stderr.Reset()
+		_, err := parseTriggerFlags(tc.args, &stderr)
+		if !errors.Is(err, errUsage) && !strings.Contains(stderr.String(), "flag") {
+			t.Errorf("%v: err %v, want a usage error", tc.args, err)
+		}
+		if !strings.Contains(stderr.String(), tc.want) {
+			t.Errorf("%v: stderr %q does not say %q", tc.args, stderr.String(), tc.want)
+		}
+		var so, se bytes.Buffer
+		if code := run(append([]string{"trigger"}, tc.args...), &so, &se); code != 2 {
+			t.Errorf("%v: exit %d, want 2", tc.args, code)
+		}
+	}
+	if _, err := parseTriggerFlags([]string{"-h"}, &stderr); !errors.Is(err, flag.ErrHelp) {
+		t.Errorf("-h: %v", err)
+	}
+}

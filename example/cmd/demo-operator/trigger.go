@@ -1,0 +1,194 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/opkit/opkit/example/natsbroker"
+)
+
+// triggerOptions are the trigger subcommand's settings.
+type triggerOptions struct {
+	Namespace, Name, Reason string
+	Via                     string
+	URL                     string
+	Token, TokenFile        string
+	NATSURL                 string
+	Timeout                 time.Duration
+}
+
+func parseTriggerFlags(args []string, stderr io.Writer) (triggerOptions, error) {
+	var o triggerOptions
+	fs := flag.NewFlagSet("demo-operator trigger", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, `Usage: demo-operator trigger --namespace NS NAME [flags]
+
+Asks the demo operator to reconcile one DemoEntity now, e.g. from a CI
+pipeline after a deployment. The operator re-reads the entity from the API
+server; the reason lands in its status.lastTrigger.reason.
+
+  --via http  POST {url}/reconcile/NS/NAME with a bearer token minted for
+              the audience %q (kubectl create token SA --audience %s);
+              the caller needs "create" on demoentities/reconcile
+              (ClusterRole opkit-demo-trigger). Exit 0 on 202 Accepted.
+  --via nats  publish {"namespace","name","reason"} to the JetStream
+              subject %s; exit 0 once the stream stored it.
+
+Flags:
+`, "opkit-trigger", "opkit-trigger", natsbroker.DefaultSubject)
+		fs.PrintDefaults()
+	}
+	fs.StringVar(&o.Namespace, "namespace", "", "namespace of the DemoEntity (required)")
+	fs.StringVar(&o.Reason, "reason", "", "why the reconcile is wanted; lands in status.lastTrigger.reason (at most 1024 bytes)")
+	fs.StringVar(&o.Via, "via", "http", "how to send the trigger: http or nats")
+	fs.StringVar(&o.URL, "url", "http://127.0.0.1:8082", "base URL of the operator's trigger endpoint (--via http)")
+	fs.StringVar(&o.Token, "token", "", "bearer token for the trigger endpoint (--via http); prefer --token-file")
+	fs.StringVar(&o.TokenFile, "token-file", "", "file holding the bearer token (--via http), e.g. a projected ServiceAccount token")
+	fs.StringVar(&o.NATSURL, "nats-url", "nats://127.0.0.1:4222", "NATS server URL (--via nats)")
+	fs.DurationVar(&o.Timeout, "timeout", 15*time.Second, "give up after this long")
+
+	// NAME may stand between flags: parse, take one positional, go on.
+	var names []string
+	rest := args
+	for {
+		if err := fs.Parse(rest); err != nil {
+			return o, err
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		names = append(names, fs.Arg(0))
+		rest = fs.Args()[1:]
+	}
+	switch {
+	case len(names) != 1:
+		return o, usageError(fs, stderr, "want exactly one entity NAME, got %d", len(names))
+	case o.Namespace == "":
+		return o, usageError(fs, stderr, "--namespace is required")
+	}
+	o.Name = names[0]
+	if errs := validation.IsDNS1123Subdomain(o.Name); len(errs) > 0 {
+		return o, usageError(fs, stderr, "NAME %q: %s", o.Name, strings.Join(errs, "; "))
+	}
+	if errs := validation.IsDNS1123Label(o.Namespace); len(errs) > 0 {
+		return o, usageError(fs, stderr, "--namespace %q: %s", o.Namespace, strings.Join(errs, "; "))
+	}
+	if len(o.Reason) > 1024 {
+		return o, usageError(fs, stderr, "--reason is longer than 1024 bytes")
+	}
+	if o.Timeout <= 0 {
+		return o, usageError(fs, stderr, "--timeout must be positive")
+	}
+	switch o.Via {
+	case "http":
+		if o.Token != "" && o.TokenFile != "" {
+			return o, usageError(fs, stderr, "give --token or --token-file, not both")
+		}
+		if u, err := url.Parse(o.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return o, usageError(fs, stderr, "--url %q: want http(s)://host:port", o.URL)
+		}
+	case "nats":
+		if o.Token != "" || o.TokenFile != "" {
+			return o, usageError(fs, stderr, "--token and --token-file apply to --via http only")
+		}
+	default:
+		return o, usageError(fs, stderr, "--via %q: want http or nats", o.Via)
+	}
+	return o, nil
+}
+
+func runTrigger(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	o, err := parseTriggerFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		return 2
+	}
+	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
+	defer cancel()
+	if o.Via == "nats" {
+		err = triggerNATS(ctx, o, stdout)
+	} else {
+		err = triggerHTTP(ctx, o, stdout)
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "demo-operator trigger:", err)
+		return 1
+	}
+	return 0
+}
+
+func triggerNATS(ctx context.Context, o triggerOptions, stdout io.Writer) error {
+	nc, err := nats.Connect(o.NATSURL, nats.Name("demo-operator-trigger"), nats.Timeout(o.Timeout))
+	if err != nil {
+		return fmt.Errorf("connect to %s: %w", o.NATSURL, err)
+	}
+	defer nc.Close()
+	seq, err := natsbroker.Publish(ctx, nc, natsbroker.DefaultSubject, natsbroker.Pointer{Namespace: o.Namespace, Name: o.Name, Reason: o.Reason})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "published trigger for %s/%s to %s (stream sequence %d)\n", o.Namespace, o.Name, natsbroker.DefaultSubject, seq)
+	return nil
+}
+
+func triggerHTTP(ctx context.Context, o triggerOptions, stdout io.Writer) error {
+	token := o.Token
+	if o.TokenFile != "" {
+		b, err := os.ReadFile(o.TokenFile)
+		if err != nil {
+			return fmt.Errorf("--token-file: %w", err)
+		}
+		token = strings.TrimSpace(string(b))
+	}
+	var body io.Reader
+	if o.Reason != "" {
+		b, _ := json.Marshal(map[string]string{"reason": o.Reason})
+		body = bytes.NewReader(b)
+	}
+	u := strings.TrimRight(o.URL, "/") + "/reconcile/" + url.PathEscape(o.Namespace) + "/" + url.PathEscape(o.Name)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, body)
+	if err != nil {
+		return err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if resp.StatusCode == http.StatusAccepted {
+		fmt.Fprintf(stdout, "202 Accepted: %s\n", strings.TrimSpace(string(b)))
+		return nil
+	}
+	var st struct {
+		Reason, Message, Leader string
+	}
+	_ = json.Unmarshal(b, &st)
+	msg := fmt.Sprintf("%s: %s %s", resp.Status, st.Reason, st.Message)
+	if st.Leader != "" {
+		msg += " (leader: " + st.Leader + ")"
+	}
+	return errors.New(strings.TrimSpace(msg))
+}

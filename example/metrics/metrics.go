@@ -1,0 +1,250 @@
+// Package metrics feeds opkit's metrics interfaces (queue, watcher, leader,
+// trigger, consumer, controller) into Prometheus collectors, so the demo
+// operator's /metrics shows every component. The SDK itself depends on no
+// metrics library: each package declares a small interface, and this
+// package is the adapter an operator author would write.
+//
+// The adapters hold no goroutines; every method is safe for concurrent use
+// and never blocks (Prometheus collectors are lock-free or briefly locked).
+package metrics
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/leader"
+	"github.com/opkit/opkit/queue"
+	"github.com/opkit/opkit/reconcile"
+	"github.com/opkit/opkit/trigger"
+	"github.com/opkit/opkit/watcher"
+)
+
+// Namespace prefixes every metric name.
+const Namespace = "opkit"
+
+// Metrics holds the collectors. Build it with New; hand its adapters to
+// the SDK's Config structs.
+type Metrics struct {
+	queueAdds    *prometheus.CounterVec
+	queueDropped *prometheus.CounterVec
+	queueDepth   *prometheus.GaugeVec
+	queueWait    *prometheus.HistogramVec
+	queueWork    prometheus.Histogram
+	queueRetries prometheus.Counter
+
+	watchEvents   *prometheus.CounterVec
+	watchRelists  *prometheus.CounterVec
+	watchRestarts *prometheus.CounterVec
+	watchErrors   *prometheus.CounterVec
+	watchTracked  prometheus.Gauge
+	watchLastSeen prometheus.Gauge
+
+	leaderLeading     prometheus.Gauge
+	leaderLastRenew   prometheus.Gauge
+	leaderRenewFailed prometheus.Counter
+	leaderOverran     prometheus.Counter
+
+	triggerEnqueued *prometheus.CounterVec
+	triggerRejected prometheus.Counter
+
+	httpRequests *prometheus.CounterVec
+	httpDuration prometheus.Histogram
+
+	consReceived   prometheus.Counter
+	consAcked      *prometheus.CounterVec
+	consNacked     *prometheus.CounterVec
+	consTerminated *prometheus.CounterVec
+	consProcessed  prometheus.Histogram
+	consLag        prometheus.Gauge
+	consBrokerErrs *prometheus.CounterVec
+
+	recReconciled *prometheus.HistogramVec
+	recPanics     prometheus.Counter
+	recSkipped    *prometheus.CounterVec
+	recRefetched  prometheus.Counter
+}
+
+// New creates the collectors and registers them with reg.
+func New(reg prometheus.Registerer) (*Metrics, error) {
+	cv := func(sub, name, help string, labels ...string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Subsystem: sub, Name: name, Help: help}, labels)
+	}
+	c := func(sub, name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Namespace: Namespace, Subsystem: sub, Name: name, Help: help})
+	}
+	g := func(sub, name, help string) prometheus.Gauge {
+		return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Subsystem: sub, Name: name, Help: help})
+	}
+	h := func(sub, name, help string) prometheus.Histogram {
+		return prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: Namespace, Subsystem: sub, Name: name, Help: help, Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10)})
+	}
+	m := &Metrics{
+		queueAdds:    cv("queue", "adds_total", "Accepted adds, by priority and whether they merged into a held entry.", "priority", "merged"),
+		queueDropped: cv("queue", "dropped_total", "Adds dropped, by reason (DroppedSuspended: not leading; DroppedShutDown).", "reason"),
+		queueDepth: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Subsystem: "queue", Name: "depth",
+			Help: "Pending entries (due or delayed), by priority."}, []string{"priority"}),
+		queueWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: Namespace, Subsystem: "queue", Name: "wait_seconds",
+			Help: "Time from add to hand-out, by priority.", Buckets: prometheus.ExponentialBuckets(0.0001, 4, 12)}, []string{"priority"}),
+		queueWork:    h("queue", "work_seconds", "Time from hand-out to Done."),
+		queueRetries: c("queue", "retries_total", "Accepted adds that carry a retry count."),
+
+		watchEvents:   cv("watcher", "events_total", "Entries the watcher handed to the queue, by type and queue outcome.", "type", "outcome"),
+		watchRelists:  cv("watcher", "relists_total", "(Re)lists started, by reason.", "reason"),
+		watchRestarts: cv("watcher", "watch_restarts_total", "Watches reopened, by reason.", "reason"),
+		watchErrors:   cv("watcher", "errors_total", "Failed list or watch calls, by reason.", "reason"),
+		watchTracked:  g("watcher", "tracked_objects", "Objects the watcher tracks."),
+		watchLastSeen: g("watcher", "last_event_timestamp_seconds", "Unix time of the latest watch event or bookmark."),
+
+		leaderLeading:     g("leader", "is_leader", "1 while this replica holds the Lease."),
+		leaderLastRenew:   g("leader", "last_renew_timestamp_seconds", "Unix time of the last successful acquire or renew request."),
+		leaderRenewFailed: c("leader", "renew_failures_total", "Failed renew attempts."),
+		leaderOverran:     c("leader", "work_overruns_total", "Terms whose work outlived its bound."),
+
+		triggerEnqueued: cv("trigger", "enqueued_total", "External triggers that reached the queue, by outcome.", "outcome"),
+		triggerRejected: c("trigger", "rejected_total", "External triggers refused for bad input."),
+
+		httpRequests: cv("trigger_http", "requests_total", "Trigger endpoint requests, by status code and reason.", "code", "reason"),
+		httpDuration: h("trigger_http", "request_duration_seconds", "Trigger endpoint request latency."),
+
+		consReceived:   c("trigger_consumer", "received_total", "Messages received from the broker."),
+		consAcked:      cv("trigger_consumer", "acked_total", "Messages acknowledged, by reason.", "reason"),
+		consNacked:     cv("trigger_consumer", "nacked_total", "Messages handed back for redelivery, by reason.", "reason"),
+		consTerminated: cv("trigger_consumer", "terminated_total", "Messages dead-lettered, by reason.", "reason"),
+		consProcessed:  h("trigger_consumer", "processing_seconds", "Time from receipt to ack, nack or term."),
+		consLag:        g("trigger_consumer", "lag", "Broker backlog: messages not yet delivered or acknowledged."),
+		consBrokerErrs: cv("trigger_consumer", "broker_errors_total", "Failed broker calls, by kind (Disconnected, Permission, Quota, NotFound, Unknown).", "kind"),
+
+		recReconciled: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: Namespace, Subsystem: "reconcile", Name: "duration_seconds",
+			Help: "Reconcile calls by outcome, and their duration.", Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10)}, []string{"outcome"}),
+		recPanics:    c("reconcile", "panics_total", "Reconciles that panicked."),
+		recSkipped:   cv("reconcile", "skipped_total", "Requests not passed to the reconciler, by reason.", "reason"),
+		recRefetched: c("reconcile", "refetches_total", "Objects re-fetched before their reconcile."),
+	}
+	for _, col := range []prometheus.Collector{
+		m.queueAdds, m.queueDropped, m.queueDepth, m.queueWait, m.queueWork, m.queueRetries,
+		m.watchEvents, m.watchRelists, m.watchRestarts, m.watchErrors, m.watchTracked, m.watchLastSeen,
+		m.leaderLeading, m.leaderLastRenew, m.leaderRenewFailed, m.leaderOverran,
+		m.triggerEnqueued, m.triggerRejected, m.httpRequests, m.httpDuration,
+		m.consReceived, m.consAcked, m.consNacked, m.consTerminated, m.consProcessed, m.consLag, m.consBrokerErrs,
+		m.recReconciled, m.recPanics, m.recSkipped, m.recRefetched,
+	} {
+		if err := reg.Register(col); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// Queue returns the adapter for queue.Metrics.
+func (m *Metrics) Queue() queue.Metrics { return queueMetrics{m} }
+
+// Watcher returns the adapter for watcher.Metrics.
+func (m *Metrics) Watcher() watcher.Metrics { return watcherMetrics{m} }
+
+// Leader returns the adapter for leader.Metrics.
+func (m *Metrics) Leader() leader.Metrics { return leaderMetrics{m} }
+
+// Trigger returns the adapter for trigger.Metrics.
+func (m *Metrics) Trigger() trigger.Metrics { return triggerMetrics{m} }
+
+// Handler returns the adapter for trigger.HandlerMetrics.
+func (m *Metrics) Handler() trigger.HandlerMetrics { return handlerMetrics{m} }
+
+// Consumer returns the adapter for trigger.ConsumerMetrics.
+func (m *Metrics) Consumer() trigger.ConsumerMetrics { return consumerMetrics{m} }
+
+// Controller returns the adapter for reconcile.Metrics.
+func (m *Metrics) Controller() reconcile.Metrics { return controllerMetrics{m} }
+
+type queueMetrics struct{ m *Metrics }
+
+func (q queueMetrics) Added(priority int, merged bool) {
+	q.m.queueAdds.WithLabelValues(strconv.Itoa(priority), strconv.FormatBool(merged)).Inc()
+}
+func (q queueMetrics) Dropped(reason queue.Outcome) {
+	q.m.queueDropped.WithLabelValues(reason.String()).Inc()
+}
+func (q queueMetrics) Depth(priority int, delta int) {
+	q.m.queueDepth.WithLabelValues(strconv.Itoa(priority)).Add(float64(delta))
+}
+func (q queueMetrics) Waited(priority int, d time.Duration) {
+	q.m.queueWait.WithLabelValues(strconv.Itoa(priority)).Observe(d.Seconds())
+}
+func (q queueMetrics) Worked(d time.Duration) { q.m.queueWork.Observe(d.Seconds()) }
+func (q queueMetrics) Retried(int)            { q.m.queueRetries.Inc() }
+
+type watcherMetrics struct{ m *Metrics }
+
+func (w watcherMetrics) Event(t opkit.Type, outcome queue.Outcome) {
+	w.m.watchEvents.WithLabelValues(t.String(), outcome.String()).Inc()
+}
+func (w watcherMetrics) Relist(reason watcher.Reason) {
+	w.m.watchRelists.WithLabelValues(string(reason)).Inc()
+}
+func (w watcherMetrics) WatchRestart(reason watcher.Reason) {
+	w.m.watchRestarts.WithLabelValues(string(reason)).Inc()
+}
+func (w watcherMetrics) Error(reason watcher.Reason) {
+	w.m.watchErrors.WithLabelValues(string(reason)).Inc()
+}
+func (w watcherMetrics) Tracked(n int)         { w.m.watchTracked.Set(float64(n)) }
+func (w watcherMetrics) Observed(at time.Time) { w.m.watchLastSeen.Set(float64(at.UnixNano()) / 1e9) }
+
+type leaderMetrics struct{ m *Metrics }
+
+func (l leaderMetrics) Leading(leading bool) {
+	v := 0.0
+	if leading {
+		v = 1
+	}
+	l.m.leaderLeading.Set(v)
+}
+func (l leaderMetrics) Renewed(at time.Time) { l.m.leaderLastRenew.Set(float64(at.UnixNano()) / 1e9) }
+func (l leaderMetrics) RenewFailed()         { l.m.leaderRenewFailed.Inc() }
+func (l leaderMetrics) WorkOverran()         { l.m.leaderOverran.Inc() }
+
+type triggerMetrics struct{ m *Metrics }
+
+func (t triggerMetrics) Enqueued(o queue.Outcome) {
+	t.m.triggerEnqueued.WithLabelValues(o.String()).Inc()
+}
+func (t triggerMetrics) Rejected() { t.m.triggerRejected.Inc() }
+
+type handlerMetrics struct{ m *Metrics }
+
+func (h handlerMetrics) Request(code int, reason string, took time.Duration) {
+	h.m.httpRequests.WithLabelValues(strconv.Itoa(code), reason).Inc()
+	h.m.httpDuration.Observe(took.Seconds())
+}
+
+type consumerMetrics struct{ m *Metrics }
+
+func (c consumerMetrics) Received() { c.m.consReceived.Inc() }
+func (c consumerMetrics) Acked(r trigger.AckReason) {
+	c.m.consAcked.WithLabelValues(string(r)).Inc()
+}
+func (c consumerMetrics) Nacked(r trigger.NackReason) {
+	c.m.consNacked.WithLabelValues(string(r)).Inc()
+}
+func (c consumerMetrics) Terminated(r trigger.TermReason) {
+	c.m.consTerminated.WithLabelValues(string(r)).Inc()
+}
+func (c consumerMetrics) Processed(took time.Duration) { c.m.consProcessed.Observe(took.Seconds()) }
+func (c consumerMetrics) Lag(n int64)                  { c.m.consLag.Set(float64(n)) }
+func (c consumerMetrics) BrokerError(k trigger.BrokerErrorKind) {
+	c.m.consBrokerErrs.WithLabelValues(k.String()).Inc()
+}
+
+type controllerMetrics struct{ m *Metrics }
+
+func (c controllerMetrics) Reconciled(o reconcile.Outcome, took time.Duration) {
+	c.m.recReconciled.WithLabelValues(o.String()).Observe(took.Seconds())
+}
+func (c controllerMetrics) Panicked() { c.m.recPanics.Inc() }
+func (c controllerMetrics) Skipped(r reconcile.SkipReason) {
+	c.m.recSkipped.WithLabelValues(string(r)).Inc()
+}
+func (c controllerMetrics) Refetched() { c.m.recRefetched.Inc() }

@@ -1,0 +1,61 @@
+package metrics_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/example/metrics"
+	"github.com/opkit/opkit/queue"
+	"github.com/opkit/opkit/reconcile"
+	"github.com/opkit/opkit/trigger"
+)
+
+func TestAdaptersFeedCollectors(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := metrics.New(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Queue().Added(100, false)
+	m.Queue().Depth(100, 1)
+	m.Queue().Dropped(queue.DroppedSuspended)
+	m.Watcher().Event(opkit.Added, queue.Queued)
+	m.Leader().Leading(true)
+	m.Trigger().Enqueued(queue.Queued)
+	m.Handler().Request(202, "Accepted", time.Millisecond)
+	m.Consumer().Acked(trigger.AckScheduled)
+	m.Consumer().Lag(7)
+	m.Consumer().BrokerError(trigger.BrokerPermission)
+	m.Controller().Reconciled(reconcile.OutcomeDone, time.Millisecond)
+
+	want := `
+# HELP opkit_trigger_consumer_lag Broker backlog: messages not yet delivered or acknowledged.
+# TYPE opkit_trigger_consumer_lag gauge
+opkit_trigger_consumer_lag 7
+# HELP opkit_trigger_consumer_broker_errors_total Failed broker calls, by kind (Disconnected, Permission, Quota, NotFound, Unknown).
+# TYPE opkit_trigger_consumer_broker_errors_total counter
+opkit_trigger_consumer_broker_errors_total{kind="Permission"} 1
+# HELP opkit_leader_is_leader 1 while this replica holds the Lease.
+# TYPE opkit_leader_is_leader gauge
+opkit_leader_is_leader 1
+# HELP opkit_queue_depth Pending entries (due or delayed), by priority.
+# TYPE opkit_queue_depth gauge
+opkit_queue_depth{priority="100"} 1
+# HELP opkit_trigger_http_requests_total Trigger endpoint requests, by status code and reason.
+# TYPE opkit_trigger_http_requests_total counter
+opkit_trigger_http_requests_total{code="202",reason="Accepted"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want),
+		"opkit_trigger_consumer_lag", "opkit_trigger_consumer_broker_errors_total", "opkit_leader_is_leader",
+		"opkit_queue_depth", "opkit_trigger_http_requests_total"); err != nil {
+		t.Fatal(err)
+	}
+	if n := testutil.CollectAndCount(reg, "opkit_reconcile_duration_seconds", "opkit_watcher_events_total", "opkit_queue_dropped_total"); n != 3 {
+		t.Fatalf("series = %d, want 3", n)
+	}
+}

@@ -1,0 +1,359 @@
+// Package operator assembles the demo operator from opkit's parts: the
+// DemoEntity controller (queue, watcher, workers, leader election), the HTTP
+// trigger endpoint, the NATS JetStream trigger consumer, Prometheus metrics
+// and the health endpoints, run together as one reconcile.Group.
+//
+// Run owns every goroutine it starts (through the group) and returns only
+// after all of them have returned, including the embedded NATS server when
+// it started one.
+package operator
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	demov1 "github.com/opkit/opkit/example/api/v1"
+	"github.com/opkit/opkit/example/metrics"
+	"github.com/opkit/opkit/example/natsbroker"
+	"github.com/opkit/opkit/example/reconciler"
+	"github.com/opkit/opkit/leader"
+	"github.com/opkit/opkit/reconcile"
+	"github.com/opkit/opkit/trigger"
+	"github.com/opkit/opkit/watcher"
+)
+
+// Names shared by the operator, its manifests and its callers.
+const (
+	// ControllerName is the reporting controller of the operator's Events.
+	ControllerName = "demo.opkit.dev/demo-operator"
+	// DefaultLeaderElectionID is the name of the Lease.
+	DefaultLeaderElectionID = "opkit-demo-leader"
+	// TriggerAudience is the token audience the trigger endpoint accepts.
+	TriggerAudience = trigger.DefaultAudience
+	// TriggerVerb and TriggerSubresource are what a caller must be allowed
+	// on demoentities to trigger a reconcile (the opkit-demo-trigger
+	// ClusterRole grants it): "create demoentities/reconcile".
+	TriggerVerb        = "create"
+	TriggerSubresource = "reconcile"
+)
+
+// Options are the operator's settings (one per command-line flag).
+type Options struct {
+	// Kubeconfig is a kubeconfig file; empty means in-cluster, then the
+	// default loading rules ($KUBECONFIG, ~/.kube/config).
+	Kubeconfig string
+	// Namespace limits the watch to one namespace; empty means all.
+	Namespace string
+	// LeaderElect turns leader election on.
+	LeaderElect bool
+	// LeaderElectionID is the Lease name; LeaderElectionNamespace its
+	// namespace (empty: the pod's namespace, else "default").
+	LeaderElectionID, LeaderElectionNamespace string
+	// Identity names this replica (Lease holder, status.reconciledBy,
+	// Event instance); empty means hostname plus random suffix.
+	Identity string
+	// Concurrency is the number of reconcile workers.
+	Concurrency int
+	// Listen addresses.
+	TriggerBindAddress, MetricsBindAddress, HealthProbeBindAddress string
+	// NATSURL is the NATS server; empty starts an embedded JetStream
+	// server (single replica only), storing in NATSStoreDir (empty: a
+	// temporary directory).
+	NATSURL, NATSStoreDir string
+	// InsecureSkipTriggerAuth serves the trigger endpoint without
+	// TokenReview/SubjectAccessReview.
+	InsecureSkipTriggerAuth bool
+	// LeaseDuration, RenewDeadline and RetryPeriod tune leader election;
+	// zero means the leader package's defaults (15s, 10s, 2s).
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+}
+
+// Validate reports options that cannot work.
+func (o *Options) Validate() error {
+	var errs []error
+	if o.Concurrency < 1 {
+		errs = append(errs, fmt.Errorf("--concurrency must be at least 1, got %d", o.Concurrency))
+	}
+	for _, a := range []struct{ flag, addr string }{
+		{"--trigger-bind-address", o.TriggerBindAddress},
+		{"--metrics-bind-address", o.MetricsBindAddress},
+		{"--health-probe-bind-address", o.HealthProbeBindAddress},
+	} {
+		if a.addr == "0" { // "0" disables the endpoint
+			continue
+		}
+		if _, _, err := net.SplitHostPort(a.addr); err != nil {
+			errs = append(errs, fmt.Errorf("%s %q: want host:port or :port (or 0 to disable): %v", a.flag, a.addr, err))
+		}
+	}
+	if o.LeaderElect && o.LeaderElectionID == "" {
+		errs = append(errs, errors.New("--leader-election-id must not be empty with --leader-elect"))
+	}
+	if o.NATSURL != "" && !strings.Contains(o.NATSURL, "://") {
+		errs = append(errs, fmt.Errorf("--nats-url %q: want a URL such as nats://host:4222", o.NATSURL))
+	}
+	return errors.Join(errs...)
+}
+
+// RESTConfig loads the client configuration: --kubeconfig if given, else
+// in-cluster, else the default loading rules.
+func RESTConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig != "" {
+		return clientcmd.BuildConfigFromFlags("", kubeconfig)
+	}
+	if cfg, err := rest.InClusterConfig(); err == nil {
+		return cfg, nil
+	}
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	return clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+}
+
+// defaultIdentity is the hostname plus 8 random hex digits.
+func defaultIdentity() string {
+	host, _ := os.Hostname()
+	if host == "" {
+		host = "demo-operator"
+	}
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return host + "_" + hex.EncodeToString(b)
+}
+
+// podNamespace is the namespace of the pod this runs in, or "".
+func podNamespace() string {
+	b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// Run runs the operator until ctx ends or a component fails. logger nil
+// means slog.Default().
+func Run(ctx context.Context, o Options, logger *slog.Logger) error {
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	if logger == nil {
+		logger = slog.Default()
+	}
+	if o.Identity == "" {
+		o.Identity = defaultIdentity()
+	}
+	if o.LeaderElectionNamespace == "" {
+		if o.LeaderElectionNamespace = podNamespace(); o.LeaderElectionNamespace == "" {
+			o.LeaderElectionNamespace = "default"
+		}
+	}
+	logger = logger.With("identity", o.Identity)
+
+	restCfg, err := RESTConfig(o.Kubeconfig)
+	if err != nil {
+		return fmt.Errorf("kubeconfig: %w", err)
+	}
+	restCfg = rest.CopyConfig(restCfg)
+	restCfg.QPS, restCfg.Burst = 50, 100
+	restCfg.UserAgent = "opkit-demo-operator/" + o.Identity
+	dyn, err := dynamic.NewForConfig(restCfg)
+	if err != nil {
+		return err
+	}
+	kube, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		return err
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m, err := metrics.New(reg)
+	if err != nil {
+		return err
+	}
+
+	rec, err := reconcile.NewRecorder(reconcile.RecorderConfig{Dynamic: dyn, Controller: ControllerName, Instance: o.Identity, Resource: demov1.Resource})
+	if err != nil {
+		return err
+	}
+	r, err := reconciler.New(reconciler.Config{Dynamic: dyn, Recorder: rec, Identity: o.Identity, Logger: logger})
+	if err != nil {
+		return err
+	}
+
+	var elector *leader.Elector
+	ccfg := reconcile.Config[*demov1.DemoEntity]{
+		Name:        ControllerName,
+		Resource:    demov1.Resource,
+		Dynamic:     dyn,
+		Reconciler:  r,
+		Concurrency: o.Concurrency,
+		Watch: watcher.Config[*demov1.DemoEntity]{
+			Namespace:      o.Namespace,
+			SkipStatusOnly: true, // our own status writes need no reconcile
+			Metrics:        m.Watcher(),
+		},
+		Metrics:      m.Controller(),
+		QueueMetrics: m.Queue(),
+		Logger:       logger,
+	}
+	ctrl, elector, err := newController(ccfg, kube, o, m, logger)
+	if err != nil {
+		return err
+	}
+	leaderOf := func() string {
+		if elector == nil {
+			return o.Identity
+		}
+		return elector.Leader()
+	}
+
+	group := reconcile.NewGroup(reconcile.GroupConfig{Logger: logger})
+	if err := group.Add(ctrl.Runnable()); err != nil {
+		return err
+	}
+
+	// The HTTP trigger endpoint, on every replica: followers answer 503
+	// with the leader's identity.
+	if o.TriggerBindAddress != "0" {
+		hcfg := trigger.HandlerConfig[*demov1.DemoEntity]{
+			Trigger:          ctrl.Trigger(),
+			Dynamic:          dyn,
+			InsecureSkipAuth: o.InsecureSkipTriggerAuth,
+			Leader:           leaderOf,
+			Metrics:          m.Handler(),
+			Logger:           logger,
+		}
+		if !o.InsecureSkipTriggerAuth {
+			auth, err := trigger.NewKubeAuthenticator(trigger.KubeAuthConfig{
+				Client:      kube,
+				Audiences:   []string{TriggerAudience},
+				Verb:        TriggerVerb,
+				Subresource: TriggerSubresource,
+				Logger:      logger,
+			})
+			if err != nil {
+				return err
+			}
+			hcfg.Authenticator = auth
+		} else {
+			logger.Warn("the trigger endpoint is running WITHOUT authentication (--insecure-skip-trigger-auth)")
+		}
+		h, err := trigger.NewHandler(hcfg)
+		if err != nil {
+			return err
+		}
+		srv, err := trigger.NewServer(trigger.ServerConfig{Addr: o.TriggerBindAddress, Handler: h, Logger: logger})
+		if err != nil {
+			return err
+		}
+		if err := group.Add(reconcile.Runnable{Name: "trigger-http", Run: srv.Run}); err != nil {
+			return err
+		}
+	}
+
+	// The NATS consumer, on every replica: a follower's dropped enqueue is
+	// nacked and redelivered, eventually to the leader.
+	var embedded *natsbroker.Embedded
+	natsURL := o.NATSURL
+	if natsURL == "" {
+		embedded, err = natsbroker.StartEmbedded(natsbroker.EmbeddedConfig{StoreDir: o.NATSStoreDir})
+		if err != nil {
+			return err
+		}
+		defer embedded.Shutdown()
+		natsURL = embedded.URL()
+		logger.Info("started an embedded NATS JetStream server (single replica only)", "url", natsURL)
+	}
+	openCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	broker, err := natsbroker.Open(openCtx, natsbroker.Config{URL: natsURL, Name: "opkit-demo-operator/" + o.Identity, Logger: logger})
+	cancel()
+	if err != nil {
+		return fmt.Errorf("nats %s: %w", natsURL, err)
+	}
+	defer broker.Close()
+	consumer, err := trigger.NewConsumer(trigger.ConsumerConfig[*demov1.DemoEntity]{
+		Broker:      broker,
+		Trigger:     ctrl.Trigger(),
+		Dynamic:     dyn,
+		Concurrency: 4,
+		LagInterval: 5 * time.Second,
+		Metrics:     m.Consumer(),
+		Logger:      logger,
+	})
+	if err != nil {
+		return err
+	}
+	if err := group.Add(reconcile.Runnable{Name: "nats-consumer", Run: consumer.Run, Ready: consumer.Check}); err != nil {
+		return err
+	}
+
+	if o.MetricsBindAddress != "0" {
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		if err := group.Add(httpRunnable("metrics", o.MetricsBindAddress, mux)); err != nil {
+			return err
+		}
+	}
+	if o.HealthProbeBindAddress != "0" {
+		mux := http.NewServeMux()
+		mux.Handle("GET /healthz", group.HealthzHandler())
+		mux.Handle("GET /readyz", group.ReadyzHandler())
+		if err := group.Add(httpRunnable("health", o.HealthProbeBindAddress, mux)); err != nil {
+			return err
+		}
+	}
+
+	logger.Info("demo operator starting",
+		"namespace", orAll(o.Namespace), "leaderElect", o.LeaderElect,
+		"lease", o.LeaderElectionNamespace+"/"+o.LeaderElectionID,
+		"trigger", o.TriggerBindAddress, "metrics", o.MetricsBindAddress, "health", o.HealthProbeBindAddress, "nats", natsURL)
+	err = group.Run(ctx)
+	logger.Info("demo operator stopped", "error", err)
+	return err
+}
+
+func orAll(ns string) string {
+	if ns == "" {
+		return "(all namespaces)"
+	}
+	return ns
+}
+
+// httpRunnable serves h on addr until ctx ends.
+func httpRunnable(name, addr string, h http.Handler) reconcile.Runnable {
+	return reconcile.Runnable{Name: name, Run: func(ctx context.Context) error {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second}
+		errc := make(chan error, 1)
+		go func() { errc <- srv.Serve(ln) }()
+		select {
+		case err := <-errc:
+			return fmt.Errorf("%s: %w", name, err)
+		case <-ctx.Done():
+		}
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+		<-errc
+		return nil
+	}}
+}
