@@ -186,7 +186,7 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 	// common case of a burst of events for one object, needs no time.
 	var now int64
 	haveNow := false
-	if opts.Delay > 0 || q.metrics != nil {
+	if opts.Delay > 0 {
 		now, haveNow = q.clock(), true
 	}
 	prio := clamp32(opts.Priority)
@@ -490,7 +490,11 @@ func (q *Queue[K, V]) take(now int64) Item[K, V] {
 			s := q.sl(e.idx)
 			it := Item[K, V]{
 				Key: s.key, Value: s.val, Priority: int(s.prio), Retries: int(s.retries),
-				Enqueued: q.at(s.enq), Due: q.at(s.due),
+				Enqueued: q.at(s.enq),
+			}
+			it.Due = it.Enqueued
+			if s.due != s.enq {
+				it.Due = q.at(s.due)
 			}
 			q.nReady--
 			s.setState(stInFlight)
