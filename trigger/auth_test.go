@@ -19,20 +19,23 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
 	authnclient "k8s.io/client-go/kubernetes/typed/authentication/v1"
-	authnfake "k8s.io/client-go/kubernetes/typed/authentication/v1/fake"
 	authzclient "k8s.io/client-go/kubernetes/typed/authorization/v1"
-	authzfake "k8s.io/client-go/kubernetes/typed/authorization/v1/fake"
 	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/trigger"
 )
 
-// fakeReviews is a trigger.ReviewClient over client-go's typed fakes. The
-// fake API server knows a few tokens and one RBAC rule set.
+// A kubernetes.Interface (the clientset users already have) is a ReviewClient.
+var _ trigger.ReviewClient = kubernetes.Interface(nil)
+
+// fakeReviews is a trigger.ReviewClient over client-go's fake clientset
+// with reactors: the fake API server knows a few tokens and RBAC grants.
 type fakeReviews struct {
-	fake *clienttesting.Fake
+	cs *fake.Clientset
 
 	mu      sync.Mutex
 	tokens  map[string]authnv1.TokenReviewStatus // by token
@@ -43,10 +46,10 @@ type fakeReviews struct {
 }
 
 func (f *fakeReviews) AuthenticationV1() authnclient.AuthenticationV1Interface {
-	return &authnfake.FakeAuthenticationV1{Fake: f.fake}
+	return f.cs.AuthenticationV1()
 }
 func (f *fakeReviews) AuthorizationV1() authzclient.AuthorizationV1Interface {
-	return &authzfake.FakeAuthorizationV1{Fake: f.fake}
+	return f.cs.AuthorizationV1()
 }
 
 func sarKey(user string, a *authzv1.ResourceAttributes) string {
@@ -55,7 +58,7 @@ func sarKey(user string, a *authzv1.ResourceAttributes) string {
 
 func newFakeReviews(t *testing.T) *fakeReviews {
 	f := &fakeReviews{
-		fake:    &clienttesting.Fake{},
+		cs:      fake.NewClientset(),
 		allowed: map[string]bool{},
 		tokens: map[string]authnv1.TokenReviewStatus{
 			"good-token": {Authenticated: true, Audiences: []string{trigger.DefaultAudience},
@@ -66,7 +69,11 @@ func newFakeReviews(t *testing.T) *fakeReviews {
 			"no-audience-token": {Authenticated: true, User: authnv1.UserInfo{Username: "legacy"}},
 		},
 	}
-	f.fake.AddReactor("create", "tokenreviews", func(a clienttesting.Action) (bool, runtime.Object, error) {
+	f.cs.PrependReactor("*", "*", func(a clienttesting.Action) (bool, runtime.Object, error) {
+		t.Errorf("unexpected API call %s %s", a.GetVerb(), a.GetResource().Resource)
+		return true, nil, errors.New("unexpected")
+	})
+	f.cs.PrependReactor("create", "tokenreviews", func(a clienttesting.Action) (bool, runtime.Object, error) {
 		tr := a.(clienttesting.CreateAction).GetObject().(*authnv1.TokenReview)
 		f.mu.Lock()
 		defer f.mu.Unlock()
@@ -82,7 +89,7 @@ func newFakeReviews(t *testing.T) *fakeReviews {
 		out.Status = st
 		return true, out, nil
 	})
-	f.fake.AddReactor("create", "subjectaccessreviews", func(a clienttesting.Action) (bool, runtime.Object, error) {
+	f.cs.PrependReactor("create", "subjectaccessreviews", func(a clienttesting.Action) (bool, runtime.Object, error) {
 		sar := a.(clienttesting.CreateAction).GetObject().(*authzv1.SubjectAccessReview)
 		f.mu.Lock()
 		defer f.mu.Unlock()
@@ -93,10 +100,6 @@ func newFakeReviews(t *testing.T) *fakeReviews {
 			out.Status.Reason = "no RBAC policy matched"
 		}
 		return true, out, nil
-	})
-	f.fake.AddReactor("*", "*", func(a clienttesting.Action) (bool, runtime.Object, error) {
-		t.Errorf("unexpected API call %s %s", a.GetVerb(), a.GetResource().Resource)
-		return true, nil, errors.New("unexpected")
 	})
 	return f
 }
@@ -115,7 +118,7 @@ func TestKubeAuthStatusCodes(t *testing.T) {
 	var logs bytes.Buffer
 	e := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) {
 		c.Authenticator = nil
-		c.Reviews = rev
+		c.Reviews = rev.cs // the clientset itself
 		c.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	})
 
