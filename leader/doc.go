@@ -4,12 +4,14 @@
 // stopped before any other replica can start.
 //
 // One goroutine, the caller of [Elector.Run], owns the campaign loop, the
-// renewals' bookkeeping and the gate. Run starts and owns three kinds of
-// helper goroutines, all of which have exited when Run returns (except an
-// abandoned API call, see below): the term's work, one Lease watch while
-// campaigning, and at most one renew request in flight while leading. The
-// accessors ([Elector.Leader], [Elector.IsLeader], [Elector.Check]) may be
-// called from any goroutine.
+// renewals' bookkeeping and the gate: every Suspend, Resume and Clear is
+// called from it. Run starts and owns three kinds of helper goroutines: the
+// term's work, one Lease watch while campaigning, and at most one renew
+// request in flight while leading. All have exited when Run returns, except
+// a renew request whose client ignores its context's cancellation (its
+// result is then dropped when it finally returns). The accessors
+// ([Elector.Leader], [Elector.IsLeader], [Elector.Identity],
+// [Elector.Check]) may be called from any goroutine.
 //
 // # Guarantees
 //

@@ -11,7 +11,6 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/opkit/opkit/leader"
@@ -687,4 +686,59 @@ func indexOfEntry(es []entry, x entry) int {
 	return -1
 }
 
-var _ = schema.GroupVersionResource{}
+// Without a working watch a follower still takes over through its polls:
+// a released Lease within one jittered RetryPeriod, an expired one within
+// LeaseDuration + RetryPeriod of the last change it saw.
+func TestFollowerWithoutWatchFallsBackToPolling(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		a := e.start("a", nil, nil)
+		synctest.Wait()
+		e.api.setHook("b", func(verb string) error {
+			if verb == "watch" {
+				return apierrors.NewServiceUnavailable("watch refused")
+			}
+			return nil
+		})
+		b := e.start("b", nil, nil)
+		sleep(5 * time.Second)
+		stopped := time.Now()
+		a.stop()
+		sleep(2 * retryPeriod)
+		resumed, ok := e.j.first("b", "resume", stopped)
+		if !ok {
+			t.Fatalf("follower did not take over by polling; journal %q", e.j.whats("b"))
+		}
+		if d := resumed.at.Sub(stopped); d > retryPeriod*12/10 {
+			t.Errorf("took %v to take a released lease by polling, want <= 1.2*RetryPeriod", d)
+		}
+		if countVerb(e.api.callsOf("b"), "watch") < 2 {
+			t.Errorf("the follower did not retry its watch")
+		}
+		b.stop()
+	})
+}
+
+// A Lease deleted while a follower watches is created again by it.
+func TestFollowerRecreatesDeletedLease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		e.api.put(func(l *coordinationv1.Lease) {
+			other, secs := "other", int32(15)
+			l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds = &other, &secs
+		})
+		b := e.start("b", nil, nil)
+		sleep(time.Second)
+		if b.elector.IsLeader() {
+			t.Fatalf("follower took a live lease")
+		}
+		if err := e.api.tracker.Delete(leasesGVR, testNS, leaseName); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		if !b.elector.IsLeader() || holder(e.api.lease()) != "b" || transitions(e.api.lease()) != 0 {
+			t.Errorf("after deletion: IsLeader %v, lease holder %q", b.elector.IsLeader(), holder(e.api.lease()))
+		}
+		b.stop()
+	})
+}
