@@ -182,6 +182,9 @@ func (c *Consumer[T]) Run(ctx context.Context) error {
 			return nil
 		}
 		msg, err := c.cfg.Broker.Receive(ctx)
+		if err == nil && msg == nil {
+			err = &BrokerError{Kind: BrokerUnknown, Op: "receive", Err: errors.New("broker returned no message and no error")}
+		}
 		if err != nil {
 			<-slots
 			if ctx.Err() != nil {
@@ -204,10 +207,6 @@ func (c *Consumer[T]) Run(ctx context.Context) error {
 		}
 		failures = 0
 		c.setErr(&c.recvErr, nil)
-		if msg == nil {
-			<-slots
-			continue
-		}
 		c.metrics.Received()
 		start := time.Now()
 		if ctx.Err() != nil {
