@@ -1,0 +1,457 @@
+// Command demo runs the reference operator end to end on a local control
+// plane and narrates what happens; `make demo` (example/hack/demo.sh) runs
+// it. It starts etcd + kube-apiserver (internal/testcluster), applies
+// example/config, starts one nats-server and two operator replicas with
+// leader election, creates DemoEntities, fires an HTTP and a NATS trigger,
+// kills the leader, shows the other replica take over, and stops every
+// process it started.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	corev1 "k8s.io/api/core/v1"
+
+	demov1 "github.com/opkit/opkit/example/api/v1"
+	"github.com/opkit/opkit/example/config"
+	"github.com/opkit/opkit/example/internal/harness"
+	"github.com/opkit/opkit/example/operator"
+	"github.com/opkit/opkit/example/reconciler"
+	"github.com/opkit/opkit/internal/testcluster"
+)
+
+const ns = "demo"
+
+var start = time.Now()
+
+func step(format string, args ...any) {
+	fmt.Printf("\n[%5.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
+}
+
+func info(format string, args ...any) { fmt.Printf("         %s\n", fmt.Sprintf(format, args...)) }
+
+func main() {
+	moduleDir := flag.String("module", ".", "directory of the example module (to build demo-operator)")
+	keep := flag.Bool("keep-logs", false, "keep the work directory with the processes' logs")
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	d := &demo{moduleDir: *moduleDir}
+	err := d.run(ctx)
+	d.cleanup()
+	if err != nil && *keep {
+		fmt.Printf("logs kept in %s\n", d.dir)
+	} else if d.dir != "" {
+		os.RemoveAll(d.dir)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "\ndemo FAILED after %.1fs: %v\n", time.Since(start).Seconds(), err)
+		os.Exit(1)
+	}
+	fmt.Printf("\n==> demo finished in %.1fs; every process it started has exited\n", time.Since(start).Seconds())
+}
+
+type demo struct {
+	moduleDir string
+	dir       string
+	cluster   *testcluster.Cluster
+	kube      kubernetes.Interface
+	dyn       dynamic.Interface
+	bin       string
+	nats      *harness.Process
+	natsURL   string
+	replicas  map[string]*harness.Replica
+	pids      []int
+}
+
+// cleanup stops everything started, in reverse order, and checks that no
+// child process is left.
+func (d *demo) cleanup() {
+	for _, r := range d.replicas {
+		if !r.Exited() {
+			_ = r.Stop(20 * time.Second)
+		}
+	}
+	if d.nats != nil {
+		_ = d.nats.Stop(10 * time.Second)
+	}
+	if d.cluster != nil {
+		if err := d.cluster.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "stopping the control plane:", err)
+		}
+	}
+	for _, pid := range d.pids {
+		if err := syscall.Kill(pid, 0); err == nil {
+			fmt.Fprintf(os.Stderr, "process %d is still running; killing it\n", pid)
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}
+
+func (d *demo) run(ctx context.Context) error {
+	fmt.Println("==> opkit demo: the reference operator (example/) on a local control plane")
+	var err error
+	if d.dir, err = os.MkdirTemp("", "opkit-demo-"); err != nil {
+		return err
+	}
+	if err := testcluster.CheckBinaries(testcluster.DefaultBinDir()); err != nil {
+		return err
+	}
+
+	step("building demo-operator (go build ./cmd/demo-operator)")
+	buildDone := make(chan error, 1)
+	go func() {
+		var err error
+		d.bin, err = harness.Build(ctx, d.moduleDir, d.dir)
+		buildDone <- err
+	}()
+
+	step("starting the control plane: etcd %s + kube-apiserver %s (RBAC on, no controller-manager)", testcluster.EtcdVersion, testcluster.KubernetesVersion)
+	d.cluster, err = testcluster.New(ctx, testcluster.Options{})
+	if err != nil {
+		return err
+	}
+	admin := d.cluster.Config()
+	info("API server %s ready in %.1fs", admin.Host, d.cluster.StartupDuration().Seconds())
+	d.kube = kubernetes.NewForConfigOrDie(admin)
+	d.dyn = dynamic.NewForConfigOrDie(admin)
+
+	step("applying example/config (the kustomize layout) with server-side apply")
+	objs, err := harness.Install(ctx, d.dyn)
+	if err != nil {
+		return err
+	}
+	info("%s", strings.Join(objs, ", "))
+	info("(the Deployment's pods never start here: there is no scheduler or kubelet; the two replicas run as local processes instead)")
+
+	step("starting nats-server %s with JetStream (shared by both replicas)", testcluster.NATSVersion)
+	d.nats, d.natsURL, err = harness.StartNATS(filepath.Join(d.cluster.BinDir(), "nats-server"), d.dir)
+	if err != nil {
+		return err
+	}
+	d.pids = append(d.pids, d.nats.Pid())
+	info("listening at %s", d.natsURL)
+
+	if err := <-buildDone; err != nil {
+		return err
+	}
+	step("the replicas run as ServiceAccount %s/%s, so only the RBAC of config/rbac lets them work", config.Namespace, config.ServiceAccount)
+	token, err := harness.Token(ctx, d.kube, config.Namespace, config.ServiceAccount, "")
+	if err != nil {
+		return err
+	}
+	kubeconfig := filepath.Join(d.dir, "operator.kubeconfig")
+	if err := harness.WriteKubeconfig(kubeconfig, admin, token); err != nil {
+		return err
+	}
+
+	d.replicas = map[string]*harness.Replica{}
+	for _, id := range []string{"replica-1", "replica-2"} {
+		r, err := harness.StartReplica(harness.ReplicaConfig{Bin: d.bin, Kubeconfig: kubeconfig, NATSURL: d.natsURL, Dir: d.dir, Identity: id})
+		if err != nil {
+			return err
+		}
+		d.replicas[id] = r
+		d.pids = append(d.pids, r.Pid())
+		info("started %s (pid %d): trigger %s, %s, health %s", id, r.Pid(), r.TriggerURL, r.MetricsURL, r.HealthURL)
+	}
+	leaderID, err := d.waitLeader(ctx, "", 30*time.Second)
+	if err != nil {
+		return err
+	}
+	leader := d.replicas[leaderID]
+	var follower *harness.Replica
+	for id, r := range d.replicas {
+		if id != leaderID {
+			follower = r
+		}
+	}
+	info("%s holds Lease %s/%s; %s stands by", leaderID, config.Namespace, operator.DefaultLeaderElectionID, follower.Identity)
+
+	step("creating namespace %q and three DemoEntities", ns)
+	if _, err := d.kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	entities := []struct {
+		name, msg string
+		replicas  int64
+	}{{"hello", "Hello from opkit", 2}, {"world", "Reconciled from the outside", 1}, {"lorem", "Ipsum dolor sit amet", 0}}
+	for _, e := range entities {
+		u := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": demov1.APIVersion, "kind": demov1.Kind,
+			"metadata": map[string]any{"name": e.name, "namespace": ns},
+			"spec":     map[string]any{"message": e.msg, "replicas": e.replicas},
+		}}
+		if _, err := d.entities().Create(ctx, u, metav1.CreateOptions{}); err != nil {
+			return err
+		}
+	}
+	for _, e := range entities {
+		if err := d.waitReconciled(ctx, e.name, func(x *demov1.DemoEntity) bool { return true }); err != nil {
+			return err
+		}
+	}
+	if err := d.table(ctx, "hello", "world", "lorem"); err != nil {
+		return err
+	}
+
+	step("HTTP trigger, as a CI pipeline would fire it")
+	if err := harness.GrantTrigger(ctx, d.kube, ns, "ci-deployer"); err != nil {
+		return err
+	}
+	tok, err := harness.Token(ctx, d.kube, ns, "ci-deployer", operator.TriggerAudience)
+	if err != nil {
+		return err
+	}
+	tokenFile := filepath.Join(d.dir, "ci-deployer.token")
+	if err := os.WriteFile(tokenFile, []byte(tok), 0o600); err != nil {
+		return err
+	}
+	info("ServiceAccount %s/ci-deployer is bound to ClusterRole %s; its token has audience %q", ns, config.TriggerClusterRole, operator.TriggerAudience)
+	before := time.Now()
+	d.cli(ctx, "trigger", "--namespace", ns, "hello", "--via", "http", "--url", follower.TriggerURL, "--token-file", tokenFile, "--reason", "deployed build 42")
+	info("(the follower refused it, naming the leader; the CLI exits 1, and a pipeline retries against the leader)")
+	if out, ok := d.cli(ctx, "trigger", "--namespace", ns, "hello", "--via", "http", "--url", leader.TriggerURL, "--token-file", tokenFile, "--reason", "deployed build 42"); !ok {
+		return fmt.Errorf("trigger via the leader failed: %s", out)
+	}
+	if err := d.waitReconciled(ctx, "hello", triggeredAfter(before, "deployed build 42")); err != nil {
+		return err
+	}
+	apiTok, err := harness.Token(ctx, d.kube, ns, "ci-deployer", "")
+	if err != nil {
+		return err
+	}
+	code := d.post(leader.TriggerURL+"/reconcile/"+ns+"/hello", apiTok)
+	info("the same ServiceAccount's token for the API server's own audience: %d (refused: tokens are not replayable across audiences)", code)
+	code = d.post(leader.TriggerURL+"/reconcile/"+ns+"/hello", "")
+	info("no token at all: %d", code)
+
+	step("NATS trigger: a message {namespace, name, reason} on subject demo.reconcile")
+	before = time.Now()
+	if out, ok := d.cli(ctx, "trigger", "--namespace", ns, "world", "--via", "nats", "--nats-url", d.natsURL, "--reason", "order 7 shipped"); !ok {
+		return fmt.Errorf("trigger via NATS failed: %s", out)
+	}
+	if err := d.waitReconciled(ctx, "world", triggeredAfter(before, "order 7 shipped")); err != nil {
+		return err
+	}
+	if err := d.table(ctx, "hello", "world", "lorem"); err != nil {
+		return err
+	}
+
+	step("readiness and metrics of the leader")
+	d.show(leader.HealthURL+"/readyz", nil)
+	d.show(leader.MetricsURL, []string{"opkit_leader_is_leader ", "opkit_trigger_http_requests_total{", "opkit_trigger_consumer_acked_total{", "opkit_reconcile_duration_seconds_count{", "opkit_queue_adds_total{"})
+
+	step("killing the leader %s with SIGKILL (no chance to release the Lease)", leaderID)
+	killed := time.Now()
+	leader.Kill()
+	newLeader, err := d.waitLeader(ctx, leaderID, 60*time.Second)
+	if err != nil {
+		return err
+	}
+	info("%s acquired the Lease %.1fs after the kill (the Lease had to expire: 15s)", newLeader, time.Since(killed).Seconds())
+
+	step("changing hello (message and replicas) and deleting lorem")
+	if _, err := d.entities().Patch(ctx, "hello", "application/merge-patch+json", []byte(`{"spec":{"message":"Hello again, after a failover","replicas":3}}`), metav1.PatchOptions{}); err != nil {
+		return err
+	}
+	if err := d.entities().Delete(ctx, "lorem", metav1.DeleteOptions{}); err != nil {
+		return err
+	}
+	if err := d.waitReconciled(ctx, "hello", func(x *demov1.DemoEntity) bool {
+		return x.Status.ObservedGeneration == 2 && x.Status.ReconciledBy == newLeader
+	}); err != nil {
+		return err
+	}
+	if err := harness.Poll(ctx, 30*time.Second, func() (bool, error) {
+		_, err := d.entities().Get(ctx, "lorem", metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	}); err != nil {
+		return fmt.Errorf("lorem was not deleted: %w", err)
+	}
+	if err := d.table(ctx, "hello", "world"); err != nil {
+		return err
+	}
+	_, err = d.kube.CoreV1().ConfigMaps(ns).Get(ctx, "lorem-demo", metav1.GetOptions{})
+	info("lorem is gone; its ConfigMap lorem-demo: %s", map[bool]string{true: "deleted by the finalizer", false: fmt.Sprint(err)}[apierrors.IsNotFound(err)])
+	evs, err := d.kube.EventsV1().Events(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err
+	}
+	for _, e := range evs.Items {
+		info("Event on %s/%s: %s %s — %s (by %s)", e.Regarding.Kind, e.Regarding.Name, e.Type, e.Reason, e.Note, e.ReportingInstance)
+	}
+
+	step("stopping %s, nats-server and the control plane", newLeader)
+	if err := d.replicas[newLeader].Stop(30 * time.Second); err != nil {
+		return fmt.Errorf("%s did not stop cleanly: %w", newLeader, err)
+	}
+	holder, _ := harness.LeaseHolder(ctx, d.kube)
+	info("%s exited cleanly and released the Lease (holder now %q)", newLeader, holder)
+	return nil
+}
+
+func (d *demo) entities() dynamic.ResourceInterface {
+	return d.dyn.Resource(demov1.Resource.GroupVersionResource).Namespace(ns)
+}
+
+func (d *demo) get(ctx context.Context, name string) (*demov1.DemoEntity, error) {
+	u, err := d.entities().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	e := &demov1.DemoEntity{}
+	return e, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, e)
+}
+
+// waitReconciled waits until name's status reflects its generation, its
+// ConfigMap matches and ok holds.
+func (d *demo) waitReconciled(ctx context.Context, name string, ok func(*demov1.DemoEntity) bool) error {
+	err := harness.Poll(ctx, 60*time.Second, func() (bool, error) {
+		e, err := d.get(ctx, name)
+		if err != nil {
+			return false, err
+		}
+		if e.Status.ObservedGeneration != e.Generation || !ok(e) {
+			return false, nil
+		}
+		cm, err := d.kube.CoreV1().ConfigMaps(ns).Get(ctx, reconciler.ConfigMapName(name), metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		return cm.Data["message"] == e.Spec.Message && cm.Data["replicas"] == fmt.Sprint(e.Spec.ReplicaCount()), nil
+	})
+	if err != nil {
+		return fmt.Errorf("%s not reconciled: %w", name, err)
+	}
+	return nil
+}
+
+func triggeredAfter(t time.Time, reason string) func(*demov1.DemoEntity) bool {
+	return func(e *demov1.DemoEntity) bool {
+		lt := e.Status.LastTrigger
+		return lt != nil && lt.Source == demov1.SourceOperator && lt.Reason == reason && !lt.At.Time.Before(t.Truncate(time.Microsecond))
+	}
+}
+
+func (d *demo) waitLeader(ctx context.Context, not string, timeout time.Duration) (string, error) {
+	var id string
+	err := harness.Poll(ctx, timeout, func() (bool, error) {
+		h, err := harness.LeaseHolder(ctx, d.kube)
+		if err != nil {
+			return false, err
+		}
+		id = h
+		return h != "" && h != not && d.replicas[h] != nil, nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("no new leader: %w", err)
+	}
+	return id, nil
+}
+
+// table prints entities with their ConfigMaps and status.
+func (d *demo) table(ctx context.Context, names ...string) error {
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "         ENTITY\tGEN/OBSERVED\tCONFIGMAP DATA\tREADY\tRECONCILED BY\tLAST TRIGGER")
+	for _, n := range names {
+		e, err := d.get(ctx, n)
+		if err != nil {
+			return err
+		}
+		cm, err := d.kube.CoreV1().ConfigMaps(ns).Get(ctx, reconciler.ConfigMapName(n), metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		ready := "?"
+		if c := meta.FindStatusCondition(e.Status.Conditions, demov1.ConditionReady); c != nil {
+			ready = string(c.Status)
+		}
+		trig := "-"
+		if lt := e.Status.LastTrigger; lt != nil {
+			trig = fmt.Sprintf("%s %q at %s", lt.Source, lt.Reason, lt.At.Format("15:04:05.000"))
+		}
+		fmt.Fprintf(w, "         %s\t%d/%d\t%s: message=%q replicas=%s\t%s\t%s\t%s\n", n, e.Generation, e.Status.ObservedGeneration,
+			cm.Name, cm.Data["message"], cm.Data["replicas"], ready, e.Status.ReconciledBy, trig)
+	}
+	return w.Flush()
+}
+
+// cli runs the demo-operator binary (the trigger subcommand) and prints
+// the command line and its output.
+func (d *demo) cli(ctx context.Context, args ...string) (string, bool) {
+	shown := make([]string, len(args))
+	for i, a := range args {
+		shown[i] = a
+		if strings.HasPrefix(a, "http://") || strings.HasPrefix(a, "nats://") || strings.HasSuffix(a, ".token") || strings.Contains(a, " ") {
+			shown[i] = fmt.Sprintf("%q", a)
+		}
+	}
+	info("$ demo-operator %s", strings.Join(shown, " "))
+	out, err := exec.CommandContext(ctx, d.bin, args...).CombinedOutput()
+	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		info("  %s", l)
+	}
+	return string(out), err == nil
+}
+
+func (d *demo) post(url, token string) int {
+	req, _ := http.NewRequest(http.MethodPost, url, nil)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// show prints a URL's body, or only its lines with the given prefixes.
+func (d *demo) show(url string, prefixes []string) {
+	resp, err := http.Get(url)
+	if err != nil {
+		info("GET %s: %v", url, err)
+		return
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	info("GET %s -> %s", url, resp.Status)
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		if prefixes == nil || hasAnyPrefix(l, prefixes) {
+			info("  %s", l)
+		}
+	}
+}
+
+func hasAnyPrefix(s string, ps []string) bool {
+	for _, p := range ps {
+		if strings.HasPrefix(s, p) {
+			return true
+		}
+	}
+	return false
+}
+
+var _ = errors.New
