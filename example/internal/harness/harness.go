@@ -345,7 +345,7 @@ func StartNATS(bin, dir string) (*Process, string, error) {
 // Replica is one running operator process.
 type Replica struct {
 	*Process
-	Identity                            string
+	Identity                          string
 	TriggerURL, HealthURL, MetricsURL string
 }
 
