@@ -14,6 +14,7 @@ import (
 
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/internal/typed"
+	"github.com/opkit/opkit/leader"
 	"github.com/opkit/opkit/queue"
 	"github.com/opkit/opkit/trigger"
 	"github.com/opkit/opkit/watcher"
@@ -76,7 +77,9 @@ type Config[T opkit.Object] struct {
 	Timeout time.Duration
 	// ShutdownTimeout is how long in-flight reconciles may go on after Run's
 	// context is cancelled before their contexts are cancelled too; default
-	// DefaultShutdownTimeout (30s).
+	// DefaultShutdownTimeout (30s). With Leader it is also capped so that
+	// the drain ends before the Lease can expire: at LeaseDuration -
+	// ClockSkew - RetryPeriod (12s with the leader defaults).
 	ShutdownTimeout time.Duration
 	// FreshFor decides which requests are re-fetched: an Added/Modified
 	// entry from the watch that was not delayed, not retried and is handed
@@ -91,6 +94,15 @@ type Config[T opkit.Object] struct {
 	// the controller and must be left zero; a nil Logger means the
 	// controller's.
 	Watch watcher.Config[T]
+
+	// Leader, if set, makes the controller active only while this replica
+	// holds the Lease (see package leader): each term runs the watcher
+	// (with a fresh list), the workers and the term work, under a context
+	// that ends with the term, and every reconcile log line carries the
+	// term number. Gate is set by the controller (its queue) and must be
+	// left nil; Client is required; a nil Logger means the controller's.
+	// nil Leader: the controller is always active.
+	Leader *leader.Config
 
 	// TriggerPriority is the queue priority of external triggers
 	// (Controller.Trigger); zero means trigger.DefaultPriority.
@@ -143,7 +155,8 @@ type Controller[T opkit.Object] struct {
 	queue   *queue.Queue[opkit.Key, opkit.Event[T]]
 	client  *typed.Client[T]
 	watch   *watcher.Watcher[T]
-	elector elector // nil without Leader
+	elector elector         // nil without Leader
+	leader  *leader.Elector // the same, typed
 	// termOf reads the leadership term from a term's context.
 	termOf func(context.Context) (int32, bool)
 	trig   *trigger.Trigger[T]
@@ -171,6 +184,8 @@ func NewController[T opkit.Object](cfg Config[T]) (*Controller[T], error) {
 		return bad("Reconciler is required")
 	case cfg.Watch.Client != nil || cfg.Watch.Queue != nil || cfg.Watch.Resource != (opkit.Resource{}):
 		return bad("Watch.Client, Watch.Resource and Watch.Queue are set by the controller")
+	case cfg.Leader != nil && cfg.Leader.Gate != nil:
+		return bad("Leader.Gate is set by the controller")
 	case cfg.RecordTriggerEvents && cfg.NoEvents:
 		return bad("RecordTriggerEvents contradicts NoEvents")
 	case cfg.Concurrency < 0:
@@ -237,8 +252,45 @@ func NewController[T opkit.Object](cfg Config[T]) (*Controller[T], error) {
 		}
 	}
 
+	if cfg.Leader != nil {
+		lcfg := *cfg.Leader
+		lcfg.Gate = c.queue
+		if lcfg.Logger == nil {
+			lcfg.Logger = log
+		}
+		el, err := leader.New(lcfg)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+		c.elector, c.leader = el, el
+		c.termOf = func(ctx context.Context) (int32, bool) {
+			t, ok := leader.TermFrom(ctx)
+			return t.Number, ok
+		}
+		c.drain = min(c.drain, leaseBound(lcfg))
+	}
 	return c, nil
 }
+
+// leaseBound is how long a leader's shutdown drain may last so that it ends
+// before its Lease can expire: its last renew is at most RetryPeriod old.
+func leaseBound(cfg leader.Config) time.Duration {
+	lease, skew, retry := cfg.LeaseDuration, cfg.ClockSkew, cfg.RetryPeriod
+	if lease == 0 {
+		lease = leader.DefaultLeaseDuration
+	}
+	if skew == 0 {
+		skew = leader.DefaultClockSkew
+	}
+	if retry == 0 {
+		retry = leader.DefaultRetryPeriod
+	}
+	return max(lease-skew-retry, 0)
+}
+
+// Elector returns the leader elector, or nil without Config.Leader. Use it
+// to report the current leader (e.g. in a follower's 503 answers).
+func (c *Controller[T]) Elector() *leader.Elector { return c.leader }
 
 // Trigger returns the trigger bound to the controller's queue, for the
 // HTTP handler, message consumers and the operator's own code. Its adds are

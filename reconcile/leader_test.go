@@ -1,0 +1,196 @@
+package reconcile_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	coordv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kfake "k8s.io/client-go/kubernetes/fake"
+
+	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/leader"
+	"github.com/opkit/opkit/reconcile"
+)
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+func TestControllerReconcilesOnlyWhileLeading(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// Another replica holds the Lease, renewed just now.
+		holder, dur := "other", int32(15)
+		now := metav1.NewMicroTime(time.Now())
+		kube := kfake.NewClientset(&coordv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "widgets"},
+			Spec:       coordv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &dur, AcquireTime: &now, RenewTime: &now},
+		})
+		logs := &syncBuffer{}
+		rec := &recorder{}
+		e := start(t, rec, func(c *reconcile.Config[*Widget]) {
+			c.Leader = &leader.Config{Client: kube, Namespace: "ns", Name: "widgets", Identity: "me"}
+			c.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		}, widget("a"))
+		synctest.Wait()
+		late := reconcile.Runnable{Name: "late", Run: func(context.Context) error { return nil }}
+		if err := e.ctrl.AddTermWork(late); !errors.Is(err, reconcile.ErrAlreadyRunning) {
+			t.Fatalf("AddTermWork after Run = %v, want ErrAlreadyRunning", err)
+		}
+
+		// A follower: nothing reconciled, triggers dropped, healthy standby.
+		if n := len(rec.snapshot()); n != 0 {
+			t.Fatalf("%d reconciles on a follower", n)
+		}
+		if ok, err := e.ctrl.Trigger().Enqueue(context.Background(), widget("a"), opkit.Modified, opkit.Operator, 0, 0); ok || err != nil {
+			t.Fatalf("Enqueue on a follower = %v, %v; want dropped", ok, err)
+		}
+		if err := e.ctrl.Check(); err != nil {
+			t.Fatalf("Check on a standby follower: %v", err)
+		}
+		if got := e.ctrl.Elector().Leader(); got != "other" {
+			t.Fatalf("Leader() = %q, want other", got)
+		}
+
+		// The holder stops renewing: we take over and reconcile.
+		time.Sleep(30 * time.Second)
+		synctest.Wait()
+		calls := rec.snapshot()
+		if len(calls) != 1 || calls[0].req.Key.Name != "a" {
+			t.Fatalf("calls after takeover: %+v", calls)
+		}
+		found := false
+		for _, line := range strings.Split(logs.String(), "\n") {
+			if strings.Contains(line, "msg=reconciled") {
+				found = true
+				for _, attr := range []string{"key=ns/a", "type=Added", "source=APIServer", "retry=0", "term="} {
+					if !strings.Contains(line, attr) {
+						t.Errorf("reconcile log line lacks %s: %s", attr, line)
+					}
+				}
+			}
+		}
+		if !found {
+			t.Fatalf("no reconcile log line:\n%s", logs.String())
+		}
+		if ok, _ := e.ctrl.Trigger().Enqueue(context.Background(), widget("a"), opkit.Modified, opkit.Operator, 0, 0); !ok {
+			t.Fatal("Enqueue dropped on the leader")
+		}
+	})
+}
+
+func TestLeaderDrainEndsBeforeTheLeaseCanExpire(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		kube := kfake.NewClientset()
+		var cancelledAfter time.Duration
+		began := make(chan time.Time, 1)
+		rec := &recorder{do: func(ctx context.Context, _ int, _ reconcile.Request[*Widget]) (reconcile.Result, error) {
+			<-ctx.Done()
+			cancelledAfter = time.Since(<-began)
+			return reconcile.Done(), ctx.Err()
+		}}
+		e := start(t, rec, func(c *reconcile.Config[*Widget]) {
+			c.Leader = &leader.Config{Client: kube, Namespace: "ns", Name: "widgets", Identity: "me"}
+			c.ShutdownTimeout = time.Minute // longer than the Lease allows
+		}, widget("a"))
+		synctest.Wait()
+		if n := len(rec.snapshot()); n != 1 {
+			t.Fatalf("%d reconciles after acquiring, want 1", n)
+		}
+		began <- time.Now()
+		e.cancel()
+		err := <-e.done
+		e.done <- err
+		// LeaseDuration 15s - ClockSkew 1s - RetryPeriod 2s.
+		if cancelledAfter != 12*time.Second {
+			t.Fatalf("in-flight reconcile cancelled %v after shutdown began, want 12s", cancelledAfter)
+		}
+		lease, err := kube.CoordinationV1().Leases("ns").Get(context.Background(), "widgets", metav1.GetOptions{})
+		if err != nil || (lease.Spec.HolderIdentity != nil && *lease.Spec.HolderIdentity != "") {
+			t.Fatalf("lease after shutdown: %+v, %v; want released", lease.Spec, err)
+		}
+	})
+}
+
+func TestLeaderOnlyGroupComponentsRunOnlyInTerms(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		holder, dur := "other", int32(15)
+		now := metav1.NewMicroTime(time.Now())
+		kube := kfake.NewClientset(&coordv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "widgets"},
+			Spec:       coordv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &dur, AcquireTime: &now, RenewTime: &now},
+		})
+		ctrl, err := reconcile.NewController(reconcile.Config[*Widget]{
+			Name: "w", Resource: widgets, Dynamic: newFakeDynamic(t, widget("a")), Reconciler: &recorder{}, Logger: quiet,
+			Leader: &leader.Config{Client: kube, Namespace: "ns", Name: "widgets", Identity: "me"},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var gcRunning atomic.Bool
+		g := reconcile.NewGroup(reconcile.GroupConfig{Leader: ctrl, Logger: quiet})
+		if err := g.Add(ctrl.Runnable(), reconcile.Runnable{Name: "gc", LeaderOnly: true, Run: func(ctx context.Context) error {
+			gcRunning.Store(true)
+			<-ctx.Done()
+			gcRunning.Store(false)
+			return nil
+		}}); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- g.Run(ctx) }()
+		synctest.Wait()
+		if gcRunning.Load() {
+			t.Fatal("leader-only component runs on a follower")
+		}
+		time.Sleep(30 * time.Second) // the other holder's Lease expires
+		synctest.Wait()
+		if !gcRunning.Load() {
+			t.Fatal("leader-only component not running on the leader")
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if gcRunning.Load() {
+			t.Fatal("leader-only component still running after shutdown")
+		}
+	})
+}
+
+func TestNewControllerRefusesALeaderGateAndBadLeaderConfig(t *testing.T) {
+	dyn := newFakeDynamic(t)
+	base := reconcile.Config[*Widget]{Name: "n", Resource: widgets, Dynamic: dyn, Reconciler: &recorder{}}
+	cfg := base
+	cfg.Leader = &leader.Config{Client: kfake.NewClientset(), Namespace: "ns", Name: "l", Gate: queueGate{}}
+	if _, err := reconcile.NewController(cfg); !errors.Is(err, reconcile.ErrInvalidConfig) {
+		t.Errorf("Leader.Gate set: err = %v", err)
+	}
+	cfg.Leader = &leader.Config{Namespace: "ns", Name: "l"} // no client
+	if _, err := reconcile.NewController(cfg); !errors.Is(err, reconcile.ErrInvalidConfig) || !errors.Is(err, leader.ErrInvalidConfig) {
+		t.Errorf("Leader without client: err = %v", err)
+	}
+}
+
+type queueGate struct{}
+
+func (queueGate) Suspend()   {}
+func (queueGate) Resume()    {}
+func (queueGate) Clear() int { return 0 }
