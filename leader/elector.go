@@ -155,6 +155,11 @@ type observation struct {
 	at    time.Time             // when its current resourceVersion was first seen
 }
 
+type pollResult struct {
+	lease *coordinationv1.Lease
+	err   error
+}
+
 type leaseEvent struct {
 	lease   *coordinationv1.Lease
 	deleted bool
@@ -207,6 +212,7 @@ func (e *Elector) campaign(ctx context.Context) (*coordinationv1.Lease, time.Tim
 	wg.Go(func() { e.watchLease(wctx, events) })
 
 	var obs observation
+	var polling chan pollResult // non-nil while a read is in flight
 	poll := time.NewTimer(0)
 	defer poll.Stop()
 	expiry := time.NewTimer(time.Hour)
@@ -223,16 +229,28 @@ func (e *Elector) campaign(ctx context.Context) (*coordinationv1.Lease, time.Tim
 				e.observe(&obs, ev.lease)
 			}
 		case <-poll.C:
-			l, err := e.get(ctx)
+			// The read runs on its own goroutine so that a slow API server
+			// does not hold back the watch events meanwhile.
+			if polling == nil {
+				polling = make(chan pollResult, 1)
+				ch := polling
+				wg.Go(func() {
+					l, err := e.get(wctx)
+					ch <- pollResult{l, err}
+				})
+			}
+			continue
+		case r := <-polling:
+			polling = nil
 			switch {
-			case err == nil:
-				e.observe(&obs, l)
-			case apierrors.IsNotFound(err):
+			case r.err == nil:
+				e.observe(&obs, r.lease)
+			case apierrors.IsNotFound(r.err):
 				e.observe(&obs, nil)
 			case ctx.Err() != nil:
 				return nil, time.Time{}, ctx.Err()
 			default:
-				e.log.Warn("reading lease", "err", err)
+				e.log.Warn("reading lease", "err", r.err)
 			}
 			poll.Reset(jittered(e.cfg.RetryPeriod))
 		case <-expiry.C:
@@ -252,7 +270,8 @@ func (e *Elector) campaign(ctx context.Context) (*coordinationv1.Lease, time.Tim
 			return nil, time.Time{}, ctx.Err()
 		}
 		// Someone else wrote first (conflict, already exists) or the API
-		// failed: read again before the next attempt.
+		// failed: read again before the next attempt (a watch event may
+		// well come first).
 		obs.known = false
 		if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
 			e.log.Debug("lost the race to acquire", "err", err)
