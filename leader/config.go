@@ -77,7 +77,7 @@ type Config struct {
 	// overrunning. It covers clock-rate differences between nodes and
 	// request latency (wall-clock offsets are irrelevant, see the package
 	// doc). Must be less than LeaseDuration - RenewDeadline; negative is an
-	// error. Default 1s.
+	// error; zero means the default, 1s (there is no way to ask for none).
 	ClockSkew time.Duration
 
 	// Gate is the queue's intake. It is suspended at start, resumed when a

@@ -5,9 +5,10 @@
 //
 // One goroutine, the caller of [Elector.Run], owns the campaign loop, the
 // renewals' bookkeeping and the gate: every Suspend, Resume and Clear is
-// called from it. Run starts and owns three kinds of helper goroutines: the
-// term's work, one Lease watch while campaigning, and at most one renew
-// request in flight while leading. All have exited when Run returns, except
+// called from it. Run starts and owns helper goroutines: the term's work;
+// while campaigning, one Lease watch and at most one Lease read in flight;
+// while leading, at most one renew request in flight. All have exited when
+// Run returns, except
 // a renew request whose client ignores its context's cancellation (its
 // result is then dropped when it finally returns). The accessors
 // ([Elector.Leader], [Elector.IsLeader], [Elector.Identity],
