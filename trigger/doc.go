@@ -1,56 +1,85 @@
 // Package trigger lets systems outside the watch stream ask for a reconcile:
-// a [Trigger] puts requests into a controller's queue, an HTTP handler
-// (see [NewHandler]) serves POST /reconcile/{namespace}/{name}, and a
-// [Consumer] turns messages from any broker into reconciles.
+// a [Trigger] puts requests into a controller's queue, an HTTP endpoint
+// ([NewHandler], served by a [Server]) answers POST
+// /reconcile/{namespace}/{name}, and a [Consumer] turns messages from any
+// broker ([Broker]) into reconciles.
 //
 // Goroutines: a Trigger owns none. The HTTP handler runs on net/http's
 // request goroutines. A Consumer's Run owns its receive loop, its handler
 // goroutines (at most ConsumerConfig.Concurrency) and the lag poller, and
-// returns only after all of them have finished. A [Server] owns the
-// net/http server goroutines between Run's start and return.
+// returns only after all of them have finished. A Server's Serve owns the
+// net/http server goroutines until it returns. Package brokertest holds an
+// in-memory Broker for tests.
 //
 // Guarantees:
 //
-//   - Enqueue never blocks and tells "scheduled" (true), "dropped" (false,
-//     with the queue's reason from [Trigger.Submit]) and "bad input" (an
-//     error wrapping [ErrInvalid]) apart. Source APIServer is refused: it is
-//     reserved for the watch stream.
-//   - Triggers outrank watch events and relists in the queue
-//     ([DefaultPriority]), so they are not stuck behind a relist backlog.
+//   - Enqueue never blocks and tells "scheduled" (true), "dropped" (false;
+//     [Trigger.Submit] gives the queue's reason, a queue.Outcome) and "bad
+//     input" (an error wrapping [ErrInvalid]) apart. Source APIServer is
+//     refused: it is reserved for the watch stream.
+//   - Triggers outrank watch events (0) and relists (-1) in the queue
+//     ([DefaultPriority], 100), so they are not stuck behind a relist backlog.
 //   - The HTTP handler and the consumer never trust a payload: they re-fetch
 //     the object from the API server and enqueue what it returned.
-//   - The handler is secure by default: a caller's bearer token is checked
-//     with a TokenReview for the endpoint's own audience and the caller must
-//     pass a SubjectAccessReview ([NewKubeAuthenticator]); running without
-//     authentication needs HandlerConfig.InsecureSkipAuth.
+//   - The handler is secure by default: [NewHandler] refuses to build
+//     without an [Authenticator] unless HandlerConfig.InsecureSkipAuth is
+//     set. The Kubernetes-native one ([NewKubeAuthenticator], or just
+//     HandlerConfig.Reviews) checks the bearer token with a TokenReview for
+//     the endpoint's own audience ([DefaultAudience]) and the caller's
+//     permission with a SubjectAccessReview (default: verb update on the
+//     object), caching decisions briefly and never logging tokens.
+//   - Every API call and every broker call has a timeout; the handler never
+//     waits on the queue.
 //   - The consumer never acknowledges a trigger it could not schedule: a
 //     dropped enqueue is nacked so the broker redelivers it (to the leader,
 //     or later); malformed messages are dead-lettered, messages for objects
 //     that no longer exist are acknowledged with a warning.
 //
+// # Deploying the endpoint
+//
+// The operator's ServiceAccount needs create on tokenreviews and
+// subjectaccessreviews (the system:auth-delegator ClusterRole) and get on
+// the resource. A caller gets a token for the endpoint with
+// `kubectl create token SA --audience opkit-trigger` (or a projected
+// ServiceAccount token volume with that audience) and RBAC permission to
+// update the object (or the verb/subresource configured in
+// KubeAuthConfig). Serve it over HTTPS with [NewServer] and restrict who can
+// reach it with a NetworkPolicy.
+//
 // # HTTP status codes
 //
-//	202 scheduled; JSON {key, namespace, name, uid, resourceVersion, delay, outcome}
-//	400 invalid namespace/name (DNS-1123), delay, reason or query parameter
-//	401 missing, invalid or wrong-audience bearer token
+//	202 scheduled; JSON [Accepted] {key, namespace, name, uid, resourceVersion, delay, outcome}
+//	400 invalid namespace/name (DNS-1123), delay, reason, query parameter or JSON body
+//	401 missing, invalid or wrong-audience bearer token (WWW-Authenticate: Bearer)
 //	403 the SubjectAccessReview denied the caller
-//	404 the object does not exist (or no such route)
-//	405 a method other than POST
+//	404 the object does not exist, or no such route
+//	405 a method other than POST (Allow: POST)
 //	413 a body larger than HandlerConfig.MaxBodyBytes
 //	415 a body whose Content-Type is not application/json
-//	429 the rate or in-flight limit is exceeded
+//	429 the rate or in-flight limit is exceeded (Retry-After)
+//	500 the API server returned an object the trigger refuses (another kind)
 //	502 the API server failed (re-fetch, TokenReview or SubjectAccessReview)
-//	503 the enqueue was dropped; Retry-After, X-Opkit-Leader and "leader" in the body
-//	504 the API server timed out
+//	503 the enqueue was dropped: Retry-After, X-Opkit-Leader and "leader" in the body
+//	504 an API call timed out (HandlerConfig.APITimeout)
 //
-// Every error body is a JSON object shaped like a Kubernetes Status
-// ({"kind":"Status","apiVersion":"v1","status":"Failure","reason",...}).
+// Every error body is a [Status], a JSON object shaped like a Kubernetes
+// metav1.Status ({"kind":"Status","apiVersion":"v1","status":"Failure",
+// "reason","message","code"}).
 //
 // # Consumer semantics
 //
-//	malformed or invalid message  Term (dead-letter), counted by TermReason
+// A message is a JSON object {"namespace": ..., "name": ..., "reason": ...}
+// (reason optional; namespace only for namespaced resources) of at most
+// ConsumerConfig.MaxMessageBytes.
+//
+//	malformed or invalid message  Term (dead-letter), counted by TermReason, logged
 //	object not found              Ack, logged as a warning
-//	API server error              Nack, delay grows with the delivery count
-//	enqueue dropped               Nack (never Ack)
+//	API server error              Nack, delay RetryBase*2^(deliveries-1) up to RetryCap
+//	enqueue dropped               Nack after DroppedDelay (never Ack)
 //	scheduled                     Ack
+//
+// Broker failures are classified by the adapter as a [BrokerError]
+// (Disconnected, Permission, Quota, NotFound) and reported by that name in
+// logs, [ConsumerMetrics] and [Consumer.Check]; a failing Receive is
+// retried with backoff.
 package trigger

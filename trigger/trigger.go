@@ -43,8 +43,8 @@ type Config[T opkit.Object] struct {
 	Priority int
 	// Metrics receives counts of outcomes; nil means no metrics.
 	Metrics Metrics
-	// Logger receives one record per dropped or rejected trigger; nil means
-	// slog.Default().
+	// Logger receives one record per dropped (Info: expected on followers)
+	// or rejected (Warn) trigger; nil means slog.Default().
 	Logger *slog.Logger
 }
 
@@ -151,7 +151,7 @@ func (t *Trigger[T]) Submit(ctx context.Context, req Request[T]) (queue.Outcome,
 	o := t.q.Add(key, ev, queue.AddOptions{Delay: req.Delay, Priority: t.priority, Retries: req.Retries})
 	t.metrics.Enqueued(o)
 	if !o.Accepted() {
-		t.log.LogAttrs(ctx, slog.LevelWarn, "trigger dropped",
+		t.log.LogAttrs(ctx, slog.LevelInfo, "trigger dropped",
 			slog.String("resource", t.res.GroupVersionResource.String()),
 			slog.String("key", key.String()),
 			slog.String("outcome", o.String()),
