@@ -84,12 +84,16 @@ func (m *countingMetrics) Request(code int, _ string, _ time.Duration) {
 	m.requests[code]++
 	m.mu.Unlock()
 }
-func (m *countingMetrics) Received()                       { m.mu.Lock(); m.received++; m.mu.Unlock() }
-func (m *countingMetrics) Acked(r trigger.AckReason)       { m.mu.Lock(); m.acked[r]++; m.mu.Unlock() }
-func (m *countingMetrics) Nacked(r trigger.NackReason)     { m.mu.Lock(); m.nacked[r]++; m.mu.Unlock() }
-func (m *countingMetrics) Terminated(r trigger.TermReason) { m.mu.Lock(); m.terminated[r]++; m.mu.Unlock() }
-func (m *countingMetrics) Processed(time.Duration)         { m.mu.Lock(); m.processed++; m.mu.Unlock() }
-func (m *countingMetrics) Lag(n int64)                     { m.mu.Lock(); m.lag = append(m.lag, n); m.mu.Unlock() }
+func (m *countingMetrics) Received()                   { m.mu.Lock(); m.received++; m.mu.Unlock() }
+func (m *countingMetrics) Acked(r trigger.AckReason)   { m.mu.Lock(); m.acked[r]++; m.mu.Unlock() }
+func (m *countingMetrics) Nacked(r trigger.NackReason) { m.mu.Lock(); m.nacked[r]++; m.mu.Unlock() }
+func (m *countingMetrics) Terminated(r trigger.TermReason) {
+	m.mu.Lock()
+	m.terminated[r]++
+	m.mu.Unlock()
+}
+func (m *countingMetrics) Processed(time.Duration) { m.mu.Lock(); m.processed++; m.mu.Unlock() }
+func (m *countingMetrics) Lag(n int64)             { m.mu.Lock(); m.lag = append(m.lag, n); m.mu.Unlock() }
 func (m *countingMetrics) BrokerError(k trigger.BrokerErrorKind) {
 	m.mu.Lock()
 	m.brokerErrs[k]++

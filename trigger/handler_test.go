@@ -245,7 +245,10 @@ func TestHandler503WhenDropped(t *testing.T) {
 }
 
 func TestHandler503WithoutKnownLeader(t *testing.T) {
-	e := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) { c.Leader = nil; c.RetryAfter = 1500 * time.Millisecond })
+	e := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) {
+		c.Leader = nil
+		c.RetryAfter = 1500 * time.Millisecond
+	})
 	e.q.Suspend()
 	w := post(e, "/reconcile/ns/a")
 	st := wantStatus(t, w, 503, "ServiceUnavailable")
