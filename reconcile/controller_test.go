@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -318,9 +319,13 @@ func TestControllerTurnsAPanicIntoARetriedError(t *testing.T) {
 			}
 			return reconcile.Done(), nil
 		}}
-		e := start(t, rec, nil, widget("a"))
+		logs := &syncBuffer{}
+		e := start(t, rec, func(c *reconcile.Config[*Widget]) { c.Logger = slog.New(slog.NewTextHandler(logs, nil)) }, widget("a"))
 		time.Sleep(time.Minute)
 		synctest.Wait()
+		if l := logs.String(); !strings.Contains(l, `msg="reconcile panicked"`) || !strings.Contains(l, "assignment to entry in nil map") || !strings.Contains(l, "controller_test.go") {
+			t.Errorf("panic log lacks the message or the stack:\n%s", l)
+		}
 		calls := rec.snapshot()
 		if len(calls) != 2 || calls[1].retries != 1 || e.metrics.panics != 1 || e.metrics.get(reconcile.OutcomeDone) != 1 {
 			t.Fatalf("calls %d, panics %d, outcomes %v; want the panic retried once", len(calls), e.metrics.panics, e.metrics.outcomes)
