@@ -28,8 +28,9 @@
 //
 // An Added/Modified entry from the watch that was not delayed, not retried
 // and reaches a worker within Config.FreshFor (1s) of its add is reconciled
-// with the object the watch delivered: nothing newer can exist that the
-// watch has not queued behind it. Every other Added/Modified request — one
+// with the object the watch delivered, which is as fresh as the watch: a
+// newer state is already on its way as the key's next event, and gets its
+// own reconcile. Every other Added/Modified request — one
 // that waited in a backlog, a delayed or retried one, any external trigger —
 // is re-fetched first; if the object is gone it is skipped and counted
 // (Metrics.Skipped), and its Deleted event does the rest. Deleted requests
