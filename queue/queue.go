@@ -170,6 +170,7 @@ func clamp32(v int) int32 {
 // It returns Queued for a new key, Merged for a known one, and
 // DroppedSuspended or DroppedShutDown when nothing was stored.
 func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
+	h := hashOf(q.ix.seed, key) // the seed never changes: hash outside the lock
 	q.mu.Lock()
 	if q.shutdown || q.suspended {
 		out := DroppedSuspended
@@ -192,7 +193,6 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 	prio := clamp32(opts.Priority)
 	retries := clamp32(opts.Retries)
 
-	h := hashOf(q.ix.seed, key)
 	head, pos := q.find(key, h)
 	known := head != none
 	out := Merged
