@@ -21,17 +21,24 @@ import (
 //	                                         newer object stays and the old object's
 //	                                         delete follows it (only a retried delete
 //	                                         arrives in that order)
+//	trigger    watch Added/Modified, same    MergeKeep: the external trigger keeps its
+//	(Operator) UID (or a UID unknown)        source and reason (the worker re-fetches a
+//	                                         trigger's object, so nothing goes stale)
 //	other      anything else                 MergeReplace: the newest state wins
 //
 // Due time and priority merge inside the queue whatever the rule (earliest
-// due, highest priority). With MergeReplace the incoming event's Source and
-// Reason win too: a trigger's reason merged into a later watch event is not
-// reported separately.
+// due, highest priority). A pending external trigger is not overwritten by a
+// later watch event: the reconcile it asked for still says who asked and
+// why. A later trigger replaces a pending watch event (newest wins).
 func MergeEvents[T opkit.Object](pending, incoming opkit.Event[T]) queue.Merge {
 	pu, iu := uidOf(pending.Object), uidOf(incoming.Object)
 	if pending.Type != opkit.Deleted {
 		if incoming.Type == opkit.Deleted && pu != "" && iu != "" && pu != iu {
 			return queue.MergeSequence
+		}
+		if pending.Source == opkit.Operator && incoming.Source == opkit.APIServer &&
+			incoming.Type != opkit.Deleted && (pu == "" || iu == "" || pu == iu) {
+			return queue.MergeKeep
 		}
 		return queue.MergeReplace
 	}

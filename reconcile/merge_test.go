@@ -21,6 +21,10 @@ func ev(typ opkit.Type, uid types.UID) opkit.Event[*corev1.ConfigMap] {
 	return opkit.Event[*corev1.ConfigMap]{Object: cmWithUID(uid), Type: typ, Source: opkit.APIServer}
 }
 
+func trig(uid types.UID) opkit.Event[*corev1.ConfigMap] {
+	return opkit.Event[*corev1.ConfigMap]{Object: cmWithUID(uid), Type: opkit.Modified, Source: opkit.Operator, Reason: "deploy"}
+}
+
 func TestMergeEventsNeverTurnsAPendingDeleteIntoSomethingElse(t *testing.T) {
 	tomb := ev(opkit.Deleted, "u1")
 	tomb.FinalStateUnknown = true
@@ -43,6 +47,12 @@ func TestMergeEventsNeverTurnsAPendingDeleteIntoSomethingElse(t *testing.T) {
 		{"deleted then nil object: keep", ev(opkit.Deleted, "u1"), nilObj, queue.MergeKeep},
 		{"tombstone then full final state: replace", tomb, ev(opkit.Deleted, "u1"), queue.MergeReplace},
 		{"full final state then tombstone: keep", ev(opkit.Deleted, "u1"), tomb, queue.MergeKeep},
+		{"trigger then watch event: the trigger keeps who asked", trig("u1"), ev(opkit.Modified, "u1"), queue.MergeKeep},
+		{"trigger without uid then watch event: keep", trig(""), ev(opkit.Added, "u1"), queue.MergeKeep},
+		{"trigger then delete: the delete wins", trig("u1"), ev(opkit.Deleted, "u1"), queue.MergeReplace},
+		{"trigger then recreated object's watch event: newest wins", trig("u1"), ev(opkit.Added, "u2"), queue.MergeReplace},
+		{"watch event then trigger: the trigger wins", ev(opkit.Modified, "u1"), trig("u1"), queue.MergeReplace},
+		{"trigger then trigger: newest wins", trig("u1"), trig("u1"), queue.MergeReplace},
 	} {
 		if got := reconcile.MergeEvents(tc.pending, tc.incoming); got != tc.want {
 			t.Errorf("%s: got %v, want %v", tc.name, got, tc.want)
