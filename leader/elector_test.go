@@ -742,3 +742,48 @@ func TestFollowerRecreatesDeletedLease(t *testing.T) {
 		b.stop()
 	})
 }
+
+// stuckGate blocks in Suspend once armed, as an intake that cannot be
+// closed would.
+type stuckGate struct {
+	gate
+	armed   *bool
+	release chan struct{}
+}
+
+func (g stuckGate) Suspend() {
+	g.gate.Suspend()
+	if *g.armed {
+		<-g.release
+	}
+}
+
+// Check reports a leader that has not renewed within RenewDeadline (here
+// because the end of its term is stuck in the gate) as unhealthy.
+func TestCheckReportsLeaderNotRenewed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		armed := false
+		g := stuckGate{gate: gate{j: e.j, name: "a"}, armed: &armed, release: make(chan struct{})}
+		a := e.start("a", func(c *leader.Config) { c.Gate = g }, nil)
+		synctest.Wait()
+		armed = true
+		e.api.setHook("a", func(string) error { return errors.New("connection refused") })
+		sleep(renewDeadline - time.Millisecond)
+		if err := a.elector.Check(); err != nil {
+			t.Errorf("Check() = %v within RenewDeadline", err)
+		}
+		sleep(2 * time.Millisecond)
+		synctest.Wait()
+		if err := a.elector.Check(); !errors.Is(err, leader.ErrNotRenewed) {
+			t.Errorf("Check() = %v past RenewDeadline, want ErrNotRenewed", err)
+		}
+		close(g.release)
+		synctest.Wait()
+		if err := a.elector.Check(); err != nil {
+			t.Errorf("Check() = %v once stepped down", err)
+		}
+		e.api.setHook("a", nil)
+		a.stop()
+	})
+}
