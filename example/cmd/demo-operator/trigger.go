@@ -187,7 +187,7 @@ func triggerHTTP(ctx context.Context, o triggerOptions, stdout io.Writer) error 
 	}
 	_ = json.Unmarshal(b, &st)
 	msg := fmt.Sprintf("%s: %s %s", resp.Status, st.Reason, st.Message)
-	if st.Leader != "" {
+	if st.Leader != "" && !strings.Contains(msg, st.Leader) {
 		msg += " (leader: " + st.Leader + ")"
 	}
 	return errors.New(strings.TrimSpace(msg))
