@@ -23,9 +23,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
+	dynfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/util/workqueue"
 	crcontroller "sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/priorityqueue"
@@ -419,7 +421,7 @@ func measure(b *testing.B, tr *tracker, c contender, l load) {
 // before a trigger is fired to the first line of the reconcile it causes.
 func BenchmarkTriggerLatency(b *testing.B) {
 	client := setup(b)
-	for _, impl := range []string{"opkit-enqueue", "opkit-http", "controller-runtime-channel"} {
+	for _, impl := range []string{"opkit-enqueue", "opkit-enqueue-fakeapi", "opkit-http", "controller-runtime-channel"} {
 		for _, l := range []load{idle, watchBacklog, relistBacklog} {
 			b.Run(fmt.Sprintf("impl=%s/load=%s", impl, l), func(b *testing.B) {
 				tr := newTracker()
@@ -427,6 +429,8 @@ func BenchmarkTriggerLatency(b *testing.B) {
 				switch impl {
 				case "opkit-enqueue":
 					c = startOpkit(b, client, tr, false)
+				case "opkit-enqueue-fakeapi":
+					c = startOpkit(b, fakeAPI(b), tr, false)
 				case "opkit-http":
 					c = startOpkit(b, client, tr, true)
 				default:
@@ -436,6 +440,24 @@ func BenchmarkTriggerLatency(b *testing.B) {
 			})
 		}
 	}
+}
+
+// fakeAPI returns client-go's dynamic fake holding the target ConfigMaps:
+// opkit's path without the network and the API server (the worker's
+// re-fetch reads the fake's in-memory tracker), the closest to what
+// controller-runtime's channel path does.
+func fakeAPI(b *testing.B) dynamic.Interface {
+	b.Helper()
+	seed := make([]runtime.Object, 0, targets)
+	for i := range targets {
+		seed = append(seed, &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "v1", "kind": "ConfigMap",
+			"metadata": map[string]any{"namespace": namespace, "name": targetName(i)},
+			"data":     map[string]any{"index": strconv.Itoa(i)},
+		}})
+	}
+	return dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+		map[schema.GroupVersionResource]string{configMaps.GroupVersionResource: "ConfigMapList"}, seed...)
 }
 
 // startOpkit runs an opkit controller over the targets' namespace and waits
@@ -498,7 +520,9 @@ func startOpkit(b *testing.B, client dynamic.Interface, tr *tracker, viaHTTP boo
 		// per Enqueue trigger, two per HTTP trigger).
 		report: func(b *testing.B) {
 			qm.report(b, "queue")
-			gets.report(b, "get")
+			if _, fake := client.(*dynfake.FakeDynamicClient); !fake {
+				gets.report(b, "get")
+			}
 		},
 		fill: func(l load) {
 			prio := 0 // the watcher's default watch priority
