@@ -86,6 +86,7 @@ type Queue[K comparable, V any] struct {
 	free   []int32
 
 	levels     []*level // ready entries, highest priority first
+	levelCap   int      // prune empty levels when there are this many
 	nReady     int
 	readyStale int // stale elements left in the rings
 	delay      delayHeap
@@ -385,9 +386,13 @@ func (q *Queue[K, V]) levelFor(p int32) *level {
 			break
 		}
 	}
-	if len(q.levels) >= maxEmptyLevels {
+	if len(q.levels) >= max(q.levelCap, minLevelCap) {
+		// Drop empty levels, and let the list grow to twice what is left
+		// before trying again, so that many priorities in use at once do
+		// not make every new level pay for a pass.
 		q.pruneLevels()
-		return q.levelFor(p)
+		q.levelCap = 2 * len(q.levels)
+		return q.levelFor(p) // p is not there: this call inserts it
 	}
 	l := &level{prio: p}
 	q.levels = append(q.levels, nil)
@@ -396,9 +401,9 @@ func (q *Queue[K, V]) levelFor(p int32) *level {
 	return l
 }
 
-// maxEmptyLevels bounds the number of priority levels kept; empty ones are
-// dropped beyond it.
-const maxEmptyLevels = 32
+// minLevelCap is the number of priority levels (empty ones included) the
+// queue keeps before it drops empty ones.
+const minLevelCap = 32
 
 func (q *Queue[K, V]) pruneLevels() {
 	kept := q.levels[:0]

@@ -749,3 +749,26 @@ func TestStatsReportInFlightWork(t *testing.T) {
 		}
 	})
 }
+
+func TestManyDistinctPrioritiesAreServedInOrder(t *testing.T) {
+	q := queue.New[int, int](queue.Config[int]{})
+	for round := range 3 {
+		// 100 priorities pending at once, added in a scrambled order
+		for i := range 100 {
+			p := (i*37)%100 - 50
+			q.Add(round*1000+i, p, queue.AddOptions{Priority: p})
+		}
+		last := 1 << 30
+		for range 100 {
+			it := mustGet(t, q)
+			if it.Priority > last {
+				t.Fatalf("round %d: priority %d after %d", round, it.Priority, last)
+			}
+			last = it.Priority
+			q.Done(it.Key)
+		}
+		if _, ok := tryGet(t, q); ok {
+			t.Fatal("more entries than added")
+		}
+	}
+}
