@@ -12,9 +12,25 @@ import (
 )
 
 // newController builds the controller, with a leader elector on the Lease
-// when o.LeaderElect is set.
+// when o.LeaderElect is set (then the controller is active only while this
+// replica holds the Lease; its trigger drops adds otherwise).
 func newController(cfg reconcile.Config[*demov1.DemoEntity], kube kubernetes.Interface, o Options, m *metrics.Metrics, logger *slog.Logger) (*reconcile.Controller[*demov1.DemoEntity], *leader.Elector, error) {
-	// TODO(leader): wire the elector once reconcile.Config has its field.
+	if o.LeaderElect {
+		cfg.Leader = &leader.Config{
+			Client:        kube,
+			Namespace:     o.LeaderElectionNamespace,
+			Name:          o.LeaderElectionID,
+			Identity:      o.Identity,
+			LeaseDuration: o.LeaseDuration,
+			RenewDeadline: o.RenewDeadline,
+			RetryPeriod:   o.RetryPeriod,
+			Metrics:       m.Leader(),
+			Logger:        logger,
+		}
+	}
 	ctrl, err := reconcile.NewController(cfg)
-	return ctrl, nil, err
+	if err != nil {
+		return nil, nil, err
+	}
+	return ctrl, ctrl.Elector(), nil
 }

@@ -1,0 +1,426 @@
+//go:build integration
+
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+
+	demov1 "github.com/opkit/opkit/example/api/v1"
+	"github.com/opkit/opkit/example/config"
+	"github.com/opkit/opkit/example/internal/harness"
+	"github.com/opkit/opkit/example/natsbroker"
+	"github.com/opkit/opkit/example/operator"
+	"github.com/opkit/opkit/example/reconciler"
+	"github.com/opkit/opkit/internal/testcluster"
+	"github.com/opkit/opkit/trigger"
+)
+
+func TestMain(m *testing.M) { testcluster.Main(m) }
+
+const entities = 50
+
+// fired is one trigger sent to the operator.
+type fired struct {
+	name, reason, via string
+	at                time.Time
+}
+
+type env struct {
+	t        *testing.T
+	ns       string
+	kube     kubernetes.Interface
+	dyn      dynamic.Interface
+	replicas map[string]*harness.Replica
+	token    string
+	nc       *nats.Conn
+
+	mu    sync.Mutex
+	fired []fired
+}
+
+func (e *env) entities() dynamic.ResourceInterface {
+	return e.dyn.Resource(demov1.Resource.GroupVersionResource).Namespace(e.ns)
+}
+
+func (e *env) get(ctx context.Context, name string) (*demov1.DemoEntity, error) {
+	u, err := e.entities().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	obj := &demov1.DemoEntity{}
+	return obj, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, obj)
+}
+
+func (e *env) record(f fired) {
+	e.mu.Lock()
+	e.fired = append(e.fired, f)
+	e.mu.Unlock()
+}
+
+// triggerHTTP posts a trigger, following 503 answers to the leader they
+// name (or to the other replica while no leader is known), until 202.
+func (e *env) triggerHTTP(ctx context.Context, name, reason string) error {
+	f := fired{name: name, reason: reason, via: "http", at: time.Now()}
+	body, _ := json.Marshal(map[string]string{"reason": reason})
+	var last string
+	err := harness.Poll(ctx, 90*time.Second, func() (bool, error) {
+		for _, r := range e.replicas {
+			if r.Exited() {
+				continue
+			}
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, r.TriggerURL+"/reconcile/"+e.ns+"/"+name, bytes.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Authorization", "Bearer "+e.token)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				last = err.Error()
+				continue
+			}
+			resp.Body.Close()
+			switch resp.StatusCode {
+			case http.StatusAccepted:
+				return true, nil
+			case http.StatusServiceUnavailable:
+				last = fmt.Sprintf("503 from %s (leader %q)", r.Identity, resp.Header.Get(trigger.LeaderHeader))
+			default:
+				return false, harness.Fatal(fmt.Errorf("trigger %s via %s: %s", name, r.Identity, resp.Status))
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		return fmt.Errorf("trigger %s: %w (last: %s)", name, err, last)
+	}
+	e.record(f)
+	return nil
+}
+
+func (e *env) triggerNATS(ctx context.Context, name, reason string) error {
+	f := fired{name: name, reason: reason, via: "nats", at: time.Now()}
+	if _, err := natsbroker.Publish(ctx, e.nc, "", natsbroker.Pointer{Namespace: e.ns, Name: name, Reason: reason}); err != nil {
+		return err
+	}
+	e.record(f)
+	return nil
+}
+
+func (e *env) leader(ctx context.Context, not string) string {
+	e.t.Helper()
+	var id string
+	err := harness.Poll(ctx, 60*time.Second, func() (bool, error) {
+		h, err := harness.LeaseHolder(ctx, e.kube)
+		id = h
+		return err == nil && h != "" && h != not && e.replicas[h] != nil && !e.replicas[h].Exited(), err
+	})
+	if err != nil {
+		e.t.Fatalf("no leader other than %q: %v", not, err)
+	}
+	return id
+}
+
+// reflected reports whether every trigger fired so far for name shows in
+// its status.lastTrigger at or after the trigger's time.
+func (e *env) reflected(obj *demov1.DemoEntity) (bool, string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	lt := obj.Status.LastTrigger
+	for _, f := range e.fired {
+		if f.name != obj.Name {
+			continue
+		}
+		if lt == nil || lt.At.Time.Before(f.at.Truncate(time.Microsecond)) {
+			return false, fmt.Sprintf("%s trigger %q at %s not reflected (lastTrigger %+v)", f.via, f.reason, f.at.Format(time.RFC3339Nano), lt)
+		}
+	}
+	return true, ""
+}
+
+// converged checks one entity: ConfigMap matches the spec, status observed
+// the generation, Ready is True, and every trigger is reflected.
+func (e *env) converged(ctx context.Context, name string) (bool, string) {
+	obj, err := e.get(ctx, name)
+	if err != nil {
+		return false, err.Error()
+	}
+	if obj.Status.ObservedGeneration != obj.Generation {
+		return false, fmt.Sprintf("%s: observedGeneration %d, generation %d", name, obj.Status.ObservedGeneration, obj.Generation)
+	}
+	if c := meta.FindStatusCondition(obj.Status.Conditions, demov1.ConditionReady); c == nil || c.Status != metav1.ConditionTrue || c.ObservedGeneration != obj.Generation {
+		return false, fmt.Sprintf("%s: Ready = %+v", name, c)
+	}
+	cm, err := e.kube.CoreV1().ConfigMaps(e.ns).Get(ctx, reconciler.ConfigMapName(name), metav1.GetOptions{})
+	if err != nil {
+		return false, err.Error()
+	}
+	if cm.Data["message"] != obj.Spec.Message || cm.Data["replicas"] != fmt.Sprint(obj.Spec.ReplicaCount()) {
+		return false, fmt.Sprintf("%s: ConfigMap %v, spec %q/%d", name, cm.Data, obj.Spec.Message, obj.Spec.ReplicaCount())
+	}
+	if ref := metav1.GetControllerOf(cm); ref == nil || ref.UID != obj.UID {
+		return false, fmt.Sprintf("%s: ConfigMap not controlled by the entity: %+v", name, ref)
+	}
+	return e.reflected(obj)
+}
+
+func (e *env) waitConverged(ctx context.Context, names []string) {
+	e.t.Helper()
+	var why string
+	err := harness.Poll(ctx, 120*time.Second, func() (bool, error) {
+		for _, n := range names {
+			if ok, w := e.converged(ctx, n); !ok {
+				why = w
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		for id, r := range e.replicas {
+			e.t.Logf("--- %s log tail:\n%s", id, r.Tail(30))
+		}
+		e.t.Fatalf("not converged: %s (%v)", why, err)
+	}
+}
+
+func name(i int) string { return fmt.Sprintf("entity-%02d", i) }
+
+func TestTwoReplicasFiftyEntitiesTriggersAndFailover(t *testing.T) {
+	ctx := context.Background()
+	c := testcluster.Shared(t)
+	e := &env{t: t, kube: kubernetes.NewForConfigOrDie(c.Config()), dyn: dynamic.NewForConfigOrDie(c.Config()), replicas: map[string]*harness.Replica{}}
+	dir := t.TempDir()
+
+	moduleDir, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin, err := harness.Build(ctx, moduleDir, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := harness.Install(ctx, e.dyn); err != nil {
+		t.Fatal(err)
+	}
+	natsProc, natsURL, err := harness.StartNATS(filepath.Join(c.BinDir(), "nats-server"), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { natsProc.Stop(10 * time.Second) })
+	if e.nc, err = nats.Connect(natsURL); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.nc.Close)
+
+	// The replicas run with the operator ServiceAccount's token: only the
+	// RBAC in config/rbac lets them work.
+	tok, err := harness.Token(ctx, e.kube, config.Namespace, config.ServiceAccount, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig := filepath.Join(dir, "operator.kubeconfig")
+	if err := harness.WriteKubeconfig(kubeconfig, c.Config(), tok); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"replica-a", "replica-b"} {
+		r, err := harness.StartReplica(harness.ReplicaConfig{Bin: bin, Kubeconfig: kubeconfig, NATSURL: natsURL, Dir: dir, Identity: id, Args: []string{"--concurrency=8"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.replicas[id] = r
+		t.Cleanup(func() {
+			if err := r.Stop(30 * time.Second); err != nil {
+				t.Errorf("%s: %v\n%s", id, err, r.Tail(20))
+			}
+		})
+	}
+	first := e.leader(ctx, "")
+	t.Logf("leader: %s", first)
+
+	e.ns = c.Namespace(t)
+	if err := harness.GrantTrigger(ctx, e.kube, e.ns, "ci"); err != nil {
+		t.Fatal(err)
+	}
+	if e.token, err = harness.Token(ctx, e.kube, e.ns, "ci", operator.TriggerAudience); err != nil {
+		t.Fatal(err)
+	}
+
+	// 50 entities.
+	var names []string
+	for i := range entities {
+		names = append(names, name(i))
+		u := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": demov1.APIVersion, "kind": demov1.Kind,
+			"metadata": map[string]any{"name": name(i), "namespace": e.ns},
+			"spec":     map[string]any{"message": fmt.Sprintf("message %d", i), "replicas": int64(i % 11)},
+		}}
+		if _, err := e.entities().Create(ctx, u, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.waitConverged(ctx, names)
+
+	// Phase A: one trigger per entity, half over HTTP, half over NATS.
+	for i := range entities {
+		var err error
+		if i%2 == 0 {
+			err = e.triggerHTTP(ctx, name(i), fmt.Sprintf("phase A http %d", i))
+		} else {
+			err = e.triggerNATS(ctx, name(i), fmt.Sprintf("phase A nats %d", i))
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.waitConverged(ctx, names)
+	checkReasons(t, e, ctx, names, "phase A")
+
+	// Kill the leader and, while the survivor waits for the Lease to
+	// expire, change specs and fire more triggers: the follower answers
+	// HTTP with 503 (retried by the caller) and nacks NATS messages, so
+	// none is lost.
+	e.replicas[first].Kill()
+	t.Logf("killed %s", first)
+	for i := range entities {
+		if i%5 == 0 {
+			patch := fmt.Sprintf(`{"spec":{"message":"changed after failover %d","replicas":%d}}`, i, (i+3)%11)
+			if _, err := e.entities().Patch(ctx, name(i), "application/merge-patch+json", []byte(patch), metav1.PatchOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, entities)
+	for i := range entities {
+		if i%2 == 1 {
+			wg.Add(1)
+			go func() { // HTTP callers retry until the new leader answers
+				defer wg.Done()
+				errs <- e.triggerHTTP(ctx, name(i), fmt.Sprintf("phase B http %d", i))
+			}()
+		} else if err := e.triggerNATS(ctx, name(i), fmt.Sprintf("phase B nats %d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	second := e.leader(ctx, first)
+	t.Logf("new leader: %s", second)
+	e.waitConverged(ctx, names)
+	checkReasons(t, e, ctx, names, "phase B")
+	for i := 0; i < entities; i += 5 {
+		obj, _ := e.get(ctx, name(i))
+		if obj.Generation != 2 || obj.Status.ReconciledBy != second {
+			t.Errorf("%s: generation %d reconciled by %q, want 2 by %s", name(i), obj.Generation, obj.Status.ReconciledBy, second)
+		}
+	}
+
+	// Deleting entities removes their ConfigMaps through the finalizer.
+	deleted := names[entities-5:]
+	for _, n := range deleted {
+		if err := e.entities().Delete(ctx, n, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err = harness.Poll(ctx, 60*time.Second, func() (bool, error) {
+		for _, n := range deleted {
+			if _, err := e.entities().Get(ctx, n, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+				return false, nil
+			}
+			if _, err := e.kube.CoreV1().ConfigMaps(e.ns).Get(ctx, reconciler.ConfigMapName(n), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("deleted entities or their ConfigMaps remain: %v", err)
+	}
+	evs, err := e.kube.EventsV1().Events(e.ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	finalized := map[string]bool{}
+	for _, ev := range evs.Items {
+		if ev.Reason == reconciler.EventConfigMapDeleted {
+			finalized[ev.Regarding.Name] = true
+		}
+	}
+	for _, n := range deleted {
+		if !finalized[n] {
+			t.Errorf("no %s Event for %s", reconciler.EventConfigMapDeleted, n)
+		}
+	}
+	e.waitConverged(ctx, names[:entities-5])
+
+	// The NATS dead letter is empty: no trigger was given up on.
+	js := dlqCount(t, e.nc)
+	if js != 0 {
+		t.Errorf("%d dead-lettered triggers, want 0", js)
+	}
+	t.Logf("%d triggers fired (HTTP and NATS), all reflected", len(e.fired))
+}
+
+// checkReasons asserts that each entity's last trigger is the last one
+// fired for it (the status names its source and reason).
+func checkReasons(t *testing.T, e *env, ctx context.Context, names []string, phase string) {
+	t.Helper()
+	last := map[string]fired{}
+	e.mu.Lock()
+	for _, f := range e.fired {
+		last[f.name] = f
+	}
+	e.mu.Unlock()
+	var bad []string
+	for _, n := range names {
+		obj, err := e.get(ctx, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lt, f := obj.Status.LastTrigger, last[n]
+		if lt == nil || lt.Source != demov1.SourceOperator || lt.Reason != f.reason {
+			bad = append(bad, fmt.Sprintf("%s: lastTrigger %+v, last fired %q", n, lt, f.reason))
+		}
+	}
+	sort.Strings(bad)
+	for _, b := range bad {
+		t.Errorf("%s: %s", phase, b)
+	}
+}
+
+func dlqCount(t *testing.T, nc *nats.Conn) uint64 {
+	t.Helper()
+	js, err := nc.JetStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := js.StreamInfo(natsbroker.DefaultDeadLetterStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Msgs
+}
+
+var _ = os.Getenv
