@@ -269,7 +269,7 @@ func (d *demo) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	info("%s acquired the Lease %.1fs after the kill (the Lease had to expire: 15s)", newLeader, time.Since(killed).Seconds())
+	info("%s acquired the Lease %.1fs after the kill (a crashed leader cannot release it: it expires 15s after its last renewal)", newLeader, time.Since(killed).Seconds())
 
 	step("changing hello (message and replicas) and deleting lorem")
 	if _, err := d.entities().Patch(ctx, "hello", "application/merge-patch+json", []byte(`{"spec":{"message":"Hello again, after a failover","replicas":3}}`), metav1.PatchOptions{}); err != nil {
