@@ -157,6 +157,9 @@ func runModel(t *testing.T, ops []byte) {
 				Priority: (arg>>2)%3 - 1,
 				Retries:  (arg >> 4) % 3,
 			}
+			if op == 2 { // many priorities: more levels than the queue keeps empty ones
+				o.Priority = (arg>>2)%48 - 24
+			}
 			v := next
 			next++
 			want := m.add(k, v, o, now)
