@@ -51,8 +51,11 @@ type slot[K comparable, V any] struct {
 	prio    int32
 	retries int32
 	// meta is the state (low 3 bits) and a generation bumped by every
-	// state change (see setState). Ring and heap elements record the meta
-	// of their insertion; once it changes they are stale.
+	// state change (see setState). Ring elements record the meta of their
+	// insertion; once it changes they are stale. (The generation wraps
+	// after 2^29 changes; a stale element that survived that long and
+	// matched again could only serve a due entry from a lower priority
+	// ring once, never twice: taking an entry changes its state.)
 	meta uint32
 	// next is the entry delivered after this one for the same key (parked).
 	next int32
