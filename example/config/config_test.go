@@ -15,6 +15,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	authnv1 "k8s.io/api/authentication/v1"
 	authzv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -30,10 +31,8 @@ import (
 	"github.com/opkit/opkit/example/config"
 	"github.com/opkit/opkit/example/operator"
 	"github.com/opkit/opkit/example/reconciler"
-	"github.com/opkit/opkit/queue"
 	"github.com/opkit/opkit/reconcile"
 	"github.com/opkit/opkit/reconcile/reconciletest"
-	"github.com/opkit/opkit/trigger"
 	"github.com/opkit/opkit/trigger/brokertest"
 )
 
@@ -353,119 +352,83 @@ func anyStrings(v any) []string {
 	return out
 }
 
-// exerciseTriggers sends one HTTP trigger through the Kubernetes-native
-// authenticator and one message through the consumer.
-func exerciseTriggers(t *testing.T, rec *recorder) {
-	e := &demov1.DemoEntity{}
-	e.Namespace, e.Name, e.UID = "team-a", "hello", "uid-1"
-	e.Spec.Message = "hi"
-	h := reconciletest.New[*demov1.DemoEntity](t, demov1.Resource, e)
-	kube := kubefake.NewClientset()
-	kube.PrependReactor("create", "tokenreviews", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		tr := a.(k8stesting.CreateAction).GetObject().(*authnv1.TokenReview).DeepCopy()
-		tr.Status = authnv1.TokenReviewStatus{Authenticated: true, Audiences: tr.Spec.Audiences, User: authnv1.UserInfo{Username: "system:serviceaccount:ci:deployer"}}
-		return true, tr, nil
-	})
-	var sars []authzv1.ResourceAttributes
-	kube.PrependReactor("create", "subjectaccessreviews", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		sar := a.(k8stesting.CreateAction).GetObject().(*authzv1.SubjectAccessReview).DeepCopy()
-		sars = append(sars, *sar.Spec.ResourceAttributes)
-		sar.Status.Allowed = true
-		return true, sar, nil
-	})
-	q := &acceptAll{}
-	trig, err := trigger.New(trigger.Config[*demov1.DemoEntity]{Queue: q, Resource: demov1.Resource, Logger: discard()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	auth, err := trigger.NewKubeAuthenticator(trigger.KubeAuthConfig{Client: kube, Audiences: []string{operator.TriggerAudience},
-		Verb: operator.TriggerVerb, Subresource: operator.TriggerSubresource, Logger: discard()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	handler, err := trigger.NewHandler(trigger.HandlerConfig[*demov1.DemoEntity]{Trigger: trig, Dynamic: h.Dynamic, Authenticator: auth, Logger: discard()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	req := httptest.NewRequest(http.MethodPost, "/reconcile/team-a/hello", nil)
-	req.Header.Set("Authorization", "Bearer some-token")
-	w := httptest.NewRecorder()
-	handler.ServeHTTP(w, req)
-	if w.Code != http.StatusAccepted {
-		t.Fatalf("trigger: %d %s", w.Code, w.Body)
-	}
-	// The SubjectAccessReview asks for what the trigger ClusterRole grants.
-	if len(sars) != 1 || sars[0].Verb != "create" || sars[0].Group != demov1.Group || sars[0].Resource != demov1.Plural ||
-		sars[0].Subresource != "reconcile" {
-		t.Fatalf("SubjectAccessReview attributes = %+v", sars)
-	}
-	var triggerRole rbacv1.ClusterRole
-	find(t, objects(t), "ClusterRole", config.TriggerClusterRole, &triggerRole)
-	g := &grant{rule: triggerRole.Rules[0]}
-	if len(triggerRole.Rules) != 1 || !g.allows(call{verb: sars[0].Verb, group: sars[0].Group, resource: sars[0].Resource, subresource: sars[0].Subresource, namespace: "team-a", name: "hello"}) {
-		t.Errorf("ClusterRole %s does not grant what the endpoint checks (%+v)", config.TriggerClusterRole, sars[0])
-	}
-
-	synctest.Test(t, func(t *testing.T) {
-		b := brokertest.New()
-		b.Publish([]byte(`{"namespace":"team-a","name":"hello","reason":"rbac"}`))
-		cons, err := trigger.NewConsumer(trigger.ConsumerConfig[*demov1.DemoEntity]{Broker: b, Trigger: trig, Dynamic: h.Dynamic, Logger: discard()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error)
-		go func() { done <- cons.Run(ctx) }()
-		synctest.Wait()
-		cancel()
-		<-done
-		if ev := b.Events(); len(ev) != 1 || ev[0].Op != brokertest.OpAck {
-			t.Fatalf("consumer settled %+v, want one ack", ev)
-		}
-	})
-	rec.add(h.Dynamic.Actions())
-	rec.add(kube.Actions())
-}
-
-// exerciseController runs the controller (list, watch, workers) briefly
-// on a fake, in a bubble.
-func exerciseController(t *testing.T, rec *recorder) {
+// exerciseOperator assembles the operator exactly as the binary does
+// (operator.Assemble) on fake clients and runs it in a bubble: it campaigns
+// for and holds the Lease, lists and watches, reconciles, serves one HTTP
+// trigger through the TokenReview/SubjectAccessReview authenticator and
+// consumes one message, then shuts down and releases the Lease.
+func exerciseOperator(t *testing.T, rec *recorder) {
 	synctest.Test(t, func(t *testing.T) {
 		e := &demov1.DemoEntity{}
 		e.Namespace, e.Name, e.UID, e.Generation = "team-a", "hello", "uid-1", 1
 		e.Spec.Message = "hi"
 		h := reconciletest.New[*demov1.DemoEntity](t, demov1.Resource, e)
-		r, err := reconciler.New(reconciler.Config{Dynamic: h.Dynamic, Logger: discard()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctrl, err := reconcile.NewController(reconcile.Config[*demov1.DemoEntity]{
-			Name: operator.ControllerName, Resource: demov1.Resource, Dynamic: h.Dynamic, Reconciler: r, Logger: discard(),
+		kube := kubefake.NewClientset()
+		kube.PrependReactor("create", "tokenreviews", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			tr := a.(k8stesting.CreateAction).GetObject().(*authnv1.TokenReview).DeepCopy()
+			tr.Status = authnv1.TokenReviewStatus{Authenticated: true, Audiences: tr.Spec.Audiences, User: authnv1.UserInfo{Username: "system:serviceaccount:ci:deployer"}}
+			return true, tr, nil
 		})
+		var sars []authzv1.ResourceAttributes
+		kube.PrependReactor("create", "subjectaccessreviews", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			sar := a.(k8stesting.CreateAction).GetObject().(*authzv1.SubjectAccessReview).DeepCopy()
+			sars = append(sars, *sar.Spec.ResourceAttributes)
+			sar.Status.Allowed = true
+			return true, sar, nil
+		})
+		broker := brokertest.New()
+		op, err := operator.Assemble(operator.Options{
+			LeaderElect: true, LeaderElectionID: operator.DefaultLeaderElectionID, LeaderElectionNamespace: config.Namespace,
+			Identity: "replica-1", Concurrency: 2,
+			TriggerBindAddress: "0", MetricsBindAddress: "0", HealthProbeBindAddress: "0",
+		}, operator.Deps{Dynamic: h.Dynamic, Kube: kube, Broker: broker, Registry: prometheus.NewRegistry(), Logger: discard()})
 		if err != nil {
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error)
-		go func() { done <- ctrl.Run(ctx) }()
-		time.Sleep(5 * time.Second) // virtual time: list, watch, one reconcile
+		go func() { done <- op.Group.Run(ctx) }()
+		time.Sleep(5 * time.Second) // virtual: acquire the Lease, list, watch, reconcile
+		synctest.Wait()
+		if op.Group.Ready() != nil {
+			t.Fatalf("not ready after 5s: %v", op.Group.Ready())
+		}
+
+		req := httptest.NewRequest(http.MethodPost, "/reconcile/team-a/hello?reason=rbac", nil)
+		req.Header.Set("Authorization", "Bearer some-token")
+		w := httptest.NewRecorder()
+		op.TriggerHandler.ServeHTTP(w, req)
+		if w.Code != http.StatusAccepted {
+			t.Fatalf("HTTP trigger: %d %s", w.Code, w.Body)
+		}
+		broker.Publish([]byte(`{"namespace":"team-a","name":"hello","reason":"rbac"}`))
+		time.Sleep(5 * time.Second)
 		synctest.Wait()
 		cancel()
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}
-		if !h.Exists(opkit.Key{Namespace: "team-a", Name: "hello"}) || len(h.Get(opkit.Key{Namespace: "team-a", Name: "hello"}).Finalizers) == 0 {
-			t.Fatal("the controller did not reconcile the entity")
+		if ev := broker.Events(); len(ev) != 1 || ev[0].Op != brokertest.OpAck {
+			t.Fatalf("consumer settled %+v, want one ack", ev)
+		}
+		obj := h.Get(opkit.Key{Namespace: "team-a", Name: "hello"})
+		if lt := obj.Status.LastTrigger; lt == nil || lt.Source != demov1.SourceOperator || lt.Reason != "rbac" || obj.Status.ReconciledBy != "replica-1" {
+			t.Fatalf("status after the triggers = %+v", obj.Status)
+		}
+		// The SubjectAccessReview asks for what the trigger ClusterRole grants.
+		if len(sars) != 1 || sars[0].Verb != "create" || sars[0].Group != demov1.Group || sars[0].Resource != demov1.Plural ||
+			sars[0].Subresource != "reconcile" {
+			t.Fatalf("SubjectAccessReview attributes = %+v", sars)
+		}
+		var triggerRole rbacv1.ClusterRole
+		find(t, objects(t), "ClusterRole", config.TriggerClusterRole, &triggerRole)
+		g := &grant{rule: triggerRole.Rules[0]}
+		if len(triggerRole.Rules) != 1 || !g.allows(call{verb: sars[0].Verb, group: sars[0].Group, resource: sars[0].Resource, subresource: sars[0].Subresource, namespace: "team-a", name: "hello"}) {
+			t.Errorf("ClusterRole %s does not grant what the endpoint checks (%+v)", config.TriggerClusterRole, sars[0])
 		}
 		rec.add(h.Dynamic.Actions())
+		rec.add(kube.Actions())
 	})
-}
-
-// acceptAll is a queue that accepts every add.
-type acceptAll struct{}
-
-func (acceptAll) Add(opkit.Key, opkit.Event[*demov1.DemoEntity], queue.AddOptions) queue.Outcome {
-	return queue.Queued
 }
 
 func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -478,10 +441,19 @@ var neededOutsideFakes = map[string]string{
 func TestRBACCoversEveryCall(t *testing.T) {
 	rec := &recorder{}
 	exerciseReconciler(t, rec)
-	exerciseTriggers(t, rec)
-	exerciseController(t, rec)
-	exerciseLeader(t, rec)
+	exerciseOperator(t, rec)
 
+	// Guard against an exercise that silently did nothing.
+	for _, want := range []string{
+		"list demoentities.demo.opkit.dev /", "watch demoentities.demo.opkit.dev /",
+		"update leases.coordination.k8s.io opkit-demo/opkit-demo-leader",
+		"create tokenreviews.authentication.k8s.io /", "create events.events.k8s.io team-a/",
+		"update demoentities/status.demo.opkit.dev team-a/hello", "delete configmaps. team-a/hello-demo",
+	} {
+		if !slices.ContainsFunc(rec.calls, func(c call) bool { return c.String() == want }) {
+			t.Errorf("the exercise never made %q", want)
+		}
+	}
 	grants := operatorGrants(t)
 	seen := map[string]bool{}
 	var missing []string

@@ -33,7 +33,6 @@ import (
 	"github.com/opkit/opkit/example/metrics"
 	"github.com/opkit/opkit/example/natsbroker"
 	"github.com/opkit/opkit/example/reconciler"
-	"github.com/opkit/opkit/leader"
 	"github.com/opkit/opkit/reconcile"
 	"github.com/opkit/opkit/trigger"
 	"github.com/opkit/opkit/watcher"
@@ -145,15 +144,37 @@ func podNamespace() string {
 	return strings.TrimSpace(string(b))
 }
 
-// Run runs the operator until ctx ends or a component fails. logger nil
-// means slog.Default().
-func Run(ctx context.Context, o Options, logger *slog.Logger) error {
-	if err := o.Validate(); err != nil {
-		return err
-	}
-	if logger == nil {
-		logger = slog.Default()
-	}
+// Deps are the operator's connections to the outside, injectable for tests.
+type Deps struct {
+	// Dynamic and Kube talk to the API server (required).
+	Dynamic dynamic.Interface
+	Kube    kubernetes.Interface
+	// Broker delivers NATS (or other) trigger messages; nil means no
+	// message consumer.
+	Broker trigger.Broker
+	// Registry receives the metrics (required).
+	Registry prometheus.Registerer
+	// Gatherer serves /metrics; nil means no metrics endpoint.
+	Gatherer prometheus.Gatherer
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Operator is the assembled operator: every component, not yet running.
+type Operator struct {
+	// Group runs the components (Run); its ReadyzHandler lists each one.
+	Group *reconcile.Group
+	// Controller is the DemoEntity controller.
+	Controller *reconcile.Controller[*demov1.DemoEntity]
+	// TriggerHandler is the HTTP trigger endpoint (also served on
+	// TriggerBindAddress unless it is "0").
+	TriggerHandler http.Handler
+	// Consumer is the message consumer, nil without a Broker.
+	Consumer *trigger.Consumer[*demov1.DemoEntity]
+}
+
+// withDefaults fills in the identity and the Lease namespace.
+func (o Options) withDefaults() Options {
 	if o.Identity == "" {
 		o.Identity = defaultIdentity()
 	}
@@ -162,6 +183,156 @@ func Run(ctx context.Context, o Options, logger *slog.Logger) error {
 			o.LeaderElectionNamespace = "default"
 		}
 	}
+	return o
+}
+
+// Assemble builds every component from o and d and registers them in a
+// group; it starts nothing. Addresses set to "0" leave out their HTTP
+// server (the handlers are still built).
+func Assemble(o Options, d Deps) (*Operator, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	if d.Dynamic == nil || d.Kube == nil || d.Registry == nil {
+		return nil, errors.New("operator: Deps.Dynamic, Deps.Kube and Deps.Registry are required")
+	}
+	o = o.withDefaults()
+	logger := d.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	dyn, kube := d.Dynamic, d.Kube
+	m, err := metrics.New(d.Registry)
+	if err != nil {
+		return nil, err
+	}
+	rec, err := reconcile.NewRecorder(reconcile.RecorderConfig{Dynamic: dyn, Controller: ControllerName, Instance: o.Identity, Resource: demov1.Resource})
+	if err != nil {
+		return nil, err
+	}
+	r, err := reconciler.New(reconciler.Config{Dynamic: dyn, Recorder: rec, Identity: o.Identity, Logger: logger})
+	if err != nil {
+		return nil, err
+	}
+	ccfg := reconcile.Config[*demov1.DemoEntity]{
+		Name:        ControllerName,
+		Resource:    demov1.Resource,
+		Dynamic:     dyn,
+		Reconciler:  r,
+		Concurrency: o.Concurrency,
+		Watch: watcher.Config[*demov1.DemoEntity]{
+			Namespace:      o.Namespace,
+			SkipStatusOnly: true, // our own status writes need no reconcile
+			Metrics:        m.Watcher(),
+		},
+		Metrics:      m.Controller(),
+		QueueMetrics: m.Queue(),
+		Logger:       logger,
+	}
+	ctrl, elector, err := newController(ccfg, kube, o, m, logger)
+	if err != nil {
+		return nil, err
+	}
+	leaderOf := func() string {
+		if elector == nil {
+			return o.Identity
+		}
+		return elector.Leader()
+	}
+	op := &Operator{Controller: ctrl, Group: reconcile.NewGroup(reconcile.GroupConfig{Logger: logger})}
+	group := op.Group
+	if err := group.Add(ctrl.Runnable()); err != nil {
+		return nil, err
+	}
+
+	// The HTTP trigger endpoint, on every replica: followers answer 503
+	// with the leader's identity.
+	hcfg := trigger.HandlerConfig[*demov1.DemoEntity]{
+		Trigger:          ctrl.Trigger(),
+		Dynamic:          dyn,
+		InsecureSkipAuth: o.InsecureSkipTriggerAuth,
+		Leader:           leaderOf,
+		Metrics:          m.Handler(),
+		Logger:           logger,
+	}
+	if !o.InsecureSkipTriggerAuth {
+		auth, err := trigger.NewKubeAuthenticator(trigger.KubeAuthConfig{
+			Client:      kube,
+			Audiences:   []string{TriggerAudience},
+			Verb:        TriggerVerb,
+			Subresource: TriggerSubresource,
+			Logger:      logger,
+		})
+		if err != nil {
+			return nil, err
+		}
+		hcfg.Authenticator = auth
+	} else {
+		logger.Warn("the trigger endpoint is running WITHOUT authentication (--insecure-skip-trigger-auth)")
+	}
+	if op.TriggerHandler, err = trigger.NewHandler(hcfg); err != nil {
+		return nil, err
+	}
+	if o.TriggerBindAddress != "0" {
+		srv, err := trigger.NewServer(trigger.ServerConfig{Addr: o.TriggerBindAddress, Handler: op.TriggerHandler, Logger: logger})
+		if err != nil {
+			return nil, err
+		}
+		if err := group.Add(reconcile.Runnable{Name: "trigger-http", Run: srv.Run}); err != nil {
+			return nil, err
+		}
+	}
+
+	// The message consumer, on every replica: a follower's dropped
+	// enqueue is nacked and redelivered, eventually to the leader.
+	if d.Broker != nil {
+		op.Consumer, err = trigger.NewConsumer(trigger.ConsumerConfig[*demov1.DemoEntity]{
+			Broker:      d.Broker,
+			Trigger:     ctrl.Trigger(),
+			Dynamic:     dyn,
+			Concurrency: 4,
+			LagInterval: 5 * time.Second,
+			Metrics:     m.Consumer(),
+			Logger:      logger,
+		})
+		if err != nil {
+			return nil, err
+		}
+		if err := group.Add(reconcile.Runnable{Name: "nats-consumer", Run: op.Consumer.Run, Ready: op.Consumer.Check}); err != nil {
+			return nil, err
+		}
+	}
+
+	if o.MetricsBindAddress != "0" && d.Gatherer != nil {
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", promhttp.HandlerFor(d.Gatherer, promhttp.HandlerOpts{}))
+		if err := group.Add(httpRunnable("metrics", o.MetricsBindAddress, mux)); err != nil {
+			return nil, err
+		}
+	}
+	if o.HealthProbeBindAddress != "0" {
+		mux := http.NewServeMux()
+		mux.Handle("GET /healthz", group.HealthzHandler())
+		mux.Handle("GET /readyz", group.ReadyzHandler())
+		if err := group.Add(httpRunnable("health", o.HealthProbeBindAddress, mux)); err != nil {
+			return nil, err
+		}
+	}
+	return op, nil
+}
+
+// Run runs the operator until ctx ends or a component fails: it connects
+// to the API server and NATS (starting an embedded JetStream server when
+// o.NATSURL is empty), assembles the components and runs them. logger nil
+// means slog.Default().
+func Run(ctx context.Context, o Options, logger *slog.Logger) error {
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	if logger == nil {
+		logger = slog.Default()
+	}
+	o = o.withDefaults()
 	logger = logger.With("identity", o.Identity)
 
 	restCfg, err := RESTConfig(o.Kubeconfig)
@@ -180,99 +351,9 @@ func Run(ctx context.Context, o Options, logger *slog.Logger) error {
 		return err
 	}
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	m, err := metrics.New(reg)
-	if err != nil {
-		return err
-	}
-
-	rec, err := reconcile.NewRecorder(reconcile.RecorderConfig{Dynamic: dyn, Controller: ControllerName, Instance: o.Identity, Resource: demov1.Resource})
-	if err != nil {
-		return err
-	}
-	r, err := reconciler.New(reconciler.Config{Dynamic: dyn, Recorder: rec, Identity: o.Identity, Logger: logger})
-	if err != nil {
-		return err
-	}
-
-	var elector *leader.Elector
-	ccfg := reconcile.Config[*demov1.DemoEntity]{
-		Name:        ControllerName,
-		Resource:    demov1.Resource,
-		Dynamic:     dyn,
-		Reconciler:  r,
-		Concurrency: o.Concurrency,
-		Watch: watcher.Config[*demov1.DemoEntity]{
-			Namespace:      o.Namespace,
-			SkipStatusOnly: true, // our own status writes need no reconcile
-			Metrics:        m.Watcher(),
-		},
-		Metrics:      m.Controller(),
-		QueueMetrics: m.Queue(),
-		Logger:       logger,
-	}
-	ctrl, elector, err := newController(ccfg, kube, o, m, logger)
-	if err != nil {
-		return err
-	}
-	leaderOf := func() string {
-		if elector == nil {
-			return o.Identity
-		}
-		return elector.Leader()
-	}
-
-	group := reconcile.NewGroup(reconcile.GroupConfig{Logger: logger})
-	if err := group.Add(ctrl.Runnable()); err != nil {
-		return err
-	}
-
-	// The HTTP trigger endpoint, on every replica: followers answer 503
-	// with the leader's identity.
-	if o.TriggerBindAddress != "0" {
-		hcfg := trigger.HandlerConfig[*demov1.DemoEntity]{
-			Trigger:          ctrl.Trigger(),
-			Dynamic:          dyn,
-			InsecureSkipAuth: o.InsecureSkipTriggerAuth,
-			Leader:           leaderOf,
-			Metrics:          m.Handler(),
-			Logger:           logger,
-		}
-		if !o.InsecureSkipTriggerAuth {
-			auth, err := trigger.NewKubeAuthenticator(trigger.KubeAuthConfig{
-				Client:      kube,
-				Audiences:   []string{TriggerAudience},
-				Verb:        TriggerVerb,
-				Subresource: TriggerSubresource,
-				Logger:      logger,
-			})
-			if err != nil {
-				return err
-			}
-			hcfg.Authenticator = auth
-		} else {
-			logger.Warn("the trigger endpoint is running WITHOUT authentication (--insecure-skip-trigger-auth)")
-		}
-		h, err := trigger.NewHandler(hcfg)
-		if err != nil {
-			return err
-		}
-		srv, err := trigger.NewServer(trigger.ServerConfig{Addr: o.TriggerBindAddress, Handler: h, Logger: logger})
-		if err != nil {
-			return err
-		}
-		if err := group.Add(reconcile.Runnable{Name: "trigger-http", Run: srv.Run}); err != nil {
-			return err
-		}
-	}
-
-	// The NATS consumer, on every replica: a follower's dropped enqueue is
-	// nacked and redelivered, eventually to the leader.
-	var embedded *natsbroker.Embedded
 	natsURL := o.NATSURL
 	if natsURL == "" {
-		embedded, err = natsbroker.StartEmbedded(natsbroker.EmbeddedConfig{StoreDir: o.NATSStoreDir})
+		embedded, err := natsbroker.StartEmbedded(natsbroker.EmbeddedConfig{StoreDir: o.NATSStoreDir})
 		if err != nil {
 			return err
 		}
@@ -287,43 +368,18 @@ func Run(ctx context.Context, o Options, logger *slog.Logger) error {
 		return fmt.Errorf("nats %s: %w", natsURL, err)
 	}
 	defer broker.Close()
-	consumer, err := trigger.NewConsumer(trigger.ConsumerConfig[*demov1.DemoEntity]{
-		Broker:      broker,
-		Trigger:     ctrl.Trigger(),
-		Dynamic:     dyn,
-		Concurrency: 4,
-		LagInterval: 5 * time.Second,
-		Metrics:     m.Consumer(),
-		Logger:      logger,
-	})
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	op, err := Assemble(o, Deps{Dynamic: dyn, Kube: kube, Broker: broker, Registry: reg, Gatherer: reg, Logger: logger})
 	if err != nil {
 		return err
 	}
-	if err := group.Add(reconcile.Runnable{Name: "nats-consumer", Run: consumer.Run, Ready: consumer.Check}); err != nil {
-		return err
-	}
-
-	if o.MetricsBindAddress != "0" {
-		mux := http.NewServeMux()
-		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-		if err := group.Add(httpRunnable("metrics", o.MetricsBindAddress, mux)); err != nil {
-			return err
-		}
-	}
-	if o.HealthProbeBindAddress != "0" {
-		mux := http.NewServeMux()
-		mux.Handle("GET /healthz", group.HealthzHandler())
-		mux.Handle("GET /readyz", group.ReadyzHandler())
-		if err := group.Add(httpRunnable("health", o.HealthProbeBindAddress, mux)); err != nil {
-			return err
-		}
-	}
-
 	logger.Info("demo operator starting",
 		"namespace", orAll(o.Namespace), "leaderElect", o.LeaderElect,
 		"lease", o.LeaderElectionNamespace+"/"+o.LeaderElectionID,
 		"trigger", o.TriggerBindAddress, "metrics", o.MetricsBindAddress, "health", o.HealthProbeBindAddress, "nats", natsURL)
-	err = group.Run(ctx)
+	err = op.Group.Run(ctx)
 	logger.Info("demo operator stopped", "error", err)
 	return err
 }
