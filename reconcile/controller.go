@@ -85,7 +85,7 @@ type Config[T opkit.Object] struct {
 	// entry from the watch that was not delayed, not retried and is handed
 	// to a worker within FreshFor of its add is reconciled with the object
 	// the watch delivered. Every other Added/Modified request (waited in a
-	// backlog, delayed, retried, or from a trigger) is re-fetched from the
+	// backlog, delayed, retried, requeued, or from a trigger) is re-fetched from the
 	// API server first. Default DefaultFreshFor (1s); negative means always
 	// re-fetch.
 	FreshFor time.Duration
@@ -538,6 +538,13 @@ func (c *Controller[T]) afterReconcile(ctx context.Context, item queue.Item[opki
 	case err == nil:
 		c.metrics.Reconciled(OutcomeRequeue, took)
 		log.Debug("reconciled; requeued", "after", after, "took", took)
+		if ev.Type != opkit.Deleted {
+			// The object the reconciler saw may be older than its own writes,
+			// and this add replaces a fresher watch event parked meanwhile:
+			// without an object the next attempt re-fetches (needsRefetch).
+			var none T
+			ev.Object = none
+		}
 		c.add(item.Key, ev, queue.AddOptions{Delay: after}, log)
 	case ctx.Err() != nil:
 		// The term ended or the drain ran out: not the reconciler's failure,

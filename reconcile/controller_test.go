@@ -527,3 +527,35 @@ func TestNewControllerValidatesItsConfig(t *testing.T) {
 		t.Fatalf("valid config refused: %v", err)
 	}
 }
+
+func TestControllerRefetchesARequeuedObjectTheReconcilerChanged(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var env atomic.Pointer[env]
+		rec := &recorder{do: func(ctx context.Context, n int, req reconcile.Request[*Widget]) (reconcile.Result, error) {
+			if n > 0 {
+				return reconcile.Done(), nil
+			}
+			// The reconciler writes the object, as a real one does, and asks
+			// to be called again at once.
+			w := *req.Object
+			w.Spec.Size = 5
+			if _, err := typed.New[*Widget](env.Load().dyn, widgets).Update(ctx, &w); err != nil {
+				return reconcile.Done(), err
+			}
+			time.Sleep(time.Millisecond) // the write's watch event reaches the queue meanwhile
+			return reconcile.RequeueAfter(0), nil
+		}}
+		env.Store(start(t, rec, nil, widget("a")))
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		calls := rec.snapshot()
+		if len(calls) < 2 {
+			t.Fatalf("%d calls, want the requeue reconciled", len(calls))
+		}
+		for i, c := range calls[1:] {
+			if c.req.Object.Spec.Size != 5 {
+				t.Errorf("call %d after the requeue saw size %d, want the reconciler's own write (5)", i+1, c.req.Object.Spec.Size)
+			}
+		}
+	})
+}

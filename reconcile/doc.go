@@ -31,8 +31,8 @@
 // with the object the watch delivered, which is as fresh as the watch: a
 // newer state is already on its way as the key's next event, and gets its
 // own reconcile. Every other Added/Modified request — one
-// that waited in a backlog, a delayed or retried one, any external trigger —
-// is re-fetched first; if the object is gone it is skipped and counted
+// that waited in a backlog, a delayed, retried or requeued one, any external
+// trigger — is re-fetched first; if the object is gone it is skipped and counted
 // (Metrics.Skipped), and its Deleted event does the rest. Deleted requests
 // carry the last known state (a tombstone when FinalStateUnknown).
 //
