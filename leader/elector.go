@@ -68,6 +68,23 @@ func (e *Elector) IsLeader() bool {
 	return e.leading
 }
 
+// WorkDeadline returns the time by which the work of the current term, or
+// of the term that ended last, must have returned: the start of the term's
+// last successful write of the Lease plus LeaseDuration - ClockSkew. Past
+// it another replica may acquire the Lease, and the elector reports the
+// work as overrunning (see the package doc). A caller that lets the work
+// run on after the term's context ended (a shutdown drain) must stop it
+// before then, and should keep a margin for the work to wind down. It is
+// the zero time before the first term.
+func (e *Elector) WorkDeadline() time.Time {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.lastRenew.IsZero() {
+		return time.Time{}
+	}
+	return e.lastRenew.Add(e.cfg.LeaseDuration - e.cfg.ClockSkew)
+}
+
 // Check is a health check. It returns an error wrapping [ErrNotRenewed] if
 // this replica leads but has not renewed within RenewDeadline, or
 // [ErrWorkOverrun] while a finished term's work outlives its bound. A

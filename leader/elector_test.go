@@ -787,3 +787,35 @@ func TestCheckReportsLeaderNotRenewed(t *testing.T) {
 		a.stop()
 	})
 }
+
+// WorkDeadline follows the last successful write: it moves with every
+// renewal and stays put while renewals fail, so that a caller draining the
+// term's work can end it before another replica may acquire.
+func TestWorkDeadlineFollowsTheLastSuccessfulRenew(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		a := e.start("a", nil, nil)
+		synctest.Wait()
+		acquired := time.Now()
+		bound := leaseDuration - clockSkew
+		if got := a.elector.WorkDeadline(); !got.Equal(acquired.Add(bound)) {
+			t.Fatalf("WorkDeadline after acquiring = %v, want acquisition + %v", got.Sub(acquired), bound)
+		}
+		sleep(retryPeriod)
+		synctest.Wait()
+		renewed := time.Now()
+		if got := a.elector.WorkDeadline(); !got.Equal(renewed.Add(bound)) {
+			t.Fatalf("WorkDeadline after a renewal = acquisition + %v, want %v", got.Sub(acquired), renewed.Sub(acquired)+bound)
+		}
+		e.api.setHook("a", func(string) error { return apierrors.NewInternalError(errors.New("down")) })
+		sleep(3 * retryPeriod)
+		synctest.Wait()
+		if got := a.elector.WorkDeadline(); !got.Equal(renewed.Add(bound)) {
+			t.Fatalf("WorkDeadline moved while renewals failed: acquisition + %v", got.Sub(acquired))
+		}
+		e.api.setHook("a", nil)
+		if err := a.stop(); err != nil {
+			t.Errorf("Run = %v", err)
+		}
+	})
+}
