@@ -1,6 +1,7 @@
 package reconcile
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -78,8 +79,10 @@ type Config[T opkit.Object] struct {
 	// ShutdownTimeout is how long in-flight reconciles may go on after Run's
 	// context is cancelled before their contexts are cancelled too; default
 	// DefaultShutdownTimeout (30s). With Leader it is also capped so that
-	// the drain ends before the Lease can expire: at LeaseDuration -
-	// ClockSkew - RetryPeriod (12s with the leader defaults).
+	// the drain ends before another replica may acquire the Lease: one
+	// RetryPeriod before the elector's bound, LeaseDuration - ClockSkew
+	// after the term's last successful renew ([leader.Elector.WorkDeadline]);
+	// at most 12s with the leader defaults, less when renewals were failing.
 	ShutdownTimeout time.Duration
 	// FreshFor decides which requests are re-fetched: an Added/Modified
 	// entry from the watch that was not delayed, not retried and is handed
@@ -162,6 +165,9 @@ type Controller[T opkit.Object] struct {
 	trig   *trigger.Trigger[T]
 	rec    *Recorder
 	drain  time.Duration
+	// drainMargin is how long before the elector's WorkDeadline a leader's
+	// shutdown drain ends: its RetryPeriod.
+	drainMargin time.Duration
 
 	mu        sync.Mutex
 	running   bool
@@ -268,12 +274,14 @@ func NewController[T opkit.Object](cfg Config[T]) (*Controller[T], error) {
 			return t.Number, ok
 		}
 		c.drain = min(c.drain, leaseBound(lcfg))
+		c.drainMargin = cmp.Or(lcfg.RetryPeriod, leader.DefaultRetryPeriod)
 	}
 	return c, nil
 }
 
-// leaseBound is how long a leader's shutdown drain may last so that it ends
-// before its Lease can expire: its last renew is at most RetryPeriod old.
+// leaseBound is the longest a leader's shutdown drain may last: when the
+// term's last renew is at most RetryPeriod old. runTerm shortens it further
+// from the actual last renew (the elector's WorkDeadline).
 func leaseBound(cfg leader.Config) time.Duration {
 	lease, skew, retry := cfg.LeaseDuration, cfg.ClockSkew, cfg.RetryPeriod
 	if lease == 0 {
@@ -425,8 +433,15 @@ func (c *Controller[T]) runTerm(runCtx, termCtx context.Context, work []Runnable
 		if c.elector == nil {
 			c.queue.ShutDown()
 		}
-		log.Info("controller stopping: draining in-flight reconciles", "deadline", c.drain)
-		t := time.AfterFunc(c.drain, cancelWork)
+		drain := c.drain
+		if c.leader != nil {
+			// From the term's last successful renew, not from now: when
+			// renewals were failing, the Lease may expire sooner than the
+			// static cap assumes.
+			drain = max(0, min(drain, time.Until(c.leader.WorkDeadline().Add(-c.drainMargin))))
+		}
+		log.Info("controller stopping: draining in-flight reconciles", "deadline", drain)
+		t := time.AfterFunc(drain, cancelWork)
 		defer t.Stop()
 	} else {
 		// Term lost or a component failed: stop at once.

@@ -13,8 +13,11 @@ import (
 	"time"
 
 	coordv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	kfake "k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/leader"
@@ -194,3 +197,39 @@ type queueGate struct{}
 func (queueGate) Suspend()   {}
 func (queueGate) Resume()    {}
 func (queueGate) Clear() int { return 0 }
+
+func TestLeaderDrainEndsBeforeTheLeaseCanExpireWhenRenewalsFail(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		kube := kfake.NewClientset()
+		// The Lease is created (acquired) once; every renewal then fails.
+		kube.PrependReactor("update", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
+			return true, nil, apierrors.NewInternalError(errors.New("etcd unavailable"))
+		})
+		acquired := time.Now()
+		var cancelled time.Time
+		rec := &recorder{do: func(ctx context.Context, _ int, _ reconcile.Request[*Widget]) (reconcile.Result, error) {
+			<-ctx.Done()
+			cancelled = time.Now()
+			return reconcile.Done(), ctx.Err()
+		}}
+		e := start(t, rec, func(c *reconcile.Config[*Widget]) {
+			c.Leader = &leader.Config{Client: kube, Namespace: "ns", Name: "widgets", Identity: "me"}
+			c.ShutdownTimeout = time.Minute
+		}, widget("a"))
+		synctest.Wait()
+		if n := len(rec.snapshot()); n != 1 {
+			t.Fatalf("%d reconciles after acquiring, want 1", n)
+		}
+		// Shut down late in the term: the last successful write (the
+		// acquisition) is 9s old, RenewDeadline (10s) not yet reached.
+		time.Sleep(9 * time.Second)
+		e.cancel()
+		err := <-e.done
+		e.done <- err
+		// Other replicas may acquire LeaseDuration (15s) after that write;
+		// the elector's bound keeps ClockSkew (1s) in hand.
+		if bound := acquired.Add(14 * time.Second); cancelled.After(bound) {
+			t.Fatalf("in-flight reconcile cancelled %v after the last renew, past the bound of 14s", cancelled.Sub(acquired))
+		}
+	})
+}
