@@ -259,6 +259,10 @@ func NewController[T opkit.Object](cfg Config[T]) (*Controller[T], error) {
 	}
 
 	if cfg.Leader != nil {
+		// Closed from the start, not only from the elector's Run: a trigger
+		// endpoint or consumer may be serving before Run is called, and this
+		// replica does not lead yet.
+		c.queue.Suspend()
 		lcfg := *cfg.Leader
 		lcfg.Gate = c.queue
 		if lcfg.Logger == nil {

@@ -233,3 +233,22 @@ func TestLeaderDrainEndsBeforeTheLeaseCanExpireWhenRenewalsFail(t *testing.T) {
 		}
 	})
 }
+
+func TestLeaderControllerDropsTriggersFromConstructionOn(t *testing.T) {
+	ctrl, err := reconcile.NewController(reconcile.Config[*Widget]{
+		Name: "w", Resource: widgets, Dynamic: newFakeDynamic(t, widget("a")), Reconciler: &recorder{}, Logger: quiet,
+		Leader: &leader.Config{Client: kfake.NewClientset(), Namespace: "ns", Name: "widgets", Identity: "me"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A trigger endpoint or consumer started by a Group may run before the
+	// controller's Run: this replica does not lead yet, so nothing may be
+	// scheduled (a consumer would ack it, and another replica may lead).
+	if ok, err := ctrl.Trigger().Enqueue(context.Background(), widget("a"), opkit.Modified, opkit.Operator, 0, 0); ok || err != nil {
+		t.Fatalf("Enqueue before Run = %v, %v; want dropped", ok, err)
+	}
+	if n := ctrl.Queue().Len(); n != 0 {
+		t.Fatalf("queue holds %d entries before Run", n)
+	}
+}
