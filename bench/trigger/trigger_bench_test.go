@@ -3,6 +3,7 @@ package triggerbench
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -63,13 +64,14 @@ const (
 	// entries last well over ten seconds) without burning the CPU that the
 	// API server on the same machine needs.
 	backlogWork = 500 * time.Microsecond
-	// gap paces the triggers: trigger i is fired at start + i*gap (or as
-	// soon as the previous fire returned, if that is later: the HTTP path
-	// is sequential).
-	gap = 2 * time.Millisecond
 	// drainDeadline bounds the wait for the last trigger to be reconciled.
 	drainDeadline = 5 * time.Minute
 )
+
+// gap paces the triggers: trigger i is fired at start + i*gap (or as soon
+// as the previous fire returned, if that is later: the HTTP path is
+// sequential). Every contender gets the same open-loop schedule.
+var gap = flag.Duration("trigger.gap", 2*time.Millisecond, "interval between two triggers")
 
 var configMaps = opkit.Resource{
 	GroupVersionResource: schema.GroupVersionResource{Version: "v1", Resource: "configmaps"},
@@ -380,7 +382,7 @@ func measure(b *testing.B, tr *tracker, c contender, l load) {
 	begin := time.Now()
 	n := 0
 	for b.Loop() {
-		if d := time.Until(begin.Add(time.Duration(n) * gap)); d > 0 {
+		if d := time.Until(begin.Add(time.Duration(n) * *gap)); d > 0 {
 			time.Sleep(d)
 		}
 		s := n % targets
