@@ -52,7 +52,8 @@ func New(cfg Config) (*Elector, error) {
 func (e *Elector) Identity() string { return e.cfg.Identity }
 
 // Leader returns the holder of the Lease as last observed by this replica,
-// "" if the Lease has no holder or has not been read yet. A follower can
+// "" if the Lease has no holder or has not been read yet, or if this
+// replica's own term ended and it has not read the Lease since. A follower can
 // report it (e.g. in a 503 answer). The holder may have expired since.
 func (e *Elector) Leader() string {
 	e.mu.Lock()
@@ -513,6 +514,11 @@ loop:
 	e.cfg.Gate.Suspend()
 	e.mu.Lock()
 	e.leading = false
+	if e.holder == e.cfg.Identity {
+		// Our term is over: until the Lease is read again the leader is
+		// unknown, and naming ourselves would send callers back here.
+		e.holder = ""
+	}
 	e.mu.Unlock()
 	m.Leading(false)
 	cancelTerm()

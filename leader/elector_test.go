@@ -819,3 +819,34 @@ func TestWorkDeadlineFollowsTheLastSuccessfulRenew(t *testing.T) {
 		}
 	})
 }
+
+// Once its term has ended a replica no longer names itself as the leader
+// (a follower's 503 would send callers back to it), even while the term's
+// work winds down and before it has read the Lease again.
+func TestEndedTermDoesNotReportItselfAsLeader(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		a := e.start("a", nil, func(ctx context.Context) error {
+			<-ctx.Done()
+			sleep(5 * time.Second) // winding down
+			return nil
+		})
+		synctest.Wait()
+		if got := a.elector.Leader(); got != "a" {
+			t.Fatalf("Leader() while leading = %q, want a", got)
+		}
+		e.api.setHook("a", func(string) error { return apierrors.NewServiceUnavailable("down") })
+		sleep(renewDeadline + time.Second) // the term ended at RenewDeadline
+		synctest.Wait()
+		if a.elector.IsLeader() {
+			t.Error("still leading after RenewDeadline without a renewal")
+		}
+		if got := a.elector.Leader(); got == "a" {
+			t.Errorf("Leader() after the term ended = %q, want not itself", got)
+		}
+		e.api.setHook("a", nil)
+		if err := a.stop(); err != nil {
+			t.Errorf("Run = %v", err)
+		}
+	})
+}
