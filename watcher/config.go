@@ -45,9 +45,10 @@ type WatchListMode uint8
 
 const (
 	// WatchListAuto (the zero value) tries a streaming WatchList first and
-	// falls back to a paginated list when the server refuses it (an error
-	// such as 400, 403 on the watch verb, 405, 422 or 501 on the request, or
-	// an initial-events phase that does not finish within IdleTimeout). A
+	// falls back to a paginated list when the server refuses it (400, 405,
+	// 406, 415 or 422 on the request, or an initial-events phase that does
+	// not finish within IdleTimeout; a 403 is a permission error, retried
+	// slowly like any other, see the package doc). A
 	// refusal turns WatchList off for the rest of the Run. Clients that
 	// declare they cannot serve WatchList semantics (client-go's fakes) are
 	// listed directly.
