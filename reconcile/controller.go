@@ -277,27 +277,9 @@ func NewController[T opkit.Object](cfg Config[T]) (*Controller[T], error) {
 			t, ok := leader.TermFrom(ctx)
 			return t.Number, ok
 		}
-		c.drain = min(c.drain, leaseBound(lcfg))
 		c.drainMargin = cmp.Or(lcfg.RetryPeriod, leader.DefaultRetryPeriod)
 	}
 	return c, nil
-}
-
-// leaseBound is the longest a leader's shutdown drain may last: when the
-// term's last renew is at most RetryPeriod old. runTerm shortens it further
-// from the actual last renew (the elector's WorkDeadline).
-func leaseBound(cfg leader.Config) time.Duration {
-	lease, skew, retry := cfg.LeaseDuration, cfg.ClockSkew, cfg.RetryPeriod
-	if lease == 0 {
-		lease = leader.DefaultLeaseDuration
-	}
-	if skew == 0 {
-		skew = leader.DefaultClockSkew
-	}
-	if retry == 0 {
-		retry = leader.DefaultRetryPeriod
-	}
-	return max(lease-skew-retry, 0)
 }
 
 // Elector returns the leader elector, or nil without Config.Leader. Use it
@@ -439,9 +421,8 @@ func (c *Controller[T]) runTerm(runCtx, termCtx context.Context, work []Runnable
 		}
 		drain := c.drain
 		if c.leader != nil {
-			// From the term's last successful renew, not from now: when
-			// renewals were failing, the Lease may expire sooner than the
-			// static cap assumes.
+			// Measured from the term's last successful renew, not from now:
+			// when renewals were failing the Lease expires sooner.
 			drain = max(0, min(drain, time.Until(c.leader.WorkDeadline().Add(-c.drainMargin))))
 		}
 		log.Info("controller stopping: draining in-flight reconciles", "deadline", drain)
