@@ -3,19 +3,22 @@
 package e2e
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -292,6 +295,28 @@ func TestTwoReplicasFiftyEntitiesTriggersAndFailover(t *testing.T) {
 	e.waitConverged(ctx, names)
 	checkReasons(t, e, ctx, names, "phase A")
 
+	// The endpoint's authentication against the real API server: a token
+	// for the API server's audience is refused (401), and so is a caller
+	// without the trigger permission (403).
+	leaderURL := e.replicas[first].TriggerURL + "/reconcile/" + e.ns + "/" + name(0)
+	apiTok, err := harness.Token(ctx, e.kube, e.ns, "ci", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code := post(t, leaderURL, apiTok); code != http.StatusUnauthorized {
+		t.Errorf("API-audience token: %d, want 401", code)
+	}
+	if err := createSA(ctx, e.kube, e.ns, "intruder"); err != nil {
+		t.Fatal(err)
+	}
+	intruder, err := harness.Token(ctx, e.kube, e.ns, "intruder", operator.TriggerAudience)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code := post(t, leaderURL, intruder); code != http.StatusForbidden {
+		t.Errorf("token of a ServiceAccount without the trigger role: %d, want 403", code)
+	}
+
 	// Kill the leader and, while the survivor waits for the Lease to
 	// expire, change specs and fire more triggers: the follower answers
 	// HTTP with 503 (retried by the caller) and nacks NATS messages, so
@@ -330,6 +355,15 @@ func TestTwoReplicasFiftyEntitiesTriggersAndFailover(t *testing.T) {
 	t.Logf("new leader: %s", second)
 	e.waitConverged(ctx, names)
 	checkReasons(t, e, ctx, names, "phase B")
+	// While it was a follower the survivor refused HTTP triggers (503) and
+	// handed NATS messages back (nack, never ack).
+	m := scrape(t, e.replicas[second].MetricsURL)
+	if v := m[`opkit_trigger_consumer_nacked_total{reason="Dropped"}`]; v == 0 {
+		t.Errorf("%s never nacked a dropped NATS trigger while following", second)
+	}
+	if v := m[`opkit_trigger_http_requests_total{code="503",reason="ServiceUnavailable"}`]; v == 0 {
+		t.Errorf("%s never answered 503 while following; metrics: %v", second, m)
+	}
 	for i := 0; i < entities; i += 5 {
 		obj, _ := e.get(ctx, name(i))
 		if obj.Generation != 2 || obj.Status.ReconciledBy != second {
@@ -423,4 +457,47 @@ func dlqCount(t *testing.T, nc *nats.Conn) uint64 {
 	return info.State.Msgs
 }
 
-var _ = os.Getenv
+func post(t *testing.T, url, token string) int {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, url, nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+func createSA(ctx context.Context, kube kubernetes.Interface, ns, name string) error {
+	_, err := kube.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+	return err
+}
+
+// scrape returns the samples of a Prometheus text endpoint by series.
+func scrape(t *testing.T, url string) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if i < 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err == nil {
+			out[line[:i]] = v
+		}
+	}
+	return out
+}
