@@ -9,7 +9,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -454,4 +453,3 @@ func hasAnyPrefix(s string, ps []string) bool {
 	return false
 }
 
-var _ = errors.New
