@@ -452,4 +452,3 @@ func hasAnyPrefix(s string, ps []string) bool {
 	}
 	return false
 }
-
