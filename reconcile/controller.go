@@ -479,7 +479,7 @@ func (c *Controller[T]) process(ctx context.Context, item queue.Item[opkit.Key, 
 	}
 	if c.needsRefetch(item) {
 		c.metrics.Refetched()
-		obj, err := c.client.Get(ctx, item.Key)
+		obj, err := c.refetch(ctx, item.Key)
 		switch {
 		case apierrors.IsNotFound(err):
 			log.Debug("object gone before its reconcile: skipped")
@@ -504,6 +504,18 @@ func (c *Controller[T]) process(ctx context.Context, item queue.Item[opkit.Key, 
 	start := time.Now()
 	res, err := c.call(ctx, req, log)
 	c.afterReconcile(ctx, item, req, res, err, time.Since(start), log)
+}
+
+// refetch reads the object from the API server, bounded by the
+// per-reconcile timeout so that a hung API server cannot hold a worker
+// until the term or the drain ends.
+func (c *Controller[T]) refetch(ctx context.Context, key opkit.Key) (T, error) {
+	if c.cfg.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.cfg.Timeout)
+		defer cancel()
+	}
+	return c.client.Get(ctx, key)
 }
 
 // call runs the reconciler with the per-reconcile timeout and turns a panic

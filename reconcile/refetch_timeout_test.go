@@ -1,0 +1,91 @@
+package reconcile_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+
+	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/queue"
+	"github.com/opkit/opkit/reconcile"
+)
+
+// hangingGets wraps a dynamic client so that Get blocks until its context
+// ends while hang is set: an API server that accepts the request and never
+// answers. Everything else goes to the wrapped client.
+type hangingGets struct {
+	dynamic.Interface
+	hang *atomic.Bool
+}
+
+func (h hangingGets) Resource(gvr schema.GroupVersionResource) dynamic.NamespaceableResourceInterface {
+	return hangingResource{h.Interface.Resource(gvr), h.hang}
+}
+
+type hangingResource struct {
+	dynamic.NamespaceableResourceInterface
+	hang *atomic.Bool
+}
+
+func (r hangingResource) Namespace(ns string) dynamic.ResourceInterface {
+	return hangingNamespaced{r.NamespaceableResourceInterface.Namespace(ns), r.hang}
+}
+
+type hangingNamespaced struct {
+	dynamic.ResourceInterface
+	hang *atomic.Bool
+}
+
+func (r hangingNamespaced) Get(ctx context.Context, name string, opts metav1.GetOptions, sub ...string) (*unstructured.Unstructured, error) {
+	if r.hang.Load() {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return r.ResourceInterface.Get(ctx, name, opts, sub...)
+}
+
+func TestControllerRefetchIsBoundedByTheReconcileTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var hang atomic.Bool
+		rec := &recorder{}
+		fake := newFakeDynamic(t, widget("a"))
+		e := start(t, rec, func(c *reconcile.Config[*Widget]) {
+			c.Dynamic = hangingGets{fake, &hang}
+			c.Timeout = 3 * time.Second
+			c.Backoff = queue.Backoff{Base: time.Second, Cap: time.Second, Jitter: -1}
+		}, widget("a"))
+		_ = e
+		synctest.Wait()
+		if n := len(rec.snapshot()); n != 1 {
+			t.Fatalf("%d calls after the initial list, want 1", n)
+		}
+
+		// A trigger is always re-fetched; the API server now hangs.
+		hang.Store(true)
+		started := time.Now()
+		if ok, err := e.ctrl.Trigger().Enqueue(context.Background(), widget("a"), opkit.Modified, opkit.Operator, 0, 0); !ok || err != nil {
+			t.Fatalf("Enqueue = %v, %v", ok, err)
+		}
+		// The re-fetch gives up at the timeout and the request is retried
+		// (backoff 1s); the API server answers again by then.
+		time.Sleep(3*time.Second + time.Millisecond)
+		synctest.Wait()
+		if got := e.metrics.get(reconcile.OutcomeRetry); got != 1 {
+			t.Fatalf("%d retries %v after the hanging re-fetch started; want 1 (the re-fetch bounded by Timeout)", got, time.Since(started))
+		}
+		hang.Store(false)
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		calls := rec.snapshot()
+		if len(calls) != 2 || calls[1].req.Source != opkit.Operator || calls[1].retries != 1 {
+			t.Fatalf("calls %+v; want the trigger reconciled on its first retry", calls)
+		}
+	})
+}
