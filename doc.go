@@ -69,7 +69,9 @@
 //	type Widget struct {
 //		metav1.TypeMeta   `json:",inline"`
 //		metav1.ObjectMeta `json:"metadata,omitempty"`
-//		Spec              struct{ Size int `json:"size"` } `json:"spec"`
+//		Spec              struct {
+//			Size int `json:"size"`
+//		} `json:"spec"`
 //	}
 //
 //	var widgets = opkit.Resource{
