@@ -55,6 +55,11 @@ unit:
 	  (cd $$m && $(GO) test -race -timeout $(UNIT_TIMEOUT) ./...); \
 	done
 
+# GREP_SOME is grep for use under xargs and pipefail: no match (grep's
+# exit 1, e.g. a module without integration tests) is not a failure, a real
+# error (exit 2) still is.
+GREP_SOME = sh -c 'grep "$$@"; rc=$$?; [ $$rc -le 1 ]' grep
+
 # integration runs, with -tags integration and -race, the packages that have
 # integration test files (they also rerun their unit tests). -count=1: the
 # results depend on processes the go test cache cannot see.
@@ -62,7 +67,7 @@ integration: controlplane-bin
 	@for m in $(MODULES); do \
 	  pkgs=$$(cd $$m && $(GO) list -tags integration \
 	    -f '{{$$d := .Dir}}{{range .TestGoFiles}}{{$$d}}/{{.}} {{end}}{{range .XTestGoFiles}}{{$$d}}/{{.}} {{end}}' ./... \
-	    | xargs -r grep -l '^//go:build.*integration' | xargs -r -n1 dirname | sort -u); \
+	    | xargs -r $(GREP_SOME) -l '^//go:build.*integration' | xargs -r -n1 dirname | sort -u); \
 	  if [[ -z "$$pkgs" ]]; then $(call log,integration tests $$m: none); continue; fi; \
 	  $(call log,integration tests $$m); \
 	  (cd $$m && $(GO) test -race -count=1 -tags integration -timeout $(INTEGRATION_TIMEOUT) $$pkgs); \
@@ -73,7 +78,7 @@ integration: controlplane-bin
 # inside $$(...), so the cd does not leak.
 define fuzz-targets
 cd $(1) && $(GO) list -f '{{$$d := .Dir}}{{range .TestGoFiles}}{{$$d}}/{{.}} {{end}}{{range .XTestGoFiles}}{{$$d}}/{{.}} {{end}}' ./... \
-  | xargs -r grep -Ho '^func Fuzz[A-Za-z0-9_]*' \
+  | xargs -r $(GREP_SOME) -Ho '^func Fuzz[A-Za-z0-9_]*' \
   | sed -E 's#^(.*)/[^/]+:func (Fuzz[A-Za-z0-9_]*)$$#\1 \2#' | sort -u
 endef
 
