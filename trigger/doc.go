@@ -78,6 +78,19 @@
 //	enqueue dropped               Nack after DroppedDelay (never Ack)
 //	scheduled                     Ack
 //
+// What an acknowledgement (or a 202) promises: the trigger is in the
+// leader's queue, not yet reconciled. If that replica loses its term before
+// a worker takes the entry, the queue is cleared with everything else the
+// term held, and the trigger's reconcile comes from the next leader instead:
+// a new term starts the watcher with a full list, which reconciles every
+// existing object (source APIServer, so the trigger's reason is not
+// carried). No object is left unreconciled after a trigger; only the
+// attribution can be lost in a failover. Callers that need the reason to
+// survive a crash must make it part of the object (a field or an
+// annotation) rather than of the trigger. The example module's
+// TestFlipLosesNoTriggerOverNATS checks this against a real JetStream
+// server while leadership flips.
+//
 // Broker failures are classified by the adapter as a [BrokerError]
 // (Disconnected, Permission, Quota, NotFound) and reported by that name in
 // logs, [ConsumerMetrics] and [Consumer.Check]; a failing Receive is
