@@ -34,6 +34,12 @@
 //     which is due order, at the latest at the next Get). A high-priority
 //     add is returned by the next Get whatever the backlog; finding it
 //     costs O(number of distinct priorities), not O(backlog).
+//   - Reserved lanes. [Queue.GetAtLeast] is a Get that takes only entries
+//     at or above a priority, with Get's guarantees. A consumer that calls
+//     only it (e.g. a worker kept for external triggers) is never busy with
+//     the backlog below, so an urgent entry does not wait for a backlog
+//     entry to finish. Wake-ups go only to Gets that take the entry, so
+//     the two kinds of Get never take each other's.
 //   - Suspendable intake. [Queue.Suspend] makes every Add return
 //     DroppedSuspended until [Queue.Resume]; [Queue.Clear] removes pending
 //     and parked entries and returns how many. In-flight entries are not

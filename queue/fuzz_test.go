@@ -1,6 +1,8 @@
 package queue_test
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"testing/synctest"
@@ -91,15 +93,21 @@ func (m *model) held() int {
 // checkGet compares what Get returned (ok false: nothing) with the model,
 // and moves the model's entry in flight.
 func (m *model) checkGet(it queue.Item[int, int], ok bool, now time.Time) error {
+	return m.checkGetAtLeast(it, ok, now, -1<<62)
+}
+
+// checkGetAtLeast is checkGet for GetAtLeast(min): only entries of
+// priority min or higher count.
+func (m *model) checkGetAtLeast(it queue.Item[int, int], ok bool, now time.Time, min int) error {
 	best := -1 << 62
 	for _, mk := range m.keys {
-		if mk.inflight == nil && len(mk.held) > 0 && !mk.held[0].due.After(now) {
+		if mk.inflight == nil && len(mk.held) > 0 && !mk.held[0].due.After(now) && mk.held[0].prio >= min {
 			best = max(best, mk.held[0].prio)
 		}
 	}
 	if !ok {
 		if best != -1<<62 {
-			return fmt.Errorf("Get returned nothing, but an entry of priority %d is due", best)
+			return fmt.Errorf("Get(min %d) returned nothing, but an entry of priority %d is due", min, best)
 		}
 		return nil
 	}
@@ -124,7 +132,7 @@ func (m *model) checkGet(it queue.Item[int, int], ok bool, now time.Time) error 
 }
 
 // FuzzQueueAgainstModel drives the queue with random sequences of add, get,
-// done, suspend, resume, clear, shutdown and time advances (synctest's fake
+// get-at-least, done, suspend, resume, clear, shutdown and time advances (synctest's fake
 // clock), and checks it against the model after every step: never two
 // holders of a key, nothing handed out before due, priority order among due
 // entries, merged payload/priority/due/retries as specified, drops only
@@ -135,6 +143,7 @@ func FuzzQueueAgainstModel(f *testing.F) {
 	f.Add([]byte{0, 1, 4, 0, 1, 9, 3, 0, 0, 9, 0, 7, 3, 0, 0, 5, 1, 0, 3, 0, 0})
 	f.Add([]byte{0, 2, 1, 6, 0, 0, 0, 2, 1, 8, 0, 0, 7, 0, 0, 0, 3, 2, 3, 0, 0})
 	f.Add([]byte{1, 1, 0, 3, 0, 0, 1, 1, 3, 2, 1, 8, 5, 1, 0, 3, 0, 0, 10, 0, 0, 3, 0, 0})
+	f.Add([]byte{0, 1, 8, 0, 2, 0, 4, 0, 3, 4, 0, 3, 3, 0, 0, 5, 1, 0, 0, 1, 9, 9, 0, 7, 4, 0, 3})
 	f.Fuzz(func(t *testing.T, ops []byte) {
 		synctest.Test(t, func(t *testing.T) {
 			runModel(t, ops)
@@ -166,9 +175,22 @@ func runModel(t *testing.T, ops []byte) {
 			if got := q.Add(k, v, o); got != want {
 				t.Fatalf("Add(%d, %d, %+v) = %v, model says %v", k, v, o, got, want)
 			}
-		case 3, 4:
+		case 3:
 			it, ok := tryGet(t, q)
 			if err := m.checkGet(it, ok, now); err != nil {
+				t.Fatal(err)
+			}
+		case 4:
+			min := arg%5 - 2
+			if arg&0x80 != 0 { // reach into the many priorities of op 2
+				min = arg%48 - 24
+			}
+			it, err := q.GetAtLeast(cancelled(), min)
+			ok := err == nil
+			if !ok && !errors.Is(err, context.Canceled) && !errors.Is(err, queue.ErrShutDown) {
+				t.Fatalf("GetAtLeast: %v", err)
+			}
+			if err := m.checkGetAtLeast(it, ok, now, min); err != nil {
 				t.Fatal(err)
 			}
 		case 5:

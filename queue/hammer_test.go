@@ -13,7 +13,8 @@ import (
 	"github.com/opkit/opkit/queue"
 )
 
-// TestHammer runs many producers and consumers at once (meant for -race).
+// TestHammer runs many producers and consumers at once (meant for -race),
+// some consumers taking only the highest of the three priorities.
 // Each producer owns a range of keys and adds increasing values, some
 // delayed, some with priority; consumers check that no key is ever held
 // twice. After the producers stop, the consumers drain the queue, and for
@@ -30,6 +31,7 @@ func hammer(t *testing.T) {
 	const (
 		producers   = 8
 		consumers   = 8
+		reserved    = 2 // consumers that only take priority >= 1 (GetAtLeast)
 		keysPer     = 50
 		addsPerProd = 4000
 		totalKeys   = producers * keysPer
@@ -42,10 +44,19 @@ func hammer(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var cw sync.WaitGroup
-	for range consumers {
+	for c := range consumers + reserved {
 		cw.Go(func() {
 			for {
-				it, err := q.Get(ctx)
+				var it queue.Item[int, int]
+				var err error
+				if c < consumers {
+					it, err = q.Get(ctx)
+				} else {
+					it, err = q.GetAtLeast(ctx, 1)
+					if err == nil && it.Priority < 1 {
+						t.Errorf("GetAtLeast(1) returned priority %d", it.Priority)
+					}
+				}
 				if err != nil {
 					if !errors.Is(err, context.Canceled) && !errors.Is(err, queue.ErrShutDown) {
 						t.Error(err)
@@ -86,7 +97,8 @@ func hammer(t *testing.T) {
 	pw.Wait()
 	// Every entry is due within 2ms of its add. The fake clock moves only
 	// when every goroutine is blocked, so when this returns the consumers
-	// have taken and finished everything.
+	// have taken and finished everything (a lost wake-up would leave an
+	// entry behind blocked consumers).
 	time.Sleep(time.Second)
 	if n := q.Len(); n != 0 {
 		t.Fatalf("Len = %d after the consumers went idle", n)

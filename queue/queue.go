@@ -112,10 +112,15 @@ type Queue[K comparable, V any] struct {
 
 // waiter is a blocked Get. ch receives at most one wake-up per
 // registration; timer is armed only while the waiter owns the delay timer.
+// min is the lowest priority the Get takes (anyPriority for Get).
 type waiter struct {
 	ch    chan struct{}
 	timer *time.Timer
+	min   int32
 }
+
+// anyPriority is the min of a plain Get: every entry qualifies.
+const anyPriority int32 = math.MinInt32
 
 // New returns an empty queue configured by cfg. It starts no goroutine.
 func New[K comparable, V any](cfg Config[V]) *Queue[K, V] {
@@ -287,6 +292,9 @@ func (q *Queue[K, V]) mergeInto(t int32, value V, replace bool, delay time.Durat
 		if s.prio != oldPrio {
 			q.readyStale++
 			q.pushReady(t)
+			// A Get that did not qualify for the old priority may for
+			// the new one.
+			q.wakeFor(s.prio)
 		}
 	case stDelayed:
 		if due < s.due {
@@ -296,7 +304,7 @@ func (q *Queue[K, V]) mergeInto(t int32, value V, replace bool, delay time.Durat
 				q.nDelayed--
 				q.nReady++
 				q.pushReady(t)
-				q.wakeOne()
+				q.wakeFor(s.prio)
 			} else {
 				q.pushDelayed(t)
 				q.rearm(now)
@@ -351,7 +359,7 @@ func (q *Queue[K, V]) schedule(i int32, now int64) {
 	if s.due <= now {
 		q.nReady++
 		q.pushReady(i)
-		q.wakeOne()
+		q.wakeFor(s.prio)
 		return
 	}
 	q.nDelayed++
@@ -518,18 +526,68 @@ func (q *Queue[K, V]) take(now int64) Item[K, V] {
 	panic("queue: internal error: no ready entry")
 }
 
-// wakeOne wakes the oldest blocked Get, if any.
-func (q *Queue[K, V]) wakeOne() {
-	if len(q.waiters) == 0 {
-		return
+// topReady returns the priority of the first ready entry, dropping stale
+// ring heads on the way; ok is false if no entry is ready.
+func (q *Queue[K, V]) topReady() (prio int32, ok bool) {
+	if q.nReady == 0 {
+		return 0, false
 	}
-	w := q.waiters[0]
-	copy(q.waiters, q.waiters[1:])
+	for _, l := range q.levels {
+		for l.ring.n > 0 {
+			e := l.ring.buf[l.ring.head]
+			if q.valid(e.idx, e.meta) {
+				return l.prio, true
+			}
+			l.ring.pop()
+			q.readyStale--
+		}
+	}
+	return 0, false
+}
+
+// readyAtLeast reports whether the first ready entry has priority min or
+// higher.
+func (q *Queue[K, V]) readyAtLeast(min int32) bool {
+	top, ok := q.topReady()
+	return ok && top >= min
+}
+
+// wakeFor wakes the oldest blocked Get that takes entries of priority
+// prio, if any. Gets that would not take such an entry are left alone, so
+// that a GetAtLeast never consumes a wake-up a plain Get needs.
+func (q *Queue[K, V]) wakeFor(prio int32) {
+	for i, w := range q.waiters {
+		if w.min <= prio {
+			q.wakeAt(i)
+			return
+		}
+	}
+}
+
+// wakeAt removes waiter i from the blocked Gets and wakes it.
+func (q *Queue[K, V]) wakeAt(i int) {
+	w := q.waiters[i]
+	copy(q.waiters[i:], q.waiters[i+1:])
 	q.waiters[len(q.waiters)-1] = nil
 	q.waiters = q.waiters[:len(q.waiters)-1]
 	select {
 	case w.ch <- struct{}{}:
 	default:
+	}
+}
+
+// passOn wakes the oldest blocked Get that takes the first ready entry, if
+// both exist. It is called when a Get leaves entries ready behind it: after
+// taking one, after promoting delayed entries it does not take itself, or
+// when it gives up a wake-up. A Get that takes the first ready entry takes
+// any other too, so no entry is left ready while a Get that would take it
+// is blocked without a wake-up on its way.
+func (q *Queue[K, V]) passOn() {
+	if len(q.waiters) == 0 {
+		return
+	}
+	if p, ok := q.topReady(); ok {
+		q.wakeFor(p)
 	}
 }
 
@@ -577,15 +635,16 @@ func (q *Queue[K, V]) leave(w *waiter) (signalled bool) {
 	}
 }
 
-func (q *Queue[K, V]) newWaiter() *waiter {
+func (q *Queue[K, V]) newWaiter(min int32) *waiter {
 	if n := len(q.spare); n > 0 {
 		w := q.spare[n-1]
 		q.spare = q.spare[:n-1]
+		w.min = min
 		return w
 	}
 	t := time.NewTimer(time.Hour)
 	t.Stop()
-	return &waiter{ch: make(chan struct{}, 1), timer: t}
+	return &waiter{ch: make(chan struct{}, 1), timer: t, min: min}
 }
 
 // Get blocks until an entry is due and returns it, highest priority first
@@ -597,6 +656,27 @@ func (q *Queue[K, V]) newWaiter() *waiter {
 // be returned when ctx is already done), and [ErrShutDown] once the queue
 // is shut down and no entry is due; after shutdown Get never blocks.
 func (q *Queue[K, V]) Get(ctx context.Context) (Item[K, V], error) {
+	return q.get(ctx, anyPriority)
+}
+
+// GetAtLeast is [Queue.Get] restricted to entries of priority minPriority
+// or higher: it blocks until such an entry is due and returns it, and
+// leaves entries of lower priority to other Gets. It gives the same
+// guarantees as Get (one holder per key until Done, nothing before its due
+// time, highest priority first and first come first served within a
+// priority, ctx and shutdown handling) and costs the same, plus one step
+// per priority level skipped. minPriority is clamped to the int32 range
+// like [AddOptions.Priority].
+//
+// It serves a reserved lane: a consumer that only calls GetAtLeast with the
+// priority of urgent entries is free for them whatever the backlog below
+// keeps the other consumers busy with. A blocked GetAtLeast is woken only
+// for entries it takes, so it never holds up a plain Get.
+func (q *Queue[K, V]) GetAtLeast(ctx context.Context, minPriority int) (Item[K, V], error) {
+	return q.get(ctx, clamp32(minPriority))
+}
+
+func (q *Queue[K, V]) get(ctx context.Context, min int32) (Item[K, V], error) {
 	q.mu.Lock()
 	var w *waiter
 	for {
@@ -609,16 +689,23 @@ func (q *Queue[K, V]) Get(ctx context.Context) (Item[K, V], error) {
 			}
 		}
 		if q.nReady > 0 {
-			it := q.take(now)
-			if w != nil {
-				q.spare = append(q.spare, w)
+			// A plain Get takes whatever is first; a GetAtLeast looks at
+			// the first entry's priority before.
+			if min == anyPriority || q.readyAtLeast(min) {
+				it := q.take(now)
+				if w != nil {
+					q.spare = append(q.spare, w)
+				}
+				if q.nReady > 0 {
+					q.passOn()
+				}
+				q.rearm(now)
+				q.mu.Unlock()
+				return it, nil
 			}
-			if q.nReady > 0 {
-				q.wakeOne()
-			}
-			q.rearm(now)
-			q.mu.Unlock()
-			return it, nil
+			// Only entries below min are ready, maybe promoted just now:
+			// they are for other Gets.
+			q.passOn()
 		}
 		if q.shutdown {
 			if w != nil {
@@ -628,7 +715,7 @@ func (q *Queue[K, V]) Get(ctx context.Context) (Item[K, V], error) {
 			return Item[K, V]{}, ErrShutDown
 		}
 		if w == nil {
-			w = q.newWaiter()
+			w = q.newWaiter(min)
 		}
 		q.waiters = append(q.waiters, w)
 		if q.nDelayed > 0 {
@@ -645,7 +732,7 @@ func (q *Queue[K, V]) Get(ctx context.Context) (Item[K, V], error) {
 		case <-ctx.Done():
 			q.mu.Lock()
 			if q.leave(w) && q.nReady > 0 {
-				q.wakeOne() // pass on the wake-up meant for us
+				q.passOn() // pass on the wake-up meant for us
 			}
 			if q.nDelayed > 0 {
 				q.rearm(q.clock())
@@ -828,7 +915,7 @@ func (q *Queue[K, V]) ShutDown() {
 	}
 	q.shutdown = true
 	for len(q.waiters) > 0 {
-		q.wakeOne()
+		q.wakeAt(0)
 	}
 }
 
