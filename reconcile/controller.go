@@ -63,9 +63,21 @@ type Config[T opkit.Object] struct {
 	// Reconciler is called for every request.
 	Reconciler Reconciler[T]
 
-	// Concurrency is the number of worker goroutines; default
-	// DefaultConcurrency (4).
+	// Concurrency is the number of worker goroutines that take every
+	// entry; default DefaultConcurrency (4).
 	Concurrency int
+	// ReservedWorkers is the number of additional workers that take only
+	// entries of TriggerPriority or higher (queue.GetAtLeast): external
+	// triggers, and their retries and requeues-on-error, which keep the
+	// trigger's priority. With them a trigger never waits for a backlog
+	// reconcile to finish when the Concurrency workers are all busy.
+	// Per-key exclusivity still holds across all workers. Zero means 1
+	// when Concurrency > 1 and 0 when Concurrency is 1 (a controller
+	// configured for one reconcile at a time keeps it); negative means
+	// none. Up to Concurrency + ReservedWorkers reconciles may run at once.
+	// Entries the watcher produces at or above TriggerPriority (if
+	// Watch.Priority is set that high) use the reserved workers too.
+	ReservedWorkers int
 	// MaxRetries is how many retries a failing request gets before the
 	// controller gives up on it; default DefaultMaxRetries (20); negative
 	// means retry forever.
@@ -138,7 +150,8 @@ type elector interface {
 }
 
 // Controller runs a [Reconciler] over one resource: one queue, one watcher,
-// optionally a leader elector, and Concurrency workers. Build it with
+// optionally a leader elector, Concurrency workers and ReservedWorkers
+// workers kept for triggers. Build it with
 // [NewController], start it with [Controller.Run].
 //
 // Goroutines: Run owns all of them — the watcher's Run, the workers, and
@@ -204,6 +217,15 @@ func NewController[T opkit.Object](cfg Config[T]) (*Controller[T], error) {
 	}
 	if cfg.Concurrency == 0 {
 		cfg.Concurrency = DefaultConcurrency
+	}
+	switch {
+	case cfg.ReservedWorkers < 0:
+		cfg.ReservedWorkers = 0
+	case cfg.ReservedWorkers == 0 && cfg.Concurrency > 1:
+		cfg.ReservedWorkers = 1
+	}
+	if cfg.TriggerPriority == 0 {
+		cfg.TriggerPriority = trigger.DefaultPriority
 	}
 	if cfg.MaxRetries == 0 {
 		cfg.MaxRetries = DefaultMaxRetries
@@ -410,7 +432,13 @@ func (c *Controller[T]) runTerm(runCtx, termCtx context.Context, work []Runnable
 	}
 	var workers sync.WaitGroup
 	for range c.cfg.Concurrency {
-		workers.Go(func() { c.worker(intakeCtx, workCtx, log) })
+		workers.Go(func() { c.worker(intakeCtx, workCtx, log, c.queue.Get) })
+	}
+	reserved := func(ctx context.Context) (queue.Item[opkit.Key, opkit.Event[T]], error) {
+		return c.queue.GetAtLeast(ctx, c.cfg.TriggerPriority)
+	}
+	for range c.cfg.ReservedWorkers {
+		workers.Go(func() { c.worker(intakeCtx, workCtx, log, reserved) })
 	}
 
 	<-intakeCtx.Done()
@@ -438,10 +466,11 @@ func (c *Controller[T]) runTerm(runCtx, termCtx context.Context, work []Runnable
 	return failed()
 }
 
-// worker takes entries until intakeCtx ends and reconciles them under workCtx.
-func (c *Controller[T]) worker(intakeCtx, workCtx context.Context, log *slog.Logger) {
+// worker takes entries with get until intakeCtx ends and reconciles them
+// under workCtx.
+func (c *Controller[T]) worker(intakeCtx, workCtx context.Context, log *slog.Logger, get func(context.Context) (queue.Item[opkit.Key, opkit.Event[T]], error)) {
 	for {
-		item, err := c.queue.Get(intakeCtx)
+		item, err := get(intakeCtx)
 		if err != nil {
 			return
 		}
