@@ -1,7 +1,8 @@
 // Package triggerbench measures trigger-to-reconcile-start latency (p50 and
 // p99): how long after an external trigger is fired the reconciler's first
 // line runs. It compares, in the same run and on the same reconciler logic
-// and worker count:
+// and worker count (opkit adds its default reserved worker, which takes
+// only triggers: reconcile.Config.ReservedWorkers):
 //
 //   - opkit's Trigger.Enqueue on the controller's queue (reconcile.Controller:
 //     queue → worker → re-fetch → reconciler), against the real API server

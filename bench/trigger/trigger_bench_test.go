@@ -56,7 +56,8 @@ const (
 	// backlogSize is the number of entries queued before the triggers.
 	backlogSize = 100_000
 	// workers is the reconcile concurrency of both controllers (opkit's
-	// default).
+	// default). opkit also runs its default reserved worker (one, which
+	// takes only trigger-priority entries and so none of the backlog).
 	workers = reconcile.DefaultConcurrency
 	// backlogWork is what the reconciler spends on one backlog entry: a
 	// short wait standing for a cheap reconcile's one round trip. It keeps
