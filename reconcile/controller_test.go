@@ -530,7 +530,9 @@ func TestNewControllerValidatesItsConfig(t *testing.T) {
 
 func TestControllerRefetchesARequeuedObjectTheReconcilerChanged(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var env atomic.Pointer[env]
+		// The fake exists before the controller starts: the first reconcile
+		// may run before start returns.
+		fake := newFakeDynamic(t, widget("a"))
 		rec := &recorder{do: func(ctx context.Context, n int, req reconcile.Request[*Widget]) (reconcile.Result, error) {
 			if n > 0 {
 				return reconcile.Done(), nil
@@ -539,13 +541,13 @@ func TestControllerRefetchesARequeuedObjectTheReconcilerChanged(t *testing.T) {
 			// to be called again at once.
 			w := *req.Object
 			w.Spec.Size = 5
-			if _, err := typed.New[*Widget](env.Load().dyn, widgets).Update(ctx, &w); err != nil {
+			if _, err := typed.New[*Widget](fake, widgets).Update(ctx, &w); err != nil {
 				return reconcile.Done(), err
 			}
 			time.Sleep(time.Millisecond) // the write's watch event reaches the queue meanwhile
 			return reconcile.RequeueAfter(0), nil
 		}}
-		env.Store(start(t, rec, nil, widget("a")))
+		start(t, rec, func(c *reconcile.Config[*Widget]) { c.Dynamic = fake })
 		time.Sleep(time.Minute)
 		synctest.Wait()
 		calls := rec.snapshot()
