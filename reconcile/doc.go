@@ -9,6 +9,10 @@
 //   - A reconciler never works on a state older than the API server's when
 //     its request waited in the queue: Added/Modified requests are
 //     re-fetched before the call; objects gone by then are skipped.
+//   - An external trigger never waits for a backlog reconcile to finish:
+//     besides the Concurrency workers, Config.ReservedWorkers (default 1)
+//     take only entries at or above the trigger priority, so a trigger
+//     starts at once even when every other worker is busy with a relist.
 //   - Every outcome is defined: see the decision table on [Reconciler].
 //   - A panic is an error (stack logged), never a crashed process.
 //   - Shutdown stops the intake, lets in-flight reconciles finish up to a
