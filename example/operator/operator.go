@@ -79,6 +79,9 @@ type Options struct {
 	// InsecureSkipTriggerAuth serves the trigger endpoint without
 	// TokenReview/SubjectAccessReview.
 	InsecureSkipTriggerAuth bool
+	// TriggerCertFile and TriggerKeyFile, when both set, make the trigger
+	// endpoint speak HTTPS only, reloading the pair when the files change.
+	TriggerCertFile, TriggerKeyFile string
 	// LeaseDuration, RenewDeadline and RetryPeriod tune leader election;
 	// zero means the leader package's defaults (15s, 10s, 2s).
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
@@ -101,6 +104,9 @@ func (o *Options) Validate() error {
 		if _, _, err := net.SplitHostPort(a.addr); err != nil {
 			errs = append(errs, fmt.Errorf("%s %q: want host:port or :port (or 0 to disable): %v", a.flag, a.addr, err))
 		}
+	}
+	if (o.TriggerCertFile == "") != (o.TriggerKeyFile == "") {
+		errs = append(errs, errors.New("--trigger-cert-file and --trigger-key-file must be given together"))
 	}
 	if o.LeaderElect && o.LeaderElectionID == "" {
 		errs = append(errs, errors.New("--leader-election-id must not be empty with --leader-elect"))
@@ -274,7 +280,10 @@ func Assemble(o Options, d Deps) (*Operator, error) {
 		return nil, err
 	}
 	if o.TriggerBindAddress != "0" {
-		srv, err := trigger.NewServer(trigger.ServerConfig{Addr: o.TriggerBindAddress, Handler: op.TriggerHandler, Logger: logger})
+		srv, err := trigger.NewServer(trigger.ServerConfig{
+			Addr: o.TriggerBindAddress, Handler: op.TriggerHandler, Logger: logger,
+			CertFile: o.TriggerCertFile, KeyFile: o.TriggerKeyFile,
+		})
 		if err != nil {
 			return nil, err
 		}

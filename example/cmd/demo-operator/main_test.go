@@ -31,6 +31,7 @@ func TestOperatorFlagsInvalidExit2(t *testing.T) {
 		{[]string{"--no-such-flag"}, "flag provided but not defined"},
 		{[]string{"--leader-elect=maybe"}, "invalid boolean value"},
 		{[]string{"extra"}, "unexpected argument"},
+		{[]string{"--trigger-cert-file=tls.crt"}, "must be given together"},
 	} {
 		var stdout, stderr bytes.Buffer
 		if code := run(tc.args, &stdout, &stderr); code != 2 {
@@ -49,7 +50,7 @@ func TestHelpDocumentsEveryFlag(t *testing.T) {
 	}
 	for _, f := range []string{"kubeconfig", "namespace", "leader-elect", "leader-election-id", "leader-election-namespace",
 		"identity", "concurrency", "trigger-bind-address", "metrics-bind-address", "health-probe-bind-address",
-		"nats-url", "nats-store-dir", "insecure-skip-trigger-auth"} {
+		"nats-url", "nats-store-dir", "insecure-skip-trigger-auth", "trigger-cert-file", "trigger-key-file"} {
 		if !strings.Contains(stderr.String(), "-"+f+" ") && !strings.Contains(stderr.String(), "-"+f+"\n") {
 			t.Errorf("--help does not document --%s", f)
 		}
