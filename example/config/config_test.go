@@ -377,11 +377,12 @@ func exerciseOperator(t *testing.T, rec *recorder) {
 			return true, sar, nil
 		})
 		broker := brokertest.New()
+		reg := prometheus.NewRegistry()
 		op, err := operator.Assemble(operator.Options{
 			LeaderElect: true, LeaderElectionID: operator.DefaultLeaderElectionID, LeaderElectionNamespace: config.Namespace,
 			Identity: "replica-1", Concurrency: 2,
 			TriggerBindAddress: "0", MetricsBindAddress: "0", HealthProbeBindAddress: "0",
-		}, operator.Deps{Dynamic: h.Dynamic, Kube: kube, Broker: broker, Registry: prometheus.NewRegistry(), Logger: discard()})
+		}, operator.Deps{Dynamic: h.Dynamic, Kube: kube, Broker: broker, Registry: reg, Logger: discard()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -415,6 +416,10 @@ func exerciseOperator(t *testing.T, rec *recorder) {
 		if lt := obj.Status.LastTrigger; lt == nil || lt.Source != demov1.SourceOperator || lt.Reason != "rbac" || obj.Status.ReconciledBy != "replica-1" {
 			t.Fatalf("status after the triggers = %+v", obj.Status)
 		}
+		// Both triggers went through a Trigger that reports its outcomes.
+		if n := counterSum(t, reg, "opkit_trigger_enqueued_total"); n != 2 {
+			t.Errorf("opkit_trigger_enqueued_total = %v, want 2 (one HTTP, one message)", n)
+		}
 		// The SubjectAccessReview asks for what the trigger ClusterRole grants.
 		if len(sars) != 1 || sars[0].Verb != "create" || sars[0].Group != demov1.Group || sars[0].Resource != demov1.Plural ||
 			sars[0].Subresource != "reconcile" {
@@ -429,6 +434,24 @@ func exerciseOperator(t *testing.T, rec *recorder) {
 		rec.add(h.Dynamic.Actions())
 		rec.add(kube.Actions())
 	})
+}
+
+// counterSum adds up every series of the counter family name in reg.
+func counterSum(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
 }
 
 func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

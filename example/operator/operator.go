@@ -245,6 +245,18 @@ func Assemble(o Options, d Deps) (*Operator, error) {
 		}
 		return elector.Leader()
 	}
+	// The endpoint and the consumer enqueue through a Trigger of our own
+	// over the controller's queue, because reconcile.Config has no field
+	// for trigger metrics and ctrl.Trigger() reports none: without this,
+	// opkit_trigger_enqueued_total would never move. Priority zero is
+	// trigger.DefaultPriority, the same default the controller's reserved
+	// workers serve (Config.TriggerPriority is left zero above).
+	trig, err := trigger.New(trigger.Config[*demov1.DemoEntity]{
+		Queue: ctrl.Queue(), Resource: demov1.Resource, Metrics: m.Trigger(), Logger: logger,
+	})
+	if err != nil {
+		return nil, err
+	}
 	op := &Operator{Controller: ctrl, Group: reconcile.NewGroup(reconcile.GroupConfig{Logger: logger})}
 	group := op.Group
 	if err := group.Add(ctrl.Runnable()); err != nil {
@@ -254,7 +266,7 @@ func Assemble(o Options, d Deps) (*Operator, error) {
 	// The HTTP trigger endpoint, on every replica: followers answer 503
 	// with the leader's identity.
 	hcfg := trigger.HandlerConfig[*demov1.DemoEntity]{
-		Trigger:          ctrl.Trigger(),
+		Trigger:          trig,
 		Dynamic:          dyn,
 		InsecureSkipAuth: o.InsecureSkipTriggerAuth,
 		Leader:           leaderOf,
@@ -297,7 +309,7 @@ func Assemble(o Options, d Deps) (*Operator, error) {
 	if d.Broker != nil {
 		op.Consumer, err = trigger.NewConsumer(trigger.ConsumerConfig[*demov1.DemoEntity]{
 			Broker:      d.Broker,
-			Trigger:     ctrl.Trigger(),
+			Trigger:     trig,
 			Dynamic:     dyn,
 			Concurrency: 4,
 			LagInterval: 5 * time.Second,
