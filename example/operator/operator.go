@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -103,6 +104,17 @@ func (o *Options) Validate() error {
 		}
 		if _, _, err := net.SplitHostPort(a.addr); err != nil {
 			errs = append(errs, fmt.Errorf("%s %q: want host:port or :port (or 0 to disable): %v", a.flag, a.addr, err))
+		}
+	}
+	for _, n := range []struct{ flag, ns string }{
+		{"--namespace", o.Namespace},
+		{"--leader-election-namespace", o.LeaderElectionNamespace},
+	} {
+		if n.ns == "" {
+			continue
+		}
+		if msgs := validation.IsDNS1123Label(n.ns); len(msgs) > 0 {
+			errs = append(errs, fmt.Errorf("%s %q is not a namespace name: %s", n.flag, n.ns, strings.Join(msgs, "; ")))
 		}
 	}
 	if (o.TriggerCertFile == "") != (o.TriggerKeyFile == "") {

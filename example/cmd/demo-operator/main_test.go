@@ -32,6 +32,8 @@ func TestOperatorFlagsInvalidExit2(t *testing.T) {
 		{[]string{"--leader-elect=maybe"}, "invalid boolean value"},
 		{[]string{"extra"}, "unexpected argument"},
 		{[]string{"--trigger-cert-file=tls.crt"}, "must be given together"},
+		{[]string{"--namespace=Team_A"}, "--namespace \"Team_A\" is not a namespace name"},
+		{[]string{"--leader-election-namespace=-x"}, "--leader-election-namespace"},
 	} {
 		var stdout, stderr bytes.Buffer
 		if code := run(tc.args, &stdout, &stderr); code != 2 {
