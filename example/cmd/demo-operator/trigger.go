@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/opkit/opkit/example/natsbroker"
+	"github.com/opkit/opkit/example/operator"
 )
 
 // triggerOptions are the trigger subcommand's settings.
@@ -49,7 +50,7 @@ server; the reason lands in its status.lastTrigger.reason.
               subject %s; exit 0 once the stream stored it.
 
 Flags:
-`, "opkit-trigger", "opkit-trigger", natsbroker.DefaultSubject)
+`, operator.TriggerAudience, operator.TriggerAudience, natsbroker.DefaultSubject)
 		fs.PrintDefaults()
 	}
 	fs.StringVar(&o.Namespace, "namespace", "", "namespace of the DemoEntity (required)")
