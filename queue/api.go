@@ -105,7 +105,9 @@ type Item[K comparable, V any] struct {
 	Priority int
 	Retries  int
 	// Enqueued is when the entry (the earliest add merged into it) was
-	// accepted; Due is when it became due. Both come from the queue's clock.
+	// accepted; Due is when it became due. Both come from the queue's clock,
+	// and both are the zero time unless the queue was created with
+	// Config.Timestamps or Config.Metrics.
 	Enqueued time.Time
 	Due      time.Time
 }

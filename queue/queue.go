@@ -9,7 +9,7 @@ import (
 )
 
 // Config configures a [Queue]. The zero value is valid and means defaults:
-// newest payload wins on merge, no metrics.
+// newest payload wins on merge, no metrics, no timestamps.
 type Config[V any] struct {
 	// Merge decides how an add combines with the payload already held for
 	// its key (pending, or parked behind an in-flight entry). nil means
@@ -18,8 +18,16 @@ type Config[V any] struct {
 	Merge func(pending, incoming V) Merge
 
 	// Metrics receives the queue's measurements. nil means none, at no cost
-	// on the hot path.
+	// on the hot path. Metrics implies Timestamps.
 	Metrics Metrics
+
+	// Timestamps makes Get fill Item.Enqueued and Item.Due. Without it
+	// (the default, unless Metrics is set) both are the zero time.Time and
+	// an add without delay reads no clock; a delayed add reads it either
+	// way, as its due time depends on it. On a VM a clock read can cost
+	// about a quarter of an add/get/done cycle, so only callers that look
+	// at the times should pay for them.
+	Timestamps bool
 }
 
 // entry states.
@@ -81,6 +89,7 @@ type Queue[K comparable, V any] struct {
 	mu      sync.Mutex
 	merge   func(pending, incoming V) Merge
 	metrics Metrics
+	stamps  bool // Config.Timestamps or Metrics: adds read the clock
 	epoch   time.Time
 
 	ix     keyIndex // key -> first entry of its chain
@@ -127,6 +136,7 @@ func New[K comparable, V any](cfg Config[V]) *Queue[K, V] {
 	return &Queue[K, V]{
 		merge:   cfg.Merge,
 		metrics: cfg.Metrics,
+		stamps:  cfg.Timestamps || cfg.Metrics != nil,
 		epoch:   time.Now(),
 		ix:      newKeyIndex(),
 	}
@@ -158,6 +168,16 @@ func dueAt(now int64, delay time.Duration) int64 {
 		return due
 	}
 	return math.MaxInt64
+}
+
+// addTime is the add time of an entry due now: the clock with timestamps,
+// else the last clock reading, which is no later than now (so the entry
+// is due) and keeps due times in order; it is never reported.
+func (q *Queue[K, V]) addTime() int64 {
+	if q.stamps {
+		return q.clock()
+	}
+	return q.lastNow
 }
 
 func (q *Queue[K, V]) at(t int64) time.Time { return q.epoch.Add(time.Duration(t)) }
@@ -193,7 +213,8 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 		return out
 	}
 	// The clock is read only when needed: a merge into a due entry, the
-	// common case of a burst of events for one object, needs no time.
+	// common case of a burst of events for one object, needs no time, and
+	// without timestamps neither does a new entry due now (see addTime).
 	var now int64
 	haveNow := false
 	if opts.Delay > 0 {
@@ -208,7 +229,7 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 	if !known || q.sl(head).state() == stIdle {
 		out = Queued
 		if !haveNow {
-			now = q.clock()
+			now = q.addTime()
 		}
 		due := dueAt(now, opts.Delay)
 		i := head
@@ -237,7 +258,7 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 		}
 		if mode == MergeSequence {
 			if !haveNow {
-				now = q.clock()
+				now = q.addTime()
 			}
 			due := dueAt(now, opts.Delay)
 			i := q.alloc()
@@ -506,18 +527,21 @@ func (q *Queue[K, V]) take(now int64) Item[K, V] {
 			s := q.sl(e.idx)
 			it := Item[K, V]{
 				Key: s.key, Value: s.val, Priority: int(s.prio), Retries: int(s.retries),
-				Enqueued: q.at(s.enq),
 			}
-			it.Due = it.Enqueued
-			if s.due != s.enq {
-				it.Due = q.at(s.due)
+			enq := s.enq
+			if q.stamps {
+				it.Enqueued = q.at(enq)
+				it.Due = it.Enqueued
+				if s.due != enq {
+					it.Due = q.at(s.due)
+				}
 			}
 			q.nReady--
 			s.setState(stInFlight)
 			q.inflight = append(q.inflight, e.idx)
 			if m := q.metrics; m != nil {
 				m.Depth(int(s.prio), -1)
-				m.Waited(int(s.prio), time.Duration(now-s.enq))
+				m.Waited(int(s.prio), time.Duration(now-enq))
 				s.due = now
 			}
 			return it
@@ -656,6 +680,22 @@ func (q *Queue[K, V]) newWaiter(min int32) *waiter {
 // be returned when ctx is already done), and [ErrShutDown] once the queue
 // is shut down and no entry is due; after shutdown Get never blocks.
 func (q *Queue[K, V]) Get(ctx context.Context) (Item[K, V], error) {
+	q.mu.Lock()
+	if q.nReady > 0 && q.nDelayed == 0 {
+		// The common case, spelled out here rather than through get: an
+		// entry is ready and none is delayed, so there is nothing to
+		// promote, no timer to rearm, and no clock to read without metrics.
+		var now int64
+		if q.metrics != nil {
+			now = q.clock()
+		}
+		it := q.take(now)
+		if q.nReady > 0 && len(q.waiters) > 0 {
+			q.passOn()
+		}
+		q.mu.Unlock()
+		return it, nil
+	}
 	return q.get(ctx, anyPriority)
 }
 
@@ -673,11 +713,12 @@ func (q *Queue[K, V]) Get(ctx context.Context) (Item[K, V], error) {
 // keeps the other consumers busy with. A blocked GetAtLeast is woken only
 // for entries it takes, so it never holds up a plain Get.
 func (q *Queue[K, V]) GetAtLeast(ctx context.Context, minPriority int) (Item[K, V], error) {
+	q.mu.Lock()
 	return q.get(ctx, clamp32(minPriority))
 }
 
+// get is Get and GetAtLeast; the caller holds q.mu, which get releases.
 func (q *Queue[K, V]) get(ctx context.Context, min int32) (Item[K, V], error) {
-	q.mu.Lock()
 	var w *waiter
 	for {
 		var now int64
@@ -806,7 +847,11 @@ func (q *Queue[K, V]) Done(key K) {
 		q.release(i)
 		q.nParked--
 		if m == nil {
-			now = q.clock()
+			// A parked entry due before the last clock reading needs no
+			// new one.
+			if now = q.lastNow; q.sl(next).due > now {
+				now = q.clock()
+			}
 		}
 		q.schedule(next, now)
 	}

@@ -60,7 +60,7 @@ func mustAdd[K comparable, V any](t *testing.T, q *queue.Queue[K, V], k K, v V, 
 
 func TestAddOfPendingKeyMergesIntoOneEntry(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		q := newQ(t, queue.Config[int]{})
+		q := newQ(t, queue.Config[int]{Timestamps: true})
 		start := time.Now()
 		mustAdd(t, q, "a", 1, queue.AddOptions{Delay: 10 * time.Second, Priority: 1, Retries: 4}, queue.Queued)
 		mustAdd(t, q, "a", 2, queue.AddOptions{Delay: 3 * time.Second, Priority: 0, Retries: 0}, queue.Merged)
@@ -88,6 +88,38 @@ func TestAddOfPendingKeyMergesIntoOneEntry(t *testing.T) {
 		q.Done("a")
 		if _, ok := tryGet(t, q); ok {
 			t.Fatal("merged adds were delivered more than once")
+		}
+	})
+}
+
+func TestItemTimesAreZeroWithoutTimestamps(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := newQ(t, queue.Config[int]{})
+		start := time.Now()
+		mustAdd(t, q, "a", 1, queue.AddOptions{}, queue.Queued)
+		mustAdd(t, q, "b", 2, queue.AddOptions{Delay: 2 * time.Second}, queue.Queued)
+		time.Sleep(time.Second)
+		mustAdd(t, q, "c", 3, queue.AddOptions{}, queue.Queued)
+		// without timestamps, entries due now keep add order, and a
+		// delayed one is still not handed out before its due time
+		for _, want := range []string{"a", "c"} {
+			it := mustGet(t, q)
+			if it.Key != want || !it.Enqueued.IsZero() || !it.Due.IsZero() {
+				t.Fatalf("got %+v, want key %s with zero times", it, want)
+			}
+		}
+		if _, ok := tryGet(t, q); ok {
+			t.Fatal("delayed entry handed out before due")
+		}
+		it, err := q.Get(context.Background())
+		if err != nil || it.Key != "b" || time.Since(start) != 2*time.Second {
+			t.Fatalf("got %+v, %v after %v, want b after 2s", it, err, time.Since(start))
+		}
+		// with timestamps they are set
+		q2 := newQ(t, queue.Config[int]{Timestamps: true})
+		mustAdd(t, q2, "a", 1, queue.AddOptions{}, queue.Queued)
+		if it := mustGet(t, q2); !it.Enqueued.Equal(time.Now()) || !it.Due.Equal(it.Enqueued) {
+			t.Fatalf("with Timestamps: Enqueued %v Due %v, want both %v", it.Enqueued, it.Due, time.Now())
 		}
 	})
 }

@@ -255,7 +255,8 @@ func NewController[T opkit.Object](cfg Config[T]) (*Controller[T], error) {
 	if c.metrics == nil {
 		c.metrics = noMetrics{}
 	}
-	c.queue = queue.New[opkit.Key](queue.Config[opkit.Event[T]]{Merge: MergeEvents[T], Metrics: cfg.QueueMetrics})
+	// Timestamps: needsRefetch reads Item.Enqueued and Item.Due.
+	c.queue = queue.New[opkit.Key](queue.Config[opkit.Event[T]]{Merge: MergeEvents[T], Metrics: cfg.QueueMetrics, Timestamps: true})
 
 	wcfg := cfg.Watch
 	wcfg.Client, wcfg.Resource, wcfg.Queue = cfg.Dynamic, cfg.Resource, c.queue

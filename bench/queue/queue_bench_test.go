@@ -23,10 +23,13 @@ func BenchmarkW1Cycle(b *testing.B) {
 	}
 }
 
-// W1 with opkit's metrics on (atomic counters) versus nil.
+// W1 with opkit's metrics on (atomic counters) versus nil, the latter
+// without and with timestamps (metrics imply timestamps; the controller
+// runs with timestamps).
 func BenchmarkW1Metrics(b *testing.B) {
 	for _, n := range []int{1, 100_000} {
 		b.Run(fmt.Sprintf("keys=%d/nil", n), func(b *testing.B) { cycle(b, NewOpkit(nil), n) })
+		b.Run(fmt.Sprintf("keys=%d/timestamps", n), func(b *testing.B) { cycle(b, NewOpkitTimestamps(), n) })
 		b.Run(fmt.Sprintf("keys=%d/counting", n), func(b *testing.B) { cycle(b, NewOpkit(&CountingMetrics{}), n) })
 	}
 }
