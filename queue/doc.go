@@ -78,7 +78,8 @@
 // [Config.Timestamps] (for Item.Enqueued and Item.Due), and even then not
 // when it merges into an entry that is already due. With Metrics set
 // (which implies timestamps), Get and Done read it once more each, for
-// the queue latency and the work duration.
+// the queue latency and the work duration. Without timestamps a slot is
+// also 8 bytes smaller.
 //
 // # Concurrency
 //

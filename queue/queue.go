@@ -53,9 +53,7 @@ type slot[K comparable, V any] struct {
 	// due is when the entry is (or was) due, in nanoseconds since the
 	// queue's epoch. While the entry is in flight it holds the hand-out
 	// time instead (only when metrics are on).
-	due int64
-	// enq is when the earliest add merged into the entry was accepted.
-	enq     int64
+	due     int64
 	prio    int32
 	retries int32
 	// meta is the state (low 3 bits) and a generation bumped by every
@@ -94,7 +92,8 @@ type Queue[K comparable, V any] struct {
 
 	ix     keyIndex // key -> first entry of its chain
 	pages  [][]slot[K, V]
-	nslots int32 // slots handed out by alloc so far (free ones included)
+	enqs   [][]int64 // add times, parallel to pages, only with timestamps
+	nslots int32     // slots handed out by alloc so far (free ones included)
 	free   []int32
 
 	levels     []*level // ready entries, highest priority first
@@ -239,7 +238,10 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 			i = q.alloc()
 		}
 		s := q.sl(i)
-		s.key, s.val, s.enq, s.due, s.prio, s.retries, s.next = key, value, now, due, prio, retries, none
+		s.key, s.val, s.due, s.prio, s.retries, s.next = key, value, due, prio, retries, none
+		if q.stamps {
+			*q.enq(i) = now
+		}
 		q.schedule(i, now)
 		if !known {
 			q.insertAt(pos, h, i) // after schedule: a rebuild keeps only slots in use
@@ -263,7 +265,10 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 			due := dueAt(now, opts.Delay)
 			i := q.alloc()
 			s := q.sl(i)
-			s.key, s.val, s.enq, s.due, s.prio, s.retries, s.next = key, value, now, due, prio, retries, none
+			s.key, s.val, s.due, s.prio, s.retries, s.next = key, value, due, prio, retries, none
+			if q.stamps {
+				*q.enq(i) = now
+			}
 			s.setState(stParked)
 			q.nParked++
 			q.sl(t).next = i
@@ -343,6 +348,10 @@ func (q *Queue[K, V]) mergeInto(t int32, value V, replace bool, delay time.Durat
 // sl returns slot i.
 func (q *Queue[K, V]) sl(i int32) *slot[K, V] { return &q.pages[i>>pageBits][i&(pageSize-1)] }
 
+// enq returns the add time of slot i: when the earliest add merged into
+// its entry was accepted. It exists only with timestamps.
+func (q *Queue[K, V]) enq(i int32) *int64 { return &q.enqs[i>>pageBits][i&(pageSize-1)] }
+
 // alloc returns a free slot index, growing the slab by a page if needed.
 func (q *Queue[K, V]) alloc() int32 {
 	if n := len(q.free); n > 0 {
@@ -355,6 +364,9 @@ func (q *Queue[K, V]) alloc() int32 {
 	}
 	if int(q.nslots) == len(q.pages)*pageSize {
 		q.pages = append(q.pages, make([]slot[K, V], pageSize))
+		if q.stamps {
+			q.enqs = append(q.enqs, make([]int64, pageSize))
+		}
 	}
 	q.nslots++
 	return q.nslots - 1
@@ -528,8 +540,9 @@ func (q *Queue[K, V]) take(now int64) Item[K, V] {
 			it := Item[K, V]{
 				Key: s.key, Value: s.val, Priority: int(s.prio), Retries: int(s.retries),
 			}
-			enq := s.enq
+			var enq int64
 			if q.stamps {
+				enq = *q.enq(e.idx)
 				it.Enqueued = q.at(enq)
 				it.Due = it.Enqueued
 				if s.due != enq {
