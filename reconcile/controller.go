@@ -140,6 +140,9 @@ type Config[T opkit.Object] struct {
 	Metrics Metrics
 	// QueueMetrics receives the queue's measurements; nil means none.
 	QueueMetrics queue.Metrics
+	// TriggerMetrics receives the measurements of Controller.Trigger
+	// (enqueues by outcome, rejected input); nil means none.
+	TriggerMetrics trigger.Metrics
 }
 
 // elector is what the controller needs of a *leader.Elector.
@@ -269,7 +272,7 @@ func NewController[T opkit.Object](cfg Config[T]) (*Controller[T], error) {
 	}
 	c.watch = w
 
-	tr, err := trigger.New(trigger.Config[T]{Queue: c.queue, Resource: cfg.Resource, Priority: cfg.TriggerPriority, Logger: log})
+	tr, err := trigger.New(trigger.Config[T]{Queue: c.queue, Resource: cfg.Resource, Priority: cfg.TriggerPriority, Metrics: cfg.TriggerMetrics, Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}

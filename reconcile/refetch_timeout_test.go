@@ -2,6 +2,7 @@ package reconcile_test
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -86,6 +87,44 @@ func TestControllerRefetchIsBoundedByTheReconcileTimeout(t *testing.T) {
 		calls := rec.snapshot()
 		if len(calls) != 2 || calls[1].req.Source != opkit.Operator || calls[1].retries != 1 {
 			t.Fatalf("calls %+v; want the trigger reconciled on its first retry", calls)
+		}
+	})
+}
+
+// outcomes counts trigger.Metrics calls.
+type outcomes struct {
+	mu       sync.Mutex
+	enqueued map[queue.Outcome]int
+	rejected int
+}
+
+func (o *outcomes) Enqueued(out queue.Outcome) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.enqueued == nil {
+		o.enqueued = map[queue.Outcome]int{}
+	}
+	o.enqueued[out]++
+}
+
+func (o *outcomes) Rejected() { o.mu.Lock(); o.rejected++; o.mu.Unlock() }
+
+func TestControllerTriggerFeedsTriggerMetrics(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := &outcomes{}
+		e := start(t, &recorder{}, func(c *reconcile.Config[*Widget]) { c.TriggerMetrics = m }, widget("a"))
+		synctest.Wait()
+		if ok, err := e.ctrl.Trigger().Enqueue(context.Background(), widget("a"), opkit.Modified, opkit.Operator, 0, 0); !ok || err != nil {
+			t.Fatalf("Enqueue = %v, %v", ok, err)
+		}
+		if _, err := e.ctrl.Trigger().Enqueue(context.Background(), widget("a"), opkit.Modified, opkit.APIServer, 0, 0); err == nil {
+			t.Fatal("Enqueue with source APIServer: want an error")
+		}
+		synctest.Wait()
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if m.enqueued[queue.Queued] != 1 || m.rejected != 1 {
+			t.Fatalf("enqueued %v, rejected %d; want 1 Queued and 1 rejected", m.enqueued, m.rejected)
 		}
 	})
 }
