@@ -243,9 +243,10 @@ func Assemble(o Options, d Deps) (*Operator, error) {
 			SkipStatusOnly: true, // our own status writes need no reconcile
 			Metrics:        m.Watcher(),
 		},
-		Metrics:      m.Controller(),
-		QueueMetrics: m.Queue(),
-		Logger:       logger,
+		Metrics:        m.Controller(),
+		QueueMetrics:   m.Queue(),
+		TriggerMetrics: m.Trigger(),
+		Logger:         logger,
 	}
 	ctrl, elector, err := newController(ccfg, kube, o, m, logger)
 	if err != nil {
@@ -257,18 +258,10 @@ func Assemble(o Options, d Deps) (*Operator, error) {
 		}
 		return elector.Leader()
 	}
-	// The endpoint and the consumer enqueue through a Trigger of our own
-	// over the controller's queue, because reconcile.Config has no field
-	// for trigger metrics and ctrl.Trigger() reports none: without this,
-	// opkit_trigger_enqueued_total would never move. Priority zero is
-	// trigger.DefaultPriority, the same default the controller's reserved
-	// workers serve (Config.TriggerPriority is left zero above).
-	trig, err := trigger.New(trigger.Config[*demov1.DemoEntity]{
-		Queue: ctrl.Queue(), Resource: demov1.Resource, Metrics: m.Trigger(), Logger: logger,
-	})
-	if err != nil {
-		return nil, err
-	}
+	// The endpoint and the consumer enqueue through the controller's own
+	// Trigger, at trigger.DefaultPriority: the priority its reserved
+	// workers serve.
+	trig := ctrl.Trigger()
 	op := &Operator{Controller: ctrl, Group: reconcile.NewGroup(reconcile.GroupConfig{Logger: logger})}
 	group := op.Group
 	if err := group.Add(ctrl.Runnable()); err != nil {
