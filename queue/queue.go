@@ -528,7 +528,7 @@ func (q *Queue[K, V]) earliest() (int64, bool) {
 
 // take hands out the first ready entry of the highest priority. The caller
 // made sure nReady > 0.
-func (q *Queue[K, V]) take(now int64) Item[K, V] {
+func (q *Queue[K, V]) take(now int64, it *Item[K, V]) {
 	for _, l := range q.levels {
 		for l.ring.n > 0 {
 			e := l.ring.pop()
@@ -537,9 +537,7 @@ func (q *Queue[K, V]) take(now int64) Item[K, V] {
 				continue
 			}
 			s := q.sl(e.idx)
-			it := Item[K, V]{
-				Key: s.key, Value: s.val, Priority: int(s.prio), Retries: int(s.retries),
-			}
+			it.Key, it.Value, it.Priority, it.Retries = s.key, s.val, int(s.prio), int(s.retries)
 			var enq int64
 			if q.stamps {
 				enq = *q.enq(e.idx)
@@ -557,7 +555,7 @@ func (q *Queue[K, V]) take(now int64) Item[K, V] {
 				m.Waited(int(s.prio), time.Duration(now-enq))
 				s.due = now
 			}
-			return it
+			return
 		}
 	}
 	panic("queue: internal error: no ready entry")
@@ -692,17 +690,18 @@ func (q *Queue[K, V]) newWaiter(min int32) *waiter {
 // Get returns ctx.Err() if ctx ends first (an entry that is due may still
 // be returned when ctx is already done), and [ErrShutDown] once the queue
 // is shut down and no entry is due; after shutdown Get never blocks.
-func (q *Queue[K, V]) Get(ctx context.Context) (Item[K, V], error) {
+func (q *Queue[K, V]) Get(ctx context.Context) (it Item[K, V], err error) {
 	q.mu.Lock()
 	if q.nReady > 0 && q.nDelayed == 0 {
 		// The common case, spelled out here rather than through get: an
 		// entry is ready and none is delayed, so there is nothing to
 		// promote, no timer to rearm, and no clock to read without metrics.
+		// take fills the result in place (an Item is ten words).
 		var now int64
 		if q.metrics != nil {
 			now = q.clock()
 		}
-		it := q.take(now)
+		q.take(now, &it)
 		if q.nReady > 0 && len(q.waiters) > 0 {
 			q.passOn()
 		}
@@ -746,7 +745,8 @@ func (q *Queue[K, V]) get(ctx context.Context, min int32) (Item[K, V], error) {
 			// A plain Get takes whatever is first; a GetAtLeast looks at
 			// the first entry's priority before.
 			if min == anyPriority || q.readyAtLeast(min) {
-				it := q.take(now)
+				var it Item[K, V]
+				q.take(now, &it)
 				if w != nil {
 					q.spare = append(q.spare, w)
 				}
