@@ -506,6 +506,10 @@ func (e *env) start(name string, tweak func(*leader.Config), workFn func(ctx con
 		err := workFn(ctx)
 		if !stop() {
 			<-cancelled // the context ended: journal that before the return
+		} else if ctx.Err() != nil {
+			// The context ended but stop won the race against the AfterFunc
+			// goroutine, so f never ran: journal the cancellation here.
+			e.j.addTerm(name, "work-cancelled", term.Number)
 		}
 		e.j.addTerm(name, "work-return", term.Number)
 		return err
