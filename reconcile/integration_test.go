@@ -13,8 +13,6 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 
 	"github.com/opkit/opkit"
@@ -24,8 +22,6 @@ import (
 )
 
 func TestMain(m *testing.M) { testcluster.Main(m) }
-
-var crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 
 // realCluster returns a dynamic client for the shared cluster with the
 // widgets CRD served (status subresource, so generation tracks the spec),
@@ -39,33 +35,10 @@ func realCluster(t *testing.T) (dynamic.Interface, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	free := map[string]any{"type": "object", "x-kubernetes-preserve-unknown-fields": true}
-	crd := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "apiextensions.k8s.io/v1",
-		"kind":       "CustomResourceDefinition",
-		"metadata":   map[string]any{"name": "widgets." + widgets.Group},
-		"spec": map[string]any{
-			"group": widgets.Group,
-			"scope": "Namespaced",
-			"names": map[string]any{"plural": "widgets", "singular": "widget", "kind": "Widget", "listKind": "WidgetList"},
-			"versions": []any{map[string]any{
-				"name": "v1", "served": true, "storage": true,
-				"subresources": map[string]any{"status": map[string]any{}},
-				"schema": map[string]any{"openAPIV3Schema": map[string]any{
-					"type":       "object",
-					"properties": map[string]any{"spec": free, "status": free},
-				}},
-			}},
-		},
-	}}
-	ctx := context.Background()
-	if _, err := dyn.Resource(crdGVR).Create(ctx, crd, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatalf("create CRD: %v", err)
+	crd := testcluster.CRD{Resource: widgets.GroupVersionResource, Kind: widgets.Kind, Namespaced: true}
+	if err := c.InstallCRD(context.Background(), crd); err != nil {
+		t.Fatal(err)
 	}
-	eventually(t, time.Minute, "widgets served", func() error {
-		_, err := dyn.Resource(widgets.GroupVersionResource).Namespace("default").List(ctx, metav1.ListOptions{Limit: 1})
-		return err
-	})
 	return dyn, c.Namespace(t)
 }
 

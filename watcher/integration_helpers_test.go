@@ -11,10 +11,7 @@ import (
 	"testing"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 
@@ -22,8 +19,6 @@ import (
 )
 
 func TestMain(m *testing.M) { testcluster.Main(m) }
-
-var crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 
 // dyn returns a dynamic client for cfg without client-side throttling, so
 // tests that write thousands of objects are not slowed to 5 per second.
@@ -37,39 +32,14 @@ func dyn(t testing.TB, cfg *rest.Config) *dynamic.DynamicClient {
 	return d
 }
 
-// installWidgets installs the widgets CRD (spec and status free-form, with a
-// status subresource so generation tracks spec changes) and waits until it
-// is served.
-func installWidgets(t testing.TB, cfg *rest.Config) {
+// installWidgets installs the widgets CRD and waits until the given API
+// servers (default: 0) serve it.
+func installWidgets(t testing.TB, c *testcluster.Cluster, servers ...int) {
 	t.Helper()
-	d := dyn(t, cfg)
-	free := map[string]any{"type": "object", "x-kubernetes-preserve-unknown-fields": true}
-	crd := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "apiextensions.k8s.io/v1",
-		"kind":       "CustomResourceDefinition",
-		"metadata":   map[string]any{"name": "widgets." + widgets.Group},
-		"spec": map[string]any{
-			"group": widgets.Group,
-			"scope": "Namespaced",
-			"names": map[string]any{"plural": "widgets", "singular": "widget", "kind": "Widget", "listKind": "WidgetList"},
-			"versions": []any{map[string]any{
-				"name": "v1", "served": true, "storage": true,
-				"subresources": map[string]any{"status": map[string]any{}},
-				"schema": map[string]any{"openAPIV3Schema": map[string]any{
-					"type":       "object",
-					"properties": map[string]any{"spec": free, "status": free},
-				}},
-			}},
-		},
-	}}
-	ctx := context.Background()
-	if _, err := d.Resource(crdGVR).Create(ctx, crd, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatalf("create CRD: %v", err)
+	crd := testcluster.CRD{Resource: widgets.GroupVersionResource, Kind: widgets.Kind, Namespaced: true}
+	if err := c.InstallCRD(context.Background(), crd, servers...); err != nil {
+		t.Fatal(err)
 	}
-	eventually(t, time.Minute, "widgets served", func() error {
-		_, err := d.Resource(widgets.GroupVersionResource).Namespace("default").List(ctx, metav1.ListOptions{Limit: 1})
-		return err
-	})
 }
 
 // eventually polls f until it returns nil or the deadline passes.

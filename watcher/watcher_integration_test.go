@@ -64,7 +64,7 @@ func lastByKey(rs []record) map[opkit.Key]record {
 // duplicates; only the queue coalesces, down to one entry per key).
 func TestIntegrationThousandObjectsEveryStateExactlyOnce(t *testing.T) {
 	c := testcluster.Shared(t)
-	installWidgets(t, c.Config())
+	installWidgets(t, c)
 	ns := c.Namespace(t)
 	d := dyn(t, c.Config())
 	res := d.Resource(widgets.GroupVersionResource).Namespace(ns)
@@ -146,7 +146,7 @@ func TestIntegrationThousandObjectsEveryStateExactlyOnce(t *testing.T) {
 // emitted for untouched objects.
 func TestIntegrationAPIServerOutageLosesNothing(t *testing.T) {
 	c := testcluster.Start(t, testcluster.Options{APIServers: 2})
-	installWidgets(t, c.ConfigFor(1))
+	installWidgets(t, c, 0, 1)
 	ns := c.Namespace(t)
 	ctx := context.Background()
 	res := dyn(t, c.ConfigFor(1)).Resource(widgets.GroupVersionResource).Namespace(ns)
@@ -238,7 +238,7 @@ func TestIntegrationAPIServerOutageLosesNothing(t *testing.T) {
 // changed (Modified), vanished (Deleted tombstones) and new (Added) objects.
 func TestIntegrationCompactionRelistEmitsExactlyTheDifferences(t *testing.T) {
 	c := testcluster.Start(t, testcluster.Options{APIServers: 2, DisableWatchCache: true})
-	installWidgets(t, c.ConfigFor(1))
+	installWidgets(t, c, 0, 1)
 	ns := c.Namespace(t)
 	ctx := context.Background()
 	res := dyn(t, c.ConfigFor(1)).Resource(widgets.GroupVersionResource).Namespace(ns)
@@ -323,7 +323,7 @@ func TestIntegrationCompactionRelistEmitsExactlyTheDifferences(t *testing.T) {
 // permission error in Check and in its logs, and does not hammer the server.
 func TestIntegrationUnprivilegedUserGetsAClearPermissionError(t *testing.T) {
 	c := testcluster.Shared(t)
-	installWidgets(t, c.Config())
+	installWidgets(t, c)
 	ns := c.Namespace(t)
 	logs := &logBuffer{}
 	m := newMetrics()

@@ -99,26 +99,7 @@ func populate(b *testing.B) error {
 		return err
 	}
 	env.client = d
-	free := map[string]any{"type": "object", "x-kubernetes-preserve-unknown-fields": true}
-	crd := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "apiextensions.k8s.io/v1",
-		"kind":       "CustomResourceDefinition",
-		"metadata":   map[string]any{"name": "gadgets.bench.opkit.dev"},
-		"spec": map[string]any{
-			"group": "bench.opkit.dev",
-			"scope": "Namespaced",
-			"names": map[string]any{"plural": "gadgets", "singular": "gadget", "kind": "Gadget", "listKind": "GadgetList"},
-			"versions": []any{map[string]any{
-				"name": "v1", "served": true, "storage": true,
-				"subresources": map[string]any{"status": map[string]any{}},
-				"schema": map[string]any{"openAPIV3Schema": map[string]any{
-					"type": "object", "properties": map[string]any{"spec": free, "status": free},
-				}},
-			}},
-		},
-	}}
-	crdGVR := schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
-	if _, err := d.Resource(crdGVR).Create(ctx, crd, metav1.CreateOptions{}); err != nil {
+	if err := c.InstallCRD(ctx, testcluster.CRD{Resource: gadgets.GroupVersionResource, Kind: gadgets.Kind, Namespaced: true}); err != nil {
 		return err
 	}
 	nsGVR := schema.GroupVersionResource{Version: "v1", Resource: "namespaces"}
@@ -127,16 +108,6 @@ func populate(b *testing.B) error {
 		return err
 	}
 	res := d.Resource(gadgets.GroupVersionResource).Namespace(namespace)
-	for deadline := time.Now().Add(time.Minute); ; {
-		_, err := res.List(ctx, metav1.ListOptions{Limit: 1})
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("gadgets not served: %w", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 
 	start := time.Now()
 	data := strings.Repeat("0123456789abcdef", 40) // 640 bytes; the rest is metadata
