@@ -63,7 +63,7 @@ package tools
 import _ "k8s.io/kubernetes/cmd/kube-apiserver"
 GO
     GOFLAGS=-mod=mod go mod tidy >/dev/null 2>tidy.log || { cat tidy.log >&2; die "go mod tidy failed for kube-apiserver"; }
-    log "kube-apiserver: compiling (about 10 minutes cold on 2 cores)"
+    log "kube-apiserver: compiling (about 5 minutes cold on 2 cores)"
     local pkg=k8s.io/component-base/version
     local minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
     CGO_ENABLED=0 go build -trimpath -o "$out.tmp" \
