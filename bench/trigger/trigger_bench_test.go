@@ -39,6 +39,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/bench/internal/fixture"
 	"github.com/opkit/opkit/internal/testcluster"
 	"github.com/opkit/opkit/queue"
 	"github.com/opkit/opkit/reconcile"
@@ -88,11 +89,8 @@ func backlogName(i int) string { return fmt.Sprintf("backlog-%06d", i) }
 // env is the process-wide fixture: the control plane, the target objects
 // and the prebuilt backlog entries.
 var env struct {
-	once    sync.Once
-	cluster *testcluster.Cluster
-	client  dynamic.Interface
-	skip    string
-	err     error
+	fixture.Cluster
+	client dynamic.Interface
 
 	targetObjs []*corev1.ConfigMap              // what Enqueue is handed
 	targetMeta []*metav1.PartialObjectMetadata  // what a GenericEvent carries
@@ -103,38 +101,18 @@ var env struct {
 func TestMain(m *testing.M) {
 	crlog.SetLogger(logr.Discard())
 	code := m.Run()
-	if env.cluster != nil {
-		env.cluster.Stop()
-	}
+	env.Stop()
 	os.Exit(code)
 }
 
 // setup starts the control plane and creates the targets, once per process.
 func setup(b *testing.B) dynamic.Interface {
 	b.Helper()
-	env.once.Do(func() {
-		if err := testcluster.CheckBinaries(testcluster.DefaultBinDir()); err != nil {
-			env.skip = err.Error()
-			return
-		}
-		env.err = populate(b)
-	})
-	if env.skip != "" {
-		b.Skip(env.skip)
-	}
-	if env.err != nil {
-		b.Fatal(env.err)
-	}
+	env.Get(b, func(ctx context.Context, c *testcluster.Cluster) error { return populate(ctx, b, c) })
 	return env.client
 }
 
-func populate(b *testing.B) error {
-	ctx := context.Background()
-	c, err := testcluster.New(ctx, testcluster.Options{})
-	if err != nil {
-		return err
-	}
-	env.cluster = c
+func populate(ctx context.Context, b *testing.B, c *testcluster.Cluster) error {
 	cfg := c.Config()
 	// No client-side throttling: client-go's default (5 QPS) would make
 	// the re-fetches wait on the client's own rate limiter.

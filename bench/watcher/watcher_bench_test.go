@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/bench/internal/fixture"
 	"github.com/opkit/opkit/internal/testcluster"
 	"github.com/opkit/opkit/queue"
 	"github.com/opkit/opkit/watcher"
@@ -51,47 +52,24 @@ var gadgets = opkit.Resource{
 const namespace = "bench"
 
 var env struct {
-	once    sync.Once
-	cluster *testcluster.Cluster
-	client  dynamic.Interface
-	skip    string
-	err     error
+	fixture.Cluster
+	client dynamic.Interface
 }
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if env.cluster != nil {
-		env.cluster.Stop()
-	}
+	env.Stop()
 	os.Exit(code)
 }
 
 // setup starts the control plane and creates the objects, once per process.
 func setup(b *testing.B) dynamic.Interface {
 	b.Helper()
-	env.once.Do(func() {
-		if err := testcluster.CheckBinaries(testcluster.DefaultBinDir()); err != nil {
-			env.skip = err.Error()
-			return
-		}
-		env.err = populate(b)
-	})
-	if env.skip != "" {
-		b.Skip(env.skip)
-	}
-	if env.err != nil {
-		b.Fatal(env.err)
-	}
+	env.Get(b, func(ctx context.Context, c *testcluster.Cluster) error { return populate(ctx, b, c) })
 	return env.client
 }
 
-func populate(b *testing.B) error {
-	ctx := context.Background()
-	c, err := testcluster.New(ctx, testcluster.Options{})
-	if err != nil {
-		return err
-	}
-	env.cluster = c
+func populate(ctx context.Context, b *testing.B, c *testcluster.Cluster) error {
 	cfg := c.Config()
 	cfg.QPS, cfg.Burst = -1, 0 // no client-side throttling, for both contenders
 	d, err := dynamic.NewForConfig(cfg)
