@@ -49,8 +49,28 @@ func (q *Queue[K, V]) insertAt(p int, h uint32, i int32) {
 	q.ix.tbl[p] = uint64(h)<<32 | uint64(uint32(i+1))
 	q.ix.n++
 	if q.ix.n*5 > len(q.ix.tbl)*4 {
-		q.rebuildIndex(2 * len(q.ix.tbl))
+		q.ix.grow()
 	}
+}
+
+// grow doubles the table. Between operations every word maps a slot in
+// use (Done remaps a key before it frees a slot; evictions and Clear
+// rebuild the table after freeing), so growing is a pass over the words
+// alone: it reads no slot and hashes no key.
+func (ix *keyIndex) grow() {
+	t := make([]uint64, 2*len(ix.tbl))
+	mask := len(t) - 1
+	for _, w := range ix.tbl {
+		if w == 0 {
+			continue
+		}
+		p := int(uint32(w>>32)) & mask
+		for t[p] != 0 {
+			p = (p + 1) & mask
+		}
+		t[p] = w
+	}
+	ix.tbl = t
 }
 
 // setAt remaps the word at position p (found by find) to slot i.

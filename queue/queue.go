@@ -73,10 +73,14 @@ func (s *slot[K, V]) state() uint8 { return uint8(s.meta & 7) }
 // heap element that refers to the slot stale.
 func (s *slot[K, V]) setState(st uint8) { s.meta = (s.meta>>3+1)<<3 | uint32(st) }
 
-// pageBits sets the slab's page size: slots are allocated 256 at a time and
-// never move, so growing the slab copies nothing.
+// pageBits sets the slab's page size: slots are allocated 1,024 at a time
+// and never move, so growing the slab copies nothing. A page of slots that
+// hold pointers is a large object to the runtime (above 32 KiB), sized in
+// whole 8 KiB pages with no per-object header; a page of 256 slots of 40
+// bytes would get an 8-byte header and be rounded up to the next size
+// class, wasting 6 % of the slab.
 const (
-	pageBits = 8
+	pageBits = 10
 	pageSize = 1 << pageBits
 )
 
@@ -486,21 +490,14 @@ func (q *Queue[K, V]) compactReady() {
 }
 
 func (q *Queue[K, V]) compactDelay() {
-	h := q.delay[:0]
-	for _, e := range q.delay {
-		if q.validDelayed(e) {
-			h = append(h, e)
-		}
-	}
-	q.delay = h
-	q.delay.init()
+	q.delay.filter(q.validDelayed)
 	q.delayStale = 0
 }
 
 // promote moves the delayed entries due at now to the ready rings, in due
 // order.
 func (q *Queue[K, V]) promote(now int64) {
-	for len(q.delay) > 0 && q.delay[0].due() <= now {
+	for q.delay.len() > 0 && q.delay.top().due() <= now {
 		e := q.delay.pop()
 		if !q.validDelayed(e) {
 			q.delayStale--
@@ -515,8 +512,8 @@ func (q *Queue[K, V]) promote(now int64) {
 // earliest returns the due time of the earliest delayed entry, dropping
 // stale heap tops on the way.
 func (q *Queue[K, V]) earliest() (int64, bool) {
-	for len(q.delay) > 0 {
-		e := q.delay[0]
+	for q.delay.len() > 0 {
+		e := q.delay.top()
 		if q.validDelayed(e) {
 			return e.due(), true
 		}
@@ -955,7 +952,7 @@ func (q *Queue[K, V]) Clear() int {
 	for _, l := range q.levels {
 		l.ring.reset()
 	}
-	q.delay = q.delay[:0]
+	q.delay.reset()
 	q.nReady, q.nDelayed, q.nParked, q.readyStale, q.delayStale = 0, 0, 0, 0, 0
 	return n
 }

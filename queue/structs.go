@@ -69,61 +69,139 @@ func mkDelem(due int64, idx int32) delem {
 
 func (e delem) due() int64 { return int64(uint64(e.hi)<<32 | uint64(e.lo)) }
 
-// delayHeap is a binary min-heap of delems by due time.
-type delayHeap []delem
+// delayHeap is a binary min-heap of delems by due time. Its first
+// heapPage elements live in a slice that grows like any other; beyond that
+// it grows a page at a time, so that a large heap is never copied to grow
+// and wastes at most one page, and it gives back pages as it shrinks.
+type delayHeap struct {
+	pages [][]delem // pages[0] grows up to heapPage; the others are full-size
+	n     int
+}
+
+const (
+	heapPageBits = 12
+	heapPage     = 1 << heapPageBits // 48 KiB of 12-byte elements: whole runtime pages
+)
+
+func (h *delayHeap) len() int { return h.n }
+
+// at returns element i < h.n.
+func (h *delayHeap) at(i int) *delem { return &h.pages[i>>heapPageBits][i&(heapPage-1)] }
+
+// top returns the earliest element; the heap must not be empty.
+func (h *delayHeap) top() delem { return h.pages[0][0] }
 
 func (h *delayHeap) push(e delem) {
-	*h = append(*h, e)
-	h.up(len(*h) - 1)
+	switch {
+	case h.n < heapPage:
+		if len(h.pages) == 0 {
+			h.pages = append(h.pages, nil)
+		}
+		h.pages[0] = append(h.pages[0][:h.n], e)
+	case h.n&(heapPage-1) == 0 && h.n>>heapPageBits == len(h.pages):
+		p := make([]delem, heapPage)
+		p[0] = e
+		h.pages = append(h.pages, p)
+	default:
+		*h.at(h.n) = e
+	}
+	h.n++
+	h.up(h.n - 1)
 }
 
 func (h *delayHeap) pop() delem {
-	s := *h
-	e := s[0]
-	n := len(s) - 1
-	s[0] = s[n]
-	*h = s[:n]
-	if n > 0 {
+	e := h.top()
+	h.n--
+	if h.n > 0 {
+		*h.at(0) = *h.at(h.n)
 		h.down(0)
 	}
+	h.trim()
 	return e
 }
 
-func (h delayHeap) up(i int) {
-	e := h[i]
-	for i > 0 {
-		p := (i - 1) / 2
-		if h[p].due() <= e.due() {
-			break
-		}
-		h[i] = h[p]
-		i = p
+// trim frees the pages beyond the one after the last page in use, so
+// that a heap that grew in a burst shrinks back, without thrashing when it
+// hovers at a page boundary.
+func (h *delayHeap) trim() {
+	keep := 2
+	if h.n > heapPage {
+		keep = (h.n-1)>>heapPageBits + 2
 	}
-	h[i] = e
+	if len(h.pages) > keep {
+		clear(h.pages[keep:])
+		h.pages = h.pages[:keep]
+	}
 }
 
-func (h delayHeap) down(i int) {
-	n := len(h)
-	e := h[i]
+// reset empties the heap, keeping only its first page.
+func (h *delayHeap) reset() {
+	h.n = 0
+	if len(h.pages) > 1 {
+		clear(h.pages[1:])
+		h.pages = h.pages[:1]
+	}
+}
+
+// filter keeps the elements for which keep returns true and restores the
+// heap order.
+func (h *delayHeap) filter(keep func(delem) bool) {
+	j := 0
+	for i := range h.n {
+		if e := *h.at(i); keep(e) {
+			*h.at(j) = e
+			j++
+		}
+	}
+	h.n = j
+	for i := h.n/2 - 1; i >= 0; i-- {
+		h.down(i)
+	}
+	h.trim()
+}
+
+func (h *delayHeap) up(i int) {
+	e := *h.at(i)
+	for i > 0 {
+		p := (i - 1) / 2
+		pe := h.at(p)
+		if pe.due() <= e.due() {
+			break
+		}
+		*h.at(i) = *pe
+		i = p
+	}
+	*h.at(i) = e
+}
+
+func (h *delayHeap) down(i int) {
+	n := h.n
+	e := *h.at(i)
 	for {
 		c := 2*i + 1
 		if c >= n {
 			break
 		}
-		if r := c + 1; r < n && h[r].due() < h[c].due() {
-			c = r
+		ce := h.at(c)
+		if r := c + 1; r < n {
+			if re := h.at(r); re.due() < ce.due() {
+				c, ce = r, re
+			}
 		}
-		if e.due() <= h[c].due() {
+		if e.due() <= ce.due() {
 			break
 		}
-		h[i] = h[c]
+		*h.at(i) = *ce
 		i = c
 	}
-	h[i] = e
+	*h.at(i) = e
 }
 
-func (h delayHeap) init() {
-	for i := len(h)/2 - 1; i >= 0; i-- {
-		h.down(i)
+// bytes returns the memory held by the heap's pages.
+func (h *delayHeap) bytes() int {
+	n := 0
+	for _, p := range h.pages {
+		n += cap(p) * 12
 	}
+	return n
 }
