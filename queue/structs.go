@@ -69,18 +69,18 @@ func mkDelem(due int64, idx int32) delem {
 
 func (e delem) due() int64 { return int64(uint64(e.hi)<<32 | uint64(e.lo)) }
 
-// delayHeap is a binary min-heap of delems by due time. Its first
-// heapPage elements live in a slice that grows like any other; beyond that
-// it grows a page at a time, so that a large heap is never copied to grow
-// and wastes at most one page, and it gives back pages as it shrinks.
+// delayHeap is a binary min-heap of delems by due time, stored in pages of
+// heapPage elements, so that growing it never copies, wastes at most one
+// page, and gives pages back as it shrinks. Pages are arrays, so indexing
+// within one needs no bounds check.
 type delayHeap struct {
-	pages [][]delem // pages[0] grows up to heapPage; the others are full-size
+	pages []*[heapPage]delem
 	n     int
 }
 
 const (
-	heapPageBits = 12
-	heapPage     = 1 << heapPageBits // 48 KiB of 12-byte elements: whole runtime pages
+	heapPageBits = 10
+	heapPage     = 1 << heapPageBits // 12 KiB of 12-byte elements: a size class of its own
 )
 
 func (h *delayHeap) len() int { return h.n }
@@ -92,19 +92,10 @@ func (h *delayHeap) at(i int) *delem { return &h.pages[i>>heapPageBits][i&(heapP
 func (h *delayHeap) top() delem { return h.pages[0][0] }
 
 func (h *delayHeap) push(e delem) {
-	switch {
-	case h.n < heapPage:
-		if len(h.pages) == 0 {
-			h.pages = append(h.pages, nil)
-		}
-		h.pages[0] = append(h.pages[0][:h.n], e)
-	case h.n&(heapPage-1) == 0 && h.n>>heapPageBits == len(h.pages):
-		p := make([]delem, heapPage)
-		p[0] = e
-		h.pages = append(h.pages, p)
-	default:
-		*h.at(h.n) = e
+	if h.n>>heapPageBits == len(h.pages) {
+		h.pages = append(h.pages, new([heapPage]delem))
 	}
+	*h.at(h.n) = e
 	h.n++
 	h.up(h.n - 1)
 }
@@ -201,7 +192,7 @@ func (h *delayHeap) down(i int) {
 func (h *delayHeap) bytes() int {
 	n := 0
 	for _, p := range h.pages {
-		n += cap(p) * 12
+		n += len(p) * 12
 	}
 	return n
 }
