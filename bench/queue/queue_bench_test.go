@@ -215,6 +215,34 @@ func BenchmarkW3Delayed(b *testing.B) {
 	}
 }
 
+// W3 adds alone: the same 100,000 delayed adds into a fresh queue with no
+// consumer, repeated, so that the cost of an add is measured without the
+// consumers' wake-ups and with the process's heap already grown (W3 itself
+// starts each round from a collected heap and pays for first-touching the
+// memory the queue grows into).
+func BenchmarkW3AddsOnly(b *testing.B) {
+	const n = 100_000
+	delays := make([]time.Duration, n)
+	r := rand.New(rand.NewPCG(3, 3))
+	for i := range delays {
+		delays[i] = time.Duration(r.Int64N(int64(time.Second))) + time.Hour
+	}
+	for _, impl := range Impls {
+		b.Run(impl.Name, func(b *testing.B) {
+			for b.Loop() {
+				q := impl.New()
+				for k := range n {
+					q.Add(k, 0, delays[k])
+				}
+				b.StopTimer()
+				q.ShutDown()
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/add")
+		})
+	}
+}
+
 func median(v []float64) float64 {
 	s := slices.Clone(v)
 	slices.Sort(s)
