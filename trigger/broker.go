@@ -45,6 +45,20 @@ type Lag interface {
 	Lag(ctx context.Context) (int64, error)
 }
 
+// Releaser is optionally implemented by a Broker that buffers messages
+// ahead of Receive (a prefetching pull subscription). The Consumer calls
+// Release, from its receive goroutine, when it pauses (see
+// ConsumerConfig.Paused), so that buffered messages go back to the broker
+// for a replica that can schedule them at once, instead of waiting out
+// their acknowledgement deadline in a paused replica.
+type Releaser interface {
+	// Release hands every message buffered for Receive back to the broker
+	// for redelivery without delay and stops fetching until the next
+	// Receive. The messages never reached the Consumer: they are not
+	// counted as received or nacked.
+	Release(ctx context.Context) error
+}
+
 // BrokerErrorKind classifies broker failures, so that permission and quota
 // problems are reported by name rather than swallowed.
 type BrokerErrorKind uint8

@@ -63,6 +63,23 @@ type ConsumerConfig[T opkit.Object] struct {
 	// ReconnectBase and ReconnectCap shape the wait after a failed
 	// Receive (doubling per consecutive failure); zero means 500ms and 30s.
 	ReconnectBase, ReconnectCap time.Duration
+	// Paused is asked before every Receive; while it reports true the
+	// consumer takes no message from the broker, so that triggers wait in
+	// the broker for a replica that can schedule them instead of being
+	// delivered here, re-fetched and nacked (each such delivery costs an
+	// API call, delays the trigger by DroppedDelay and counts toward the
+	// broker's delivery limit). When it starts pausing, a Broker that
+	// implements Releaser is asked to hand back what it buffered. nil
+	// means the Trigger's queue's Suspended method if the queue has one (a
+	// *queue.Queue has: a follower, or a replica in a leadership
+	// transition, takes no message); a queue without one never pauses.
+	// A message received just before a pause is handled as usual (a
+	// dropped enqueue is nacked). Use func() bool { return false } to
+	// receive whatever the queue's state.
+	Paused func() bool
+	// PausePoll is how often a paused consumer asks Paused again; zero
+	// means 250ms.
+	PausePoll time.Duration
 	// LagInterval is how often a Broker that implements Lag is asked for
 	// its backlog; zero means 15s, negative disables the poll.
 	LagInterval time.Duration
@@ -118,6 +135,7 @@ func NewConsumer[T opkit.Object](cfg ConsumerConfig[T]) (*Consumer[T], error) {
 		{"DroppedDelay", &cfg.DroppedDelay, time.Second},
 		{"ReconnectBase", &cfg.ReconnectBase, 500 * time.Millisecond},
 		{"ReconnectCap", &cfg.ReconnectCap, 30 * time.Second},
+		{"PausePoll", &cfg.PausePoll, 250 * time.Millisecond},
 	} {
 		if *f.v < 0 {
 			return nil, fmt.Errorf("trigger: ConsumerConfig.%s is negative", f.name)
@@ -128,6 +146,11 @@ func NewConsumer[T opkit.Object](cfg ConsumerConfig[T]) (*Consumer[T], error) {
 	}
 	if cfg.LagInterval == 0 {
 		cfg.LagInterval = 15 * time.Second
+	}
+	if cfg.Paused == nil {
+		if g, ok := cfg.Trigger.q.(interface{ Suspended() bool }); ok {
+			cfg.Paused = g.Suspended
+		}
 	}
 	if cfg.Concurrency < 0 || cfg.MaxMessageBytes < 0 {
 		return nil, errors.New("trigger: ConsumerConfig.Concurrency and MaxMessageBytes must not be negative")
@@ -154,7 +177,9 @@ func NewConsumer[T opkit.Object](cfg ConsumerConfig[T]) (*Consumer[T], error) {
 // by ctx), nacks a message received after ctx ended, and returns nil once
 // every goroutine it started has returned. A failing Receive is retried
 // with backoff and reported through Check, logs and metrics; it does not
-// end Run. Run may be called again after it returned, never concurrently.
+// end Run. While Paused reports true (by default: while the Trigger's
+// queue is suspended) it receives nothing. Run may be called again after
+// it returned, never concurrently.
 func (c *Consumer[T]) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return errors.New("trigger: consumer is already running")
@@ -169,6 +194,25 @@ func (c *Consumer[T]) Run(ctx context.Context) error {
 		wg.Go(func() { c.pollLag(ctx, lb) })
 	}
 
+	// While Receive blocks, a watcher asks Paused every PausePoll and ends
+	// the Receive when it reports true, so that a replica that loses its
+	// leadership while waiting for a message stops taking them.
+	var receiveMu sync.Mutex
+	var cancelReceive context.CancelFunc // set while Receive runs
+	if c.cfg.Paused != nil {
+		wg.Go(func() {
+			for sleep(ctx, c.cfg.PausePoll) {
+				if c.cfg.Paused() {
+					receiveMu.Lock()
+					if cancelReceive != nil {
+						cancelReceive()
+					}
+					receiveMu.Unlock()
+				}
+			}
+		})
+	}
+
 	// work outlives ctx so that in-flight messages finish after a stop.
 	work := context.WithoutCancel(ctx)
 	slots := make(chan struct{}, c.cfg.Concurrency)
@@ -181,7 +225,23 @@ func (c *Consumer[T]) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		}
-		msg, err := c.cfg.Broker.Receive(ctx)
+		if c.cfg.Paused != nil && c.cfg.Paused() {
+			<-slots
+			if !c.pause(ctx) {
+				return nil
+			}
+			continue
+		}
+		rctx, rcancel := context.WithCancel(ctx)
+		receiveMu.Lock()
+		cancelReceive = rcancel
+		receiveMu.Unlock()
+		msg, err := c.cfg.Broker.Receive(rctx)
+		receiveMu.Lock()
+		cancelReceive = nil
+		receiveMu.Unlock()
+		pausedWhileReceiving := rctx.Err() != nil && ctx.Err() == nil
+		rcancel()
 		if err == nil && msg == nil {
 			err = &BrokerError{Kind: BrokerUnknown, Op: "receive", Err: errors.New("broker returned no message and no error")}
 		}
@@ -189,6 +249,9 @@ func (c *Consumer[T]) Run(ctx context.Context) error {
 			<-slots
 			if ctx.Err() != nil {
 				return nil
+			}
+			if pausedWhileReceiving {
+				continue // the check above pauses
 			}
 			failures++
 			kind := KindOf(err)
@@ -220,6 +283,31 @@ func (c *Consumer[T]) Run(ctx context.Context) error {
 			c.handle(work, msg, start)
 		})
 	}
+}
+
+// pause waits, receiving nothing, until Paused reports false (true) or ctx
+// ends (false). It first asks a Releaser broker to hand back what it
+// buffered.
+func (c *Consumer[T]) pause(ctx context.Context) bool {
+	c.log.LogAttrs(ctx, slog.LevelInfo, "trigger consumer: intake suspended (not the leader); receiving nothing until it resumes")
+	if r, ok := c.cfg.Broker.(Releaser); ok {
+		bctx, cancel := context.WithTimeout(ctx, c.cfg.BrokerTimeout)
+		err := r.Release(bctx)
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			kind := KindOf(err)
+			c.metrics.BrokerError(kind)
+			c.log.LogAttrs(ctx, slog.LevelError, "trigger consumer: releasing buffered messages failed; they return to the broker when their acknowledgement deadline passes",
+				slog.String("kind", kind.String()), slog.Any("error", err))
+		}
+	}
+	for c.cfg.Paused() {
+		if !sleep(ctx, c.cfg.PausePoll) {
+			return false
+		}
+	}
+	c.log.LogAttrs(ctx, slog.LevelInfo, "trigger consumer: intake resumed; receiving")
+	return true
 }
 
 // Check reports the consumer's readiness: ErrNotRunning when Run is not

@@ -176,7 +176,12 @@ func TestConsumerSettlesEachKindOfMessage(t *testing.T) {
 
 func TestConsumerNeverAcksADroppedTrigger(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		e := newConsumerEnv(t, func(c *trigger.ConsumerConfig[*corev1.ConfigMap]) { c.DroppedDelay = 3 * time.Second })
+		// Receiving while suspended (Paused false), as a consumer does for a
+		// message it received just before a leadership change.
+		e := newConsumerEnv(t, func(c *trigger.ConsumerConfig[*corev1.ConfigMap]) {
+			c.DroppedDelay = 3 * time.Second
+			c.Paused = func() bool { return false }
+		})
 		e.q.Suspend() // a follower: every Add is dropped
 		id := e.b.Publish([]byte(`{"namespace":"ns","name":"a"}`))
 		stop := e.run(t)
@@ -202,6 +207,105 @@ func TestConsumerNeverAcksADroppedTrigger(t *testing.T) {
 		}
 		if e.m.nacked[trigger.NackDropped] != 2 || e.m.acked[trigger.AckScheduled] != 1 {
 			t.Errorf("metrics nacked %v acked %v", e.m.nacked, e.m.acked)
+		}
+	})
+}
+
+// releasingBroker is a brokertest.Broker that counts Receive calls and
+// implements trigger.Releaser.
+type releasingBroker struct {
+	*brokertest.Broker
+	receives, releases atomic.Int32
+}
+
+func (b *releasingBroker) Receive(ctx context.Context) (trigger.Message, error) {
+	b.receives.Add(1)
+	return b.Broker.Receive(ctx)
+}
+
+func (b *releasingBroker) Release(context.Context) error {
+	b.releases.Add(1)
+	return nil
+}
+
+// By default a consumer whose queue intake is suspended (a follower) takes
+// no message: triggers wait in the broker, no API call is made and no
+// delivery is spent, and a Releaser broker is asked once per pause to hand
+// back what it buffered. Once the intake resumes, the waiting trigger is
+// delivered for the first time and scheduled.
+func TestConsumerPausesWhileTheIntakeIsSuspended(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rb := &releasingBroker{Broker: brokertest.New()}
+		e := newConsumerEnv(t, func(c *trigger.ConsumerConfig[*corev1.ConfigMap]) { c.Broker = rb })
+		e.b = rb.Broker
+		e.q.Suspend()
+		id := e.b.Publish([]byte(`{"namespace":"ns","name":"a"}`))
+		stop := e.run(t)
+		defer stop()
+		time.Sleep(time.Minute) // a long leaderless spell
+		synctest.Wait()
+		if n := rb.receives.Load(); n != 0 {
+			t.Fatalf("Receive called %d times while suspended", n)
+		}
+		if evs := e.b.EventsFor(id); len(evs) != 0 || e.objs.calls != 0 {
+			t.Fatalf("while suspended: broker events %q, API calls %d; want none", ops(evs), e.objs.calls)
+		}
+		if n := rb.releases.Load(); n != 1 {
+			t.Fatalf("Release called %d times for one pause, want 1", n)
+		}
+		if err := e.c.Check(); err != nil {
+			t.Errorf("Check while paused = %v, want ready", err)
+		}
+
+		e.q.Resume()                       // leadership acquired
+		time.Sleep(250 * time.Millisecond) // the default PausePoll
+		synctest.Wait()
+		evs := e.b.EventsFor(id)
+		if got := ops(evs); got != "Ack" || evs[0].Delivery != 1 {
+			t.Fatalf("after resuming: %q, want the first delivery acked", got)
+		}
+		if e.q.Len() != 1 || e.m.acked[trigger.AckScheduled] != 1 || e.m.nacked[trigger.NackDropped] != 0 {
+			t.Errorf("queue len %d, acked %v, nacked %v; want the trigger scheduled with no drop", e.q.Len(), e.m.acked, e.m.nacked)
+		}
+
+		e.q.Suspend() // leadership lost again: a second pause, a second release
+		time.Sleep(time.Second)
+		synctest.Wait()
+		id2 := e.b.Publish([]byte(`{"namespace":"ns","name":"b"}`))
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if evs := e.b.EventsFor(id2); len(evs) != 0 {
+			t.Fatalf("second pause: %q, want no delivery", ops(evs))
+		}
+		if n := rb.releases.Load(); n != 2 {
+			t.Errorf("Release called %d times for two pauses, want 2", n)
+		}
+	})
+}
+
+// Paused, when given, decides alone: here it pauses a consumer whose queue
+// is open.
+func TestConsumerPausedOverridesTheQueue(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var paused atomic.Bool
+		paused.Store(true)
+		e := newConsumerEnv(t, func(c *trigger.ConsumerConfig[*corev1.ConfigMap]) {
+			c.Paused = paused.Load
+			c.PausePoll = time.Second
+		})
+		id := e.b.Publish([]byte(`{"namespace":"ns","name":"a"}`))
+		stop := e.run(t)
+		defer stop()
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		if evs := e.b.EventsFor(id); len(evs) != 0 {
+			t.Fatalf("paused: %q, want no delivery", ops(evs))
+		}
+		paused.Store(false)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if got := ops(e.b.EventsFor(id)); got != "Ack" {
+			t.Fatalf("after unpausing: %q, want Ack", got)
 		}
 	})
 }
@@ -277,7 +381,9 @@ func TestConsumerReconnectsAndReportsBrokerErrorsByKind(t *testing.T) {
 
 func TestConsumerReportsSettleFailures(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		e := newConsumerEnv(t, nil)
+		// Receiving while suspended, so that the message's enqueue is dropped
+		// and its nack fails.
+		e := newConsumerEnv(t, func(c *trigger.ConsumerConfig[*corev1.ConfigMap]) { c.Paused = func() bool { return false } })
 		e.b.FailSettle(&trigger.BrokerError{Kind: trigger.BrokerDisconnected, Op: "ack", Err: errors.New("connection closed")})
 		stop := e.run(t)
 		defer stop()

@@ -33,7 +33,10 @@
 //   - The consumer never acknowledges a trigger it could not schedule: a
 //     dropped enqueue is nacked so the broker redelivers it (to the leader,
 //     or later); malformed messages are dead-lettered, messages for objects
-//     that no longer exist are acknowledged with a warning.
+//     that no longer exist are acknowledged with a warning. A replica whose
+//     queue intake is suspended (a follower) takes no message at all, so
+//     triggers wait in the broker for the leader rather than bouncing off
+//     followers, and no delivery is spent while no replica leads.
 //
 // # Deploying the endpoint
 //
@@ -77,6 +80,12 @@
 //	API server error              Nack, delay RetryBase*2^(deliveries-1) up to RetryCap
 //	enqueue dropped               Nack after DroppedDelay (never Ack)
 //	scheduled                     Ack
+//
+// Before each receive the consumer asks ConsumerConfig.Paused (by default
+// the queue's Suspended): while it is paused it receives nothing and a
+// broker that implements [Releaser] hands back what it had buffered. Drops
+// then happen only around a leadership change, for messages received just
+// before it.
 //
 // What an acknowledgement (or a 202) promises: the trigger is in the
 // leader's queue, not yet reconciled. If that replica loses its term before

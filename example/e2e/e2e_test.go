@@ -317,10 +317,23 @@ func TestTwoReplicasFiftyEntitiesTriggersAndFailover(t *testing.T) {
 		t.Errorf("token of a ServiceAccount without the trigger role: %d, want 403", code)
 	}
 
+	// Phase A's NATS triggers all went to the leader: the follower's
+	// consumer pauses while its queue's intake is suspended, so it took
+	// no message from the shared durable consumer (none bounced off it).
+	for name, r := range e.replicas {
+		if name == first {
+			continue
+		}
+		m := scrape(t, r.MetricsURL)
+		if v := m["opkit_trigger_consumer_received_total"]; v != 0 {
+			t.Errorf("follower %s received %v NATS messages, want none", name, v)
+		}
+	}
+
 	// Kill the leader and, while the survivor waits for the Lease to
 	// expire, change specs and fire more triggers: the follower answers
-	// HTTP with 503 (retried by the caller) and nacks NATS messages, so
-	// none is lost.
+	// HTTP with 503 (retried by the caller) and takes no NATS message, so
+	// they wait in the stream for the next leader and none is lost.
 	e.replicas[first].Kill()
 	t.Logf("killed %s", first)
 	for i := range entities {
@@ -355,11 +368,12 @@ func TestTwoReplicasFiftyEntitiesTriggersAndFailover(t *testing.T) {
 	t.Logf("new leader: %s", second)
 	e.waitConverged(ctx, names)
 	checkReasons(t, e, ctx, names, "phase B")
-	// While it was a follower the survivor refused HTTP triggers (503) and
-	// handed NATS messages back (nack, never ack).
+	// While it was a follower the survivor refused HTTP triggers (503);
+	// the NATS triggers of phase B waited for it to lead (checked above by
+	// their reasons).
 	m := scrape(t, e.replicas[second].MetricsURL)
-	if v := m[`opkit_trigger_consumer_nacked_total{reason="Dropped"}`]; v == 0 {
-		t.Errorf("%s never nacked a dropped NATS trigger while following", second)
+	if v := m["opkit_trigger_consumer_received_total"]; v == 0 {
+		t.Errorf("%s received no NATS message after taking over; metrics: %v", second, m)
 	}
 	if v := m[`opkit_trigger_http_requests_total{code="503",reason="ServiceUnavailable"}`]; v == 0 {
 		t.Errorf("%s never answered 503 while following; metrics: %v", second, m)

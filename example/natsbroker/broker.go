@@ -344,6 +344,8 @@ func (b *Broker) Receive(ctx context.Context) (trigger.Message, error) {
 	}
 }
 
+var _ trigger.Releaser = (*Broker)(nil)
+
 // Lag returns the consumer's backlog: messages not yet delivered
 // (NumPending) plus delivered but not yet acknowledged (NumAckPending).
 func (b *Broker) Lag(ctx context.Context) (int64, error) {
@@ -382,23 +384,53 @@ func (b *Broker) Close() error {
 	b.iter = nil
 	b.mu.Unlock()
 	if it != nil {
-		it.Drain()
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		for {
-			msg, err := it.Next(jetstream.NextContext(ctx))
-			if err != nil {
-				break
-			}
-			_ = msg.Nak()
-		}
+		_ = b.handBack(ctx, it)
 		cancel()
-		it.Stop()
 	}
 	if b.nc.IsConnected() {
 		_ = b.nc.Flush()
 	}
 	b.closeConn()
 	return nil
+}
+
+// Release implements trigger.Releaser: it stops the pull iterator and
+// hands the messages it had buffered ahead of Receive back to the server
+// (Nack without delay; on a message's last allowed delivery that
+// dead-letters it, as Message.Nack does), so that a paused consumer holds
+// no trigger the leader could schedule. The next Receive starts a new
+// iterator.
+func (b *Broker) Release(ctx context.Context) error {
+	b.mu.Lock()
+	it := b.iter
+	b.iter = nil
+	b.mu.Unlock()
+	if it == nil {
+		return nil
+	}
+	return b.handBack(ctx, it)
+}
+
+// handBack drains it and nacks every message it had buffered.
+func (b *Broker) handBack(ctx context.Context, it jetstream.MessagesContext) error {
+	it.Drain()
+	defer it.Stop()
+	var errs []error
+	for {
+		msg, err := it.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			break // drained (the iterator is closed), or ctx ended
+		}
+		md, err := msg.Metadata()
+		if err != nil {
+			continue // not a JetStream delivery, as in Receive
+		}
+		if err := (&message{b: b, msg: msg, md: md}).Nack(ctx, 0); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func (b *Broker) closeConn() {

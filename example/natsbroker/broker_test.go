@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -255,6 +256,45 @@ func TestCloseNacksBufferedMessages(t *testing.T) {
 		if err := m.Ack(ctx5(t)); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// Release (what a paused consumer calls) hands the messages the iterator
+// buffered back to the server at once, and the broker receives again
+// afterwards.
+func TestReleaseHandsBufferedMessagesBack(t *testing.T) {
+	srv := startServer(t)
+	// A long AckWait: without the release the buffered messages would not
+	// come back within the test's deadline.
+	b1 := open(t, srv.URL(), func(c *natsbroker.Config) { c.AckWait = time.Hour })
+	if err := b1.Release(ctx5(t)); err != nil {
+		t.Fatalf("Release before any Receive = %v", err)
+	}
+	for i := range 5 {
+		publish(t, b1, "m"+strconv.Itoa(i))
+	}
+	if err := receive(t, b1).Ack(ctx5(t)); err != nil { // the iterator now buffers the rest
+		t.Fatal(err)
+	}
+	if err := b1.Release(ctx5(t)); err != nil {
+		t.Fatalf("Release = %v", err)
+	}
+	b2 := open(t, srv.URL(), func(c *natsbroker.Config) { c.AckWait = time.Hour })
+	for range 4 {
+		if err := receive(t, b2).Ack(ctx5(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b2.Release(ctx5(t)); err != nil {
+		t.Fatalf("Release = %v", err)
+	}
+	publish(t, b1, "again")
+	m := receive(t, b1)
+	if !strings.Contains(string(m.Data()), `"again"`) {
+		t.Fatalf("after Release, b1 received %s", m.Data())
+	}
+	if err := m.Ack(ctx5(t)); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -7,8 +7,10 @@
 //   - stream DEMO_TRIGGERS, subject demo.reconcile, work-queue retention: a
 //     trigger is kept until one replica acknowledges it;
 //   - durable pull consumer "opkit-demo" with explicit acknowledgement,
-//     shared by every replica of the operator (the broker spreads messages
-//     over them; a follower's dropped enqueue is nacked and redelivered);
+//     shared by every replica of the operator (a follower's consumer pauses
+//     and [Broker.Release] hands back what it had prefetched, so the leader
+//     gets the messages; an enqueue dropped around a leadership change is
+//     nacked and redelivered);
 //   - stream DEMO_TRIGGERS_DLQ, subject demo.reconcile.dlq: the dead letters.
 //     Term copies the message there (with its reason, stream sequence and
 //     delivery count as headers) and only then terminates it, so a

@@ -129,6 +129,9 @@ type recordingBroker struct {
 	log *flipLog
 }
 
+// Release passes a paused consumer's release on to the broker.
+func (rb *recordingBroker) Release(ctx context.Context) error { return rb.b.Release(ctx) }
+
 func (rb *recordingBroker) Receive(ctx context.Context) (trigger.Message, error) {
 	m, err := rb.b.Receive(ctx)
 	if err != nil {
@@ -267,7 +270,17 @@ func (r *replica) acquire(objs []*corev1.ConfigMap) {
 //   - triggers for missing objects are acked and never reconciled;
 //   - the dead-letter stream holds exactly the malformed and invalid ones,
 //     by content and reason, and the trigger stream ends empty.
+//
+// It runs twice: with the consumers receiving whatever their queue's state
+// (every follower delivery is a dropped enqueue, so the nack rule is
+// exercised hard), and with the default pause, where a follower takes no
+// message and drops happen only around flips.
 func TestFlipLosesNoTriggerOverNATS(t *testing.T) {
+	t.Run("receive-while-suspended", func(t *testing.T) { testFlipOverNATS(t, false) })
+	t.Run("pause-while-suspended", func(t *testing.T) { testFlipOverNATS(t, true) })
+}
+
+func testFlipOverNATS(t *testing.T, pause bool) {
 	seed := *flipSeed
 	if seed == 0 {
 		seed = rand.Uint64()
@@ -316,7 +329,13 @@ func TestFlipLosesNoTriggerOverNATS(t *testing.T) {
 			c.Logger = discard
 		})
 		m := newFlipMetrics()
+		paused := func() bool { return false }
+		if pause {
+			paused = q.Suspended
+		}
 		cons, err := trigger.NewConsumer(trigger.ConsumerConfig[*corev1.ConfigMap]{
+			Paused:       paused,
+			PausePoll:    20 * time.Millisecond,
 			Broker:       &recordingBroker{b: b, rec: rec, log: log},
 			Trigger:      tr,
 			Dynamic:      dyn,
@@ -570,7 +589,7 @@ func TestFlipLosesNoTriggerOverNATS(t *testing.T) {
 		t.Errorf("acked(Scheduled) = %d want %d, acked(NotFound) = %d want %d, terminated = %d want %d",
 			ackedScheduled, existing, ackedNotFound, missing, terminated, deadWant)
 	}
-	if dropped == 0 {
+	if dropped == 0 && !pause {
 		t.Error("no enqueue was dropped: the flips did not exercise the rule")
 	}
 	if triggered == 0 {

@@ -309,8 +309,10 @@ func Assemble(o Options, d Deps) (*Operator, error) {
 		}
 	}
 
-	// The message consumer, on every replica: a follower's dropped
-	// enqueue is nacked and redelivered, eventually to the leader.
+	// The message consumer, on every replica: it pauses while the queue's
+	// intake is suspended, so a follower takes no message and triggers wait
+	// in the stream for the leader; one dropped around a leadership change
+	// is nacked and redelivered.
 	if d.Broker != nil {
 		op.Consumer, err = trigger.NewConsumer(trigger.ConsumerConfig[*demov1.DemoEntity]{
 			Broker:      d.Broker,
