@@ -151,7 +151,7 @@ func BenchmarkW3Delayed(b *testing.B) {
 	const n = 100_000
 	for _, impl := range Impls {
 		b.Run(impl.Name, func(b *testing.B) {
-			due := make([]int64, n) // due time of key k, ns since start
+			due := make([]int64, n)       // due time of key k, ns since start
 			late := make([]int64, 0, 2*n) // (lateness, due) pairs
 			var lateMu sync.Mutex
 			delays := make([]time.Duration, n)
