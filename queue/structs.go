@@ -88,7 +88,9 @@ func (h *delayHeap) len() int { return h.n }
 // at returns element i < h.n.
 func (h *delayHeap) at(i int) *delem { return &h.pages[i>>heapPageBits][i&(heapPage-1)] }
 
-// top returns the earliest element; the heap must not be empty.
+// top returns the earliest element. The heap must not be empty (callers
+// check len first): an emptied heap keeps its first page, so top would
+// return a stale element rather than panic.
 func (h *delayHeap) top() delem { return h.pages[0][0] }
 
 func (h *delayHeap) push(e delem) {

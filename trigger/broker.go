@@ -47,7 +47,8 @@ type Lag interface {
 
 // Releaser is optionally implemented by a Broker that buffers messages
 // ahead of Receive (a prefetching pull subscription). The Consumer calls
-// Release, from its receive goroutine, when it pauses (see
+// Release from its receive goroutine, never while a Receive runs, when it
+// pauses (see
 // ConsumerConfig.Paused), so that buffered messages go back to the broker
 // for a replica that can schedule them at once, instead of waiting out
 // their acknowledgement deadline in a paused replica.

@@ -75,7 +75,8 @@ type ConsumerConfig[T opkit.Object] struct {
 	// transition, takes no message); a queue without one never pauses.
 	// A message received just before a pause is handled as usual (a
 	// dropped enqueue is nacked). Use func() bool { return false } to
-	// receive whatever the queue's state.
+	// receive whatever the queue's state. It is called from two
+	// goroutines at once and must be safe for concurrent use.
 	Paused func() bool
 	// PausePoll is how often a paused consumer asks Paused again; zero
 	// means 250ms.
@@ -100,6 +101,7 @@ type Consumer[T opkit.Object] struct {
 	log     *slog.Logger
 
 	running atomic.Bool
+	paused  atomic.Bool // in pause: receiving nothing
 	mu      sync.Mutex
 	recvErr error // last Receive failure, cleared by a successful Receive
 	ackErr  error // last Ack/Nack/Term failure, cleared by a successful one
@@ -230,6 +232,7 @@ func (c *Consumer[T]) Run(ctx context.Context) error {
 			if !c.pause(ctx) {
 				return nil
 			}
+			failures = 0
 			continue
 		}
 		rctx, rcancel := context.WithCancel(ctx)
@@ -287,8 +290,19 @@ func (c *Consumer[T]) Run(ctx context.Context) error {
 
 // pause waits, receiving nothing, until Paused reports false (true) or ctx
 // ends (false). It first asks a Releaser broker to hand back what it
-// buffered.
+// buffered. A paused consumer does not use the broker, so it forgets the
+// broker failures seen before (and Check ignores those of messages settled
+// meanwhile): a follower is ready whatever the broker did before it
+// paused, and the first Receive after the pause tests the broker afresh.
 func (c *Consumer[T]) pause(ctx context.Context) bool {
+	c.paused.Store(true)
+	defer func() {
+		c.setErr(&c.recvErr, nil)
+		c.setErr(&c.ackErr, nil)
+		c.paused.Store(false)
+	}()
+	c.setErr(&c.recvErr, nil)
+	c.setErr(&c.ackErr, nil)
 	c.log.LogAttrs(ctx, slog.LevelInfo, "trigger consumer: intake suspended (not the leader); receiving nothing until it resumes")
 	if r, ok := c.cfg.Broker.(Releaser); ok {
 		bctx, cancel := context.WithTimeout(ctx, c.cfg.BrokerTimeout)
@@ -313,9 +327,14 @@ func (c *Consumer[T]) pause(ctx context.Context) bool {
 // Check reports the consumer's readiness: ErrNotRunning when Run is not
 // running, the last broker failure (its kind named in the message; find it
 // with errors.As on *BrokerError) while the broker is failing, else nil.
+// A paused consumer (see ConsumerConfig.Paused) uses no broker and is
+// ready.
 func (c *Consumer[T]) Check() error {
 	if !c.running.Load() {
 		return ErrNotRunning
+	}
+	if c.paused.Load() {
+		return nil
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -10,7 +10,9 @@
 //     shared by every replica of the operator (a follower's consumer pauses
 //     and [Broker.Release] hands back what it had prefetched, so the leader
 //     gets the messages; an enqueue dropped around a leadership change is
-//     nacked and redelivered);
+//     nacked and redelivered; a message handed back from a prefetch buffer
+//     still counts as a delivery toward MaxDeliver, at most one per
+//     leadership change);
 //   - stream DEMO_TRIGGERS_DLQ, subject demo.reconcile.dlq: the dead letters.
 //     Term copies the message there (with its reason, stream sequence and
 //     delivery count as headers) and only then terminates it, so a
