@@ -285,6 +285,10 @@ func (e *Elector) campaign(ctx context.Context) (*coordinationv1.Lease, time.Tim
 			return lease, sent, nil
 		}
 		if ctx.Err() != nil {
+			// The cancellation may have cut off the response of a request
+			// the API server applied: release a Lease that names us, so
+			// that the next leader need not wait for it to expire.
+			e.releaseIfOurs(ctx)
 			return nil, time.Time{}, ctx.Err()
 		}
 		// Someone else wrote first (conflict, already exists) or the API
@@ -668,6 +672,25 @@ func (e *Elector) release(ctx context.Context, cur *coordinationv1.Lease, log *s
 		cur = fresh
 	}
 	log.Warn("releasing lease: too many conflicts; it will expire")
+}
+
+// releaseIfOurs reads the Lease (with a context of its own, bounded by
+// RenewDeadline, as ctx has ended) and releases it if it names this
+// replica. No work ran under it, so there is nothing to wait for.
+func (e *Elector) releaseIfOurs(ctx context.Context) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.RenewDeadline)
+	defer cancel()
+	l, err := e.get(rctx)
+	if err != nil {
+		if !apierrors.IsNotFound(err) {
+			e.log.Warn("reading lease after a cancelled acquisition failed; if it was acquired, it will expire", "err", err)
+		}
+		return
+	}
+	if holderOf(l) == e.cfg.Identity {
+		e.log.Info("a cancelled acquisition had taken the lease; releasing it")
+		e.release(ctx, l, e.log)
+	}
 }
 
 // ---- helpers ----

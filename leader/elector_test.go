@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -351,6 +352,46 @@ func TestShutdownReleasesAfterWorkReturned(t *testing.T) {
 			t.Errorf("after shutdown IsLeader %v Leader %q", a.elector.IsLeader(), a.elector.Leader())
 		}
 	})
+}
+
+// A shutdown that cuts off an acquisition the API server had already
+// applied still frees the Lease: the elector reads it back and releases
+// it, rather than leaving its name on it until it expires. No term starts.
+func TestShutdownDuringAcquireReleasesAnAppliedLease(t *testing.T) {
+	for _, tc := range []struct {
+		name, verb string
+		before     func(e *env) // the Lease before the campaign
+	}{
+		{"create", "create", func(*env) {}},
+		{"update", "update", func(e *env) {
+			e.api.put(func(l *coordinationv1.Lease) {
+				empty := ""
+				l.Spec.HolderIdentity = &empty // released by a former leader
+			})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				e := newEnv(t)
+				tc.before(e)
+				var mu sync.Mutex // a is set while Run may already call the hook
+				var a *replica
+				e.api.loseNext("a", tc.verb, func() { mu.Lock(); defer mu.Unlock(); a.cancel() })
+				mu.Lock()
+				a = e.start("a", nil, nil)
+				mu.Unlock()
+				if err := <-a.done; err != nil {
+					t.Fatalf("Run = %v", err)
+				}
+				if l := e.api.lease(); holder(l) != "" {
+					t.Errorf("after the cancelled acquisition the lease names %q, want it released", holder(l))
+				}
+				if strings.Contains(e.j.whats("a"), "work-start") {
+					t.Errorf("a term started: %q", e.j.whats("a"))
+				}
+			})
+		})
+	}
 }
 
 // A follower watching the Lease takes it over at the moment the leader

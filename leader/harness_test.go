@@ -60,6 +60,35 @@ type apiServer struct {
 	// request then hangs, ignoring its context, as a stuck connection
 	// would) and a non-nil error is returned to the client.
 	hook map[string]func(verb string) error
+	// lost names, per client, a verb whose next request is applied but
+	// whose response is lost: the func runs (it may cancel the client's
+	// context) and the client gets its context's error instead.
+	lost map[string]lostResponse
+}
+
+type lostResponse struct {
+	verb string
+	then func()
+}
+
+// loseNext makes the client's next request of verb succeed on the server
+// while the client sees its context's error, after then ran.
+func (s *apiServer) loseNext(client, verb string, then func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lost[client] = lostResponse{verb: verb, then: then}
+}
+
+// lose reports, and consumes, a lost response planned for this request.
+func (s *apiServer) lose(client, verb string) (func(), bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l, ok := s.lost[client]
+	if !ok || l.verb != verb {
+		return nil, false
+	}
+	delete(s.lost, client)
+	return l.then, true
 }
 
 func newAPIServer(t *testing.T) *apiServer {
@@ -68,6 +97,7 @@ func newAPIServer(t *testing.T) *apiServer {
 		tracker: k8stesting.NewObjectTracker(scheme.Scheme, scheme.Codecs.UniversalDecoder()),
 		rv:      100,
 		hook:    map[string]func(string) error{},
+		lost:    map[string]lostResponse{},
 	}
 }
 
@@ -201,14 +231,31 @@ func (l hookedLeases) Create(ctx context.Context, x *coordinationv1.Lease, o met
 	if err := l.hook("create"); err != nil {
 		return nil, err
 	}
-	return l.LeaseInterface.Create(ctx, x, o)
+	got, err := l.LeaseInterface.Create(ctx, x, o)
+	return l.maybeLose(ctx, "create", got, err)
 }
 
 func (l hookedLeases) Update(ctx context.Context, x *coordinationv1.Lease, o metav1.UpdateOptions) (*coordinationv1.Lease, error) {
 	if err := l.hook("update"); err != nil {
 		return nil, err
 	}
-	return l.LeaseInterface.Update(ctx, x, o)
+	got, err := l.LeaseInterface.Update(ctx, x, o)
+	return l.maybeLose(ctx, "update", got, err)
+}
+
+// maybeLose replaces an applied request's response by the context's error
+// when the test planned to lose it (see apiServer.loseNext).
+func (l hookedLeases) maybeLose(ctx context.Context, verb string, got *coordinationv1.Lease, err error) (*coordinationv1.Lease, error) {
+	if err != nil {
+		return got, err
+	}
+	then, ok := l.c.s.lose(l.c.name, verb)
+	if !ok {
+		return got, nil
+	}
+	then()
+	<-ctx.Done()
+	return nil, fmt.Errorf("response lost: %w", ctx.Err())
 }
 
 func (l hookedLeases) Watch(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
