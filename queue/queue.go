@@ -235,14 +235,20 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 			now = q.addTime()
 		}
 		due := dueAt(now, opts.Delay)
+		var s *slot[K, V]
 		i := head
 		if known {
+			// A finished key's slot still holds the key (equal to this one:
+			// find compared them) and no chain: rewriting them would only
+			// cost write barriers for a key that holds pointers.
 			q.nIdle--
+			s = q.sl(i)
 		} else {
 			i = q.alloc()
+			s = q.sl(i)
+			s.key, s.next = key, none
 		}
-		s := q.sl(i)
-		s.key, s.val, s.due, s.prio, s.retries, s.next = key, value, due, prio, retries, none
+		s.val, s.due, s.prio, s.retries = value, due, prio, retries
 		if q.stamps {
 			*q.enq(i) = now
 		}
