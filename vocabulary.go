@@ -146,6 +146,13 @@ type Event[T Object] struct {
 	// Reason is an optional human-readable reason given by an external
 	// trigger (carried into logs and Kubernetes Events).
 	Reason string
+	// Fetched marks an external trigger whose Object was read from the API
+	// server just before it was queued (the HTTP handler and the message
+	// consumer re-fetch every trigger). Like a watch event's, such an
+	// object is reconciled without another read when a worker takes it
+	// soon enough (reconcile.Config.FreshFor); an unmarked trigger is read
+	// again first. Watch events need no mark.
+	Fetched bool
 	// FinalStateUnknown marks a Deleted event whose object is only a
 	// tombstone: the watcher noticed the object vanished during a relist and
 	// never saw its final state. Object then carries only namespace, name,

@@ -68,8 +68,9 @@ type Merge uint8
 const (
 	// MergeReplace: the incoming payload replaces the held one (newest wins).
 	MergeReplace Merge = iota
-	// MergeKeep: the held payload stays (e.g. a pending delete is never
-	// turned into something else); due time and priority still merge.
+	// MergeKeep: the held payload stays, as the merge function left it
+	// (e.g. a pending delete is never turned into something else); due
+	// time and priority still merge.
 	MergeKeep
 	// MergeSequence: both are delivered, the held one first; the incoming
 	// one is handed out only after the held one is Done.

@@ -16,8 +16,9 @@
 //     time wins, the highest priority wins, the earliest add time is kept
 //     as Enqueued, and [Config.Merge] decides the payload: MergeReplace (the
 //     default: the newest payload and its retry count win), MergeKeep (the
-//     held payload and retry count stay, e.g. a pending Deleted is never
-//     turned into something else) or MergeSequence (both are delivered, the
+//     held payload, as the merge function may have updated it in place, and
+//     its retry count stay, e.g. a pending Deleted is never turned into
+//     something else) or MergeSequence (both are delivered, the
 //     held one first, e.g. a recreated object with another UID after the
 //     delete of the old one). An add returns Queued for a key the queue
 //     held nothing for, Merged otherwise.

@@ -33,7 +33,7 @@ type model struct {
 
 // fuzzMerge derives the merge mode from the incoming payload so that the
 // model can replay it.
-func fuzzMerge(_, incoming int) queue.Merge {
+func fuzzMerge(_ *int, incoming int) queue.Merge {
 	switch {
 	case incoming%7 == 0:
 		return queue.MergeSequence
@@ -69,7 +69,7 @@ func (m *model) add(k, v int, o queue.AddOptions, now time.Time) queue.Outcome {
 		return queue.Merged
 	}
 	t := mk.held[len(mk.held)-1]
-	switch fuzzMerge(t.val, v) {
+	switch fuzzMerge(&t.val, v) {
 	case queue.MergeSequence:
 		mk.held = append(mk.held, e)
 		return queue.Merged

@@ -12,10 +12,13 @@ import (
 // newest payload wins on merge, no metrics, no timestamps.
 type Config[V any] struct {
 	// Merge decides how an add combines with the payload already held for
-	// its key (pending, or parked behind an in-flight entry). nil means
-	// MergeReplace for every add. It is called with the queue's lock held:
-	// it must be quick and must not call the queue.
-	Merge func(pending, incoming V) Merge
+	// its key (pending, or parked behind an in-flight entry). It may update
+	// *pending in place, which matters for MergeKeep: the kept payload can
+	// take part of the incoming one (reconcile.MergeEvents keeps a
+	// trigger's source and reason but takes a watch event's newer object).
+	// nil means MergeReplace for every add. It is called with the queue's
+	// lock held: it must be quick and must not call the queue.
+	Merge func(pending *V, incoming V) Merge
 
 	// Metrics receives the queue's measurements. nil means none, at no cost
 	// on the hot path. Metrics implies Timestamps.
@@ -89,7 +92,7 @@ const (
 // concurrent use. See the package documentation for its guarantees.
 type Queue[K comparable, V any] struct {
 	mu      sync.Mutex
-	merge   func(pending, incoming V) Merge
+	merge   func(pending *V, incoming V) Merge
 	metrics Metrics
 	stamps  bool // Config.Timestamps or Metrics: adds read the clock
 	epoch   time.Time
@@ -265,7 +268,7 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 		if q.sl(t).state() != stInFlight {
 			mode = MergeReplace
 			if q.merge != nil {
-				mode = q.merge(q.sl(t).val, value)
+				mode = q.merge(&q.sl(t).val, value)
 			}
 		}
 		if mode == MergeSequence {

@@ -134,7 +134,7 @@ type event struct {
 // eventMerge is the rule reconcile supplies: a pending delete is never
 // turned into something else; a recreated object (other UID) after a
 // delete is delivered after it.
-func eventMerge(pending, incoming event) queue.Merge {
+func eventMerge(pending *event, incoming event) queue.Merge {
 	if pending.typ == "Deleted" {
 		if incoming.uid != pending.uid {
 			return queue.MergeSequence
@@ -174,7 +174,7 @@ func TestPendingDeleteIsKeptAndRecreationIsDeliveredAfterIt(t *testing.T) {
 
 func TestMergeKeepKeepsPayloadButMergesDueAndPriority(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		keep := func(_, _ int) queue.Merge { return queue.MergeKeep }
+		keep := func(_ *int, _ int) queue.Merge { return queue.MergeKeep }
 		q := newQ(t, queue.Config[int]{Merge: keep})
 		start := time.Now()
 		q.Add("a", 1, queue.AddOptions{Delay: time.Minute, Retries: 7})
@@ -184,6 +184,31 @@ func TestMergeKeepKeepsPayloadButMergesDueAndPriority(t *testing.T) {
 			t.Fatalf("got %+v after %v; want value 1, retries 7, prio 9 after 1s", it, time.Since(start))
 		}
 	})
+}
+
+// A merge function may update the kept payload in place, for a pending
+// entry and for one parked behind an in-flight entry of its key.
+func TestMergeKeepStoresTheInPlaceUpdate(t *testing.T) {
+	// keep the first value's hundreds, take the incoming value's units
+	keepHundreds := func(pending *int, incoming int) queue.Merge {
+		*pending = *pending/100*100 + incoming%100
+		return queue.MergeKeep
+	}
+	q := newQ(t, queue.Config[int]{Merge: keepHundreds})
+	mustAdd(t, q, "a", 100, queue.AddOptions{}, queue.Queued)
+	mustAdd(t, q, "a", 7, queue.AddOptions{}, queue.Merged)
+	if it := mustGet(t, q); it.Value != 107 {
+		t.Fatalf("pending: got %d, want 107", it.Value)
+	}
+	// parked behind the in-flight entry: the first park is a new entry,
+	// the next adds merge into it
+	mustAdd(t, q, "a", 200, queue.AddOptions{}, queue.Merged)
+	mustAdd(t, q, "a", 9, queue.AddOptions{}, queue.Merged)
+	q.Done("a")
+	if it := mustGet(t, q); it.Value != 209 {
+		t.Fatalf("parked: got %d, want 209", it.Value)
+	}
+	q.Done("a")
 }
 
 // Semantics 2: exclusive while in flight.

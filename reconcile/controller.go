@@ -97,12 +97,14 @@ type Config[T opkit.Object] struct {
 	// at most 12s with the leader defaults, less when renewals were failing.
 	ShutdownTimeout time.Duration
 	// FreshFor decides which requests are re-fetched: an Added/Modified
-	// entry from the watch that was not delayed, not retried and is handed
-	// to a worker within FreshFor of its add is reconciled with the object
-	// the watch delivered. Every other Added/Modified request (waited in a
-	// backlog, delayed, retried, requeued, or from a trigger) is re-fetched from the
-	// API server first. Default DefaultFreshFor (1s); negative means always
-	// re-fetch.
+	// entry from the watch, or from a trigger that read its object from the
+	// API server just before (opkit.Event.Fetched: the HTTP handler and
+	// the consumer), that was not delayed, not retried and is handed to a
+	// worker within FreshFor of its add is reconciled with the object it
+	// carries. Every other Added/Modified request (waited in a backlog,
+	// delayed, retried, requeued, or an unmarked trigger) is re-fetched
+	// from the API server first. Default DefaultFreshFor (1s); negative
+	// means always re-fetch.
 	FreshFor time.Duration
 
 	// Watch configures the watcher. Client, Resource and Queue are set by
@@ -494,7 +496,7 @@ func (c *Controller[T]) needsRefetch(item queue.Item[opkit.Key, opkit.Event[T]])
 	if ev.Type == opkit.Deleted {
 		return false
 	}
-	if c.cfg.FreshFor < 0 || ev.Source != opkit.APIServer || item.Retries > 0 || isNil(ev.Object) {
+	if c.cfg.FreshFor < 0 || item.Retries > 0 || isNil(ev.Object) || (ev.Source != opkit.APIServer && !ev.Fetched) {
 		return true
 	}
 	if item.Due.After(item.Enqueued) { // it was delayed

@@ -374,6 +374,49 @@ func TestControllerRefetchesAWaitingRequestAndSkipsAVanishedObject(t *testing.T)
 	})
 }
 
+// A trigger marked Fetched (the HTTP handler and the consumer mark theirs)
+// is reconciled with the object it carries when a worker takes it within
+// FreshFor: no second read of the API server. One that waited longer (here
+// delayed) is re-fetched like any request that waited.
+func TestControllerTrustsAFetchedTriggerWhileFresh(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &recorder{}
+		e := start(t, rec, nil, widget("a"))
+		synctest.Wait()
+		before := e.metrics.refetched
+
+		// The trigger carries size 5 while the server holds size 1, so a
+		// re-fetch would show.
+		w := widget("a")
+		w.Spec.Size = 5
+		req := trigger.Request[*Widget]{Object: w, Type: opkit.Modified, Source: opkit.Operator, Reason: "ci", Fetched: true}
+		if o, err := e.ctrl.Trigger().Submit(context.Background(), req); err != nil || !o.Accepted() {
+			t.Fatalf("Submit = %v, %v", o, err)
+		}
+		synctest.Wait()
+		calls := rec.snapshot()
+		last := calls[len(calls)-1]
+		if last.req.Object.Spec.Size != 5 || last.req.Source != opkit.Operator || e.metrics.refetched != before {
+			t.Fatalf("reconciled size %d from %v after %d re-fetches; want the trigger's size 5 and no re-fetch",
+				last.req.Object.Spec.Size, last.req.Source, e.metrics.refetched-before)
+		}
+
+		// Delayed past FreshFor: read again, and the server now says 7.
+		e.setSize(t, "a", 7)
+		req.Delay = 2 * time.Second
+		if o, err := e.ctrl.Trigger().Submit(context.Background(), req); err != nil || !o.Accepted() {
+			t.Fatalf("Submit = %v, %v", o, err)
+		}
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		calls = rec.snapshot()
+		last = calls[len(calls)-1]
+		if last.req.Object.Spec.Size != 7 || e.metrics.refetched != before+1 {
+			t.Fatalf("reconciled size %d after %d re-fetches; want 7 after one", last.req.Object.Spec.Size, e.metrics.refetched-before)
+		}
+	})
+}
+
 func TestControllerRefetchesWatchEntriesThatWaitedInABacklog(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rec := &recorder{do: func(context.Context, int, reconcile.Request[*Widget]) (reconcile.Result, error) {

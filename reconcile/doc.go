@@ -30,15 +30,19 @@
 //
 // # Re-fetch rule
 //
-// An Added/Modified entry from the watch that was not delayed, not retried
-// and reaches a worker within Config.FreshFor (1s) of its add is reconciled
-// with the object the watch delivered, which is as fresh as the watch: a
-// newer state is already on its way as the key's next event, and gets its
-// own reconcile. Every other Added/Modified request — one
-// that waited in a backlog, a delayed, retried or requeued one, any external
-// trigger — is re-fetched first; if the object is gone it is skipped and counted
-// (Metrics.Skipped), and its Deleted event does the rest. Deleted requests
-// carry the last known state (a tombstone when FinalStateUnknown).
+// An Added/Modified entry that was not delayed, not retried and reaches a
+// worker within Config.FreshFor (1s) of its add is reconciled with the
+// object it carries, if that object is as fresh as the watch: a watch
+// event's (a newer state is already on its way as the key's next event, and
+// gets its own reconcile), or a trigger's marked opkit.Event.Fetched, which
+// the HTTP handler and the consumer read from the API server just before
+// queuing it. A watch event merged into a pending trigger brings its object
+// along (see [MergeEvents]). Every other Added/Modified request — one that
+// waited in a backlog, a delayed, retried or requeued one, a trigger
+// queued without the mark (Trigger.Enqueue) — is re-fetched first; if the
+// object is gone it is skipped and counted (Metrics.Skipped), and its
+// Deleted event does the rest. Deleted requests carry the last known state (a tombstone when
+// FinalStateUnknown). A negative FreshFor re-fetches every request.
 //
 // # Kubernetes Events
 //

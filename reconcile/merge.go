@@ -22,15 +22,18 @@ import (
 //	                                         delete follows it (only a retried delete
 //	                                         arrives in that order)
 //	trigger    watch Added/Modified, same    MergeKeep: the external trigger keeps its
-//	(Operator) UID (or a UID unknown)        source and reason (the worker re-fetches a
-//	                                         trigger's object, so nothing goes stale)
+//	(Operator) UID (or a UID unknown)        source, type and reason, and takes the
+//	                                         watch event's object (the newer state)
 //	other      anything else                 MergeReplace: the newest state wins
 //
 // Due time and priority merge inside the queue whatever the rule (earliest
 // due, highest priority). A pending external trigger is not overwritten by a
 // later watch event: the reconcile it asked for still says who asked and
-// why. A later trigger replaces a pending watch event (newest wins).
-func MergeEvents[T opkit.Object](pending, incoming opkit.Event[T]) queue.Merge {
+// why, but it carries the object the watch delivered, so that a trigger
+// reconciled without a re-fetch (see Config.FreshFor) sees the state the
+// merged event brought. A later trigger replaces a pending watch event
+// (newest wins).
+func MergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T]) queue.Merge {
 	pu, iu := uidOf(pending.Object), uidOf(incoming.Object)
 	if pending.Type != opkit.Deleted {
 		if incoming.Type == opkit.Deleted && pu != "" && iu != "" && pu != iu {
@@ -38,6 +41,10 @@ func MergeEvents[T opkit.Object](pending, incoming opkit.Event[T]) queue.Merge {
 		}
 		if pending.Source == opkit.Operator && incoming.Source == opkit.APIServer &&
 			incoming.Type != opkit.Deleted && (pu == "" || iu == "" || pu == iu) {
+			if !isNil(incoming.Object) {
+				pending.Object = incoming.Object
+				pending.Fetched = true // the watch's object: as fresh as the watch
+			}
 			return queue.MergeKeep
 		}
 		return queue.MergeReplace

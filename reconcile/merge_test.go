@@ -54,8 +54,30 @@ func TestMergeEventsNeverTurnsAPendingDeleteIntoSomethingElse(t *testing.T) {
 		{"watch event then trigger: the trigger wins", ev(opkit.Modified, "u1"), trig("u1"), queue.MergeReplace},
 		{"trigger then trigger: newest wins", trig("u1"), trig("u1"), queue.MergeReplace},
 	} {
-		if got := reconcile.MergeEvents(tc.pending, tc.incoming); got != tc.want {
+		pending := tc.pending
+		if got := reconcile.MergeEvents(&pending, tc.incoming); got != tc.want {
 			t.Errorf("%s: got %v, want %v", tc.name, got, tc.want)
 		}
+		if tc.want == queue.MergeKeep && tc.pending.Source != opkit.Operator && pending != tc.pending {
+			t.Errorf("%s: the kept event changed: %+v", tc.name, pending)
+		}
+	}
+}
+
+// A watch event merged into a pending trigger leaves who asked and why,
+// and brings its newer object.
+func TestMergeEventsTriggerKeepsAttributionAndTakesTheNewerObject(t *testing.T) {
+	pending := trig("u1")
+	pending.Object.ResourceVersion = "5"
+	watched := ev(opkit.Added, "u1")
+	watched.Object.ResourceVersion = "9"
+	if got := reconcile.MergeEvents(&pending, watched); got != queue.MergeKeep {
+		t.Fatalf("got %v, want MergeKeep", got)
+	}
+	if pending.Source != opkit.Operator || pending.Reason != "deploy" || pending.Type != opkit.Modified {
+		t.Errorf("attribution changed: %+v", pending)
+	}
+	if pending.Object != watched.Object || !pending.Fetched {
+		t.Errorf("object RV %s, fetched %v; want the watch event's (RV 9), marked fetched", pending.Object.ResourceVersion, pending.Fetched)
 	}
 }

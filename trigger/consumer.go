@@ -413,7 +413,7 @@ func (c *Consumer[T]) handle(ctx context.Context, msg Message, start time.Time) 
 		c.nack(ctx, msg, NackAPIError, delay, start)
 		return
 	}
-	o, err := c.cfg.Trigger.Submit(ctx, Request[T]{Object: obj, Type: c.cfg.Type, Source: opkit.Operator, Reason: reason})
+	o, err := c.cfg.Trigger.Submit(ctx, Request[T]{Object: obj, Type: c.cfg.Type, Source: opkit.Operator, Reason: reason, Fetched: true})
 	if err != nil {
 		// The API server returned something the trigger refuses (another
 		// kind): a configuration problem, not the message's fault.

@@ -160,7 +160,7 @@ func TestConsumerSettlesEachKindOfMessage(t *testing.T) {
 			t.Errorf("outstanding = %d", e.b.Outstanding())
 		}
 		it, err := e.q.Get(context.Background())
-		if err != nil || it.Key != (opkit.Key{Namespace: "ns", Name: "a"}) || it.Value.Reason != "image pushed" || it.Value.Source != opkit.Operator || it.Value.Type != opkit.Modified {
+		if err != nil || it.Key != (opkit.Key{Namespace: "ns", Name: "a"}) || it.Value.Reason != "image pushed" || it.Value.Source != opkit.Operator || it.Value.Type != opkit.Modified || !it.Value.Fetched {
 			t.Errorf("queued %v %+v (%v)", it.Key, it.Value, err)
 		}
 		if e.q.Len() != 0 {

@@ -20,7 +20,10 @@
 //   - Triggers outrank watch events (0) and relists (-1) in the queue
 //     ([DefaultPriority], 100), so they are not stuck behind a relist backlog.
 //   - The HTTP handler and the consumer never trust a payload: they re-fetch
-//     the object from the API server and enqueue what it returned.
+//     the object from the API server and enqueue what it returned, marked
+//     [Request.Fetched], so that the controller's worker reconciles it
+//     without reading it a second time when it starts within
+//     reconcile.Config.FreshFor (1s).
 //   - The handler is secure by default: [NewHandler] refuses to build
 //     without an [Authenticator] unless HandlerConfig.InsecureSkipAuth is
 //     set. The Kubernetes-native one ([NewKubeAuthenticator], or just

@@ -309,7 +309,7 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request) {
 		h.apiFailure(w, r, start, "re-fetch", err, &req)
 		return
 	}
-	o, err := h.trig.Submit(ctx, Request[T]{Object: obj, Type: h.cfg.Type, Source: opkit.Operator, Delay: req.delay, Reason: req.reason})
+	o, err := h.trig.Submit(ctx, Request[T]{Object: obj, Type: h.cfg.Type, Source: opkit.Operator, Delay: req.delay, Reason: req.reason, Fetched: true})
 	if err != nil {
 		if ctx.Err() != nil {
 			// The caller went away; nothing was queued.

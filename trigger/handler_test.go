@@ -120,7 +120,7 @@ func TestHandler202SchedulesTheRefetchedObject(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if it.Value.Object.UID != "uid-a" || it.Value.Reason != "ci deployed" || it.Value.Source != opkit.Operator || it.Value.Type != opkit.Modified || it.Priority != trigger.DefaultPriority {
+	if it.Value.Object.UID != "uid-a" || it.Value.Reason != "ci deployed" || it.Value.Source != opkit.Operator || it.Value.Type != opkit.Modified || !it.Value.Fetched || it.Priority != trigger.DefaultPriority {
 		t.Errorf("queued %+v (priority %d)", it.Value, it.Priority)
 	}
 	if e.m.requests[202] != 1 {

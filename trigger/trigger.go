@@ -110,6 +110,13 @@ type Request[T opkit.Object] struct {
 	// opkit.Event.Reason (logs, Kubernetes Events); at most MaxReasonLen
 	// bytes of valid UTF-8.
 	Reason string
+	// Fetched says Object was read from the API server just now (the HTTP
+	// handler and the consumer set it). The controller then reconciles it
+	// without reading it again if a worker takes it within
+	// reconcile.Config.FreshFor; without it, the worker re-fetches the
+	// object first. Leave it false unless the object comes straight from
+	// a GET.
+	Fetched bool
 }
 
 // Enqueue asks for a reconcile of obj, the way the seed's EntityQueue
@@ -147,7 +154,7 @@ func (t *Trigger[T]) Submit(ctx context.Context, req Request[T]) (queue.Outcome,
 		return 0, err
 	}
 	key := opkit.KeyOf(req.Object)
-	ev := opkit.Event[T]{Object: req.Object, Type: req.Type, Source: req.Source, Reason: req.Reason}
+	ev := opkit.Event[T]{Object: req.Object, Type: req.Type, Source: req.Source, Reason: req.Reason, Fetched: req.Fetched}
 	o := t.q.Add(key, ev, queue.AddOptions{Delay: req.Delay, Priority: t.priority, Retries: req.Retries})
 	t.metrics.Enqueued(o)
 	if !o.Accepted() {

@@ -498,7 +498,9 @@ func startOpkit(b *testing.B, client dynamic.Interface, tr *tracker, viaHTTP boo
 		queued: q.Len,
 		// queue: how long triggers waited in the queue, the part of the
 		// latency its priorities decide; get: the API server's GETs (one
-		// per Enqueue trigger, two per HTTP trigger).
+		// per trigger: the worker's re-fetch of an Enqueue trigger, the
+		// handler's read of an HTTP trigger, which it marks Fetched so the
+		// worker does not read it again).
 		report: func(b *testing.B) {
 			qm.report(b, "queue")
 			if _, fake := client.(*dynfake.FakeDynamicClient); !fake {
