@@ -10,7 +10,8 @@
 //     round trips);
 //   - opkit's HTTP endpoint (trigger.NewHandler behind an httptest server on
 //     loopback, POST /reconcile/{namespace}/{name}, which re-fetches the
-//     object from a real API server before the enqueue);
+//     object from a real API server before the enqueue and marks it
+//     Fetched, so the worker does not read it again);
 //   - controller-runtime's external-trigger path: source.Channel with a
 //     GenericEvent into a controller built by controller.NewTypedUnmanaged
 //     (its default priority queue).
