@@ -148,10 +148,11 @@ type Event[T Object] struct {
 	Reason string
 	// Fetched marks an external trigger whose Object was read from the API
 	// server just before it was queued (the HTTP handler and the message
-	// consumer re-fetch every trigger). Like a watch event's, such an
-	// object is reconciled without another read when a worker takes it
-	// soon enough (reconcile.Config.FreshFor); an unmarked trigger is read
-	// again first. Watch events need no mark.
+	// consumer re-fetch every trigger), or that took the object of a watch
+	// event merged into it. The controller reconciles such an object
+	// without another read when it is the latest state its watcher has
+	// seen and a worker takes it soon enough (reconcile.Config.FreshFor);
+	// any other trigger is read again first. Watch events need no mark.
 	Fetched bool
 	// FinalStateUnknown marks a Deleted event whose object is only a
 	// tombstone: the watcher noticed the object vanished during a relist and

@@ -13,11 +13,13 @@ import (
 type Config[V any] struct {
 	// Merge decides how an add combines with the payload already held for
 	// its key (pending, or parked behind an in-flight entry). It may update
-	// *pending in place, which matters for MergeKeep: the kept payload can
-	// take part of the incoming one (reconcile.MergeEvents keeps a
-	// trigger's source and reason but takes a watch event's newer object).
-	// nil means MergeReplace for every add. It is called with the queue's
-	// lock held: it must be quick and must not call the queue.
+	// *pending in place: the change stays with MergeKeep (the kept payload
+	// can take part of the incoming one: reconcile.MergeEvents keeps a
+	// trigger's source and reason but takes a watch event's newer object)
+	// and with MergeSequence (the held entry keeps it), and is overwritten
+	// by MergeReplace. pending is valid only during the call. nil means
+	// MergeReplace for every add. It is called with the queue's lock held:
+	// it must be quick and must not call the queue.
 	Merge func(pending *V, incoming V) Merge
 
 	// Metrics receives the queue's measurements. nil means none, at no cost

@@ -99,12 +99,13 @@ type Config[T opkit.Object] struct {
 	// FreshFor decides which requests are re-fetched: an Added/Modified
 	// entry from the watch, or from a trigger that read its object from the
 	// API server just before (opkit.Event.Fetched: the HTTP handler and
-	// the consumer), that was not delayed, not retried and is handed to a
-	// worker within FreshFor of its add is reconciled with the object it
-	// carries. Every other Added/Modified request (waited in a backlog,
-	// delayed, retried, requeued, or an unmarked trigger) is re-fetched
-	// from the API server first. Default DefaultFreshFor (1s); negative
-	// means always re-fetch.
+	// the consumer) at the resourceVersion the watch has seen last, that
+	// was not delayed, not retried and is handed to a worker within
+	// FreshFor of its add is reconciled with the object it carries. Every
+	// other Added/Modified request (waited in a backlog, delayed, retried,
+	// requeued, an unmarked trigger, or one whose object is not the
+	// watch's latest) is re-fetched from the API server first. Default
+	// DefaultFreshFor (1s); negative means always re-fetch.
 	FreshFor time.Duration
 
 	// Watch configures the watcher. Client, Resource and Queue are set by
@@ -496,8 +497,20 @@ func (c *Controller[T]) needsRefetch(item queue.Item[opkit.Key, opkit.Event[T]])
 	if ev.Type == opkit.Deleted {
 		return false
 	}
-	if c.cfg.FreshFor < 0 || item.Retries > 0 || isNil(ev.Object) || (ev.Source != opkit.APIServer && !ev.Fetched) {
+	if c.cfg.FreshFor < 0 || item.Retries > 0 || isNil(ev.Object) {
 		return true
+	}
+	if ev.Source != opkit.APIServer {
+		// A trigger is trusted only with an object read from the API server
+		// (Fetched) that is the latest state the watch has seen: a GET
+		// answered before the watch delivered a newer state would otherwise
+		// be reconciled after it, and nothing would follow.
+		if !ev.Fetched {
+			return true
+		}
+		if rv, ok := c.watch.ResourceVersion(item.Key); !ok || rv != ev.Object.GetResourceVersion() {
+			return true
+		}
 	}
 	if item.Due.After(item.Enqueued) { // it was delayed
 		return true
@@ -577,6 +590,7 @@ func (c *Controller[T]) afterReconcile(ctx context.Context, item queue.Item[opki
 	if !isNil(req.Object) {
 		ev.Object = req.Object
 	}
+	ev.Fetched = false // a re-add is read again (no object, or a retry) in any case
 	after, requeue := res.Requeue()
 	switch {
 	case err == nil && !requeue:

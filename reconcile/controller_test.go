@@ -417,6 +417,51 @@ func TestControllerTrustsAFetchedTriggerWhileFresh(t *testing.T) {
 	})
 }
 
+// A fetched trigger whose GET was answered before the watch delivered a
+// newer state is read again: trusting it would reconcile the older state
+// after the newer one, with nothing to follow. Its resourceVersion is not
+// the watcher's latest for the key, which is how the controller tells.
+func TestControllerRefetchesAFetchedTriggerBehindTheWatch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &recorder{}
+		e := start(t, rec, nil, widget("a")) // resourceVersion 1, size 1
+		synctest.Wait()
+		got := widget("a") // what a trigger's GET returned: RV 1
+
+		// Then the object changes, and the watch delivers RV 2 (size 7).
+		newer := widget("a", func(w *Widget) { w.ResourceVersion, w.Spec.Size = "2", 7 })
+		u, _ := typed.ToUnstructured(newer)
+		if _, err := e.dyn.Resource(widgets.GroupVersionResource).Namespace("ns").Update(context.Background(), u, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		before := e.metrics.refetched
+
+		// The trigger with the older GET result arrives afterwards.
+		req := trigger.Request[*Widget]{Object: got, Type: opkit.Modified, Source: opkit.Operator, Fetched: true}
+		if o, err := e.ctrl.Trigger().Submit(context.Background(), req); err != nil || !o.Accepted() {
+			t.Fatalf("Submit = %v, %v", o, err)
+		}
+		synctest.Wait()
+		calls := rec.snapshot()
+		last := calls[len(calls)-1]
+		if last.req.Source != opkit.Operator || last.req.Object.Spec.Size != 7 || e.metrics.refetched != before+1 {
+			t.Fatalf("last reconcile: %v with size %d after %d re-fetches; want the trigger re-fetched (size 7)",
+				last.req.Source, last.req.Object.Spec.Size, e.metrics.refetched-before)
+		}
+
+		// A GET that returned the watch's latest (RV 2) is trusted.
+		req.Object = newer
+		if o, err := e.ctrl.Trigger().Submit(context.Background(), req); err != nil || !o.Accepted() {
+			t.Fatalf("Submit = %v, %v", o, err)
+		}
+		synctest.Wait()
+		if e.metrics.refetched != before+1 {
+			t.Fatalf("a trigger at the watch's resourceVersion was re-fetched")
+		}
+	})
+}
+
 func TestControllerRefetchesWatchEntriesThatWaitedInABacklog(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rec := &recorder{do: func(context.Context, int, reconcile.Request[*Widget]) (reconcile.Result, error) {

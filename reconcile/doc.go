@@ -34,12 +34,16 @@
 // worker within Config.FreshFor (1s) of its add is reconciled with the
 // object it carries, if that object is as fresh as the watch: a watch
 // event's (a newer state is already on its way as the key's next event, and
-// gets its own reconcile), or a trigger's marked opkit.Event.Fetched, which
-// the HTTP handler and the consumer read from the API server just before
-// queuing it. A watch event merged into a pending trigger brings its object
+// gets its own reconcile), or a trigger's marked opkit.Event.Fetched (the
+// HTTP handler and the consumer read it from the API server just before
+// queuing it) when its resourceVersion is the latest the watcher has seen
+// for the key, which makes it as fresh as the watch too (a GET answered
+// before the watch delivered a newer state fails that test and is read
+// again). A watch event merged into a pending trigger brings its object
 // along (see [MergeEvents]). Every other Added/Modified request — one that
 // waited in a backlog, a delayed, retried or requeued one, a trigger
-// queued without the mark (Trigger.Enqueue) — is re-fetched first; if the
+// queued without the mark (Trigger.Enqueue) or behind the watch — is
+// re-fetched first; if the
 // object is gone it is skipped and counted (Metrics.Skipped), and its
 // Deleted event does the rest. Deleted requests carry the last known state (a tombstone when
 // FinalStateUnknown). A negative FreshFor re-fetches every request.

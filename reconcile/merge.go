@@ -22,8 +22,9 @@ import (
 //	                                         delete follows it (only a retried delete
 //	                                         arrives in that order)
 //	trigger    watch Added/Modified, same    MergeKeep: the external trigger keeps its
-//	(Operator) UID (or a UID unknown)        source, type and reason, and takes the
-//	                                         watch event's object (the newer state)
+//	(Operator) UID (or a UID unknown)        source, type, reason and retry count, and
+//	                                         takes the watch event's object (marked
+//	                                         Fetched: the watch's own state)
 //	other      anything else                 MergeReplace: the newest state wins
 //
 // Due time and priority merge inside the queue whatever the rule (earliest

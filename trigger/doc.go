@@ -23,7 +23,8 @@
 //     the object from the API server and enqueue what it returned, marked
 //     [Request.Fetched], so that the controller's worker reconciles it
 //     without reading it a second time when it starts within
-//     reconcile.Config.FreshFor (1s).
+//     reconcile.Config.FreshFor (1s) and the object is still the latest
+//     state the controller's watch has seen.
 //   - The handler is secure by default: [NewHandler] refuses to build
 //     without an [Authenticator] unless HandlerConfig.InsecureSkipAuth is
 //     set. The Kubernetes-native one ([NewKubeAuthenticator], or just

@@ -4,6 +4,7 @@ import (
 	"hash/fnv"
 	"slices"
 	"strings"
+	"sync"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
@@ -95,8 +96,11 @@ func hashNamed(raw func([]byte) (int, error), write func(string), section string
 
 // tracker holds the entries of one watcher. It is owned by Run's goroutine
 // (and survives across Runs, so a new Run can detect objects deleted while
-// no Run was active).
+// no Run was active): only that goroutine writes entries, holding mu, and
+// reads them without it; other goroutines read under mu (see
+// Watcher.ResourceVersion).
 type tracker struct {
+	mu      sync.RWMutex
 	entries map[opkit.Key]entry
 	// namespaces interns namespace strings so that keys share them.
 	namespaces map[string]string
@@ -136,7 +140,17 @@ func (t *tracker) store(m meta, seen bool, old entry, known bool) {
 	e.rv = strings.Clone(m.rv)
 	// Always a canonical key: assigning to an existing string key replaces
 	// the stored key too, so an aliasing key would undo the interning.
-	t.entries[t.canonical(m.key)] = e
+	k := t.canonical(m.key)
+	t.mu.Lock()
+	t.entries[k] = e
+	t.mu.Unlock()
+}
+
+// remove forgets key.
+func (t *tracker) remove(key opkit.Key) {
+	t.mu.Lock()
+	delete(t.entries, key)
+	t.mu.Unlock()
 }
 
 // vanished returns, sorted by key, the keys not seen by the list of the

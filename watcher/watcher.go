@@ -97,6 +97,20 @@ func checkPointerToStruct[T any]() error {
 	return nil
 }
 
+// ResourceVersion returns the resourceVersion of the latest state of key
+// the watcher has seen (from a list or a watch event, status-only changes
+// included), and false if it tracks no such object. Any later state reaches
+// the queue as a watch event. It is safe to call while Run runs: the
+// controller uses it to decide whether an object read elsewhere is the
+// latest the watch knows.
+func (w *Watcher[T]) ResourceVersion(key opkit.Key) (string, bool) {
+	t := w.track
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	e, ok := t.entries[key]
+	return e.rv, ok
+}
+
 // Synced reports whether the current Run has finished its first list.
 func (w *Watcher[T]) Synced() bool {
 	w.mu.Lock()
@@ -397,7 +411,7 @@ func (r *run[T]) finishList(l *listing, rv string) {
 	w := r.w
 	for _, k := range w.track.vanished() {
 		e := w.track.entries[k]
-		delete(w.track.entries, k)
+		w.track.remove(k)
 		w.emit(k, w.tombstone(k, types.UID(e.uid), e.rv), opkit.Deleted, true, w.s.listPriority)
 		l.ev.Deleted++
 	}
@@ -639,7 +653,7 @@ func (w *Watcher[T]) observe(u *unstructured.Unstructured, l *listing) {
 // deleted handles a Deleted watch event.
 func (w *Watcher[T]) deleted(u *unstructured.Unstructured) {
 	key := opkit.Key{Namespace: u.GetNamespace(), Name: u.GetName()}
-	delete(w.track.entries, key)
+	w.track.remove(key)
 	w.s.metrics.Tracked(len(w.track.entries))
 	obj, err := typed.FromUnstructured[T](u)
 	if err != nil {

@@ -543,6 +543,41 @@ func TestSkipStatusOnlyDropsSameGenerationChangesExceptNamedOnes(t *testing.T) {
 	})
 }
 
+// ResourceVersion reports the latest state seen, status-only changes
+// included (they are tracked though not emitted), and forgets a deleted
+// object.
+func TestResourceVersionIsTheLatestSeen(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newFake(widget("ns", "a", "ua", "1", 1))
+		cfg := config(c, &recorder{})
+		cfg.SkipStatusOnly = true
+		w := mustNew(t, cfg)
+		key := opkit.Key{Namespace: "ns", Name: "a"}
+		if rv, ok := w.ResourceVersion(key); ok {
+			t.Fatalf("before any list: %q, true; want nothing tracked", rv)
+		}
+		stop := start(t, w)
+		defer stop()
+		synctest.Wait()
+		if rv, ok := w.ResourceVersion(key); !ok || rv != "1" {
+			t.Fatalf("after the list: %q, %v; want 1", rv, ok)
+		}
+		res := c.Resource(widgets.GroupVersionResource).Namespace("ns")
+		mustDo(t)(res.Update(ctx, widget("ns", "a", "ua", "2", 1, func(u *unstructured.Unstructured) { u.Object["status"] = map[string]any{"ready": true} }), metav1.UpdateOptions{}))
+		synctest.Wait()
+		if rv, ok := w.ResourceVersion(key); !ok || rv != "2" {
+			t.Fatalf("after a status-only change: %q, %v; want 2", rv, ok)
+		}
+		if err := res.Delete(ctx, "a", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		if rv, ok := w.ResourceVersion(key); ok {
+			t.Fatalf("after the delete: %q, true; want nothing tracked", rv)
+		}
+	})
+}
+
 func TestDroppedAddsAreCountedAndTrackingGoesOn(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := newFake(widget("ns", "a", "ua", "1", 1), widget("ns", "b", "ub", "2", 1))
