@@ -41,6 +41,10 @@ var (
 	ErrWorkOverrun = errors.New("leader: term work still running after its term ended")
 	// ErrAlreadyRunning is returned by Run when it is called a second time.
 	ErrAlreadyRunning = errors.New("leader: Run already called")
+	// ErrWorkPanicked is wrapped by the error Run returns when a term's work
+	// panicked (on the goroutine Run started it on); the message carries
+	// the panic value and stack.
+	ErrWorkPanicked = errors.New("leader: term work panicked")
 )
 
 // Config configures an [Elector]. The zero value of every optional field

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -116,6 +117,10 @@ func (e *Elector) Check() error {
 //     Lease then expires normally);
 //   - work's error, wrapped with the term, if work returns while its term
 //     is still on (the Lease is released first), or nil if work returned nil;
+//     a panic in work (on the goroutine Run started it on) counts as
+//     returning an error wrapping [ErrWorkPanicked], so the term ends in
+//     order and the Lease is released rather than left to expire behind a
+//     crashed process;
 //   - an error wrapping [ErrLeadershipLost] after a lost term, if
 //     Config.ExitOnLoss is set (the work has returned);
 //   - [ErrAlreadyRunning] on a second call.
@@ -452,7 +457,7 @@ func (e *Elector) lead(ctx context.Context, lease *coordinationv1.Lease, acquire
 	termCtx, cancelTerm := context.WithCancel(withTerm(context.WithoutCancel(ctx), term))
 	defer cancelTerm()
 	workDone := make(chan error, 1)
-	go func() { workDone <- work(termCtx) }()
+	go func() { workDone <- runWork(termCtx, work) }()
 
 	renewCtx, cancelRenew := context.WithCancel(ctx)
 	defer cancelRenew()
@@ -672,6 +677,17 @@ func (e *Elector) release(ctx context.Context, cur *coordinationv1.Lease, log *s
 		cur = fresh
 	}
 	log.Warn("releasing lease: too many conflicts; it will expire")
+}
+
+// runWork calls work, turning a panic into an error wrapping
+// ErrWorkPanicked with the panic value and stack.
+func runWork(ctx context.Context, work func(context.Context) error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %v\n%s", ErrWorkPanicked, r, debug.Stack())
+		}
+	}()
+	return work(ctx)
 }
 
 // releaseIfOurs reads the Lease (with a context of its own, bounded by

@@ -354,6 +354,30 @@ func TestShutdownReleasesAfterWorkReturned(t *testing.T) {
 	})
 }
 
+// A panic in the term's work ends the term like a returned error: the
+// intake is suspended and the queue cleared, the Lease is released at once
+// (a crashed process would hold it until it expired), and Run returns an
+// error wrapping ErrWorkPanicked with the panic value.
+func TestPanicInWorkEndsTheTermAndReleasesTheLease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		a := e.start("a", nil, func(ctx context.Context) error {
+			time.Sleep(time.Second)
+			panic("reconciler bug")
+		})
+		err := <-a.done
+		if !errors.Is(err, leader.ErrWorkPanicked) || !strings.Contains(err.Error(), "reconciler bug") {
+			t.Fatalf("Run = %v, want an error wrapping ErrWorkPanicked with the panic value", err)
+		}
+		if l := e.api.lease(); holder(l) != "" {
+			t.Errorf("lease after the panic names %q, want it released", holder(l))
+		}
+		if got := e.j.whats("a"); !strings.HasPrefix(got, "suspend resume work-start suspend") || !strings.Contains(got, "clear") {
+			t.Errorf("journal = %q, want the term ended in order (suspend, clear)", got)
+		}
+	})
+}
+
 // A shutdown that cuts off an acquisition the API server had already
 // applied still frees the Lease: the elector reads it back and releases
 // it, rather than leaving its name on it until it expires. No term starts.
