@@ -21,8 +21,9 @@
 //   - A term ends when a renew fails to succeed within RenewDeadline of the
 //     last successful one (a hung API call does not delay this: the renew
 //     runs on its own goroutine and the loop watches the deadline), when
-//     another holder is observed, when work returns, or when Run's context
-//     is cancelled. The end of a term is always, in this order: suspend the
+//     another holder is observed, when work returns (or panics: the panic
+//     becomes Run's error, [ErrWorkPanicked], and the Lease is released as
+//     after a returned error), or when Run's context is cancelled. The end of a term is always, in this order: suspend the
 //     intake, cancel the term's context, clear the queue, wait for work to
 //     return.
 //   - The term's work must return before LeaseDuration - ClockSkew has
