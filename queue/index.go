@@ -59,18 +59,23 @@ func (q *Queue[K, V]) insertAt(p int, h uint32, i int32) {
 // alone: it reads no slot and hashes no key.
 func (ix *keyIndex) grow() {
 	t := make([]uint64, 2*len(ix.tbl))
-	mask := len(t) - 1
 	for _, w := range ix.tbl {
-		if w == 0 {
-			continue
+		if w != 0 {
+			place(t, w)
 		}
-		p := int(uint32(w>>32)) & mask
-		for t[p] != 0 {
-			p = (p + 1) & mask
-		}
-		t[p] = w
 	}
 	ix.tbl = t
+}
+
+// place puts word w into table t (a power of two in length, with room) at
+// the first empty position from its hash.
+func place(t []uint64, w uint64) {
+	mask := len(t) - 1
+	p := int(uint32(w>>32)) & mask
+	for t[p] != 0 {
+		p = (p + 1) & mask
+	}
+	t[p] = w
 }
 
 // setAt remaps the word at position p (found by find) to slot i.
@@ -96,16 +101,10 @@ func (q *Queue[K, V]) rebuildIndex(size int) {
 	}
 	old := q.ix.tbl
 	t := make([]uint64, size)
-	mask := size - 1
 	for _, w := range old {
-		if w == 0 || q.sl(int32(uint32(w))-1).state() == stFree {
-			continue
+		if w != 0 && q.sl(int32(uint32(w))-1).state() != stFree {
+			place(t, w)
 		}
-		p := int(uint32(w>>32)) & mask
-		for t[p] != 0 {
-			p = (p + 1) & mask
-		}
-		t[p] = w
 	}
 	q.ix.tbl, q.ix.n = t, n
 }

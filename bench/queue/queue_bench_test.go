@@ -154,11 +154,7 @@ func BenchmarkW3Delayed(b *testing.B) {
 			due := make([]int64, n)       // due time of key k, ns since start
 			late := make([]int64, 0, 2*n) // (lateness, due) pairs
 			var lateMu sync.Mutex
-			delays := make([]time.Duration, n)
-			r := rand.New(rand.NewPCG(3, 3))
-			for i := range delays {
-				delays[i] = time.Duration(r.Int64N(int64(time.Second)))
-			}
+			delays := w3Delays(n, 0)
 			var addNs, bytesPer, p99, idle50, idle99 []float64
 			var addsEnd atomic.Int64 // ns since start when the last add returned
 			for b.Loop() {
@@ -238,11 +234,7 @@ func BenchmarkW3Delayed(b *testing.B) {
 // memory the queue grows into).
 func BenchmarkW3AddsOnly(b *testing.B) {
 	const n = 100_000
-	delays := make([]time.Duration, n)
-	r := rand.New(rand.NewPCG(3, 3))
-	for i := range delays {
-		delays[i] = time.Duration(r.Int64N(int64(time.Second))) + time.Hour
-	}
+	delays := w3Delays(n, time.Hour)
 	for _, impl := range Impls {
 		b.Run(impl.Name, func(b *testing.B) {
 			for b.Loop() {
@@ -257,6 +249,17 @@ func BenchmarkW3AddsOnly(b *testing.B) {
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/add")
 		})
 	}
+}
+
+// w3Delays returns W3's n delays: random in [0, 1s) (the same sequence
+// every time), plus offset.
+func w3Delays(n int, offset time.Duration) []time.Duration {
+	delays := make([]time.Duration, n)
+	r := rand.New(rand.NewPCG(3, 3))
+	for i := range delays {
+		delays[i] = time.Duration(r.Int64N(int64(time.Second))) + offset
+	}
+	return delays
 }
 
 func median(v []float64) float64 {
