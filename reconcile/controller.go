@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/dynamic"
 
 	"github.com/opkit/opkit"
@@ -529,13 +528,13 @@ func (c *Controller[T]) process(ctx context.Context, item queue.Item[opkit.Key, 
 		c.metrics.Refetched()
 		obj, err := c.refetch(ctx, item.Key)
 		switch {
-		case apierrors.IsNotFound(err):
+		case typed.Gone(err, item.Key.Name):
 			log.Debug("object gone before its reconcile: skipped")
 			c.metrics.Skipped(SkipGone)
 			return
 		case err != nil:
 			// Not the reconciler's fault, but retried the same way.
-			c.afterReconcile(ctx, item, req, Done(), fmt.Errorf("re-fetch: %w", err), 0, log)
+			c.afterReconcile(ctx, item, req, Done(), fmt.Errorf("re-fetch: %w", typed.Explain(err, c.cfg.Resource, item.Key.Name)), 0, log)
 			return
 		}
 		req.Object = obj

@@ -14,8 +14,11 @@ import (
 	"time"
 
 	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/internal/typed"
@@ -370,6 +373,39 @@ func TestControllerRefetchesAWaitingRequestAndSkipsAVanishedObject(t *testing.T)
 		calls = rec.snapshot()
 		if len(calls) != 3 || calls[2].req.Object.Spec.Size != 9 || calls[2].req.Source != opkit.Operator {
 			t.Fatalf("calls %+v; want the trigger reconciled with size 9", calls[len(calls)-1])
+		}
+	})
+}
+
+// A re-fetch answered with a NotFound that names no object means the API
+// server does not serve the resource (its CRD being reinstalled, say), not
+// that the object is gone: the request is retried, not skipped.
+func TestControllerRetriesARefetchWhileTheResourceIsNotServed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &recorder{}
+		e := start(t, rec, nil, widget("a"))
+		synctest.Wait()
+		before := len(rec.snapshot())
+		notServed := 2
+		e.dyn.PrependReactor("get", "widgets", func(clienttesting.Action) (bool, runtime.Object, error) {
+			if notServed == 0 {
+				return false, nil, nil
+			}
+			notServed--
+			return true, nil, apierrors.NewGenericServerResponse(404, "get", schema.GroupResource{}, "", "404 page not found", 0, true)
+		})
+		if ok, err := e.ctrl.Trigger().Enqueue(context.Background(), widget("a"), opkit.Modified, opkit.Operator, 0, 0); !ok || err != nil {
+			t.Fatalf("Enqueue = %v, %v", ok, err)
+		}
+		synctest.Wait()
+		if n := len(rec.snapshot()); n != before || e.metrics.skipped != 0 {
+			t.Fatalf("%d calls, %d skipped while not served; want neither", n-before, e.metrics.skipped)
+		}
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		calls := rec.snapshot()
+		if len(calls) != before+1 || calls[before].req.Source != opkit.Operator || calls[before].retries != 2 || e.metrics.skipped != 0 {
+			t.Fatalf("calls %+v, %d skipped; want the trigger reconciled on its second retry", calls[before:], e.metrics.skipped)
 		}
 	})
 }

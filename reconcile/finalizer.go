@@ -78,7 +78,7 @@ func (f *Finalizer[T]) Handle(ctx context.Context, obj T, finalize FinalizeFunc[
 	}
 	if obj.GetDeletionTimestamp() == nil {
 		out, err := f.Add(ctx, obj)
-		if apierrors.IsNotFound(err) {
+		if typed.Gone(err, obj.GetName()) {
 			return obj, false, nil
 		}
 		if err != nil {
@@ -99,7 +99,7 @@ func (f *Finalizer[T]) Handle(ctx context.Context, obj T, finalize FinalizeFunc[
 		}
 	}
 	out, err = f.Remove(ctx, obj)
-	if apierrors.IsNotFound(err) {
+	if typed.Gone(err, obj.GetName()) {
 		return obj, false, nil
 	}
 	return out, false, err

@@ -10,6 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	dynfake "k8s.io/client-go/dynamic/fake"
 	k8stesting "k8s.io/client-go/testing"
 
@@ -180,5 +181,19 @@ func TestFinalizerOnAVanishedObjectIsNotLive(t *testing.T) {
 	_, live, err := mustFinalizer(t, dyn).Handle(context.Background(), widget("gone"), nil)
 	if err != nil || live {
 		t.Fatalf("Handle = (%v, %v), want (false, nil)", live, err)
+	}
+}
+
+// A NotFound that names no object is the API server not serving the
+// resource: Handle reports it as an error (the reconcile is retried)
+// rather than calling a possibly existing object gone.
+func TestFinalizerReportsAResourceNotServed(t *testing.T) {
+	dyn := newFakeDynamic(t, widget("a"))
+	dyn.PrependReactor("patch", "widgets", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewGenericServerResponse(404, "patch", schema.GroupResource{}, "", "404 page not found", 0, true)
+	})
+	_, live, err := mustFinalizer(t, dyn).Handle(context.Background(), getWidget(t, dyn, "a"), nil)
+	if err == nil || live {
+		t.Fatalf("Handle = (%v, %v), want an error", live, err)
 	}
 }

@@ -13,10 +13,10 @@ import (
 	"time"
 	"unicode/utf8"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/dynamic"
 
 	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/internal/typed"
 )
 
 // ErrNotRunning is returned by [Consumer.Check] when Run is not running.
@@ -400,13 +400,14 @@ func (c *Consumer[T]) handle(ctx context.Context, msg Message, start time.Time) 
 	gctx, cancel := context.WithTimeout(ctx, c.cfg.APITimeout)
 	obj, err := c.get(gctx, key)
 	cancel()
-	if apierrors.IsNotFound(err) {
+	if typed.Gone(err, key.Name) {
 		c.log.LogAttrs(ctx, slog.LevelWarn, "trigger consumer: object no longer exists; acknowledging",
 			slog.String("resource", res.GroupVersionResource.String()), slog.String("key", key.String()), slog.String("triggerReason", reason))
 		c.ack(ctx, msg, AckNotFound, start)
 		return
 	}
 	if err != nil {
+		err = typed.Explain(err, res, key.Name)
 		delay := backoff(c.cfg.RetryBase, c.cfg.RetryCap, msg.Deliveries())
 		c.log.LogAttrs(ctx, slog.LevelError, "trigger consumer: re-fetch failed; nacking",
 			slog.String("key", key.String()), slog.Any("error", err), slog.Int("deliveries", msg.Deliveries()), slog.Duration("delay", delay))

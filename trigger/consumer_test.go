@@ -12,6 +12,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/opkit/opkit"
@@ -372,6 +373,47 @@ func TestConsumerNacksAPIErrorsWithGrowingDelay(t *testing.T) {
 		}
 		if e.m.nacked[trigger.NackAPIError] != 4 {
 			t.Errorf("nacked = %v", e.m.nacked)
+		}
+	})
+}
+
+// A NotFound that names no object is the API server not serving the
+// resource (a CRD not installed yet, a version not served): the object may
+// well exist, so the trigger is retried, not acknowledged as gone.
+func TestConsumerRetriesWhileTheResourceIsNotServed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newConsumerEnv(t, func(c *trigger.ConsumerConfig[*corev1.ConfigMap]) {
+			c.RetryBase, c.RetryCap = time.Second, 5*time.Second
+		})
+		// As client-go reports them against kube-apiserver (see
+		// internal/typed's integration test): an unknown group/version, then
+		// a known one without the resource.
+		answers := []error{
+			apierrors.NewGenericServerResponse(404, "get", schema.GroupResource{}, "", "404 page not found", 0, true),
+			&apierrors.StatusError{ErrStatus: metav1.Status{Status: metav1.StatusFailure, Code: 404, Reason: metav1.StatusReasonNotFound,
+				Message: "the server could not find the requested resource", Details: &metav1.StatusDetails{}}},
+		}
+		e.objs.fail = func(opkit.Key) error {
+			if len(answers) == 0 {
+				return nil
+			}
+			err := answers[0]
+			answers = answers[1:]
+			return err
+		}
+		id := e.b.Publish([]byte(`{"namespace":"ns","name":"a"}`))
+		stop := e.run(t)
+		defer stop()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if got := ops(e.b.EventsFor(id)); got != "Nack@1s,Nack@2s,Ack" {
+			t.Errorf("settlements = %q, want two retries, then the ack of the scheduled trigger", got)
+		}
+		if e.m.nacked[trigger.NackAPIError] != 2 || e.m.acked[trigger.AckNotFound] != 0 || e.m.acked[trigger.AckScheduled] != 1 {
+			t.Errorf("nacked %v, acked %v", e.m.nacked, e.m.acked)
+		}
+		if e.q.Len() != 1 {
+			t.Errorf("queue len = %d, want the trigger queued", e.q.Len())
 		}
 	})
 }

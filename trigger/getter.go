@@ -14,8 +14,12 @@ import (
 
 // Getter re-fetches one object from the API server. It must return API
 // errors unchanged (or wrapped) so that apierrors.IsNotFound and
-// apierrors.IsTimeout work on them. The default Getter is a typed client
-// over a dynamic.Interface.
+// apierrors.IsTimeout work on them. An object counts as gone only when the
+// NotFound status names it (as the API server's and client-go's fake
+// clients' do): a NotFound without the object's name is the API server not
+// serving the resource (a CRD not installed yet, a version not served), and
+// the trigger is retried (consumer) or answered 502 (handler) rather than
+// dropped. The default Getter is a typed client over a dynamic.Interface.
 type Getter[T opkit.Object] func(ctx context.Context, key opkit.Key) (T, error)
 
 // getterFor returns get, or the default getter over dyn.

@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/dynamic"
 
 	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/internal/typed"
 	"github.com/opkit/opkit/queue"
 )
 
@@ -301,12 +302,12 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request) {
 	obj, err := h.get(gctx, req.key)
 	cancel()
 	if err != nil {
-		if apierrors.IsNotFound(err) {
+		if typed.Gone(err, req.key.Name) {
 			h.fail(w, r, start, http.StatusNotFound, metav1.StatusReasonNotFound,
 				fmt.Sprintf("%s %q not found", h.res.Resource, req.key.String()), &req)
 			return
 		}
-		h.apiFailure(w, r, start, "re-fetch", err, &req)
+		h.apiFailure(w, r, start, "re-fetch", typed.Explain(err, h.res, req.key.Name), &req)
 		return
 	}
 	o, err := h.trig.Submit(ctx, Request[T]{Object: obj, Type: h.cfg.Type, Source: opkit.Operator, Delay: req.delay, Reason: req.reason, Fetched: true})

@@ -14,6 +14,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -270,10 +271,19 @@ func TestHandler502And504FromTheAPIServer(t *testing.T) {
 		{apierrors.NewForbidden(schema.GroupResource{Resource: "configmaps"}, "a", errors.New("operator lacks get")), 502, "BadGateway"},
 		{apierrors.NewTimeoutError("slow", 1), 504, "Timeout"},
 		{apierrors.NewServerTimeout(schema.GroupResource{Resource: "configmaps"}, "get", 1), 504, "Timeout"},
+		// A NotFound naming no object: the API server does not serve the
+		// resource (as client-go reports an unknown group/version, and a
+		// known one without the resource). The object may exist: not a 404.
+		{apierrors.NewGenericServerResponse(404, "get", schema.GroupResource{}, "", "404 page not found", 0, true), 502, "BadGateway"},
+		{&apierrors.StatusError{ErrStatus: metav1.Status{Status: metav1.StatusFailure, Code: 404, Reason: metav1.StatusReasonNotFound,
+			Message: "the server could not find the requested resource", Details: &metav1.StatusDetails{}}}, 502, "BadGateway"},
 	} {
 		e := newHandlerEnv(t, nil)
 		e.dyn.PrependReactor("get", "configmaps", func(clienttesting.Action) (bool, runtime.Object, error) { return true, nil, tc.err })
-		wantStatus(t, post(e, "/reconcile/ns/a"), tc.code, tc.reason)
+		st := wantStatus(t, post(e, "/reconcile/ns/a"), tc.code, tc.reason)
+		if apierrors.IsNotFound(tc.err) && !strings.Contains(st.Message, "does not serve configmaps") {
+			t.Errorf("%v: message %q does not say the resource is not served", tc.err, st.Message)
+		}
 		if e.q.Len() != 0 {
 			t.Errorf("%v: queued", tc.err)
 		}

@@ -7,9 +7,11 @@ package typed
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -53,6 +55,33 @@ func (c *Client[T]) Get(ctx context.Context, key opkit.Key) (T, error) {
 		return zero, err
 	}
 	return FromUnstructured[T](u)
+}
+
+// Gone reports whether err says that the object named name does not exist:
+// a NotFound status that names it, which is how the API server (and
+// client-go's fake clients) answer for a missing object. A NotFound that
+// names no object is the API server saying that it does not serve the
+// resource at all: a CRD not installed yet or being reinstalled, a version
+// no longer served, a wrong resource in the configuration. That is an error
+// to retry, not a reason to forget a request, so Gone is false for it.
+func Gone(err error, name string) bool {
+	var s apierrors.APIStatus
+	if !apierrors.IsNotFound(err) || !errors.As(err, &s) {
+		return false
+	}
+	d := s.Status().Details
+	return d != nil && d.Name == name
+}
+
+// Explain returns err, saying what it means when it is a NotFound for
+// res that is not about the object named name (see Gone). The result still
+// wraps err.
+func Explain(err error, res opkit.Resource, name string) error {
+	if err == nil || Gone(err, name) || !apierrors.IsNotFound(err) {
+		return err
+	}
+	gv := res.GroupVersion().String()
+	return fmt.Errorf("the API server does not serve %s in %s (CRD not installed or version not served?): %w", res.Resource, gv, err)
 }
 
 // Patch applies a patch and returns the object the server returned.
