@@ -41,6 +41,15 @@
 //   - After a crash, a follower acquires the Lease once LeaseDuration has
 //     passed since it last saw the Lease change (a timer, not only the
 //     RetryPeriod poll), i.e. within LeaseDuration + RetryPeriod.
+//   - A Lease deleted while it names another holder (by hand, to force a
+//     failover; a leader never deletes it) is treated as still held by
+//     that replica for a lease duration from the deletion: the holder
+//     learns of it only when its next renew fails. A replica that starts
+//     campaigning after the deletion cannot know and creates it at once.
+//     Clearing the holder by hand is indistinguishable from a release and
+//     lets a follower take over at once, while the holder may still lead
+//     until its next renew (at most RetryPeriod): force a failover by
+//     deleting the Lease or by stopping the leader, not by editing it.
 //   - Every write is an Update carrying the resourceVersion last read:
 //     concurrent campaigners and stale renewals fail with a conflict and
 //     re-read the Lease.

@@ -175,7 +175,12 @@ func (e *Elector) Run(ctx context.Context, work func(ctx context.Context) error)
 type observation struct {
 	known bool                  // a Get or a watch event has answered
 	lease *coordinationv1.Lease // nil: the Lease does not exist
-	at    time.Time             // when its current resourceVersion was first seen
+	at    time.Time             // when its current resourceVersion (or its absence) was first seen
+	// gone is the Lease last seen before it was deleted, if it named
+	// another replica: that replica may still lead until its next renew
+	// fails, so the Lease is treated as held by it for a lease duration
+	// from the deletion.
+	gone *coordinationv1.Lease
 }
 
 type pollResult struct {
@@ -193,15 +198,23 @@ func (e *Elector) observe(obs *observation, l *coordinationv1.Lease) {
 	if l == nil {
 		if !obs.known || obs.lease != nil {
 			obs.at = now
+			obs.gone = nil
+			if obs.lease != nil && holderOf(obs.lease) != "" && holderOf(obs.lease) != e.cfg.Identity {
+				// Deleted under a holder (a leader releases by clearing
+				// its name, never by deleting): by hand, to force a
+				// failover, or by a cleanup. The holder learns of it only
+				// at its next renew.
+				obs.gone = obs.lease
+			}
 		}
 		obs.known, obs.lease = true, nil
-		e.setHolder("")
+		e.setHolder(holderOf(obs.gone))
 		return
 	}
 	if !obs.known || obs.lease == nil || obs.lease.ResourceVersion != l.ResourceVersion {
 		obs.at = now
 	}
-	obs.known, obs.lease = true, l
+	obs.known, obs.lease, obs.gone = true, l, nil
 	e.setHolder(holderOf(l))
 }
 
@@ -210,7 +223,10 @@ func (e *Elector) observe(obs *observation, l *coordinationv1.Lease) {
 func (e *Elector) untilAcquirable(obs observation) time.Duration {
 	l := obs.lease
 	if l == nil {
-		return 0
+		if obs.gone == nil {
+			return 0
+		}
+		l = obs.gone
 	}
 	h := holderOf(l)
 	if h == "" || h == e.cfg.Identity {

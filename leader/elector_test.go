@@ -784,7 +784,10 @@ func TestFollowerWithoutWatchFallsBackToPolling(t *testing.T) {
 	})
 }
 
-// A Lease deleted while a follower watches is created again by it.
+// A Lease deleted while a follower watches is created again by it, but
+// not before a lease duration has passed since the deletion: the holder
+// it named learns of the deletion only at its next renew and may lead
+// until then.
 func TestFollowerRecreatesDeletedLease(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e := newEnv(t)
@@ -800,9 +803,16 @@ func TestFollowerRecreatesDeletedLease(t *testing.T) {
 		if err := e.api.tracker.Delete(leasesGVR, testNS, leaseName); err != nil {
 			t.Fatal(err)
 		}
+		deleted := time.Now()
 		synctest.Wait()
+		sleep(14 * time.Second)
+		if b.elector.IsLeader() || b.elector.Leader() != "other" {
+			t.Fatalf("%v after the deletion: IsLeader %v, Holder %q; want the deleted holder's lease duration (15s) respected",
+				time.Since(deleted), b.elector.IsLeader(), b.elector.Leader())
+		}
+		sleep(2 * time.Second)
 		if !b.elector.IsLeader() || holder(e.api.lease()) != "b" || transitions(e.api.lease()) != 0 {
-			t.Errorf("after deletion: IsLeader %v, lease holder %q", b.elector.IsLeader(), holder(e.api.lease()))
+			t.Errorf("%v after deletion: IsLeader %v, lease holder %q", time.Since(deleted), b.elector.IsLeader(), holder(e.api.lease()))
 		}
 		b.stop()
 	})
