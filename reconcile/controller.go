@@ -265,6 +265,10 @@ func NewController[T opkit.Object](cfg Config[T]) (*Controller[T], error) {
 
 	wcfg := cfg.Watch
 	wcfg.Client, wcfg.Resource, wcfg.Queue = cfg.Dynamic, cfg.Resource, c.queue
+	// A delete cleared from the queue at the end of a term, or whose
+	// reconcile was interrupted, comes back with the next term's list;
+	// afterReconcile settles it.
+	wcfg.RetainDeletes = true
 	if wcfg.Logger == nil {
 		wcfg.Logger = log
 	}
@@ -591,8 +595,18 @@ func (c *Controller[T]) afterReconcile(ctx context.Context, item queue.Item[opki
 	}
 	ev.Fetched = false // a re-add is read again (no object, or a retry) in any case
 	after, requeue := res.Requeue()
+	// The watcher keeps a deleted object's key until its delete is dealt
+	// with (done, terminal, given up on), so that the next term's list
+	// brings it back if the queue loses it while it is retried, requeued
+	// or interrupted.
+	settle := func() {
+		if ev.Type == opkit.Deleted && !isNil(ev.Object) {
+			c.watch.Settle(item.Key, ev.Object.GetUID())
+		}
+	}
 	switch {
 	case err == nil && !requeue:
+		settle()
 		c.metrics.Reconciled(OutcomeDone, took)
 		log.Debug("reconciled", "took", took)
 	case err == nil:
@@ -613,10 +627,12 @@ func (c *Controller[T]) afterReconcile(ctx context.Context, item queue.Item[opki
 		c.metrics.Reconciled(OutcomeInterrupted, took)
 		log.Info("reconcile interrupted by shutdown or the end of the term", "err", err)
 	case IsTerminal(err):
+		settle()
 		c.metrics.Reconciled(OutcomeTerminal, took)
 		log.Error("reconcile failed with a terminal error: not retried", "err", err)
 		c.record(ctx, req.Object, "ReconcileTerminalError", err, log)
 	case c.cfg.MaxRetries >= 0 && item.Retries >= c.cfg.MaxRetries:
+		settle()
 		c.metrics.Reconciled(OutcomeGaveUp, took)
 		log.Error("reconcile failed on its last retry: dropped", "err", err, "maxRetries", c.cfg.MaxRetries)
 		c.record(ctx, req.Object, "ReconcileFailed", fmt.Errorf("gave up after %d retries: %w", item.Retries, err), log)

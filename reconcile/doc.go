@@ -48,6 +48,16 @@
 // Deleted event does the rest. Deleted requests carry the last known state (a tombstone when
 // FinalStateUnknown). A negative FreshFor re-fetches every request.
 //
+// # Deletes across terms
+//
+// A list shows what exists, not what was deleted, so the controller's
+// watcher keeps the key of a deleted object ([watcher.Config.RetainDeletes])
+// until its Deleted request is dealt with (reconciled, terminal, or given up
+// on). A delete lost to the end of a leader term (cleared from the queue, or
+// its reconcile interrupted) is therefore reconciled in this replica's next
+// term, as a tombstone. Another replica taking over never saw it: a
+// reconciler that must clean up after every delete uses a [Finalizer].
+//
 // # Kubernetes Events
 //
 // The controller records a Warning Event on the object when it gives up on

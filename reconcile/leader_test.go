@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -251,4 +253,61 @@ func TestLeaderControllerDropsTriggersFromConstructionOn(t *testing.T) {
 	if n := ctrl.Queue().Len(); n != 0 {
 		t.Fatalf("queue holds %d entries before Run", n)
 	}
+}
+
+// A delete whose reconcile the end of a term interrupts is not lost: the
+// next term's list no longer shows the object, but the watcher kept its
+// key until the delete was dealt with, and emits it again as a tombstone.
+func TestADeleteInterruptedByTheEndOfATermIsReconciledInTheNext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		kube := kfake.NewClientset()
+		var failRenew atomic.Bool
+		kube.PrependReactor("update", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
+			if failRenew.Load() {
+				return true, nil, apierrors.NewInternalError(errors.New("etcd unavailable"))
+			}
+			return false, nil, nil
+		})
+		var deletes atomic.Int32
+		rec := &recorder{do: func(ctx context.Context, _ int, req reconcile.Request[*Widget]) (reconcile.Result, error) {
+			if req.Type == opkit.Deleted && deletes.Add(1) == 1 {
+				<-ctx.Done() // the first one outlives the term
+				return reconcile.Done(), ctx.Err()
+			}
+			return reconcile.Done(), nil
+		}}
+		e := start(t, rec, func(c *reconcile.Config[*Widget]) {
+			c.Leader = &leader.Config{Client: kube, Namespace: "ns", Name: "widgets", Identity: "me"}
+		}, widget("a"), widget("b"))
+		synctest.Wait()
+		if n := len(rec.snapshot()); n != 2 {
+			t.Fatalf("%d reconciles in the first term, want 2", n)
+		}
+		if err := e.dyn.Tracker().Delete(widgets.GroupVersionResource, "ns", "b"); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		failRenew.Store(true) // the term ends at RenewDeadline
+		time.Sleep(20 * time.Second)
+		synctest.Wait()
+		if e.ctrl.Elector().IsLeader() {
+			t.Fatalf("still leading with every renewal failing")
+		}
+		failRenew.Store(false) // the next campaign succeeds
+		time.Sleep(30 * time.Second)
+		synctest.Wait()
+		var got []string
+		for _, c := range rec.snapshot() {
+			got = append(got, fmt.Sprintf("%s %s final=%v interrupted=%v", c.req.Type, c.req.Key.Name, c.req.FinalStateUnknown, c.ctxErr != nil))
+		}
+		want := []string{
+			"Added a final=false interrupted=false", "Added b final=false interrupted=false", // first term (list order)
+			"Deleted b final=false interrupted=true",
+			"Added a final=false interrupted=false", "Deleted b final=true interrupted=false", // next term's list
+		}
+		if !slices.Equal(got[:2], want[:2]) && !slices.Equal(got[:2], []string{want[1], want[0]}) || len(got) != len(want) ||
+			got[2] != want[2] || !slices.Contains(got[3:], want[3]) || !slices.Contains(got[3:], want[4]) {
+			t.Fatalf("reconciles:\n %s\nwant:\n %s", strings.Join(got, "\n "), strings.Join(want, "\n "))
+		}
+	})
 }

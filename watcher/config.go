@@ -136,6 +136,16 @@ type Config[T opkit.Object] struct {
 	WatchLabels      []string
 	WatchAnnotations []string
 
+	// RetainDeletes keeps the key of every deleted object (UID and last
+	// resourceVersion, as for a live one) until [Watcher.Settle] reports
+	// its Deleted entry dealt with. A Run that starts before then (the next
+	// leader term of this replica, after the queue was cleared or the
+	// reconcile of the delete was interrupted) emits the delete again, as a
+	// tombstone. The caller must Settle every delete, or the keys pile up;
+	// package reconcile's controller does. Without it a delete is
+	// forgotten once the queue has accepted it.
+	RetainDeletes bool
+
 	// Backoff is the retry policy; zero fields take their defaults.
 	Backoff Backoff
 	// IdleTimeout restarts a watch that delivered neither an event nor a

@@ -50,6 +50,11 @@
 // it had been delivered: it does not retry the add. Recovery is the job of
 // the caller, which restarts the watcher (a fresh Run, hence a full list)
 // when the intake resumes; the leader does exactly that on every new term.
+// A list cannot show what is gone, so a delete the queue did not accept is
+// kept as a tombstone and emitted again by the next list. A delete the queue
+// accepted but that was lost later (cleared with the queue at the end of a
+// term, or its reconcile interrupted) is covered by [Config.RetainDeletes]
+// and [Watcher.Settle], which the reconcile package's controller uses.
 //
 // A list attempt that fails midway is retried from a fresh snapshot; entries
 // it already emitted may be emitted again (the queue coalesces them), and

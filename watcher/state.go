@@ -27,6 +27,10 @@ type entry struct {
 	// epoch is the number of the latest (re)list that saw the object; after
 	// a complete list, entries with an older epoch have vanished.
 	epoch uint32
+	// deleted marks a tombstone: the object is gone, but its delete is kept
+	// until it is settled (see Watcher.Settle), or, when the queue did not
+	// accept it, until a list emits it again.
+	deleted bool
 }
 
 // meta is what the watcher reads from an object's metadata.
@@ -96,9 +100,9 @@ func hashNamed(raw func([]byte) (int, error), write func(string), section string
 
 // tracker holds the entries of one watcher. It is owned by Run's goroutine
 // (and survives across Runs, so a new Run can detect objects deleted while
-// no Run was active): only that goroutine writes entries, holding mu, and
-// reads them without it; other goroutines read under mu (see
-// Watcher.ResourceVersion).
+// no Run was active): only that goroutine adds and changes entries. Every
+// access holds mu, because other goroutines read entries
+// (Watcher.ResourceVersion) and drop settled tombstones (Watcher.Settle).
 type tracker struct {
 	mu      sync.RWMutex
 	entries map[opkit.Key]entry
@@ -146,6 +150,21 @@ func (t *tracker) store(m meta, seen bool, old entry, known bool) {
 	t.mu.Unlock()
 }
 
+// get returns the entry of key.
+func (t *tracker) get(key opkit.Key) (entry, bool) {
+	t.mu.RLock()
+	e, ok := t.entries[key]
+	t.mu.RUnlock()
+	return e, ok
+}
+
+// count returns how many entries the tracker holds, tombstones included.
+func (t *tracker) count() int {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return len(t.entries)
+}
+
 // remove forgets key.
 func (t *tracker) remove(key opkit.Key) {
 	t.mu.Lock()
@@ -153,15 +172,47 @@ func (t *tracker) remove(key opkit.Key) {
 	t.mu.Unlock()
 }
 
+// hold keeps key as a tombstone of the object with uid and last
+// resourceVersion rv. Its epoch stays that of the last list that saw the
+// object, so the next list that completes finds it vanished.
+func (t *tracker) hold(key opkit.Key, uid, rv string) {
+	t.mu.Lock()
+	e := t.entries[key]
+	if e.uid != uid {
+		uid = strings.Clone(uid)
+	}
+	if e.rv != rv {
+		rv = strings.Clone(rv)
+	}
+	if e.epoch == t.epoch {
+		e.epoch = t.epoch - 1
+	}
+	t.entries[t.canonical(key)] = entry{uid: uid, rv: rv, epoch: e.epoch, deleted: true}
+	t.mu.Unlock()
+}
+
+// settle drops the tombstone of key if it is the one of uid.
+func (t *tracker) settle(key opkit.Key, uid string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if e, ok := t.entries[key]; ok && e.deleted && e.uid == uid {
+		delete(t.entries, key)
+		return true
+	}
+	return false
+}
+
 // vanished returns, sorted by key, the keys not seen by the list of the
-// current epoch.
+// current epoch, tombstones included.
 func (t *tracker) vanished() []opkit.Key {
 	var out []opkit.Key
+	t.mu.RLock()
 	for k, e := range t.entries {
 		if e.epoch != t.epoch {
 			out = append(out, k)
 		}
 	}
+	t.mu.RUnlock()
 	slices.SortFunc(out, func(a, b opkit.Key) int {
 		if c := strings.Compare(a.Namespace, b.Namespace); c != 0 {
 			return c

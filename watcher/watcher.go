@@ -104,11 +104,11 @@ func checkPointerToStruct[T any]() error {
 // controller uses it to decide whether an object read elsewhere is the
 // latest the watch knows.
 func (w *Watcher[T]) ResourceVersion(key opkit.Key) (string, bool) {
-	t := w.track
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	e, ok := t.entries[key]
-	return e.rv, ok
+	e, ok := w.track.get(key)
+	if !ok || e.deleted {
+		return "", false
+	}
+	return e.rv, true
 }
 
 // Synced reports whether the current Run has finished its first list.
@@ -410,12 +410,12 @@ func (r *run[T]) beginList(initial bool, reason Reason, stream bool) *listing {
 func (r *run[T]) finishList(l *listing, rv string) {
 	w := r.w
 	for _, k := range w.track.vanished() {
-		e := w.track.entries[k]
-		w.track.remove(k)
-		w.emit(k, w.tombstone(k, types.UID(e.uid), e.rv), opkit.Deleted, true, w.s.listPriority)
+		e, _ := w.track.get(k)
+		out := w.emit(k, w.tombstone(k, types.UID(e.uid), e.rv), opkit.Deleted, true, w.s.listPriority)
+		w.forget(k, e.uid, e.rv, out)
 		l.ev.Deleted++
 	}
-	w.s.metrics.Tracked(len(w.track.entries))
+	w.s.metrics.Tracked(w.track.count())
 	w.setErr(nil)
 	w.setSynced()
 	l.ev.Phase, l.ev.ResourceVersion = SyncFinished, rv
@@ -566,7 +566,7 @@ func (r *run[T]) consume(ctx context.Context, wi watch.Interface, rv *string, l 
 				w.observe(u, l)
 				*rv = u.GetResourceVersion()
 				if l == nil {
-					w.s.metrics.Tracked(len(w.track.entries))
+					w.s.metrics.Tracked(w.track.count())
 				}
 			case watch.Deleted:
 				u, isU := ev.Object.(*unstructured.Unstructured)
@@ -604,7 +604,7 @@ func (r *run[T]) consume(ctx context.Context, wi watch.Interface, rv *string, l 
 func (w *Watcher[T]) observe(u *unstructured.Unstructured, l *listing) {
 	t := w.track
 	m := readMeta(u, w.s.labels, w.s.annotations)
-	old, known := t.entries[m.key]
+	old, known := t.get(m.key)
 	prio := w.cfg.Priority
 	if l != nil {
 		prio = w.s.listPriority
@@ -653,16 +653,42 @@ func (w *Watcher[T]) observe(u *unstructured.Unstructured, l *listing) {
 // deleted handles a Deleted watch event.
 func (w *Watcher[T]) deleted(u *unstructured.Unstructured) {
 	key := opkit.Key{Namespace: u.GetNamespace(), Name: u.GetName()}
-	w.track.remove(key)
-	w.s.metrics.Tracked(len(w.track.entries))
+	uid, rv := string(u.GetUID()), u.GetResourceVersion()
 	obj, err := typed.FromUnstructured[T](u)
+	var out queue.Outcome
 	if err != nil {
 		w.s.metrics.Error(ReasonDecode)
 		w.log.Error("cannot decode deleted object; emitting a tombstone", "key", key.String(), "err", err)
-		w.emit(key, w.tombstone(key, u.GetUID(), u.GetResourceVersion()), opkit.Deleted, true, w.cfg.Priority)
+		out = w.emit(key, w.tombstone(key, types.UID(uid), rv), opkit.Deleted, true, w.cfg.Priority)
+	} else {
+		out = w.emit(key, obj, opkit.Deleted, false, w.cfg.Priority)
+	}
+	w.forget(key, uid, rv, out)
+	w.s.metrics.Tracked(w.track.count())
+}
+
+// forget drops the entry of a deleted object once its Deleted entry was
+// emitted with outcome out, or keeps it as a tombstone: until Settle with
+// RetainDeletes, and until the next list emits it again when the queue did
+// not take it (a list cannot bring back what is gone).
+func (w *Watcher[T]) forget(key opkit.Key, uid, rv string, out queue.Outcome) {
+	if w.cfg.RetainDeletes || !out.Accepted() {
+		w.track.hold(key, uid, rv)
 		return
 	}
-	w.emit(key, obj, opkit.Deleted, false, w.cfg.Priority)
+	w.track.remove(key)
+}
+
+// Settle reports that the Deleted entry of the object key with uid has
+// been dealt with (reconciled, or given up on). With
+// [Config.RetainDeletes] the watcher keeps the key of every deleted object
+// until then, so that the next Run's list emits the delete again if it was
+// lost meanwhile: cleared from the queue at the end of a leader's term, or
+// interrupted in flight. Settle of a key the watcher does not hold as
+// deleted, or holds for another uid, does nothing. It is safe to call from
+// any goroutine, while Run runs or not.
+func (w *Watcher[T]) Settle(key opkit.Key, uid types.UID) {
+	w.track.settle(key, string(uid))
 }
 
 // tombstone returns the object of a Deleted entry whose final state is
@@ -676,7 +702,7 @@ func (w *Watcher[T]) tombstone(key opkit.Key, uid types.UID, rv string) T {
 
 // emit hands one entry to the queue. A dropped add is counted and logged at
 // debug level; tracking goes on regardless (see the package documentation).
-func (w *Watcher[T]) emit(key opkit.Key, obj T, typ opkit.Type, finalStateUnknown bool, prio int) {
+func (w *Watcher[T]) emit(key opkit.Key, obj T, typ opkit.Type, finalStateUnknown bool, prio int) queue.Outcome {
 	out := w.cfg.Queue.Add(key, opkit.Event[T]{
 		Object:            obj,
 		Type:              typ,
@@ -687,4 +713,5 @@ func (w *Watcher[T]) emit(key opkit.Key, obj T, typ opkit.Type, finalStateUnknow
 	if !out.Accepted() {
 		w.log.Debug("queue did not accept the entry", "key", key.String(), "type", typ, "outcome", out)
 	}
+	return out
 }

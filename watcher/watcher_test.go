@@ -634,6 +634,82 @@ func TestANewRunReportsObjectsDeletedWhileStopped(t *testing.T) {
 	})
 }
 
+// A list cannot show what is gone: a delete the queue did not take (its
+// intake suspended at the end of a term) is kept and emitted by the next
+// list, once, as a tombstone.
+func TestADeleteTheQueueDroppedComesBackWithTheNextList(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newFake(widget("ns", "a", "ua", "1", 1), widget("ns", "b", "ub", "2", 1))
+		q := &recorder{}
+		w := mustNew(t, config(c, q))
+		stop := start(t, w)
+		synctest.Wait()
+		q.take()
+		q.setOutcome(queue.DroppedSuspended)
+		must(t, c.Tracker().Delete(widgets.GroupVersionResource, "ns", "b"))
+		synctest.Wait()
+		sameRecords(t, "the dropped delete", q.take(), []record{{Key: key("b"), Type: opkit.Deleted, RV: "2", UID: "ub"}})
+		if rv, ok := w.ResourceVersion(key("b")); ok {
+			t.Errorf("ResourceVersion of the deleted b = %q, true; want false", rv)
+		}
+		stop()
+
+		q.setOutcome(0)
+		stop = start(t, w)
+		synctest.Wait()
+		stop()
+		sameRecords(t, "next run", q.take(), []record{
+			{Key: key("a"), Type: opkit.Added, RV: "1", UID: "ua", Priority: -1},
+			{Key: key("b"), Type: opkit.Deleted, RV: "2", UID: "ub", Final: true, Priority: -1},
+		})
+		stop = start(t, w)
+		defer stop()
+		synctest.Wait()
+		sameRecords(t, "the run after: b was delivered", q.take(), []record{
+			{Key: key("a"), Type: opkit.Added, RV: "1", UID: "ua", Priority: -1},
+		})
+	})
+}
+
+// With RetainDeletes a delete the queue took is still kept until Settle:
+// if it is lost later (cleared with the queue, interrupted), the next
+// Run's list emits it again.
+func TestRetainDeletesKeepsADeleteUntilSettled(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newFake(widget("ns", "a", "ua", "1", 1), widget("ns", "b", "ub", "2", 1))
+		q := &recorder{}
+		cfg := config(c, q)
+		cfg.RetainDeletes = true
+		w := mustNew(t, cfg)
+		stop := start(t, w)
+		synctest.Wait()
+		q.take()
+		must(t, c.Tracker().Delete(widgets.GroupVersionResource, "ns", "b"))
+		synctest.Wait()
+		sameRecords(t, "the delete", q.take(), []record{{Key: key("b"), Type: opkit.Deleted, RV: "2", UID: "ub"}})
+		stop()
+
+		second := []record{
+			{Key: key("a"), Type: opkit.Added, RV: "1", UID: "ua", Priority: -1},
+			{Key: key("b"), Type: opkit.Deleted, RV: "2", UID: "ub", Final: true, Priority: -1},
+		}
+		stop = start(t, w)
+		synctest.Wait()
+		sameRecords(t, "next run, not settled", q.take(), second)
+		w.Settle(key("b"), "another-incarnation") // not this delete: kept
+		stop()
+		stop = start(t, w)
+		synctest.Wait()
+		sameRecords(t, "next run, settled for another uid", q.take(), second)
+		w.Settle(key("b"), "ub") // while Run runs
+		stop()
+		stop = start(t, w)
+		defer stop()
+		synctest.Wait()
+		sameRecords(t, "after Settle", q.take(), second[:1])
+	})
+}
+
 func TestListPriorityAndWatchPriorityAreConfigurable(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := newFake(widget("ns", "a", "ua", "1", 1))
