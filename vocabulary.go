@@ -154,6 +154,13 @@ type Event[T Object] struct {
 	// seen and a worker takes it soon enough (reconcile.Config.FreshFor);
 	// any other trigger is read again first. Watch events need no mark.
 	Fetched bool
+	// Requeued marks an event re-added after a reconcile that succeeded
+	// and asked to be run again (reconcile.RequeueAfter): the request it
+	// came from has been served. Source and Reason still name what
+	// started the chain, but a requeued trigger no longer counts as a
+	// trigger (no "Triggered" Kubernetes Event, and a watch event merged
+	// into it replaces it).
+	Requeued bool
 	// FinalStateUnknown marks a Deleted event whose object is only a
 	// tombstone: the watcher noticed the object vanished during a relist and
 	// never saw its final state. Object then carries only namespace, name,

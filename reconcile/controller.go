@@ -131,7 +131,8 @@ type Config[T opkit.Object] struct {
 	NoEvents bool
 	// RecordTriggerEvents also records a Normal Event ("Triggered") on the
 	// object for every reconcile requested by an external trigger (source
-	// Operator), with the trigger's reason.
+	// Operator), with the trigger's reason: once per trigger, not for its
+	// retries or for the requeues that follow it.
 	RecordTriggerEvents bool
 
 	// Logger receives the controller's logs; every line about a reconcile
@@ -526,7 +527,7 @@ func (c *Controller[T]) process(ctx context.Context, item queue.Item[opkit.Key, 
 	log = log.With("key", item.Key.String(), "type", ev.Type.String(), "source", ev.Source.String(), "retry", item.Retries)
 	req := Request[T]{
 		Key: item.Key, Object: ev.Object, Type: ev.Type, Source: ev.Source,
-		Retries: item.Retries, Reason: ev.Reason, FinalStateUnknown: ev.FinalStateUnknown,
+		Retries: item.Retries, Reason: ev.Reason, Requeued: ev.Requeued, FinalStateUnknown: ev.FinalStateUnknown,
 	}
 	if c.needsRefetch(item) {
 		c.metrics.Refetched()
@@ -543,7 +544,7 @@ func (c *Controller[T]) process(ctx context.Context, item queue.Item[opkit.Key, 
 		}
 		req.Object = obj
 	}
-	if ev.Source == opkit.Operator && c.cfg.RecordTriggerEvents && !isNil(req.Object) {
+	if ev.Source == opkit.Operator && !ev.Requeued && item.Retries == 0 && c.cfg.RecordTriggerEvents && !isNil(req.Object) {
 		note := "reconcile requested by an external trigger"
 		if ev.Reason != "" {
 			note += ": " + ev.Reason
@@ -619,6 +620,7 @@ func (c *Controller[T]) afterReconcile(ctx context.Context, item queue.Item[opki
 			var none T
 			ev.Object = none
 		}
+		ev.Requeued = true
 		c.add(item.Key, ev, queue.AddOptions{Delay: after}, log)
 	case ctx.Err() != nil:
 		// The term ended or the drain ran out: not the reconciler's failure,

@@ -220,6 +220,54 @@ func TestControllerRetriesWithBackoffThenGivesUpAndRecordsAnEvent(t *testing.T) 
 	})
 }
 
+// One trigger is one "Triggered" Event and one triggered reconcile: its
+// retries keep the attribution but record nothing more, and once it
+// succeeded, the requeues it asks for (and watch events merged into them)
+// are no longer the trigger's.
+func TestControllerRecordsATriggerOnceAcrossItsRetriesAndRequeues(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &recorder{do: func(_ context.Context, n int, req reconcile.Request[*Widget]) (reconcile.Result, error) {
+			if req.Source == opkit.Operator && req.Retries == 0 && !req.Requeued {
+				return reconcile.Done(), errors.New("not yet") // the triggered attempt fails once
+			}
+			return reconcile.RequeueAfter(10 * time.Second), nil // then it polls
+		}}
+		e := start(t, rec, func(c *reconcile.Config[*Widget]) { c.RecordTriggerEvents = true }, widget("a"))
+		synctest.Wait()
+		e.ctrl.Trigger().Enqueue(context.Background(), widget("a"), opkit.Modified, opkit.Operator, 0, 0)
+		time.Sleep(55 * time.Second)
+		synctest.Wait()
+		// A watch event merges into the pending requeue and replaces it.
+		c := typed.New[*Widget](e.dyn, widgets)
+		w, err := c.Get(context.Background(), opkit.Key{Namespace: "ns", Name: "a"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.Spec.Size, w.ResourceVersion = 2, "2" // the fake does not bump it
+		if _, err := c.Update(context.Background(), w); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		var got []string
+		for _, c := range rec.snapshot() {
+			got = append(got, fmt.Sprintf("%s retries=%d requeued=%v", c.req.Source, c.retries, c.req.Requeued))
+		}
+		if len(got) < 8 || got[1] != "Operator retries=0 requeued=false" || got[2] != "Operator retries=1 requeued=false" ||
+			got[3] != "Operator retries=0 requeued=true" || got[len(got)-1] != "APIServer retries=0 requeued=false" {
+			t.Fatalf("reconciles:\n %s\nwant the trigger, its retry, then requeues, the last one replaced by the watch event", strings.Join(got, "\n "))
+		}
+		var triggered int
+		for _, ev := range e.events(t) {
+			if ev.Reason == "Triggered" {
+				triggered++
+			}
+		}
+		if triggered != 1 {
+			t.Fatalf("%d Triggered Events over %d reconciles, want 1", triggered, len(got))
+		}
+	})
+}
+
 func TestControllerErrorWithDelayWaitsAtLeastTheDelay(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rec := &recorder{do: func(_ context.Context, n int, _ reconcile.Request[*Widget]) (reconcile.Result, error) {

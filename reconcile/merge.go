@@ -22,9 +22,9 @@ import (
 //	                                         delete follows it (only a retried delete
 //	                                         arrives in that order)
 //	trigger    watch Added/Modified, same    MergeKeep: the external trigger keeps its
-//	(Operator) UID (or a UID unknown)        source, type, reason and retry count, and
-//	                                         takes the watch event's object (marked
-//	                                         Fetched: the watch's own state)
+//	(Operator, UID (or a UID unknown)        source, type, reason and retry count, and
+//	not                                      takes the watch event's object (marked
+//	Requeued)                                Fetched: the watch's own state)
 //	other      anything else                 MergeReplace: the newest state wins
 //
 // Due time and priority merge inside the queue whatever the rule (earliest
@@ -40,7 +40,7 @@ func MergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T
 		if incoming.Type == opkit.Deleted && pu != "" && iu != "" && pu != iu {
 			return queue.MergeSequence
 		}
-		if pending.Source == opkit.Operator && incoming.Source == opkit.APIServer &&
+		if pending.Source == opkit.Operator && !pending.Requeued && incoming.Source == opkit.APIServer &&
 			incoming.Type != opkit.Deleted && (pu == "" || iu == "" || pu == iu) {
 			if !isNil(incoming.Object) {
 				pending.Object = incoming.Object

@@ -25,6 +25,11 @@ func trig(uid types.UID) opkit.Event[*corev1.ConfigMap] {
 	return opkit.Event[*corev1.ConfigMap]{Object: cmWithUID(uid), Type: opkit.Modified, Source: opkit.Operator, Reason: "deploy"}
 }
 
+func requeued(e opkit.Event[*corev1.ConfigMap]) opkit.Event[*corev1.ConfigMap] {
+	e.Requeued = true
+	return e
+}
+
 func TestMergeEventsNeverTurnsAPendingDeleteIntoSomethingElse(t *testing.T) {
 	tomb := ev(opkit.Deleted, "u1")
 	tomb.FinalStateUnknown = true
@@ -53,6 +58,8 @@ func TestMergeEventsNeverTurnsAPendingDeleteIntoSomethingElse(t *testing.T) {
 		{"trigger then recreated object's watch event: newest wins", trig("u1"), ev(opkit.Added, "u2"), queue.MergeReplace},
 		{"watch event then trigger: the trigger wins", ev(opkit.Modified, "u1"), trig("u1"), queue.MergeReplace},
 		{"trigger then trigger: newest wins", trig("u1"), trig("u1"), queue.MergeReplace},
+		{"requeued trigger then watch event: the trigger was served, newest wins", requeued(trig("u1")), ev(opkit.Modified, "u1"), queue.MergeReplace},
+		{"requeued trigger then trigger: newest wins", requeued(trig("u1")), trig("u1"), queue.MergeReplace},
 	} {
 		pending := tc.pending
 		if got := reconcile.MergeEvents(&pending, tc.incoming); got != tc.want {

@@ -69,6 +69,11 @@ type Request[T opkit.Object] struct {
 	Retries int
 	// Reason is the reason an external trigger gave, if any.
 	Reason string
+	// Requeued is true when this request comes from an earlier reconcile
+	// of the key that succeeded and asked to be requeued ([RequeueAfter])
+	// rather than from the watch or a trigger; Source and Reason are then
+	// those of the request that started the chain.
+	Requeued bool
 	// FinalStateUnknown is true for a Deleted request whose Object is a
 	// tombstone carrying only namespace, name, UID and resourceVersion: the
 	// deletion was noticed by a relist, not seen on the watch.
