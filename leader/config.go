@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/opkit/opkit/queue"
@@ -45,6 +47,11 @@ var (
 	// panicked (on the goroutine Run started it on); the message carries
 	// the panic value and stack.
 	ErrWorkPanicked = errors.New("leader: term work panicked")
+	// ErrCannotCampaign is returned by Check while the API server refuses
+	// this replica's reads or writes of the Lease for a reason retrying
+	// does not fix (forbidden, unauthorized, invalid, namespace missing):
+	// such a replica could never lead.
+	ErrCannotCampaign = errors.New("leader: the API server refuses this replica's Lease requests")
 )
 
 // Config configures an [Elector]. The zero value of every optional field
@@ -143,6 +150,12 @@ func (cfg Config) withDefaults() (Config, error) {
 	}
 	if cfg.Namespace == "" || cfg.Name == "" {
 		return invalid("Namespace and Name are required (got %q/%q)", cfg.Namespace, cfg.Name)
+	}
+	if errs := validation.IsDNS1123Label(cfg.Namespace); len(errs) > 0 {
+		return invalid("Namespace %q: %s", cfg.Namespace, strings.Join(errs, "; "))
+	}
+	if errs := validation.IsDNS1123Subdomain(cfg.Name); len(errs) > 0 {
+		return invalid("Name %q is not a valid Lease name: %s", cfg.Name, strings.Join(errs, "; "))
 	}
 	if cfg.LeaseDuration < 0 || cfg.RenewDeadline < 0 || cfg.RetryPeriod < 0 || cfg.ClockSkew < 0 {
 		return invalid("negative duration")

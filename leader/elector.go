@@ -1,6 +1,7 @@
 package leader
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -33,6 +34,9 @@ type Elector struct {
 	leading   bool      // between Gate.Resume and Gate.Suspend
 	lastRenew time.Time // start of the last successful write while leading
 	overrun   bool      // a finished term's work is past its bound
+	// refusedRead and refusedWrite are the last errors of a campaign's
+	// Lease read and write that retrying does not fix; nil after a success.
+	refusedRead, refusedWrite error
 }
 
 // New validates cfg, applies its defaults and returns an Elector. Errors
@@ -88,14 +92,21 @@ func (e *Elector) WorkDeadline() time.Time {
 }
 
 // Check is a health check. It returns an error wrapping [ErrNotRenewed] if
-// this replica leads but has not renewed within RenewDeadline, or
-// [ErrWorkOverrun] while a finished term's work outlives its bound. A
-// follower (standby) is healthy.
+// this replica leads but has not renewed within RenewDeadline,
+// [ErrWorkOverrun] while a finished term's work outlives its bound, or
+// [ErrCannotCampaign] (wrapping the API error) while the API server refuses
+// a follower's last read or write of the Lease for good (forbidden,
+// unauthorized, invalid; a Create of a Lease in a missing namespace): a
+// replica that could never lead is not a healthy standby. Other followers
+// are healthy.
 func (e *Elector) Check() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.overrun {
 		return ErrWorkOverrun
+	}
+	if err := cmp.Or(e.refusedWrite, e.refusedRead); err != nil && !e.leading {
+		return fmt.Errorf("%w: %w", ErrCannotCampaign, err)
 	}
 	if e.leading {
 		if age := time.Since(e.lastRenew); age > e.cfg.RenewDeadline {
@@ -284,10 +295,15 @@ func (e *Elector) campaign(ctx context.Context) (*coordinationv1.Lease, time.Tim
 			switch {
 			case r.err == nil:
 				e.observe(&obs, r.lease)
+				e.refused(&e.refusedRead, nil)
 			case apierrors.IsNotFound(r.err):
 				e.observe(&obs, nil)
+				e.refused(&e.refusedRead, nil)
 			case ctx.Err() != nil:
 				return nil, time.Time{}, ctx.Err()
+			case refusal(r.err):
+				e.refused(&e.refusedRead, r.err)
+				e.log.Error("reading lease refused: this replica cannot lead until that is fixed", "err", r.err)
 			default:
 				e.log.Warn("reading lease", "err", r.err)
 			}
@@ -303,6 +319,7 @@ func (e *Elector) campaign(ctx context.Context) (*coordinationv1.Lease, time.Tim
 		}
 		lease, sent, err := e.acquire(ctx, obs.lease)
 		if err == nil {
+			e.refused(&e.refusedWrite, nil)
 			return lease, sent, nil
 		}
 		if ctx.Err() != nil {
@@ -316,14 +333,36 @@ func (e *Elector) campaign(ctx context.Context) (*coordinationv1.Lease, time.Tim
 		// failed: read again before the next attempt (a watch event may
 		// well come first).
 		obs.known = false
-		if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
+		switch {
+		case apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err):
 			e.log.Debug("lost the race to acquire", "err", err)
 			poll.Reset(0)
-		} else {
+		case refusal(err) || apierrors.IsNotFound(err) && obs.lease == nil:
+			// A Create answered NotFound: the namespace does not exist.
+			e.refused(&e.refusedWrite, err)
+			e.log.Error("acquiring lease refused: this replica cannot lead until that is fixed", "err", err)
+			poll.Reset(jittered(e.cfg.RetryPeriod))
+		default:
 			e.log.Warn("acquiring lease", "err", err)
 			poll.Reset(jittered(e.cfg.RetryPeriod))
 		}
 	}
+}
+
+// refusal reports whether err is an answer that retrying the same request
+// does not change: the identity lacks the permission or the credentials,
+// or the API server rejects the request itself.
+func refusal(err error) bool {
+	return apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) || apierrors.IsInvalid(err) ||
+		apierrors.IsBadRequest(err) || apierrors.IsMethodNotSupported(err)
+}
+
+// refused records err (nil: a success) as the last outcome of one kind of
+// campaign request, for Check.
+func (e *Elector) refused(slot *error, err error) {
+	e.mu.Lock()
+	*slot = err
+	e.mu.Unlock()
 }
 
 // watchLease streams the Lease's changes to out until ctx ends, restarting

@@ -31,6 +31,8 @@ func TestNewValidatesConfig(t *testing.T) {
 		{"nil client", func(c *leader.Config) { c.Client = nil }, false},
 		{"no namespace", func(c *leader.Config) { c.Namespace = "" }, false},
 		{"no name", func(c *leader.Config) { c.Name = "" }, false},
+		{"name not a DNS subdomain", func(c *leader.Config) { c.Name = "Opkit_Leader" }, false},
+		{"namespace not a DNS label", func(c *leader.Config) { c.Namespace = "kube.system" }, false},
 		{"negative duration", func(c *leader.Config) { c.RetryPeriod = -time.Second }, false},
 		{"negative skew", func(c *leader.Config) { c.ClockSkew = -time.Second }, false},
 		{"renew deadline = lease duration", func(c *leader.Config) { c.LeaseDuration, c.RenewDeadline = 10*time.Second, 10*time.Second }, false},
@@ -816,6 +818,53 @@ func TestFollowerRecreatesDeletedLease(t *testing.T) {
 		}
 		b.stop()
 	})
+}
+
+// A follower whose Lease requests the API server refuses for good (here:
+// RBAC forbids them) could never lead: Check says so, and is healthy again
+// once the requests go through.
+func TestCheckReportsAFollowerThatCannotCampaign(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		verb     string // the refused request
+		existing bool   // a Lease held by another replica exists
+	}{
+		{"read forbidden", "get", true},
+		{"create forbidden", "create", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				e := newEnv(t)
+				if tc.existing {
+					e.api.put(func(l *coordinationv1.Lease) {
+						other, secs := "other", int32(15)
+						l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds = &other, &secs
+					})
+				}
+				forbidden := apierrors.NewForbidden(leasesGVR.GroupResource(), leaseName, errors.New("RBAC: no rule"))
+				e.api.setHook("a", func(verb string) error {
+					if verb == tc.verb {
+						return forbidden
+					}
+					return nil
+				})
+				a := e.start("a", nil, nil)
+				sleep(5 * time.Second)
+				if err := a.elector.Check(); !errors.Is(err, leader.ErrCannotCampaign) || !apierrors.IsForbidden(err) {
+					t.Fatalf("Check = %v, want ErrCannotCampaign wrapping the Forbidden", err)
+				}
+				e.api.setHook("a", nil) // the Role is fixed
+				sleep(5 * time.Second)
+				if err := a.elector.Check(); err != nil {
+					t.Fatalf("Check after the fix = %v, want nil", err)
+				}
+				if !tc.existing && !a.elector.IsLeader() {
+					t.Fatalf("not leading once the create goes through")
+				}
+				a.stop()
+			})
+		})
+	}
 }
 
 // stuckGate blocks in Suspend once armed, as an intake that cannot be

@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -54,7 +55,9 @@ const (
 	TriggerSubresource = "reconcile"
 )
 
-// Options are the operator's settings (one per command-line flag).
+// Options are the operator's settings: one per command-line flag, except
+// the leader election timings, which only programs embedding the operator
+// set (the demo's tests shorten them).
 type Options struct {
 	// Kubeconfig is a kubeconfig file; empty means in-cluster, then the
 	// default loading rules ($KUBECONFIG, ~/.kube/config).
@@ -122,9 +125,16 @@ func (o *Options) Validate() error {
 	}
 	if o.LeaderElect && o.LeaderElectionID == "" {
 		errs = append(errs, errors.New("--leader-election-id must not be empty with --leader-elect"))
+	} else if msgs := validation.IsDNS1123Subdomain(o.LeaderElectionID); o.LeaderElect && len(msgs) > 0 {
+		errs = append(errs, fmt.Errorf("--leader-election-id %q is not a Lease name: %s", o.LeaderElectionID, strings.Join(msgs, "; ")))
 	}
-	if o.NATSURL != "" && !strings.Contains(o.NATSURL, "://") {
-		errs = append(errs, fmt.Errorf("--nats-url %q: want a URL such as nats://host:4222", o.NATSURL))
+	if o.NATSURL != "" {
+		if u, err := url.Parse(o.NATSURL); err != nil || u.Scheme == "" || u.Host == "" {
+			errs = append(errs, fmt.Errorf("--nats-url %q: want a URL such as nats://host:4222", o.NATSURL))
+		}
+		if o.NATSStoreDir != "" {
+			errs = append(errs, errors.New("--nats-store-dir applies to the embedded server only, not with --nats-url"))
+		}
 	}
 	return errors.Join(errs...)
 }

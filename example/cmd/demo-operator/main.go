@@ -77,7 +77,7 @@ Flags:
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "path to a kubeconfig file; empty: in-cluster configuration, then $KUBECONFIG or ~/.kube/config")
 	fs.StringVar(&o.Namespace, "namespace", "", "watch DemoEntities in this namespace only; empty: all namespaces")
 	fs.BoolVar(&o.LeaderElect, "leader-elect", true, "elect one active replica through a Lease; followers stand by and answer triggers with 503 and the leader's identity")
-	fs.StringVar(&o.LeaderElectionID, "leader-election-id", operator.DefaultLeaderElectionID, "name of the Lease used for leader election")
+	fs.StringVar(&o.LeaderElectionID, "leader-election-id", operator.DefaultLeaderElectionID, "name of the Lease used for leader election (the Role in config/rbac grants only "+operator.DefaultLeaderElectionID+": change both)")
 	fs.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", "", "namespace of the Lease; empty: the pod's namespace, else \"default\"")
 	fs.StringVar(&o.Identity, "identity", "", "this replica's identity (Lease holder, status.reconciledBy); empty: hostname plus a random suffix")
 	fs.IntVar(&o.Concurrency, "concurrency", 4, "number of concurrent reconciles (at least 1)")

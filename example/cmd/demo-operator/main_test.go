@@ -34,6 +34,10 @@ func TestOperatorFlagsInvalidExit2(t *testing.T) {
 		{[]string{"--trigger-cert-file=tls.crt"}, "must be given together"},
 		{[]string{"--namespace=Team_A"}, "--namespace \"Team_A\" is not a namespace name"},
 		{[]string{"--leader-election-namespace=-x"}, "--leader-election-namespace"},
+		{[]string{"--leader-election-id=Opkit_Leader"}, "--leader-election-id \"Opkit_Leader\" is not a Lease name"},
+		{[]string{"--leader-election-id="}, "--leader-election-id must not be empty"},
+		{[]string{"--nats-url=nats://"}, "--nats-url \"nats://\""},
+		{[]string{"--nats-url=nats://nats:4222", "--nats-store-dir=/data"}, "--nats-store-dir applies to the embedded server only"},
 	} {
 		var stdout, stderr bytes.Buffer
 		if code := run(tc.args, &stdout, &stderr); code != 2 {
