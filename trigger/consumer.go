@@ -22,6 +22,10 @@ import (
 // ErrNotRunning is returned by [Consumer.Check] when Run is not running.
 var ErrNotRunning = errors.New("trigger: consumer is not running")
 
+// DefaultMaxMessageBytes is the largest trigger message a Consumer accepts
+// unless ConsumerConfig.MaxMessageBytes says otherwise.
+const DefaultMaxMessageBytes = 4096
+
 // ConsumerConfig configures a Consumer. The zero value of every optional
 // field means its documented default.
 type ConsumerConfig[T opkit.Object] struct {
@@ -41,7 +45,7 @@ type ConsumerConfig[T opkit.Object] struct {
 	// Concurrency is how many messages are handled at once; zero means 1.
 	Concurrency int
 	// MaxMessageBytes is the largest message accepted; larger ones are
-	// dead-lettered. Zero means 4096.
+	// dead-lettered. Zero means DefaultMaxMessageBytes.
 	MaxMessageBytes int
 	// AllowUnknownFields accepts messages with fields other than
 	// namespace, name and reason. By default they are dead-lettered as
@@ -161,7 +165,7 @@ func NewConsumer[T opkit.Object](cfg ConsumerConfig[T]) (*Consumer[T], error) {
 		cfg.Concurrency = 1
 	}
 	if cfg.MaxMessageBytes == 0 {
-		cfg.MaxMessageBytes = 4096
+		cfg.MaxMessageBytes = DefaultMaxMessageBytes
 	}
 	c := &Consumer[T]{cfg: cfg, get: get, metrics: cfg.Metrics, log: cfg.Logger}
 	if c.metrics == nil {

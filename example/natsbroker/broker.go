@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -28,6 +29,10 @@ const (
 	DefaultMaxAge            = 24 * time.Hour
 	DefaultDeadLetterMaxAge  = 7 * 24 * time.Hour
 )
+
+// ErrInvalidConfig wraps every error Open returns for a Config that cannot
+// work.
+var ErrInvalidConfig = errors.New("natsbroker: invalid config")
 
 // Header names set on dead-lettered messages.
 const (
@@ -85,8 +90,11 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() error {
+	invalid := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
+	}
 	if c.URL == "" && c.Conn == nil {
-		return errors.New("natsbroker: Config.URL or Config.Conn is required")
+		return invalid("Config.URL or Config.Conn is required")
 	}
 	def := func(s *string, d string) {
 		if *s == "" {
@@ -99,8 +107,9 @@ func (c *Config) setDefaults() error {
 	def(&c.DeadLetterStream, DefaultDeadLetterStream)
 	def(&c.DeadLetterSubject, DefaultDeadLetterSubject)
 	def(&c.Durable, DefaultDurable)
-	if c.Subject == c.DeadLetterSubject || c.Stream == c.DeadLetterStream {
-		return errors.New("natsbroker: the dead-letter stream and subject must differ from the trigger stream and subject")
+	if c.Stream == c.DeadLetterStream || subjectsOverlap(c.Subject, c.DeadLetterSubject) {
+		return invalid("the dead-letter stream and subject (%s, %q) must differ from the trigger stream and subject (%s, %q), and the subjects must not overlap",
+			c.DeadLetterStream, c.DeadLetterSubject, c.Stream, c.Subject)
 	}
 	for _, v := range []struct {
 		name string
@@ -108,7 +117,7 @@ func (c *Config) setDefaults() error {
 		def  time.Duration
 	}{{"AckWait", &c.AckWait, DefaultAckWait}, {"MaxAge", &c.MaxAge, DefaultMaxAge}, {"DeadLetterMaxAge", &c.DeadLetterMaxAge, DefaultDeadLetterMaxAge}} {
 		if *v.d < 0 {
-			return fmt.Errorf("natsbroker: negative %s %v", v.name, *v.d)
+			return invalid("negative %s %v", v.name, *v.d)
 		}
 		if *v.d == 0 {
 			*v.d = v.def
@@ -116,15 +125,15 @@ func (c *Config) setDefaults() error {
 	}
 	switch {
 	case c.MaxDeliver < 0:
-		return fmt.Errorf("natsbroker: negative MaxDeliver %d", c.MaxDeliver)
+		return invalid("negative MaxDeliver %d", c.MaxDeliver)
 	case c.MaxDeliver == 0:
 		c.MaxDeliver = DefaultMaxDeliver
 	case c.MaxDeliver == 1:
-		return errors.New("natsbroker: MaxDeliver must be at least 2 (a nacked trigger must be redeliverable)")
+		return invalid("MaxDeliver must be at least 2 (a nacked trigger must be redeliverable)")
 	}
 	switch {
 	case c.Prefetch < 0:
-		return fmt.Errorf("natsbroker: negative Prefetch %d", c.Prefetch)
+		return invalid("negative Prefetch %d", c.Prefetch)
 	case c.Prefetch == 0:
 		c.Prefetch = DefaultPrefetch
 	}
@@ -132,6 +141,22 @@ func (c *Config) setDefaults() error {
 		c.Logger = slog.Default()
 	}
 	return nil
+}
+
+// subjectsOverlap reports whether some subject matches both NATS subject
+// patterns a and b ("*" matches one token, a final ">" one or more).
+func subjectsOverlap(a, b string) bool {
+	ta, tb := strings.Split(a, "."), strings.Split(b, ".")
+	for i := 0; ; i++ {
+		switch {
+		case i == len(ta) || i == len(tb):
+			return len(ta) == len(tb)
+		case ta[i] == ">" || tb[i] == ">":
+			return true
+		case ta[i] != "*" && tb[i] != "*" && ta[i] != tb[i]:
+			return false
+		}
+	}
 }
 
 // Broker is a trigger.Broker over a JetStream durable pull consumer.
@@ -151,7 +176,7 @@ type Broker struct {
 
 	// lastAsync remembers the last asynchronous error the server sent
 	// (permission violations arrive that way), to classify the timeouts
-	// they cause.
+	// they cause; a successful delivery clears it.
 	asyncMu   sync.Mutex
 	lastAsync error
 }
@@ -340,6 +365,11 @@ func (b *Broker) Receive(ctx context.Context) (trigger.Message, error) {
 			b.log.Warn("nats: ignoring a message without JetStream metadata", "subject", msg.Subject(), "error", err)
 			continue
 		}
+		// A delivery proves the consumer works again: an old permission or
+		// quota error no longer explains later timeouts.
+		b.asyncMu.Lock()
+		b.lastAsync = nil
+		b.asyncMu.Unlock()
 		return &message{b: b, msg: msg, md: md}, nil
 	}
 }

@@ -1,11 +1,14 @@
 package natsbroker_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -321,16 +324,86 @@ func TestClassify(t *testing.T) {
 	}
 }
 
+// Each bad Config is refused before any connection is tried (the URL
+// points nowhere, so only validation can produce ErrInvalidConfig).
 func TestConfigValidation(t *testing.T) {
-	for _, cfg := range []natsbroker.Config{
-		{},
-		{URL: "nats://x", MaxDeliver: 1},
-		{URL: "nats://x", MaxDeliver: -1},
-		{URL: "nats://x", AckWait: -time.Second},
-		{URL: "nats://x", Subject: "a", DeadLetterSubject: "a"},
+	for _, tc := range []struct {
+		cfg  natsbroker.Config
+		want string
+	}{
+		{natsbroker.Config{}, "URL or Config.Conn is required"},
+		{natsbroker.Config{URL: "nats://x", MaxDeliver: 1}, "MaxDeliver must be at least 2"},
+		{natsbroker.Config{URL: "nats://x", MaxDeliver: -1}, "negative MaxDeliver"},
+		{natsbroker.Config{URL: "nats://x", AckWait: -time.Second}, "negative AckWait"},
+		{natsbroker.Config{URL: "nats://x", Prefetch: -1}, "negative Prefetch"},
+		{natsbroker.Config{URL: "nats://x", Subject: "a", DeadLetterSubject: "a"}, "must not overlap"},
+		{natsbroker.Config{URL: "nats://x", Subject: "demo.>", DeadLetterSubject: "demo.dlq"}, "must not overlap"},
+		{natsbroker.Config{URL: "nats://x", Subject: "demo.*", DeadLetterSubject: "demo.dlq"}, "must not overlap"},
+		{natsbroker.Config{URL: "nats://x", Stream: "S", DeadLetterStream: "S"}, "must differ"},
 	} {
-		if _, err := natsbroker.Open(context.Background(), cfg); err == nil {
-			t.Errorf("Open(%+v) succeeded, want a validation error", cfg)
+		_, err := natsbroker.Open(context.Background(), tc.cfg)
+		if !errors.Is(err, natsbroker.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Open(%+v) = %v, want ErrInvalidConfig saying %q", tc.cfg, err, tc.want)
 		}
+	}
+	// Patterns that share a prefix but no subject are fine.
+	_, err := natsbroker.Open(context.Background(), natsbroker.Config{URL: "nats://127.0.0.1:1", Subject: "demo.*", DeadLetterSubject: "demo.dlq.x"})
+	if errors.Is(err, natsbroker.ErrInvalidConfig) {
+		t.Errorf("demo.* with demo.dlq.x refused: %v", err)
+	}
+}
+
+// Publish refuses what the consumer would dead-letter, before sending.
+func TestPublishRefusesWhatTheConsumerWouldRefuse(t *testing.T) {
+	for _, p := range []natsbroker.Pointer{
+		{Namespace: "ns"},
+		{Namespace: "ns", Name: "UPPER"},
+		{Namespace: "Bad_NS", Name: "a"},
+		{Namespace: "ns", Name: "a", Reason: strings.Repeat("r", trigger.MaxReasonLen+1)},
+		{Namespace: "ns", Name: "a", Reason: "\xff"},
+		// Within MaxReasonLen, but JSON escapes control characters to six
+		// bytes each: over the consumer's message limit.
+		{Namespace: "ns", Name: "a", Reason: strings.Repeat("\x01", trigger.MaxReasonLen)},
+	} {
+		// No connection: a refused pointer never reaches it.
+		if _, err := natsbroker.Publish(context.Background(), nil, "", p); !errors.Is(err, natsbroker.ErrInvalidPointer) {
+			t.Errorf("Publish(%.60q) = %v, want ErrInvalidPointer", p, err)
+		}
+	}
+}
+
+// A reason full of characters JSON would HTML-escape (six bytes each) is
+// sent as it is, within the consumer's limit, and arrives intact.
+func TestPublishDoesNotInflateTheReason(t *testing.T) {
+	b := open(t, startServer(t).URL(), nil)
+	reason := strings.Repeat("<&>", trigger.MaxReasonLen/3)
+	if _, err := natsbroker.Publish(ctx5(t), b.Conn(), "", natsbroker.Pointer{Namespace: "ns", Name: "a", Reason: reason}); err != nil {
+		t.Fatal(err)
+	}
+	m := receive(t, b)
+	if len(m.Data()) > trigger.DefaultMaxMessageBytes || !bytes.Contains(m.Data(), []byte(reason)) {
+		t.Fatalf("message of %d bytes, reason intact %v", len(m.Data()), bytes.Contains(m.Data(), []byte(reason)))
+	}
+	if err := m.Ack(ctx5(t)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A fixed port that is taken is reported as such, at once (the server
+// itself logs nothing and would only time out).
+func TestStartEmbeddedOnATakenPortSaysSo(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	port := l.Addr().(*net.TCPAddr).Port
+	e, err := natsbroker.StartEmbedded(natsbroker.EmbeddedConfig{Port: port, ReadyTimeout: time.Minute})
+	if err == nil {
+		e.Shutdown()
+		t.Fatalf("started on a taken port")
+	}
+	if !errors.Is(err, syscall.EADDRINUSE) {
+		t.Fatalf("err = %v, want one wrapping EADDRINUSE", err)
 	}
 }

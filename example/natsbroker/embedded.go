@@ -3,7 +3,9 @@ package natsbroker
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -52,6 +54,13 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	}
 	if cfg.Port == 0 {
 		cfg.Port = server.RANDOM_PORT
+	} else {
+		// The server, logging nothing, would only time out: say why.
+		l, err := net.Listen("tcp", net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.Port)))
+		if err != nil {
+			return nil, fmt.Errorf("natsbroker: embedded server: %w", err)
+		}
+		l.Close()
 	}
 	e := &Embedded{}
 	if cfg.StoreDir == "" {

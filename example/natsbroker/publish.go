@@ -1,10 +1,15 @@
 package natsbroker
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -21,13 +26,21 @@ type Pointer struct {
 	Reason    string `json:"reason,omitempty"`
 }
 
+// ErrInvalidPointer wraps Publish's errors for a pointer the trigger
+// consumer would refuse (dead-letter) rather than deliver.
+var ErrInvalidPointer = errors.New("natsbroker: invalid trigger pointer")
+
 // Publish sends one trigger to subject (DefaultSubject when empty) through
 // JetStream and waits for the stream to confirm it stored the message, so a
 // nil error means the trigger will be delivered. It returns the stream
-// sequence number.
+// sequence number. A pointer the consumer would refuse is not sent: an
+// invalid name or namespace, a reason that is not UTF-8 or longer than
+// trigger.MaxReasonLen, or a body over trigger.DefaultMaxMessageBytes (the
+// consumer's default limit); the error wraps ErrInvalidPointer.
 func Publish(ctx context.Context, nc *nats.Conn, subject string, p Pointer) (uint64, error) {
-	if p.Name == "" {
-		return 0, errors.New("natsbroker: publish: the pointer has no name")
+	body, err := encodePointer(p)
+	if err != nil {
+		return 0, err
 	}
 	if subject == "" {
 		subject = DefaultSubject
@@ -36,13 +49,37 @@ func Publish(ctx context.Context, nc *nats.Conn, subject string, p Pointer) (uin
 	if err != nil {
 		return 0, err
 	}
-	body, err := json.Marshal(p)
-	if err != nil {
-		return 0, err
-	}
 	ack, err := js.Publish(ctx, subject, body)
 	if err != nil {
 		return 0, &trigger.BrokerError{Kind: Classify(err), Op: "publish", Err: fmt.Errorf("publish to %s: %w", subject, err)}
 	}
 	return ack.Sequence, nil
+}
+
+// encodePointer checks p as the trigger consumer will and returns its JSON
+// body, without HTML escaping (which would blow "<" up to six bytes).
+func encodePointer(p Pointer) ([]byte, error) {
+	bad := func(format string, args ...any) ([]byte, error) {
+		return nil, fmt.Errorf("%w: "+format, append([]any{ErrInvalidPointer}, args...)...)
+	}
+	if errs := validation.IsDNS1123Subdomain(p.Name); len(errs) > 0 {
+		return bad("name %q: %s", p.Name, strings.Join(errs, "; "))
+	}
+	if errs := validation.IsDNS1123Label(p.Namespace); p.Namespace != "" && len(errs) > 0 {
+		return bad("namespace %q: %s", p.Namespace, strings.Join(errs, "; "))
+	}
+	if len(p.Reason) > trigger.MaxReasonLen || !utf8.ValidString(p.Reason) {
+		return bad("reason must be valid UTF-8 of at most %d bytes", trigger.MaxReasonLen)
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(p); err != nil {
+		return nil, err
+	}
+	body := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
+	if len(body) > trigger.DefaultMaxMessageBytes {
+		return bad("message of %d bytes is over the consumer's limit of %d", len(body), trigger.DefaultMaxMessageBytes)
+	}
+	return body, nil
 }

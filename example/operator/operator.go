@@ -9,6 +9,7 @@
 package operator
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -19,6 +20,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -46,6 +48,9 @@ const (
 	ControllerName = "demo.opkit.dev/demo-operator"
 	// DefaultLeaderElectionID is the name of the Lease.
 	DefaultLeaderElectionID = "opkit-demo-leader"
+	// DefaultNATSListen is where the embedded NATS server listens: the
+	// port NATS clients (and "demo-operator trigger --via nats") try first.
+	DefaultNATSListen = "127.0.0.1:4222"
 	// TriggerAudience is the token audience the trigger endpoint accepts.
 	TriggerAudience = trigger.DefaultAudience
 	// TriggerVerb and TriggerSubresource are what a caller must be allowed
@@ -80,6 +85,9 @@ type Options struct {
 	// server (single replica only), storing in NATSStoreDir (empty: a
 	// temporary directory).
 	NATSURL, NATSStoreDir string
+	// NATSListen is the embedded server's host:port; empty means
+	// DefaultNATSListen, port 0 a free port.
+	NATSListen string
 	// InsecureSkipTriggerAuth serves the trigger endpoint without
 	// TokenReview/SubjectAccessReview.
 	InsecureSkipTriggerAuth bool
@@ -132,8 +140,15 @@ func (o *Options) Validate() error {
 		if u, err := url.Parse(o.NATSURL); err != nil || u.Scheme == "" || u.Host == "" {
 			errs = append(errs, fmt.Errorf("--nats-url %q: want a URL such as nats://host:4222", o.NATSURL))
 		}
-		if o.NATSStoreDir != "" {
-			errs = append(errs, errors.New("--nats-store-dir applies to the embedded server only, not with --nats-url"))
+		if o.NATSStoreDir != "" || o.NATSListen != "" {
+			errs = append(errs, errors.New("--nats-store-dir and --nats-listen apply to the embedded server only, not with --nats-url"))
+		}
+	}
+	if o.NATSListen != "" {
+		if _, port, err := net.SplitHostPort(o.NATSListen); err != nil {
+			errs = append(errs, fmt.Errorf("--nats-listen %q: want host:port: %v", o.NATSListen, err))
+		} else if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+			errs = append(errs, fmt.Errorf("--nats-listen %q: bad port", o.NATSListen))
 		}
 	}
 	return errors.Join(errs...)
@@ -391,7 +406,15 @@ func Run(ctx context.Context, o Options, logger *slog.Logger) error {
 
 	natsURL := o.NATSURL
 	if natsURL == "" {
-		embedded, err := natsbroker.StartEmbedded(natsbroker.EmbeddedConfig{StoreDir: o.NATSStoreDir})
+		host, port, err := net.SplitHostPort(cmp.Or(o.NATSListen, DefaultNATSListen))
+		if err != nil {
+			return fmt.Errorf("--nats-listen: %w", err)
+		}
+		portNum, err := strconv.Atoi(port)
+		if err != nil {
+			return fmt.Errorf("--nats-listen: bad port %q", port)
+		}
+		embedded, err := natsbroker.StartEmbedded(natsbroker.EmbeddedConfig{Host: host, Port: portNum, StoreDir: o.NATSStoreDir})
 		if err != nil {
 			return err
 		}

@@ -37,7 +37,10 @@ func TestOperatorFlagsInvalidExit2(t *testing.T) {
 		{[]string{"--leader-election-id=Opkit_Leader"}, "--leader-election-id \"Opkit_Leader\" is not a Lease name"},
 		{[]string{"--leader-election-id="}, "--leader-election-id must not be empty"},
 		{[]string{"--nats-url=nats://"}, "--nats-url \"nats://\""},
-		{[]string{"--nats-url=nats://nats:4222", "--nats-store-dir=/data"}, "--nats-store-dir applies to the embedded server only"},
+		{[]string{"--nats-url=nats://nats:4222", "--nats-store-dir=/data"}, "apply to the embedded server only"},
+		{[]string{"--nats-url=nats://nats:4222", "--nats-listen=:4223"}, "apply to the embedded server only"},
+		{[]string{"--nats-listen=4222"}, "--nats-listen \"4222\": want host:port"},
+		{[]string{"--nats-listen=:http"}, "bad port"},
 	} {
 		var stdout, stderr bytes.Buffer
 		if code := run(tc.args, &stdout, &stderr); code != 2 {
@@ -56,7 +59,7 @@ func TestHelpDocumentsEveryFlag(t *testing.T) {
 	}
 	for _, f := range []string{"kubeconfig", "namespace", "leader-elect", "leader-election-id", "leader-election-namespace",
 		"identity", "concurrency", "trigger-bind-address", "metrics-bind-address", "health-probe-bind-address",
-		"nats-url", "nats-store-dir", "insecure-skip-trigger-auth", "trigger-cert-file", "trigger-key-file"} {
+		"nats-url", "nats-store-dir", "nats-listen", "insecure-skip-trigger-auth", "trigger-cert-file", "trigger-key-file"} {
 		if !strings.Contains(stderr.String(), "-"+f+" ") && !strings.Contains(stderr.String(), "-"+f+"\n") {
 			t.Errorf("--help does not document --%s", f)
 		}
