@@ -67,8 +67,10 @@ func (s Source) String() string {
 // empty namespace for cluster-scoped objects. Keys are comparable and are the
 // unit of deduplication and exclusivity in the queue.
 type Key struct {
+	// Namespace is the object's namespace, "" for a cluster-scoped one.
 	Namespace string
-	Name      string
+	// Name is the object's name.
+	Name string
 }
 
 // KeyOf returns the key of obj.

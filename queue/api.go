@@ -101,10 +101,15 @@ type Getter[K comparable, V any] interface {
 
 // Item is an entry handed out by Get.
 type Item[K comparable, V any] struct {
-	Key      K
-	Value    V
+	// Key is the entry's key; pass it to Done.
+	Key K
+	// Value is the payload of the add that was merged last (see the
+	// package documentation for the merge rules).
+	Value V
+	// Priority is the highest priority merged into the entry.
 	Priority int
-	Retries  int
+	// Retries is the retry count of the payload's add.
+	Retries int
 	// Enqueued is when the entry (the earliest add merged into it) was
 	// accepted; Due is when it became due. Both come from the queue's clock,
 	// and both are the zero time unless the queue was created with

@@ -186,6 +186,7 @@ func (g *Group) Run(ctx context.Context) error {
 
 // ComponentStatus is one component's line in a readiness report.
 type ComponentStatus struct {
+	// Name is the component's name, as given to the group.
 	Name string
 	// Err is nil when the component is ready.
 	Err error

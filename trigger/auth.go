@@ -43,9 +43,10 @@ var (
 type AuthRequest struct {
 	// HTTP is the incoming request (read its headers; do not read the body).
 	HTTP *http.Request
-	// Resource and Key name the object the caller wants reconciled.
+	// Resource is the resource of the object the caller wants reconciled.
 	Resource opkit.Resource
-	Key      opkit.Key
+	// Key is that object's namespace and name (already validated).
+	Key opkit.Key
 }
 
 // Authenticator decides whether a request may trigger a reconcile. It

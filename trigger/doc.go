@@ -57,16 +57,19 @@
 //
 //	202 scheduled; JSON [Accepted] {key, namespace, name, uid, resourceVersion, delay, outcome}
 //	400 invalid namespace/name (DNS-1123), delay, reason, query parameter or JSON body
+//	    (the path is checked before authentication, the rest after it)
 //	401 missing, invalid or wrong-audience bearer token (WWW-Authenticate: Bearer)
 //	403 the SubjectAccessReview denied the caller
-//	404 the object does not exist, or no such route
+//	404 the object does not exist, or no such route (a resource the API server
+//	    does not serve, e.g. a CRD not installed, is a 502)
 //	405 a method other than POST (Allow: POST)
 //	413 a body larger than HandlerConfig.MaxBodyBytes
 //	415 a body whose Content-Type is not application/json
 //	429 the rate or in-flight limit is exceeded (Retry-After)
 //	500 the API server returned an object the trigger refuses (another kind)
 //	502 the API server failed (re-fetch, TokenReview or SubjectAccessReview)
-//	503 the enqueue was dropped: Retry-After, X-Opkit-Leader and "leader" in the body
+//	503 the enqueue was dropped: Retry-After, X-Opkit-Leader and "leader" in the body;
+//	    or the caller went away before the enqueue (nothing was queued)
 //	504 an API call timed out (HandlerConfig.APITimeout)
 //
 // Every error body is a [Status], a JSON object shaped like a Kubernetes

@@ -66,16 +66,19 @@ type HandlerConfig[T opkit.Object] struct {
 	// MaxBodyBytes bounds the optional JSON body ({"reason": "..."});
 	// zero means 1024. Larger bodies get 413.
 	MaxBodyBytes int64
-	// APITimeout bounds each API call (re-fetch, TokenReview,
-	// SubjectAccessReview); zero means 5s. A timeout answers 504.
+	// APITimeout bounds the authorization (TokenReview and
+	// SubjectAccessReview together) and, separately, the re-fetch; zero
+	// means 5s. A timeout answers 504.
 	APITimeout time.Duration
 	// RetryAfter is the Retry-After of 503 and 429 answers, rounded up to
 	// whole seconds; zero means 5s.
 	RetryAfter time.Duration
 	// RateLimit is the sustained requests per second across all callers;
-	// zero means unlimited. RateBurst is the bucket size; zero means
-	// max(1, ceil(RateLimit)). Requests over the limit get 429.
+	// zero means unlimited. Requests over the limit get 429.
 	RateLimit float64
+	// RateBurst is the rate limiter's bucket size: how many requests may
+	// come at once before RateLimit applies; zero means
+	// max(1, ceil(RateLimit)).
 	RateBurst int
 	// MaxInFlight bounds concurrent requests; zero means 64, negative
 	// means unlimited. Requests over the limit get 429.
@@ -90,7 +93,9 @@ type HandlerConfig[T opkit.Object] struct {
 // Accepted is the JSON body of a 202 answer.
 type Accepted struct {
 	// Key is "namespace/name" (or "name").
-	Key       string `json:"key"`
+	Key string `json:"key"`
+	// Namespace (empty for a cluster-scoped resource) and Name are the
+	// object's, as in the URL.
 	Namespace string `json:"namespace,omitempty"`
 	Name      string `json:"name"`
 	// UID and ResourceVersion are those of the object as re-fetched.
@@ -106,15 +111,25 @@ type Accepted struct {
 // metav1.Status, plus the leader's identity and the queue's outcome when an
 // enqueue was dropped.
 type Status struct {
-	Kind       string                `json:"kind"`
-	APIVersion string                `json:"apiVersion"`
-	Status     string                `json:"status"`
-	Message    string                `json:"message"`
-	Reason     metav1.StatusReason   `json:"reason"`
-	Code       int                   `json:"code"`
-	Leader     string                `json:"leader,omitempty"`
-	Outcome    string                `json:"outcome,omitempty"`
-	Details    *metav1.StatusDetails `json:"details,omitempty"`
+	// Kind is "Status" and APIVersion "v1", as in a Kubernetes Status.
+	Kind       string `json:"kind"`
+	APIVersion string `json:"apiVersion"`
+	// Status is "Failure".
+	Status string `json:"status"`
+	// Message says what went wrong, for a human.
+	Message string `json:"message"`
+	// Reason is the machine-readable cause (e.g. "NotFound",
+	// "ServiceUnavailable"); Code is the HTTP status code.
+	Reason metav1.StatusReason `json:"reason"`
+	Code   int                 `json:"code"`
+	// Leader is the identity of the replica leading when this one
+	// dropped the enqueue (also in the X-Opkit-Leader header), if known.
+	Leader string `json:"leader,omitempty"`
+	// Outcome is the queue's outcome of a dropped enqueue
+	// ("DroppedSuspended" or "DroppedShutDown").
+	Outcome string `json:"outcome,omitempty"`
+	// Details names the object, once the path named a valid one.
+	Details *metav1.StatusDetails `json:"details,omitempty"`
 }
 
 type handler[T opkit.Object] struct {
@@ -271,14 +286,18 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, start, http.StatusTooManyRequests, metav1.StatusReasonTooManyRequests, "request rate limit exceeded", nil)
 		return
 	}
-	req, code, reason, err := h.parse(w, r)
-	if err != nil {
-		h.fail(w, r, start, code, reason, err.Error(), nil)
+	// The key first (authorization is about it), then who asks, and only
+	// then the query and the body: an unauthenticated caller gets its 401
+	// without the handler reading a byte of its body.
+	req := request{key: opkit.Key{Namespace: r.PathValue("namespace"), Name: r.PathValue("name")}}
+	if err := validateKey(h.res, req.key); err != nil {
+		h.fail(w, r, start, http.StatusBadRequest, metav1.StatusReasonBadRequest, err.Error(), nil)
 		return
 	}
 	ctx := r.Context()
 
 	user := ""
+	var err error
 	if h.auth != nil {
 		actx, cancel := context.WithTimeout(ctx, h.cfg.APITimeout)
 		user, err = h.auth.Authorize(actx, AuthRequest{HTTP: r, Resource: h.res, Key: req.key})
@@ -296,6 +315,10 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request) {
 			h.apiFailure(w, r, start, "authorization", err, &req)
 			return
 		}
+	}
+	if code, reason, err := h.parse(w, r, &req); err != nil {
+		h.fail(w, r, start, code, reason, err.Error(), nil)
+		return
 	}
 
 	gctx, cancel := context.WithTimeout(ctx, h.cfg.APITimeout)
@@ -337,15 +360,11 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request) {
 	h.metrics.Request(http.StatusAccepted, "Accepted", time.Since(start))
 }
 
-// parse validates the path, the query and the optional body.
-func (h *handler[T]) parse(w http.ResponseWriter, r *http.Request) (request, int, metav1.StatusReason, error) {
-	bad := func(err error) (request, int, metav1.StatusReason, error) {
-		return request{}, http.StatusBadRequest, metav1.StatusReasonBadRequest, err
-	}
-	var req request
-	req.key = opkit.Key{Namespace: r.PathValue("namespace"), Name: r.PathValue("name")}
-	if err := validateKey(h.res, req.key); err != nil {
-		return bad(err)
+// parse validates the query and the optional body into req, whose key is
+// already set.
+func (h *handler[T]) parse(w http.ResponseWriter, r *http.Request, req *request) (int, metav1.StatusReason, error) {
+	bad := func(err error) (int, metav1.StatusReason, error) {
+		return http.StatusBadRequest, metav1.StatusReasonBadRequest, err
 	}
 	q, err := url.ParseQuery(r.URL.RawQuery)
 	if err != nil {
@@ -377,7 +396,7 @@ func (h *handler[T]) parse(w http.ResponseWriter, r *http.Request) (request, int
 
 	// The body is optional and never describes the object: at most a reason.
 	if r.ContentLength > h.cfg.MaxBodyBytes {
-		return request{}, http.StatusRequestEntityTooLarge, metav1.StatusReasonRequestEntityTooLarge,
+		return http.StatusRequestEntityTooLarge, metav1.StatusReasonRequestEntityTooLarge,
 			invalid("body of %d bytes exceeds the limit of %d", r.ContentLength, h.cfg.MaxBodyBytes)
 	}
 	var rb io.ReadCloser = http.NoBody
@@ -388,7 +407,7 @@ func (h *handler[T]) parse(w http.ResponseWriter, r *http.Request) (request, int
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
-			return request{}, http.StatusRequestEntityTooLarge, metav1.StatusReasonRequestEntityTooLarge,
+			return http.StatusRequestEntityTooLarge, metav1.StatusReasonRequestEntityTooLarge,
 				invalid("body exceeds the limit of %d bytes", h.cfg.MaxBodyBytes)
 		}
 		return bad(invalid("reading the body: %v", err))
@@ -396,7 +415,7 @@ func (h *handler[T]) parse(w http.ResponseWriter, r *http.Request) (request, int
 	if len(body) > 0 {
 		mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
 		if err != nil || mt != "application/json" {
-			return request{}, http.StatusUnsupportedMediaType, metav1.StatusReasonUnsupportedMediaType,
+			return http.StatusUnsupportedMediaType, metav1.StatusReasonUnsupportedMediaType,
 				invalid("a body must be application/json ({\"reason\": \"...\"})")
 		}
 		var b struct {
@@ -420,7 +439,7 @@ func (h *handler[T]) parse(w http.ResponseWriter, r *http.Request) (request, int
 	if len(req.reason) > MaxReasonLen || !utf8.ValidString(req.reason) {
 		return bad(invalid("reason must be valid UTF-8 of at most %d bytes", MaxReasonLen))
 	}
-	return req, 0, "", nil
+	return 0, "", nil
 }
 
 func (h *handler[T]) retryAfter(w http.ResponseWriter) {
@@ -451,6 +470,12 @@ func (h *handler[T]) dropped(w http.ResponseWriter, r *http.Request, start time.
 
 // apiFailure answers 504 when err is a timeout, else 502.
 func (h *handler[T]) apiFailure(w http.ResponseWriter, r *http.Request, start time.Time, what string, err error, req *request) {
+	if r.Context().Err() != nil {
+		// The caller went away: the API call was cut short by it, not
+		// failed by the API server. Nothing was queued.
+		h.fail(w, r, start, http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable, "request cancelled during the "+what, req)
+		return
+	}
 	code, reason := http.StatusBadGateway, ReasonBadGateway
 	if errors.Is(err, context.DeadlineExceeded) || apierrors.IsTimeout(err) || apierrors.IsServerTimeout(err) {
 		code, reason = http.StatusGatewayTimeout, metav1.StatusReasonTimeout

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -130,19 +131,73 @@ func TestHandler202SchedulesTheRefetchedObject(t *testing.T) {
 }
 
 func TestHandler202ReasonFromJSONBodyAndDelay(t *testing.T) {
-	e := newHandlerEnv(t, nil)
-	w := e.do(http.MethodPost, "/reconcile/ns/a?delay=90s", strings.NewReader(`{"reason":"pipeline 42"}`), http.Header{"Content-Type": {"application/json; charset=utf-8"}})
-	if w.Code != http.StatusAccepted {
-		t.Fatalf("code = %d, body %s", w.Code, w.Body)
+	synctest.Test(t, func(t *testing.T) {
+		e := newHandlerEnv(t, nil)
+		sent := time.Now()
+		w := e.do(http.MethodPost, "/reconcile/ns/a?delay=90s", strings.NewReader(`{"reason":"pipeline 42"}`), http.Header{"Content-Type": {"application/json; charset=utf-8"}})
+		if w.Code != http.StatusAccepted {
+			t.Fatalf("code = %d, body %s", w.Code, w.Body)
+		}
+		var got trigger.Accepted
+		_ = json.Unmarshal(w.Body.Bytes(), &got)
+		if got.Delay != "1m30s" {
+			t.Errorf("delay = %q, want 1m30s", got.Delay)
+		}
+		if e.q.Len() != 1 {
+			t.Fatalf("queue len = %d, want 1", e.q.Len())
+		}
+		it, err := e.q.Get(t.Context())
+		if err != nil || it.Value.Reason != "pipeline 42" || time.Since(sent) != 90*time.Second {
+			t.Errorf("handed out after %v with reason %q (%v); want after 90s with the body's reason", time.Since(sent), it.Value.Reason, err)
+		}
+	})
+}
+
+// denyAnonymous refuses every request as unauthenticated and counts them.
+type denyAnonymous struct{ calls *int }
+
+func (d denyAnonymous) Authorize(context.Context, trigger.AuthRequest) (string, error) {
+	*d.calls++
+	return "", fmt.Errorf("%w: no bearer token", trigger.ErrUnauthenticated)
+}
+
+// An unauthenticated caller learns nothing about its query or body, and
+// the handler reads none of it: 401 first.
+func TestHandlerAuthenticatesBeforeReadingQueryOrBody(t *testing.T) {
+	calls := 0
+	e := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) { c.Authenticator = denyAnonymous{&calls} })
+	body := &countingReader{r: strings.NewReader(strings.Repeat("x", 1<<20))}
+	for _, tc := range []struct {
+		target string
+		body   io.Reader
+		header http.Header
+	}{
+		{"/reconcile/ns/a", body, http.Header{"Content-Type": {"application/json"}}},
+		{"/reconcile/ns/a?nonsense=1", nil, nil},
+		{"/reconcile/ns/a", strings.NewReader(`{"unknown":1}`), http.Header{"Content-Type": {"text/plain"}}},
+	} {
+		w := e.do(http.MethodPost, tc.target, tc.body, tc.header)
+		wantStatus(t, w, http.StatusUnauthorized, "Unauthorized")
 	}
-	var got trigger.Accepted
-	_ = json.Unmarshal(w.Body.Bytes(), &got)
-	if got.Delay != "1m30s" {
-		t.Errorf("delay = %q, want 1m30s", got.Delay)
+	if calls != 3 || body.n != 0 {
+		t.Fatalf("authorizer called %d times, %d body bytes read; want 3 and none", calls, body.n)
 	}
-	if e.q.Len() != 1 {
-		t.Fatalf("queue len = %d, want 1", e.q.Len())
+	// The path still comes first: authorization is about its key.
+	wantStatus(t, post(e, "/reconcile/ns/UPPER"), http.StatusBadRequest, "BadRequest")
+	if calls != 3 {
+		t.Fatalf("authorizer asked about an invalid key")
 	}
+}
+
+type countingReader struct {
+	r io.Reader
+	n int
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += n
+	return n, err
 }
 
 func TestHandler404(t *testing.T) {
@@ -304,6 +359,30 @@ func TestHandler504WhenTheRefetchHangs(t *testing.T) {
 		wantStatus(t, post(e, "/reconcile/ns/a"), 504, "Timeout")
 		if d := time.Since(start); d != 2*time.Second {
 			t.Errorf("answered after %v, want the APITimeout 2s", d)
+		}
+	})
+}
+
+// A caller that goes away during the re-fetch cut the API call short
+// itself: that is no API server failure (no 502, no error log), and
+// nothing is queued.
+func TestHandlerCallerGoneDuringTheRefetch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx, hangUp := context.WithCancel(context.Background())
+		e := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) {
+			c.Dynamic = nil
+			c.Get = func(gctx context.Context, key opkit.Key) (*corev1.ConfigMap, error) {
+				hangUp()
+				<-gctx.Done()
+				return nil, gctx.Err()
+			}
+		})
+		r := httptest.NewRequestWithContext(ctx, http.MethodPost, "/reconcile/ns/a", nil)
+		w := httptest.NewRecorder()
+		e.h.ServeHTTP(w, r)
+		st := wantStatus(t, w, http.StatusServiceUnavailable, "ServiceUnavailable")
+		if !strings.Contains(st.Message, "cancelled") || e.q.Len() != 0 {
+			t.Errorf("message %q, queue len %d; want a cancelled request and nothing queued", st.Message, e.q.Len())
 		}
 	})
 }

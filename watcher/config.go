@@ -132,7 +132,10 @@ type Config[T opkit.Object] struct {
 	// maintain it, such as ConfigMaps) are never skipped. The rule applies
 	// to watch events and to the Modified entries of relists alike; the
 	// resourceVersion is tracked either way.
-	SkipStatusOnly   bool
+	SkipStatusOnly bool
+	// WatchLabels and WatchAnnotations name the labels and annotations
+	// whose change makes a same-generation update worth a reconcile under
+	// SkipStatusOnly (and that the watcher fingerprints).
 	WatchLabels      []string
 	WatchAnnotations []string
 
@@ -187,6 +190,7 @@ func (p SyncPhase) String() string {
 // not followed by SyncFinished means the attempt failed; the retry reports
 // SyncStarted again.
 type SyncEvent struct {
+	// Phase is SyncStarted or SyncFinished.
 	Phase SyncPhase
 	// Initial is true for the first list of a Run, which emits every object
 	// as Added; false for relists, which emit only the differences.

@@ -21,9 +21,12 @@ import (
 // optionally, why. It carries no object state; the operator re-fetches the
 // object from the API server.
 type Pointer struct {
+	// Namespace is the object's namespace; empty for a cluster-scoped one.
 	Namespace string `json:"namespace,omitempty"`
-	Name      string `json:"name"`
-	Reason    string `json:"reason,omitempty"`
+	// Name is the object's name (required).
+	Name string `json:"name"`
+	// Reason is why the reconcile is asked for (optional; logs, Events).
+	Reason string `json:"reason,omitempty"`
 }
 
 // ErrInvalidPointer wraps Publish's errors for a pointer the trigger

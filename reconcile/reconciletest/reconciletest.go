@@ -113,6 +113,7 @@ func (h *Harness[T]) Request(key opkit.Key, typ opkit.Type) reconcile.Request[T]
 
 // Call is what one reconcile returned and did.
 type Call struct {
+	// Result and Err are what the reconciler returned.
 	Result reconcile.Result
 	Err    error
 	// Actions are the API calls the reconciler made, in order.

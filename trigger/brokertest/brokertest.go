@@ -46,8 +46,11 @@ type Event struct {
 
 // DeadLetter is a terminated message.
 type DeadLetter struct {
-	ID     uint64
-	Data   []byte
+	// ID is the message's id, as Publish returned it.
+	ID uint64
+	// Data is the message body.
+	Data []byte
+	// Reason is the reason given to Term.
 	Reason string
 }
 

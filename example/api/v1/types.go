@@ -56,6 +56,7 @@ type DemoEntity struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
+	// Spec is what the user asks for; Status what the operator observed.
 	Spec   DemoEntitySpec   `json:"spec"`
 	Status DemoEntityStatus `json:"status,omitempty"`
 }
