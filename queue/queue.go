@@ -208,6 +208,12 @@ func clamp32(v int) int32 {
 // DroppedSuspended or DroppedShutDown when nothing was stored.
 func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 	h := hashOf(q.ix.seed, key) // the seed never changes: hash outside the lock
+	// A delayed add needs the time; reading it before the lock keeps the
+	// clock (about a fifth of such an add) out of the critical section.
+	var early int64
+	if opts.Delay > 0 {
+		early = q.now()
+	}
 	q.mu.Lock()
 	if q.shutdown || q.suspended {
 		out := DroppedSuspended
@@ -226,7 +232,10 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 	var now int64
 	haveNow := false
 	if opts.Delay > 0 {
-		now, haveNow = q.clock(), true
+		// Another goroutine may have read a later time meanwhile: the
+		// queue's clock never goes back.
+		now, haveNow = max(early, q.lastNow), true
+		q.lastNow = now
 	}
 	prio := clamp32(opts.Priority)
 	retries := clamp32(opts.Retries)
