@@ -202,6 +202,7 @@ type run[T opkit.Object] struct {
 	w         *Watcher[T]
 	watchList bool // try WatchList for the next (re)list
 	failures  int  // consecutive failed calls, for backoff
+	listed    bool // a list of this Run has completed (finishList)
 }
 
 // outcome is how a watch (or a list) ended.
@@ -220,6 +221,12 @@ func (r *run[T]) loop(ctx context.Context) {
 	)
 	for ctx.Err() == nil {
 		if needList {
+			if initial && r.listed {
+				// A WatchList stream synced, then expired before it
+				// returned: what follows is a relist, not a second
+				// initial list re-emitting every object.
+				initial, listReason = false, ReasonExpired
+			}
 			w.s.metrics.Relist(listReason)
 			var (
 				newRV string
@@ -409,6 +416,7 @@ func (r *run[T]) beginList(initial bool, reason Reason, stream bool) *listing {
 // reports the end of the list.
 func (r *run[T]) finishList(l *listing, rv string) {
 	w := r.w
+	r.listed = true
 	for _, k := range w.track.vanished() {
 		e, _ := w.track.get(k)
 		out := w.emit(k, w.tombstone(k, types.UID(e.uid), e.rv), opkit.Deleted, true, w.s.listPriority)

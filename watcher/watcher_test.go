@@ -762,22 +762,28 @@ func TestRunIsExclusiveAndCancelStopsEveryWatch(t *testing.T) {
 // WatchList; a watch reactor then plays the server's part.
 type streaming struct{ dynamic.Interface }
 
+// streamingRun starts a watcher with WatchList on over a fake that serves
+// it through test-controlled watches, recording entries and sync events.
+func streamingRun(t *testing.T) (ws *watches, lists func() int, q *recorder, syncs *syncLog, w *watcher.Watcher[*Widget], stop func()) {
+	c := newFake()
+	ws = &watches{}
+	ws.install(c)
+	lists = countLists(c)
+	q, syncs = &recorder{}, &syncLog{}
+	cfg := config(c, q)
+	cfg.Client = streaming{c}
+	cfg.WatchList = watcher.WatchListAuto
+	cfg.OnSync = syncs.add
+	w = mustNew(t, cfg)
+	stop = start(t, w)
+	synctest.Wait()
+	return ws, lists, q, syncs, w, stop
+}
+
 func TestWatchListStreamsTheInitialObjectsAndGoesOnWatching(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := newFake()
-		ws := &watches{}
-		ws.install(c)
-		lists := countLists(c)
-		q := &recorder{}
-		syncs := &syncLog{}
-		cfg := config(c, q)
-		cfg.Client = streaming{c}
-		cfg.WatchList = watcher.WatchListAuto
-		cfg.OnSync = syncs.add
-		w := mustNew(t, cfg)
-		stop := start(t, w)
+		ws, lists, q, syncs, w, stop := streamingRun(t)
 		defer stop()
-		synctest.Wait()
 		ws.mu.Lock()
 		opts := ws.requests[0]
 		ws.mu.Unlock()
@@ -818,6 +824,35 @@ func TestWatchListStreamsTheInitialObjectsAndGoesOnWatching(t *testing.T) {
 		ws.mu.Unlock()
 		if next.SendInitialEvents != nil || next.ResourceVersion != "6" || lists() != 0 {
 			t.Fatalf("after the stream: watch options %+v, lists %d; want a plain watch from 6", next, lists())
+		}
+	})
+}
+
+// A stream that synced and then expired is followed by a relist that emits
+// only the differences, not by a second initial list.
+func TestWatchListExpiredAfterItsEndBookmarkRelistsOnlyTheDifferences(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ws, _, q, syncs, _, stop := streamingRun(t)
+		defer stop()
+		fw := ws.last(t)
+		fw.Add(widget("ns", "a", "ua", "1", 1))
+		fw.Add(widget("ns", "b", "ub", "2", 1))
+		fw.Action(watch.Bookmark, bookmark("5", map[string]string{metav1.InitialEventsAnnotationKey: "true"}))
+		synctest.Wait()
+		q.take()
+		syncs.take()
+		fw.Action(watch.Error, expired)
+		synctest.Wait()
+		// The next stream: a unchanged, b changed.
+		fw = ws.last(t)
+		fw.Add(widget("ns", "a", "ua", "1", 1))
+		fw.Add(widget("ns", "b", "ub", "7", 2))
+		fw.Action(watch.Bookmark, bookmark("8", map[string]string{metav1.InitialEventsAnnotationKey: "true"}))
+		synctest.Wait()
+		sameRecords(t, "relist", q.take(), []record{{Key: key("b"), Type: opkit.Modified, RV: "7", UID: "ub", Priority: -1}})
+		ev := syncs.take()
+		if len(ev) != 2 || ev[0].Initial || ev[0].Reason != watcher.ReasonExpired || ev[1].Modified != 1 || ev[1].Added != 0 {
+			t.Fatalf("sync events = %+v, want a relist for ReasonExpired with one Modified", ev)
 		}
 	})
 }
