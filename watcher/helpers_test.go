@@ -93,25 +93,31 @@ type recorder struct {
 	mu      sync.Mutex
 	records []record
 	outcome queue.Outcome
+	after   func(record) // called after each Add, without the lock
 }
 
 func (r *recorder) Add(key opkit.Key, ev opkit.Event[*Widget], opts queue.AddOptions) queue.Outcome {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	if ev.Source != opkit.APIServer {
 		panic("watcher added an entry whose source is not APIServer")
 	}
 	if opkit.KeyOf(ev.Object) != key {
 		panic(fmt.Sprintf("key %v does not match object %v", key, opkit.KeyOf(ev.Object)))
 	}
-	r.records = append(r.records, record{
+	rec := record{
 		Key: key, Type: ev.Type, RV: ev.Object.ResourceVersion, UID: string(ev.Object.UID),
 		Final: ev.FinalStateUnknown, Priority: opts.Priority,
-	})
-	if r.outcome != 0 {
-		return r.outcome
 	}
-	return queue.Queued
+	r.records = append(r.records, rec)
+	out, after := queue.Queued, r.after
+	if r.outcome != 0 {
+		out = r.outcome
+	}
+	r.mu.Unlock()
+	if after != nil {
+		after(rec)
+	}
+	return out
 }
 
 // take returns the records since the last take.
@@ -262,3 +268,11 @@ func sameRecords(t *testing.T, what string, got, want []record) {
 }
 
 func key(name string) opkit.Key { return opkit.Key{Namespace: "ns", Name: name} }
+
+// retaining returns a watcher over c with RetainDeletes, and its queue.
+func retaining(t *testing.T, c *dynfake.FakeDynamicClient) (*recorder, *watcher.Watcher[*Widget]) {
+	q := &recorder{}
+	cfg := config(c, q)
+	cfg.RetainDeletes = true
+	return q, mustNew(t, cfg)
+}

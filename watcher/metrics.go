@@ -49,7 +49,9 @@ type Metrics interface {
 	WatchRestart(reason Reason)
 	// Error is called for every failed list or watch call.
 	Error(reason Reason)
-	// Tracked reports the number of objects tracked, after each change.
+	// Tracked reports the number of keys tracked after each change the
+	// watcher makes: live objects and the tombstones of deletes held for
+	// a later list or for Settle (a Settle is counted at the next change).
 	Tracked(n int)
 	// Observed is called with the time of every event or bookmark received
 	// from the server; "last event age" is the time since the latest call.

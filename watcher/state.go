@@ -31,6 +31,9 @@ type entry struct {
 	// until it is settled (see Watcher.Settle), or, when the queue did not
 	// accept it, until a list emits it again.
 	deleted bool
+	// queued is true for a tombstone whose delete the queue accepted
+	// during the current Run: only a Run's first list emits it again.
+	queued bool
 }
 
 // meta is what the watcher reads from an object's metadata.
@@ -165,16 +168,10 @@ func (t *tracker) count() int {
 	return len(t.entries)
 }
 
-// remove forgets key.
-func (t *tracker) remove(key opkit.Key) {
-	t.mu.Lock()
-	delete(t.entries, key)
-	t.mu.Unlock()
-}
-
 // hold keeps key as a tombstone of the object with uid and last
-// resourceVersion rv. Its epoch stays that of the last list that saw the
-// object, so the next list that completes finds it vanished.
+// resourceVersion rv, its delete about to be handed to the queue (queued
+// until unqueued says otherwise). Its epoch stays that of the last list
+// that saw the object, so the next list that completes finds it vanished.
 func (t *tracker) hold(key opkit.Key, uid, rv string) {
 	t.mu.Lock()
 	e := t.entries[key]
@@ -187,7 +184,28 @@ func (t *tracker) hold(key opkit.Key, uid, rv string) {
 	if e.epoch == t.epoch {
 		e.epoch = t.epoch - 1
 	}
-	t.entries[t.canonical(key)] = entry{uid: uid, rv: rv, epoch: e.epoch, deleted: true}
+	t.entries[t.canonical(key)] = entry{uid: uid, rv: rv, epoch: e.epoch, deleted: true, queued: true}
+	t.mu.Unlock()
+}
+
+// unqueued records that the queue did not take the delete of the
+// tombstone of key and uid, if it is still held.
+func (t *tracker) unqueued(key opkit.Key, uid string) {
+	t.mu.Lock()
+	if e, ok := t.entries[key]; ok && e.deleted && e.uid == uid {
+		e.queued = false
+		t.entries[key] = e
+	}
+	t.mu.Unlock()
+}
+
+// removeTombstone forgets the tombstone of key and uid, if it is still
+// held.
+func (t *tracker) removeTombstone(key opkit.Key, uid string) {
+	t.mu.Lock()
+	if e, ok := t.entries[key]; ok && e.deleted && e.uid == uid {
+		delete(t.entries, key)
+	}
 	t.mu.Unlock()
 }
 
@@ -202,22 +220,30 @@ func (t *tracker) settle(key opkit.Key, uid string) bool {
 	return false
 }
 
-// vanished returns, sorted by key, the keys not seen by the list of the
-// current epoch, tombstones included.
-func (t *tracker) vanished() []opkit.Key {
-	var out []opkit.Key
+// keyed is a tracked key with its entry.
+type keyed struct {
+	key opkit.Key
+	entry
+}
+
+// vanished returns, sorted by key, the entries not seen by the list of the
+// current epoch: the objects gone since, and the tombstones whose delete
+// is to be emitted again (all of them in a Run's first list, else those
+// the queue did not take).
+func (t *tracker) vanished(initial bool) []keyed {
+	var out []keyed
 	t.mu.RLock()
 	for k, e := range t.entries {
-		if e.epoch != t.epoch {
-			out = append(out, k)
+		if e.epoch != t.epoch && (initial || !e.deleted || !e.queued) {
+			out = append(out, keyed{k, e})
 		}
 	}
 	t.mu.RUnlock()
-	slices.SortFunc(out, func(a, b opkit.Key) int {
-		if c := strings.Compare(a.Namespace, b.Namespace); c != 0 {
+	slices.SortFunc(out, func(a, b keyed) int {
+		if c := strings.Compare(a.key.Namespace, b.key.Namespace); c != 0 {
 			return c
 		}
-		return strings.Compare(a.Name, b.Name)
+		return strings.Compare(a.key.Name, b.key.Name)
 	})
 	return out
 }

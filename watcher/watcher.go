@@ -417,10 +417,8 @@ func (r *run[T]) beginList(initial bool, reason Reason, stream bool) *listing {
 func (r *run[T]) finishList(l *listing, rv string) {
 	w := r.w
 	r.listed = true
-	for _, k := range w.track.vanished() {
-		e, _ := w.track.get(k)
-		out := w.emit(k, w.tombstone(k, types.UID(e.uid), e.rv), opkit.Deleted, true, w.s.listPriority)
-		w.forget(k, e.uid, e.rv, out)
+	for _, v := range w.track.vanished(l.initial) {
+		w.emitDelete(v.key, v.uid, v.rv, w.tombstone(v.key, types.UID(v.uid), v.rv), true, w.s.listPriority)
 		l.ev.Deleted++
 	}
 	w.s.metrics.Tracked(w.track.count())
@@ -620,13 +618,16 @@ func (w *Watcher[T]) observe(u *unstructured.Unstructured, l *listing) {
 	var typ opkit.Type
 	switch {
 	case known && old.uid != m.uid:
-		// Recreated under the same name: the old incarnation is gone.
-		w.emit(m.key, w.tombstone(m.key, types.UID(old.uid), old.rv), opkit.Deleted, true, prio)
-		if l != nil {
-			l.ev.Deleted++
+		// Recreated under the same name: the old incarnation is gone. A
+		// held delete the queue took in this Run is not sent again.
+		if !old.deleted || !old.queued || l != nil && l.initial {
+			w.emit(m.key, w.tombstone(m.key, types.UID(old.uid), old.rv), opkit.Deleted, true, prio)
+			if l != nil {
+				l.ev.Deleted++
+			}
 		}
 		typ = opkit.Added
-	case !known, l != nil && l.initial:
+	case !known, old.deleted, l != nil && l.initial:
 		typ = opkit.Added
 	case old.rv == m.rv:
 		// Unchanged (a relist, or a replayed event).
@@ -663,28 +664,31 @@ func (w *Watcher[T]) deleted(u *unstructured.Unstructured) {
 	key := opkit.Key{Namespace: u.GetNamespace(), Name: u.GetName()}
 	uid, rv := string(u.GetUID()), u.GetResourceVersion()
 	obj, err := typed.FromUnstructured[T](u)
-	var out queue.Outcome
 	if err != nil {
 		w.s.metrics.Error(ReasonDecode)
 		w.log.Error("cannot decode deleted object; emitting a tombstone", "key", key.String(), "err", err)
-		out = w.emit(key, w.tombstone(key, types.UID(uid), rv), opkit.Deleted, true, w.cfg.Priority)
+		w.emitDelete(key, uid, rv, w.tombstone(key, types.UID(uid), rv), true, w.cfg.Priority)
 	} else {
-		out = w.emit(key, obj, opkit.Deleted, false, w.cfg.Priority)
+		w.emitDelete(key, uid, rv, obj, false, w.cfg.Priority)
 	}
-	w.forget(key, uid, rv, out)
 	w.s.metrics.Tracked(w.track.count())
 }
 
-// forget drops the entry of a deleted object once its Deleted entry was
-// emitted with outcome out, or keeps it as a tombstone: until Settle with
-// RetainDeletes, and until the next list emits it again when the queue did
-// not take it (a list cannot bring back what is gone).
-func (w *Watcher[T]) forget(key opkit.Key, uid, rv string, out queue.Outcome) {
-	if w.cfg.RetainDeletes || !out.Accepted() {
-		w.track.hold(key, uid, rv)
-		return
+// emitDelete hands the Deleted entry of the object key (uid, last
+// resourceVersion rv) to the queue, keeping the key as a tombstone when
+// the queue does not take it (a list cannot bring back what is gone: the
+// next one emits it again) and, with RetainDeletes, until Settle. The
+// tombstone is in place before the entry reaches the queue, so a Settle
+// that follows at once finds it.
+func (w *Watcher[T]) emitDelete(key opkit.Key, uid, rv string, obj T, finalStateUnknown bool, prio int) {
+	w.track.hold(key, uid, rv)
+	out := w.emit(key, obj, opkit.Deleted, finalStateUnknown, prio)
+	switch {
+	case !out.Accepted():
+		w.track.unqueued(key, uid)
+	case !w.cfg.RetainDeletes:
+		w.track.removeTombstone(key, uid)
 	}
-	w.track.remove(key)
 }
 
 // Settle reports that the Deleted entry of the object key with uid has

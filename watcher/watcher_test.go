@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
 	k8stesting "k8s.io/client-go/testing"
@@ -677,10 +678,7 @@ func TestADeleteTheQueueDroppedComesBackWithTheNextList(t *testing.T) {
 func TestRetainDeletesKeepsADeleteUntilSettled(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := newFake(widget("ns", "a", "ua", "1", 1), widget("ns", "b", "ub", "2", 1))
-		q := &recorder{}
-		cfg := config(c, q)
-		cfg.RetainDeletes = true
-		w := mustNew(t, cfg)
+		q, w := retaining(t, c)
 		stop := start(t, w)
 		synctest.Wait()
 		q.take()
@@ -707,6 +705,62 @@ func TestRetainDeletesKeepsADeleteUntilSettled(t *testing.T) {
 		defer stop()
 		synctest.Wait()
 		sameRecords(t, "after Settle", q.take(), second[:1])
+	})
+}
+
+// A held delete the queue took is emitted once per Run: neither a relist
+// nor a recreation of the object sends it again (a reconciler would see
+// the delete twice), only the next Run's first list.
+func TestRetainedDeletesAreNotRepeatedWithinARun(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newFake(widget("ns", "a", "ua", "1", 1), widget("ns", "b", "ub", "2", 1))
+		ws := &watches{}
+		ws.install(c)
+		q, w := retaining(t, c)
+		stop := start(t, w)
+		defer stop()
+		synctest.Wait()
+		q.take()
+		// The cluster changes (the fake's store) and the watch tells.
+		must(t, c.Tracker().Delete(widgets.GroupVersionResource, "ns", "b"))
+		must(t, c.Tracker().Delete(widgets.GroupVersionResource, "ns", "a"))
+		must(t, c.Tracker().Create(widgets.GroupVersionResource, widget("ns", "b", "ub2", "5", 1), "ns"))
+		fw := ws.last(t)
+		fw.Delete(widget("ns", "b", "ub", "2", 1))
+		fw.Delete(widget("ns", "a", "ua", "1", 1))
+		fw.Add(widget("ns", "b", "ub2", "5", 1)) // b comes back as a new object
+		synctest.Wait()
+		fw.Error(expired) // a relist follows
+		synctest.Wait()
+		sameRecords(t, "one delete each, then the new b", q.take(), []record{
+			{Key: key("b"), Type: opkit.Deleted, RV: "2", UID: "ub"},
+			{Key: key("a"), Type: opkit.Deleted, RV: "1", UID: "ua"},
+			{Key: key("b"), Type: opkit.Added, RV: "5", UID: "ub2"},
+		})
+	})
+}
+
+// A delete settled the moment the queue takes it (a fast worker) is not
+// brought back by the watcher's own bookkeeping.
+func TestADeleteSettledAtOnceStaysSettled(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newFake(widget("ns", "a", "ua", "1", 1), widget("ns", "b", "ub", "2", 1))
+		q, w := retaining(t, c)
+		q.after = func(r record) {
+			if r.Type == opkit.Deleted {
+				w.Settle(r.Key, types.UID(r.UID))
+			}
+		}
+		stop := start(t, w)
+		synctest.Wait()
+		must(t, c.Tracker().Delete(widgets.GroupVersionResource, "ns", "b"))
+		synctest.Wait()
+		stop()
+		q.take()
+		stop = start(t, w)
+		defer stop()
+		synctest.Wait()
+		sameRecords(t, "next run", q.take(), []record{{Key: key("a"), Type: opkit.Added, RV: "1", UID: "ua", Priority: -1}})
 	})
 }
 
