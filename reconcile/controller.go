@@ -529,6 +529,17 @@ func (c *Controller[T]) process(ctx context.Context, item queue.Item[opkit.Key, 
 		Key: item.Key, Object: ev.Object, Type: ev.Type, Source: ev.Source,
 		Retries: item.Retries, Reason: ev.Reason, Requeued: ev.Requeued, FinalStateUnknown: ev.FinalStateUnknown,
 	}
+	if ev.Source == opkit.Operator && !ev.Requeued && item.Retries == 0 && c.cfg.RecordTriggerEvents && !isNil(ev.Object) {
+		// Before the re-fetch: a trigger whose first read fails is retried
+		// with Retries 1 and would go unrecorded.
+		note := "reconcile requested by an external trigger"
+		if ev.Reason != "" {
+			note += ": " + ev.Reason
+		}
+		if err := c.rec.Record(ctx, ev.Object, EventSpec{Type: EventNormal, Reason: "Triggered", Action: "Reconcile", Note: note}); err != nil {
+			log.Warn("recording the trigger event failed", "err", err)
+		}
+	}
 	if c.needsRefetch(item) {
 		c.metrics.Refetched()
 		obj, err := c.refetch(ctx, item.Key)
@@ -543,15 +554,6 @@ func (c *Controller[T]) process(ctx context.Context, item queue.Item[opkit.Key, 
 			return
 		}
 		req.Object = obj
-	}
-	if ev.Source == opkit.Operator && !ev.Requeued && item.Retries == 0 && c.cfg.RecordTriggerEvents && !isNil(req.Object) {
-		note := "reconcile requested by an external trigger"
-		if ev.Reason != "" {
-			note += ": " + ev.Reason
-		}
-		if err := c.rec.Record(ctx, req.Object, EventSpec{Type: EventNormal, Reason: "Triggered", Action: "Reconcile", Note: note}); err != nil {
-			log.Warn("recording the trigger event failed", "err", err)
-		}
 	}
 	start := time.Now()
 	res, err := c.call(ctx, req, log)

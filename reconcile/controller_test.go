@@ -268,6 +268,40 @@ func TestControllerRecordsATriggerOnceAcrossItsRetriesAndRequeues(t *testing.T) 
 	})
 }
 
+// A trigger whose first re-fetch fails is still recorded, once.
+func TestControllerRecordsATriggerWhoseFirstReadFails(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &recorder{}
+		e := start(t, rec, func(c *reconcile.Config[*Widget]) { c.RecordTriggerEvents = true }, widget("a"))
+		synctest.Wait()
+		failures := 1
+		e.dyn.PrependReactor("get", "widgets", func(clienttesting.Action) (bool, runtime.Object, error) {
+			if failures == 0 {
+				return false, nil, nil
+			}
+			failures--
+			return true, nil, apierrors.NewInternalError(errors.New("etcd leader changed"))
+		})
+		e.ctrl.Trigger().Enqueue(context.Background(), widget("a"), opkit.Modified, opkit.Operator, 0, 0)
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		calls := rec.snapshot()
+		last := calls[len(calls)-1]
+		if len(calls) != 2 || last.req.Source != opkit.Operator || last.retries != 1 {
+			t.Fatalf("%d calls, last %+v; want the trigger reconciled on its retry", len(calls), last.req)
+		}
+		var triggered int
+		for _, ev := range e.events(t) {
+			if ev.Reason == "Triggered" {
+				triggered++
+			}
+		}
+		if triggered != 1 {
+			t.Fatalf("%d Triggered Events, want 1", triggered)
+		}
+	})
+}
+
 func TestControllerErrorWithDelayWaitsAtLeastTheDelay(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rec := &recorder{do: func(_ context.Context, n int, _ reconcile.Request[*Widget]) (reconcile.Result, error) {
