@@ -43,8 +43,9 @@
 //     RetryPeriod poll), i.e. within LeaseDuration + RetryPeriod.
 //   - A Lease deleted while it names another holder (by hand, to force a
 //     failover; a leader never deletes it) is treated as still held by
-//     that replica for a lease duration from the deletion: the holder
-//     learns of it only when its next renew fails. A replica that starts
+//     that replica until it would have expired (LeaseDuration after its
+//     last change was observed): the holder learns of the deletion only
+//     when its next renew fails, and cannot renew a deleted Lease. A replica that starts
 //     campaigning after the deletion cannot know and creates it at once.
 //     Clearing the holder by hand is indistinguishable from a release and
 //     lets a follower take over at once, while the holder may still lead

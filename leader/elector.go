@@ -189,8 +189,9 @@ type observation struct {
 	at    time.Time             // when its current resourceVersion (or its absence) was first seen
 	// gone is the Lease last seen before it was deleted, if it named
 	// another replica: that replica may still lead until its next renew
-	// fails, so the Lease is treated as held by it for a lease duration
-	// from the deletion.
+	// fails, so the Lease is treated as held by it until it would have
+	// expired (at is left at its last change: the holder cannot renew a
+	// deleted Lease, so its promise ends there).
 	gone *coordinationv1.Lease
 }
 
@@ -208,7 +209,6 @@ func (e *Elector) observe(obs *observation, l *coordinationv1.Lease) {
 	now := time.Now()
 	if l == nil {
 		if !obs.known || obs.lease != nil {
-			obs.at = now
 			obs.gone = nil
 			if obs.lease != nil && holderOf(obs.lease) != "" && holderOf(obs.lease) != e.cfg.Identity {
 				// Deleted under a holder (a leader releases by clearing
@@ -216,6 +216,8 @@ func (e *Elector) observe(obs *observation, l *coordinationv1.Lease) {
 				// failover, or by a cleanup. The holder learns of it only
 				// at its next renew.
 				obs.gone = obs.lease
+			} else {
+				obs.at = now
 			}
 		}
 		obs.known, obs.lease = true, nil
@@ -314,6 +316,10 @@ func (e *Elector) campaign(ctx context.Context) (*coordinationv1.Lease, time.Tim
 			continue
 		}
 		if wait := e.untilAcquirable(obs); wait > 0 {
+			// Another replica leads: there is nothing to write, so an
+			// earlier refused write says nothing about now (a Role applied
+			// meanwhile); the next attempt will tell.
+			e.refused(&e.refusedWrite, nil)
 			expiry.Reset(wait)
 			continue
 		}

@@ -787,9 +787,9 @@ func TestFollowerWithoutWatchFallsBackToPolling(t *testing.T) {
 }
 
 // A Lease deleted while a follower watches is created again by it, but
-// not before a lease duration has passed since the deletion: the holder
-// it named learns of the deletion only at its next renew and may lead
-// until then.
+// not before it would have expired: the holder it named learns of the
+// deletion only at its next renew and may lead until then. Nor later: the
+// deletion does not extend the holder's last promise.
 func TestFollowerRecreatesDeletedLease(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e := newEnv(t)
@@ -798,6 +798,7 @@ func TestFollowerRecreatesDeletedLease(t *testing.T) {
 			l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds = &other, &secs
 		})
 		b := e.start("b", nil, nil)
+		seen := time.Now()
 		sleep(time.Second)
 		if b.elector.IsLeader() {
 			t.Fatalf("follower took a live lease")
@@ -805,16 +806,16 @@ func TestFollowerRecreatesDeletedLease(t *testing.T) {
 		if err := e.api.tracker.Delete(leasesGVR, testNS, leaseName); err != nil {
 			t.Fatal(err)
 		}
-		deleted := time.Now()
 		synctest.Wait()
-		sleep(14 * time.Second)
+		sleep(12 * time.Second) // 13s after b saw the Lease, 12s after the deletion
 		if b.elector.IsLeader() || b.elector.Leader() != "other" {
-			t.Fatalf("%v after the deletion: IsLeader %v, Holder %q; want the deleted holder's lease duration (15s) respected",
-				time.Since(deleted), b.elector.IsLeader(), b.elector.Leader())
+			t.Fatalf("%v after b saw the Lease: IsLeader %v, Holder %q; want the deleted holder's lease (15s) respected",
+				time.Since(seen), b.elector.IsLeader(), b.elector.Leader())
 		}
-		sleep(2 * time.Second)
+		sleep(2*time.Second + time.Millisecond)
 		if !b.elector.IsLeader() || holder(e.api.lease()) != "b" || transitions(e.api.lease()) != 0 {
-			t.Errorf("%v after deletion: IsLeader %v, lease holder %q", time.Since(deleted), b.elector.IsLeader(), holder(e.api.lease()))
+			t.Errorf("%v after b saw the Lease: IsLeader %v, lease holder %q; want it taken when it expired (15s)",
+				time.Since(seen), b.elector.IsLeader(), holder(e.api.lease()))
 		}
 		b.stop()
 	})
@@ -865,6 +866,35 @@ func TestCheckReportsAFollowerThatCannotCampaign(t *testing.T) {
 			})
 		})
 	}
+}
+
+// A refused write says nothing once another replica leads (a follower has
+// nothing to write then): Check is healthy again.
+func TestCheckForgetsARefusedWriteWhileAnotherReplicaLeads(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		e.api.setHook("a", func(verb string) error {
+			if verb == "create" {
+				return apierrors.NewForbidden(leasesGVR.GroupResource(), leaseName, errors.New("RBAC: no rule"))
+			}
+			return nil
+		})
+		a := e.start("a", nil, nil)
+		sleep(5 * time.Second)
+		if err := a.elector.Check(); !errors.Is(err, leader.ErrCannotCampaign) {
+			t.Fatalf("Check = %v, want ErrCannotCampaign", err)
+		}
+		// Another replica (with the permission) creates the Lease and leads.
+		e.api.put(func(l *coordinationv1.Lease) {
+			other, secs := "other", int32(15)
+			l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds = &other, &secs
+		})
+		sleep(5 * time.Second)
+		if err := a.elector.Check(); err != nil || a.elector.Leader() != "other" {
+			t.Fatalf("Check = %v, Leader %q; want a healthy follower of other", err, a.elector.Leader())
+		}
+		a.stop()
+	})
 }
 
 // stuckGate blocks in Suspend once armed, as an intake that cannot be
