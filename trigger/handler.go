@@ -317,7 +317,7 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if code, reason, err := h.parse(w, r, &req); err != nil {
-		h.fail(w, r, start, code, reason, err.Error(), nil)
+		h.fail(w, r, start, code, reason, err.Error(), &req)
 		return
 	}
 

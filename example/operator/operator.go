@@ -85,8 +85,8 @@ type Options struct {
 	// server (single replica only), storing in NATSStoreDir (empty: a
 	// temporary directory).
 	NATSURL, NATSStoreDir string
-	// NATSListen is the embedded server's host:port; empty means
-	// DefaultNATSListen, port 0 a free port.
+	// NATSListen is the embedded server's host:port (":port" listens on
+	// every interface); empty means DefaultNATSListen, port 0 a free port.
 	NATSListen string
 	// InsecureSkipTriggerAuth serves the trigger endpoint without
 	// TokenReview/SubjectAccessReview.
@@ -413,6 +413,9 @@ func Run(ctx context.Context, o Options, logger *slog.Logger) error {
 		portNum, err := strconv.Atoi(port)
 		if err != nil {
 			return fmt.Errorf("--nats-listen: bad port %q", port)
+		}
+		if host == "" {
+			host = "0.0.0.0" // ":4222" means every interface, as for the other listen flags
 		}
 		embedded, err := natsbroker.StartEmbedded(natsbroker.EmbeddedConfig{Host: host, Port: portNum, StoreDir: o.NATSStoreDir})
 		if err != nil {

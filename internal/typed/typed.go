@@ -63,10 +63,13 @@ func (c *Client[T]) Get(ctx context.Context, key opkit.Key) (T, error) {
 // names no object is the API server saying that it does not serve the
 // resource at all: a CRD not installed yet or being reinstalled, a version
 // no longer served, a wrong resource in the configuration. That is an error
-// to retry, not a reason to forget a request, so Gone is false for it.
+// to retry, not a reason to forget a request, so Gone is false for it,
+// and for a 404 whose body was not a Status at all (client-go marks it
+// UnexpectedServerResponse; a typed clientset names the object in it).
 func Gone(err error, name string) bool {
 	var s apierrors.APIStatus
-	if !apierrors.IsNotFound(err) || !errors.As(err, &s) {
+	if !apierrors.IsNotFound(err) || !errors.As(err, &s) ||
+		apierrors.HasStatusCause(err, metav1.CauseTypeUnexpectedServerResponse) {
 		return false
 	}
 	d := s.Status().Details

@@ -73,6 +73,7 @@ func TestGoneOnlyForANotFoundThatNamesTheObject(t *testing.T) {
 		{"wrapped", fmt.Errorf("get: %w", missing), true},
 		{"another object is missing", apierrors.NewNotFound(gr, "b"), false},
 		{"group/version not served", notServed[0], false},
+		{"group/version not served, as a typed clientset reports it", apierrors.NewGenericServerResponse(404, "get", gr, "a", "404 page not found", 0, true), false},
 		{"resource not served", notServed[1], false},
 		{"a NotFound without details", &apierrors.StatusError{ErrStatus: metav1.Status{Code: 404, Reason: metav1.StatusReasonNotFound}}, false},
 		{"another API error", apierrors.NewInternalError(errors.New("etcd")), false},

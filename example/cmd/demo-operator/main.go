@@ -86,7 +86,7 @@ Flags:
 	fs.StringVar(&o.HealthProbeBindAddress, "health-probe-bind-address", ":8081", "address of /healthz and /readyz; 0 disables them")
 	fs.StringVar(&o.NATSURL, "nats-url", "", "NATS server URL for the JetStream trigger consumer, e.g. nats://nats:4222; empty: start an embedded JetStream server (for a single replica only)")
 	fs.StringVar(&o.NATSStoreDir, "nats-store-dir", "", "JetStream storage directory of the embedded NATS server; empty: a temporary directory")
-	fs.StringVar(&o.NATSListen, "nats-listen", "", "host:port of the embedded NATS server; empty: "+operator.DefaultNATSListen+" (where 'trigger --via nats' connects by default); port 0: a free port")
+	fs.StringVar(&o.NATSListen, "nats-listen", "", "host:port of the embedded NATS server (:port: every interface); empty: "+operator.DefaultNATSListen+" (where 'trigger --via nats' connects by default); port 0: a free port")
 	fs.StringVar(&o.TriggerCertFile, "trigger-cert-file", "", "PEM certificate (chain) for HTTPS on the trigger endpoint, reloaded when it changes; needs --trigger-key-file; empty: plain HTTP")
 	fs.StringVar(&o.TriggerKeyFile, "trigger-key-file", "", "PEM private key for --trigger-cert-file")
 	fs.BoolVar(&o.InsecureSkipTriggerAuth, "insecure-skip-trigger-auth", false, "INSECURE: serve the HTTP trigger endpoint without TokenReview/SubjectAccessReview (development only)")
