@@ -11,8 +11,9 @@
 // transition), so it can react (HTTP 503, message redelivery) instead of
 // being lost.
 //
-// opkit depends on k8s.io/client-go, k8s.io/apimachinery and
-// golang.org/x/sync, and on nothing else.
+// opkit depends on k8s.io/client-go (with the k8s.io/api and
+// k8s.io/apimachinery it brings) and golang.org/x/sync, and on nothing
+// else.
 //
 // # Packages
 //

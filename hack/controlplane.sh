@@ -14,12 +14,19 @@ STAGING_VERSION="${STAGING_VERSION:-v0.37.2}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 NATS_VERSION="${NATS_VERSION:-v2.15.2}"
 
-cache_root="${XDG_CACHE_HOME:-$HOME/.cache}/opkit"
-bindir="$cache_root/k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_nats-${NATS_VERSION}/bin"
-workdir="$cache_root/build"
-
 log() { printf '[controlplane] %s\n' "$*" >&2; }
 die() { printf '[controlplane] ERROR: %s\n' "$*" >&2; exit 1; }
+
+# The same places as internal/testcluster.DefaultBinDir: $OPKIT_CONTROLPLANE_BIN
+# if set, else Go's user cache dir (os.UserCacheDir refuses a relative
+# XDG_CACHE_HOME, so this script does too rather than build where the tests
+# will not look).
+if [[ -n "${XDG_CACHE_HOME:-}" && "$XDG_CACHE_HOME" != /* ]]; then
+  die "XDG_CACHE_HOME=$XDG_CACHE_HOME is relative; Go (and the tests) ignore it: make it absolute"
+fi
+cache_root="${XDG_CACHE_HOME:-$HOME/.cache}/opkit"
+bindir="${OPKIT_CONTROLPLANE_BIN:-$cache_root/k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_nats-${NATS_VERSION}/bin}"
+workdir="$cache_root/build"
 
 command -v go >/dev/null || die "go is not on PATH; install Go 1.26 first"
 

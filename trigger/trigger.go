@@ -119,8 +119,9 @@ type Request[T opkit.Object] struct {
 	Fetched bool
 }
 
-// Enqueue asks for a reconcile of obj, the way the seed's EntityQueue
-// delegate does. It never blocks.
+// Enqueue asks for a reconcile of obj on behalf of something outside the
+// operator (source Operator: a pipeline, a message, an admin). It never
+// blocks.
 //
 //   - (true, nil): scheduled (queued, or merged into a pending entry).
 //   - (false, nil): dropped, because the queue's intake is suspended (this

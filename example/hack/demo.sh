@@ -17,6 +17,6 @@ fi
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 echo "==> building the demo driver"
-(cd "$example" && go build -o "$work/demo" ./hack/demo)
+(cd "$example" && go build -buildvcs=false -o "$work/demo" ./hack/demo)
 cd "$example"
 "$work/demo" -module "$example" "$@"

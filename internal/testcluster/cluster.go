@@ -64,11 +64,11 @@ func DefaultBinDir() string {
 }
 
 // CheckBinaries returns an error wrapping ErrBinariesMissing unless dir holds
-// executable kube-apiserver and etcd binaries. Its message tells how to build
-// them.
+// executable kube-apiserver, etcd and nats-server binaries (the last for the
+// example's end-to-end test and demo). Its message tells how to build them.
 func CheckBinaries(dir string) error {
 	var missing []string
-	for _, b := range []string{"kube-apiserver", "etcd"} {
+	for _, b := range []string{"kube-apiserver", "etcd", "nats-server"} {
 		st, err := os.Stat(filepath.Join(dir, b))
 		if err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
 			missing = append(missing, b)

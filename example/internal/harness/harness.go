@@ -209,7 +209,9 @@ func FreePort() (int, error) {
 // moduleDir is the example module's directory.
 func Build(ctx context.Context, moduleDir, dir string) (string, error) {
 	out := filepath.Join(dir, "demo-operator")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/demo-operator")
+	// -buildvcs=false: a checkout owned by another user (a CI container)
+	// would make git refuse the version stamp, failing the build.
+	cmd := exec.CommandContext(ctx, "go", "build", "-buildvcs=false", "-o", out, "./cmd/demo-operator")
 	cmd.Dir = moduleDir
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go build ./cmd/demo-operator: %w\n%s", err, b)
