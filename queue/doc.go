@@ -30,9 +30,13 @@
 //     those Gets waits on a timer armed for the earliest due time and takes
 //     the entry itself when it fires.
 //   - Priority. Due entries are handed out highest priority first, and
-//     within a priority in the order they became due (adds without delay:
-//     add order; delayed entries: the order the queue noticed them due,
-//     which is due order, at the latest at the next Get). A high-priority
+//     within a priority first come first served, from the moment each
+//     could first be handed out: an add without delay when it is added, a
+//     delayed entry when it falls due (also when no Get was waiting then:
+//     the next Add or Get puts it in place before anything else), a parked
+//     entry when Done makes it pending, a due entry whose priority an add
+//     raised when it was raised. Entries that fall due together go in due
+//     order. A high-priority
 //     add is returned by the next Get whatever the backlog; finding it
 //     costs O(number of distinct priorities), not O(backlog).
 //   - Reserved lanes. [Queue.GetAtLeast] is a Get that takes only entries

@@ -17,6 +17,20 @@ import (
 type modelEntry struct {
 	val, prio, retries int
 	due                time.Time
+	// since is when the entry last joined the pending entries of its
+	// priority (added, made pending by Done, or raised while due), and seq
+	// orders those moments; first come first served among due entries of
+	// one priority goes by max(due, since).
+	since time.Time
+	seq   int
+}
+
+// eligible is when e could first be handed out.
+func (e *modelEntry) eligible() time.Time {
+	if e.due.After(e.since) {
+		return e.due
+	}
+	return e.since
 }
 
 type modelKey struct {
@@ -29,6 +43,22 @@ type model struct {
 	keys      map[int]*modelKey
 	suspended bool
 	shutdown  bool
+	shutAt    time.Time // nothing due later is handed out after shutdown
+	seq       int
+}
+
+// pend records that e joins the pending entries of its priority now.
+func (m *model) pend(e *modelEntry, now time.Time) {
+	m.seq++
+	e.since, e.seq = now, m.seq
+}
+
+// cap returns now, or the shutdown time if that is earlier.
+func (m *model) cap(now time.Time) time.Time {
+	if m.shutdown && m.shutAt.Before(now) {
+		return m.shutAt
+	}
+	return now
 }
 
 // fuzzMerge derives the merge mode from the incoming payload so that the
@@ -62,10 +92,11 @@ func (m *model) add(k, v int, o queue.AddOptions, now time.Time) queue.Outcome {
 	e := &modelEntry{val: v, prio: o.Priority, retries: o.Retries, due: due}
 	if mk.inflight == nil && len(mk.held) == 0 {
 		mk.held = append(mk.held, e)
+		m.pend(e, now)
 		return queue.Queued
 	}
 	if len(mk.held) == 0 {
-		mk.held = append(mk.held, e)
+		mk.held = append(mk.held, e) // parked behind the entry in flight
 		return queue.Merged
 	}
 	t := mk.held[len(mk.held)-1]
@@ -76,10 +107,17 @@ func (m *model) add(k, v int, o queue.AddOptions, now time.Time) queue.Outcome {
 	case queue.MergeReplace:
 		t.val, t.retries = v, o.Retries
 	}
-	t.prio = max(t.prio, o.Priority)
+	pending := mk.inflight == nil && t == mk.held[0]
+	wasDue := !t.due.After(now)
 	if due.Before(t.due) {
 		t.due = due
 	}
+	// A pending entry joins the due entries of its priority now if this
+	// add makes it due, or raises the priority of a due one.
+	if pending && (!wasDue && !t.due.After(now) || wasDue && o.Priority > t.prio) {
+		m.pend(t, now)
+	}
+	t.prio = max(t.prio, o.Priority)
 	return queue.Merged
 }
 
@@ -100,6 +138,7 @@ func (m *model) checkGet(it queue.Item[int, int], ok bool, now time.Time) error 
 // checkGetAtLeast is checkGet for GetAtLeast(min): only entries of
 // priority min or higher count.
 func (m *model) checkGetAtLeast(it queue.Item[int, int], ok bool, now time.Time, min int) error {
+	now = m.cap(now)
 	best := -1 << 62
 	for _, mk := range m.keys {
 		if mk.inflight == nil && len(mk.held) > 0 && !mk.held[0].due.After(now) && mk.held[0].prio >= min {
@@ -132,17 +171,52 @@ func (m *model) checkGetAtLeast(it queue.Item[int, int], ok bool, now time.Time,
 	case !m.stamps && (!it.Due.IsZero() || !it.Enqueued.IsZero()):
 		return fmt.Errorf("Get returned times %v %v without Timestamps", it.Enqueued, it.Due)
 	}
+	if err := m.checkFirstCome(it.Key, e, now); err != nil {
+		return err
+	}
 	mk.inflight, mk.held = e, mk.held[1:]
 	return nil
 }
 
+// checkFirstCome checks that e, handed out for key, came first among the
+// due entries of its priority: none became eligible before it. Among
+// entries that became eligible at the same instant, those that fell due
+// then (promoted from the delay heap) go first in any order, then those
+// that joined then, in the order they joined.
+func (m *model) checkFirstCome(key int, e *modelEntry, now time.Time) error {
+	fellDue := func(x *modelEntry) bool { return x.due.After(x.since) }
+	for k, mk := range m.keys {
+		if k == key || mk.inflight != nil || len(mk.held) == 0 {
+			continue
+		}
+		x := mk.held[0]
+		if x.prio != e.prio || x.due.After(now) {
+			continue
+		}
+		switch xe, ee := x.eligible(), e.eligible(); {
+		case xe.Before(ee):
+		case xe.Equal(ee) && fellDue(x) && !fellDue(e):
+		case xe.Equal(ee) && !fellDue(x) && !fellDue(e) && x.seq < e.seq:
+		default:
+			continue
+		}
+		return fmt.Errorf("Get returned key %d (priority %d, eligible %v, seq %d) before key %d (eligible %v, seq %d)",
+			key, e.prio, e.eligible(), e.seq, k, x.eligible(), x.seq)
+	}
+	return nil
+}
+
 // FuzzQueueAgainstModel drives the queue with random sequences of add, get,
-// get-at-least, done, suspend, resume, clear, shutdown and time advances (synctest's fake
-// clock), and checks it against the model after every step: never two
-// holders of a key, nothing handed out before due, priority order among due
-// entries, merged payload/priority/due/retries as specified, drops only
-// while suspended or shut down, Clear and Len counts. At the end every
-// accepted group of adds is handed out exactly once.
+// get-at-least, done, suspend, resume, clear, shutdown and time advances
+// (synctest's fake clock; odd millisecond delays, and sleeps to a due time
+// or 1ns before it), and checks it against the model after every step:
+// never two holders of a key, nothing handed out before due (nor, after
+// shutdown, anything that was not due at it), priority order among due
+// entries and first come first served within a priority, merged
+// payload/priority/due/retries as specified, drops only while suspended or
+// shut down, Clear and Len counts. At the end every accepted group of adds
+// is handed out exactly once. Blocking Gets and their wake-ups are left to
+// the unit tests: every Get here has a cancelled context.
 func FuzzQueueAgainstModel(f *testing.F) {
 	f.Add([]byte{0, 1, 0, 3, 0, 0, 5, 1, 0})
 	f.Add([]byte{0, 1, 4, 0, 1, 9, 3, 0, 0, 9, 0, 7, 3, 0, 0, 5, 1, 0, 3, 0, 0})
@@ -166,6 +240,10 @@ func runModel(t *testing.T, ops []byte) {
 	next := 1
 	for len(ops) >= 3 {
 		op, k, arg := ops[0]%11, int(ops[1]%6), int(ops[2])
+		// The key byte's high bits make delays and sleeps odd numbers of
+		// milliseconds, so that an entry handed out early by any amount
+		// shows (with round numbers, up to half a step went unseen).
+		jitter := time.Duration(ops[1]>>3) * time.Millisecond
 		ops = ops[3:]
 		now := time.Now()
 		switch op {
@@ -174,6 +252,9 @@ func runModel(t *testing.T, ops []byte) {
 				Delay:    time.Duration(arg%4) * 100 * time.Millisecond,
 				Priority: (arg>>2)%3 - 1,
 				Retries:  (arg >> 4) % 3,
+			}
+			if o.Delay > 0 {
+				o.Delay += jitter
 			}
 			if op == 2 { // many priorities: more levels than the queue keeps empty ones
 				o.Priority = (arg>>2)%48 - 24
@@ -207,6 +288,9 @@ func runModel(t *testing.T, ops []byte) {
 				kk := (k + i) % 6
 				if mk := m.keys[kk]; mk != nil && mk.inflight != nil {
 					mk.inflight = nil
+					if len(mk.held) > 0 {
+						m.pend(mk.held[0], now) // a parked successor becomes pending
+					}
 					q.Done(kk)
 					break
 				}
@@ -226,12 +310,26 @@ func runModel(t *testing.T, ops []byte) {
 				t.Fatalf("Clear = %d, model says %d", got, want)
 			}
 		case 9, 10:
-			if op == 10 && arg%4 == 0 {
+			switch {
+			case op == 10 && arg%4 == 0:
 				q.ShutDown()
-				m.shutdown = true
+				if !m.shutdown { // ShutDown is idempotent: the first one counts
+					m.shutdown, m.shutAt = true, now
+				}
 				continue
+			case op == 10 && arg%4 == 1 || op == 10 && arg%4 == 2:
+				// To the next due time, or 1ns before it: an entry handed
+				// out early by the least amount shows.
+				if next, ok := m.nextDue(now); ok {
+					d := next.Sub(now)
+					if arg%4 == 1 {
+						d--
+					}
+					time.Sleep(d)
+				}
+			default:
+				time.Sleep(time.Duration(arg%8)*50*time.Millisecond + jitter)
 			}
-			time.Sleep(time.Duration(arg%8) * 50 * time.Millisecond)
 		}
 		if got, want := q.Len(), m.held(); got != want {
 			t.Fatalf("Len = %d, model says %d", got, want)
@@ -241,10 +339,17 @@ func runModel(t *testing.T, ops []byte) {
 	q.Resume()
 	m.suspended = false
 	time.Sleep(time.Second)
+	done := func(k int) {
+		mk := m.keys[k]
+		mk.inflight = nil
+		if len(mk.held) > 0 {
+			m.pend(mk.held[0], time.Now())
+		}
+		q.Done(k)
+	}
 	for k, mk := range m.keys {
 		if mk.inflight != nil {
-			mk.inflight = nil
-			q.Done(k)
+			done(k)
 		}
 	}
 	for {
@@ -256,10 +361,29 @@ func runModel(t *testing.T, ops []byte) {
 		if !ok {
 			break
 		}
-		m.keys[it.Key].inflight = nil
-		q.Done(it.Key)
+		done(it.Key)
 	}
-	if n := m.held(); n != 0 || q.Len() != 0 {
-		t.Fatalf("after drain the model holds %d entries and Len = %d; every accepted add must be handed out", n, q.Len())
+	// Everything accepted was handed out, except, after a shutdown, the
+	// entries that were not due at it (and what is parked behind them).
+	for k, mk := range m.keys {
+		if len(mk.held) > 0 && (!m.shutdown || !mk.held[0].due.After(m.shutAt)) {
+			t.Fatalf("after drain the model still holds %d entries for key %d (due %v, shutdown %v at %v)",
+				len(mk.held), k, mk.held[0].due, m.shutdown, m.shutAt)
+		}
 	}
+	if n := m.held(); q.Len() != n {
+		t.Fatalf("after drain Len = %d, model holds %d", q.Len(), n)
+	}
+}
+
+// nextDue returns the earliest due time after now among pending entries.
+func (m *model) nextDue(now time.Time) (time.Time, bool) {
+	var next time.Time
+	found := false
+	for _, mk := range m.keys {
+		if mk.inflight == nil && len(mk.held) > 0 && mk.held[0].due.After(now) && (!found || mk.held[0].due.Before(next)) {
+			next, found = mk.held[0].due, true
+		}
+	}
+	return next, found
 }

@@ -124,6 +124,7 @@ type Queue[K comparable, V any] struct {
 
 	suspended bool
 	shutdown  bool
+	shutAt    int64         // the clock at ShutDown: entries due later are never handed out
 	drained   chan struct{} // closed when the last in-flight entry is Done after shutdown
 }
 
@@ -242,6 +243,17 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 
 	head, pos := q.find(key, h)
 	known := head != none
+	if q.nDelayed > 0 && (opts.Delay <= 0 || known && q.mergesPending(head)) {
+		// Delayed entries that fell due since the last Get join the ready
+		// entries before this add changes them: first come first served
+		// counts from when an entry fell due, not from when a Get noticed.
+		if !haveNow {
+			now, haveNow = q.clock(), true
+		}
+		if q.promote(now) {
+			q.passOn()
+		}
+	}
 	out := Merged
 	if !known || q.sl(head).state() == stIdle {
 		out = Queued
@@ -308,6 +320,20 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 		}
 	}
 	return out
+}
+
+// mergesPending reports whether an add for the key whose chain starts at
+// head merges into a pending entry (ready, or delayed and perhaps due
+// already): it may raise its priority or make it due, so it may change
+// the ready entries even with a delay. An add without delay may change
+// them anyway; only a delayed add that parks or stores a new entry cannot.
+func (q *Queue[K, V]) mergesPending(head int32) bool {
+	t := head
+	for q.sl(t).next != none {
+		t = q.sl(t).next
+	}
+	st := q.sl(t).state()
+	return st == stReady || st == stDelayed
 }
 
 // mergeInto merges an add into the held (pending or parked) entry t.
@@ -407,13 +433,22 @@ func (q *Queue[K, V]) release(i int32) {
 	q.free = append(q.free, i)
 }
 
-// schedule makes entry i pending: ready if due, delayed otherwise.
+// schedule makes entry i pending: ready if due, delayed otherwise. After
+// shutdown, "due" means due at ShutDown.
 func (q *Queue[K, V]) schedule(i int32, now int64) {
+	if q.shutdown {
+		now = min(now, q.shutAt)
+	}
 	s := q.sl(i)
 	if m := q.metrics; m != nil {
 		m.Depth(int(s.prio), 1)
 	}
 	if s.due <= now {
+		if q.nDelayed > 0 {
+			// A parked entry made pending by Done goes behind what fell
+			// due before (Add promotes before it schedules).
+			q.promote(now)
+		}
 		q.nReady++
 		q.pushReady(i)
 		q.wakeFor(s.prio)
@@ -514,9 +549,13 @@ func (q *Queue[K, V]) compactDelay() {
 	q.delayStale = 0
 }
 
-// promote moves the delayed entries due at now to the ready rings, in due
-// order.
-func (q *Queue[K, V]) promote(now int64) {
+// promote moves the delayed entries due at now (at the shutdown time,
+// after ShutDown) to the ready rings, in due order, and reports whether it
+// moved any.
+func (q *Queue[K, V]) promote(now int64) (promoted bool) {
+	if q.shutdown {
+		now = min(now, q.shutAt)
+	}
 	for q.delay.len() > 0 && q.delay.top().due() <= now {
 		e := q.delay.pop()
 		if !q.validDelayed(e) {
@@ -526,7 +565,9 @@ func (q *Queue[K, V]) promote(now int64) {
 		q.nDelayed--
 		q.nReady++
 		q.pushReady(e.idx)
+		promoted = true
 	}
+	return promoted
 }
 
 // earliest returns the due time of the earliest delayed entry, dropping
@@ -878,8 +919,9 @@ func (q *Queue[K, V]) Done(key K) {
 		q.nParked--
 		if m == nil {
 			// A parked entry due before the last clock reading needs no
-			// new one.
-			if now = q.lastNow; q.sl(next).due > now {
+			// new one, unless delayed entries may have fallen due since
+			// (schedule promotes them first).
+			if now = q.lastNow; q.sl(next).due > now || q.nDelayed > 0 {
 				now = q.clock()
 			}
 		}
@@ -979,16 +1021,17 @@ func (q *Queue[K, V]) Clear() int {
 
 // ShutDown shuts the queue down: every later Add returns DroppedShutDown,
 // blocked Gets wake up, and Get hands out the entries already due, then
-// returns ErrShutDown without blocking. Entries not yet due are never
-// handed out. ShutDown is idempotent; the queue owns no goroutine, so
-// none is left behind.
+// returns ErrShutDown without blocking. Entries not yet due at ShutDown
+// are never handed out, however long Get is called (a parked entry that
+// Done makes pending counts as due if it was due at ShutDown). ShutDown is
+// idempotent; the queue owns no goroutine, so none is left behind.
 func (q *Queue[K, V]) ShutDown() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.shutdown {
 		return
 	}
-	q.shutdown = true
+	q.shutdown, q.shutAt = true, q.clock()
 	for len(q.waiters) > 0 {
 		q.wakeAt(0)
 	}
@@ -996,7 +1039,11 @@ func (q *Queue[K, V]) ShutDown() {
 
 // ShutDownWithDrain shuts the queue down like ShutDown, then waits until
 // every in-flight entry is Done, or ctx ends, in which case it returns an
-// error wrapping ctx.Err() (the queue stays shut down).
+// error wrapping ctx.Err() (the queue stays shut down). It waits for the
+// entries in flight only: due entries still queued (including one parked
+// behind an in-flight entry, which its Done makes pending) stay for Get,
+// as with ShutDown; a caller that wants them processed keeps calling Get
+// until it returns ErrShutDown.
 func (q *Queue[K, V]) ShutDownWithDrain(ctx context.Context) error {
 	q.ShutDown()
 	q.mu.Lock()

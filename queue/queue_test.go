@@ -3,6 +3,7 @@ package queue_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -328,6 +329,70 @@ func TestDueEntriesAreServedByPriorityThenFIFO(t *testing.T) {
 			if order[i] != want[i] {
 				t.Fatalf("order %v, want %v", order, want)
 			}
+		}
+	})
+}
+
+// First come first served counts from the moment an entry fell due, also
+// when no Get was waiting then: a delayed entry that fell due while every
+// consumer was busy goes before entries added after that moment, whether
+// they came as new adds or as a parked entry made pending by Done.
+func TestADelayedEntryThatFellDueGoesBeforeLaterOnes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := newQ(t, queue.Config[int]{})
+		q.Add("busy", 0, queue.AddOptions{})
+		mustGet(t, q)                                             // a consumer is busy with it
+		q.Add("busy", 1, queue.AddOptions{})                      // parked behind it
+		q.Add("delayed", 0, queue.AddOptions{Delay: time.Second}) // falls due at 1s
+		time.Sleep(2 * time.Second)
+		q.Add("later", 0, queue.AddOptions{})
+		q.Done("busy") // its parked successor becomes pending now
+		var order []string
+		for {
+			it, ok := tryGet(t, q)
+			if !ok {
+				break
+			}
+			order = append(order, it.Key)
+		}
+		if fmt.Sprint(order) != "[delayed later busy]" {
+			t.Fatalf("order %v, want [delayed later busy]", order)
+		}
+	})
+}
+
+// The same holds when an add raises a ready entry's priority: it joins
+// the higher priority then, behind the delayed entry of that priority that
+// fell due before.
+func TestARaisedEntryGoesBehindWhatFellDueBeforeAtItsNewPriority(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := newQ(t, queue.Config[int]{})
+		q.Add("delayed", 0, queue.AddOptions{Delay: time.Second, Priority: 5})
+		q.Add("raised", 0, queue.AddOptions{})
+		time.Sleep(2 * time.Second)
+		q.Add("raised", 1, queue.AddOptions{Priority: 5})
+		first, _ := tryGet(t, q)
+		second, _ := tryGet(t, q)
+		if first.Key != "delayed" || second.Key != "raised" {
+			t.Fatalf("order %s, %s; want delayed, raised", first.Key, second.Key)
+		}
+	})
+}
+
+// After ShutDown, Get hands out what was due at ShutDown and nothing that
+// falls due later, however long it keeps being called.
+func TestGetAfterShutDownNeverHandsOutWhatWasNotDue(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := newQ(t, queue.Config[int]{})
+		q.Add("k", 0, queue.AddOptions{})
+		mustGet(t, q)
+		q.Add("k", 1, queue.AddOptions{Delay: time.Second}) // parked, due at 1s
+		q.Add("later", 0, queue.AddOptions{Delay: time.Second})
+		q.ShutDown()
+		time.Sleep(2 * time.Second)
+		q.Done("k")
+		if it, err := q.Get(context.Background()); !errors.Is(err, queue.ErrShutDown) {
+			t.Fatalf("Get after ShutDown = %v, %v; want ErrShutDown: nothing was due at ShutDown", it.Key, err)
 		}
 	})
 }
