@@ -313,24 +313,24 @@ func TestDueEntriesAreServedByPriorityThenFIFO(t *testing.T) {
 		q.Add("c", 0, queue.AddOptions{})
 		q.Add("e", 0, queue.AddOptions{Priority: 5})
 		time.Sleep(3 * time.Second)
-		var order []string
-		for {
-			it, ok := tryGet(t, q)
-			if !ok {
-				break
-			}
-			order = append(order, it.Key)
-		}
-		want := []string{"d-high", "b", "e", "a", "c", "d-low"}
-		if len(order) != len(want) {
-			t.Fatalf("order %v, want %v", order, want)
-		}
-		for i := range want {
-			if order[i] != want[i] {
-				t.Fatalf("order %v, want %v", order, want)
-			}
+		if order := takeAll(t, q); fmt.Sprint(order) != "[d-high b e a c d-low]" {
+			t.Fatalf("order %v, want [d-high b e a c d-low]", order)
 		}
 	})
+}
+
+// takeAll takes every entry due now, without Done, and returns their keys
+// in the order Get handed them out.
+func takeAll(t *testing.T, q *queue.Queue[string, int]) []string {
+	t.Helper()
+	var order []string
+	for {
+		it, ok := tryGet(t, q)
+		if !ok {
+			return order
+		}
+		order = append(order, it.Key)
+	}
 }
 
 // First come first served counts from the moment an entry fell due, also
@@ -347,15 +347,7 @@ func TestADelayedEntryThatFellDueGoesBeforeLaterOnes(t *testing.T) {
 		time.Sleep(2 * time.Second)
 		q.Add("later", 0, queue.AddOptions{})
 		q.Done("busy") // its parked successor becomes pending now
-		var order []string
-		for {
-			it, ok := tryGet(t, q)
-			if !ok {
-				break
-			}
-			order = append(order, it.Key)
-		}
-		if fmt.Sprint(order) != "[delayed later busy]" {
+		if order := takeAll(t, q); fmt.Sprint(order) != "[delayed later busy]" {
 			t.Fatalf("order %v, want [delayed later busy]", order)
 		}
 	})
