@@ -269,10 +269,17 @@ func sameRecords(t *testing.T, what string, got, want []record) {
 
 func key(name string) opkit.Key { return opkit.Key{Namespace: "ns", Name: name} }
 
-// retaining returns a watcher over c with RetainDeletes, and its queue.
-func retaining(t *testing.T, c *dynfake.FakeDynamicClient) (*recorder, *watcher.Watcher[*Widget]) {
+// abFake returns a fake cluster holding widgets ns/a (uid ua, rv 1) and
+// ns/b (uid ub, rv 2).
+func abFake() *dynfake.FakeDynamicClient {
+	return newFake(widget("ns", "a", "ua", "1", 1), widget("ns", "b", "ub", "2", 1))
+}
+
+// watching returns a watcher over c that records into a new recorder, with
+// Config.RetainDeletes as given.
+func watching(t *testing.T, c *dynfake.FakeDynamicClient, retainDeletes bool) (*recorder, *watcher.Watcher[*Widget]) {
 	q := &recorder{}
 	cfg := config(c, q)
-	cfg.RetainDeletes = true
+	cfg.RetainDeletes = retainDeletes
 	return q, mustNew(t, cfg)
 }

@@ -90,7 +90,7 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 
 func TestInitialListEmitsEveryObjectAsAddedThenWatchEventsFollow(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := newFake(widget("ns", "a", "ua", "1", 1), widget("ns", "b", "ub", "2", 1))
+		c := abFake()
 		q := &recorder{}
 		syncs := &syncLog{}
 		cfg := config(c, q)
@@ -581,7 +581,7 @@ func TestResourceVersionIsTheLatestSeen(t *testing.T) {
 
 func TestDroppedAddsAreCountedAndTrackingGoesOn(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := newFake(widget("ns", "a", "ua", "1", 1), widget("ns", "b", "ub", "2", 1))
+		c := abFake()
 		q := &recorder{outcome: queue.DroppedSuspended}
 		m := newMetrics()
 		cfg := config(c, q)
@@ -614,9 +614,8 @@ func TestDroppedAddsAreCountedAndTrackingGoesOn(t *testing.T) {
 
 func TestANewRunReportsObjectsDeletedWhileStopped(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := newFake(widget("ns", "a", "ua", "1", 1), widget("ns", "b", "ub", "2", 1))
-		q := &recorder{}
-		w := mustNew(t, config(c, q))
+		c := abFake()
+		q, w := watching(t, c, false)
 		stop := start(t, w)
 		synctest.Wait()
 		stop()
@@ -640,9 +639,8 @@ func TestANewRunReportsObjectsDeletedWhileStopped(t *testing.T) {
 // list, once, as a tombstone.
 func TestADeleteTheQueueDroppedComesBackWithTheNextList(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := newFake(widget("ns", "a", "ua", "1", 1), widget("ns", "b", "ub", "2", 1))
-		q := &recorder{}
-		w := mustNew(t, config(c, q))
+		c := abFake()
+		q, w := watching(t, c, false)
 		stop := start(t, w)
 		synctest.Wait()
 		q.take()
@@ -677,8 +675,8 @@ func TestADeleteTheQueueDroppedComesBackWithTheNextList(t *testing.T) {
 // Run's list emits it again.
 func TestRetainDeletesKeepsADeleteUntilSettled(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := newFake(widget("ns", "a", "ua", "1", 1), widget("ns", "b", "ub", "2", 1))
-		q, w := retaining(t, c)
+		c := abFake()
+		q, w := watching(t, c, true)
 		stop := start(t, w)
 		synctest.Wait()
 		q.take()
@@ -713,10 +711,10 @@ func TestRetainDeletesKeepsADeleteUntilSettled(t *testing.T) {
 // the delete twice), only the next Run's first list.
 func TestRetainedDeletesAreNotRepeatedWithinARun(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := newFake(widget("ns", "a", "ua", "1", 1), widget("ns", "b", "ub", "2", 1))
+		c := abFake()
 		ws := &watches{}
 		ws.install(c)
-		q, w := retaining(t, c)
+		q, w := watching(t, c, true)
 		stop := start(t, w)
 		defer stop()
 		synctest.Wait()
@@ -744,8 +742,8 @@ func TestRetainedDeletesAreNotRepeatedWithinARun(t *testing.T) {
 // brought back by the watcher's own bookkeeping.
 func TestADeleteSettledAtOnceStaysSettled(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := newFake(widget("ns", "a", "ua", "1", 1), widget("ns", "b", "ub", "2", 1))
-		q, w := retaining(t, c)
+		c := abFake()
+		q, w := watching(t, c, true)
 		q.after = func(r record) {
 			if r.Type == opkit.Deleted {
 				w.Settle(r.Key, types.UID(r.UID))
@@ -979,7 +977,7 @@ func TestWatchListThatNeverEndsItsInitialEventsFallsBack(t *testing.T) {
 
 func TestWorksWithTheRealQueue(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := newFake(widget("ns", "a", "ua", "1", 1), widget("ns", "b", "ub", "2", 1))
+		c := abFake()
 		q := queue.New[opkit.Key, opkit.Event[*Widget]](queue.Config[opkit.Event[*Widget]]{})
 		stop := start(t, mustNew(t, watcher.Config[*Widget]{Client: c, Resource: widgets, Queue: q, Logger: discard}))
 		defer stop()

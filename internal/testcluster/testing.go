@@ -191,6 +191,17 @@ func (c *Cluster) firstRunning() int {
 	return 0
 }
 
+// Dynamic returns an admin dynamic client for API server 0, failing t if
+// it cannot be built.
+func (c *Cluster) Dynamic(t testing.TB) *dynamic.DynamicClient {
+	t.Helper()
+	d, err := dynamic.NewForConfig(c.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
 // Namespace creates a namespace with a fresh name derived from t's name and
 // returns the name. At cleanup it deletes the namespace; without a
 // controller-manager it stays Terminating, which at least refuses new

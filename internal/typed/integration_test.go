@@ -9,7 +9,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/dynamic"
 
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/internal/testcluster"
@@ -28,10 +27,7 @@ func TestNotServedAgainstTheAPIServer(t *testing.T) {
 	ns := c.Namespace(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	dyn, err := dynamic.NewForConfig(c.Config())
-	if err != nil {
-		t.Fatal(err)
-	}
+	dyn := c.Dynamic(t)
 	gadgets := schema.GroupVersionResource{Group: "typed.opkit.dev", Version: "v1", Resource: "gadgets"}
 	get := func(gvr schema.GroupVersionResource) error {
 		res := opkit.Resource{GroupVersionResource: gvr, Kind: "Anything", Namespaced: true}
