@@ -243,7 +243,14 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 
 	head, pos := q.find(key, h)
 	known := head != none
-	if q.nDelayed > 0 && (opts.Delay <= 0 || known && q.mergesPending(head)) {
+	fresh := !known || q.sl(head).state() == stIdle
+	t := head // the end of the key's chain: what a merge goes into, or a park behind
+	if !fresh {
+		for q.sl(t).next != none {
+			t = q.sl(t).next
+		}
+	}
+	if q.nDelayed > 0 && q.touchesReady(fresh, t, opts.Delay, prio) {
 		// Delayed entries that fell due since the last Get join the ready
 		// entries before this add changes them: first come first served
 		// counts from when an entry fell due, not from when a Get noticed.
@@ -255,7 +262,7 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 		}
 	}
 	out := Merged
-	if !known || q.sl(head).state() == stIdle {
+	if fresh {
 		out = Queued
 		if !haveNow {
 			now = q.addTime()
@@ -283,10 +290,6 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 			q.insertAt(pos, h, i) // after schedule: a rebuild keeps only slots in use
 		}
 	} else {
-		t := head
-		for q.sl(t).next != none {
-			t = q.sl(t).next
-		}
 		mode := MergeSequence // behind an in-flight entry: park a new one
 		if q.sl(t).state() != stInFlight {
 			mode = MergeReplace
@@ -322,18 +325,22 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 	return out
 }
 
-// mergesPending reports whether an add for the key whose chain starts at
-// head merges into a pending entry (ready, or delayed and perhaps due
-// already): it may raise its priority or make it due, so it may change
-// the ready entries even with a delay. An add without delay may change
-// them anyway; only a delayed add that parks or stores a new entry cannot.
-func (q *Queue[K, V]) mergesPending(head int32) bool {
-	t := head
-	for q.sl(t).next != none {
-		t = q.sl(t).next
+// touchesReady reports whether an add may put an entry among the ready
+// ones: a new entry (fresh) due now; a merge into the pending entry t that
+// raises a ready one's priority (it moves to the new priority's end), or
+// into a delayed one (it may make it due, or raise one already due). A
+// merge into a parked entry, or a park, cannot.
+func (q *Queue[K, V]) touchesReady(fresh bool, t int32, delay time.Duration, prio int32) bool {
+	if fresh {
+		return delay <= 0
 	}
-	st := q.sl(t).state()
-	return st == stReady || st == stDelayed
+	switch s := q.sl(t); s.state() {
+	case stReady:
+		return prio > s.prio
+	case stDelayed:
+		return true
+	}
+	return false
 }
 
 // mergeInto merges an add into the held (pending or parked) entry t.
@@ -444,11 +451,6 @@ func (q *Queue[K, V]) schedule(i int32, now int64) {
 		m.Depth(int(s.prio), 1)
 	}
 	if s.due <= now {
-		if q.nDelayed > 0 {
-			// A parked entry made pending by Done goes behind what fell
-			// due before (Add promotes before it schedules).
-			q.promote(now)
-		}
 		q.nReady++
 		q.pushReady(i)
 		q.wakeFor(s.prio)
@@ -924,6 +926,10 @@ func (q *Queue[K, V]) Done(key K) {
 			if now = q.lastNow; q.sl(next).due > now || q.nDelayed > 0 {
 				now = q.clock()
 			}
+		}
+		// The parked entry goes behind what fell due before it.
+		if q.nDelayed > 0 && q.promote(now) {
+			q.passOn()
 		}
 		q.schedule(next, now)
 	}

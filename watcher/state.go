@@ -36,6 +36,13 @@ type entry struct {
 	queued bool
 }
 
+// reemit reports whether a list (initial: a Run's first) or a recreation
+// of the object emits the delete of e again: any vanished live object's,
+// and a tombstone's unless the queue took it in this Run.
+func (e entry) reemit(initial bool) bool {
+	return initial || !e.deleted || !e.queued
+}
+
 // meta is what the watcher reads from an object's metadata.
 type meta struct {
 	key         opkit.Key
@@ -199,25 +206,13 @@ func (t *tracker) unqueued(key opkit.Key, uid string) {
 	t.mu.Unlock()
 }
 
-// removeTombstone forgets the tombstone of key and uid, if it is still
-// held.
-func (t *tracker) removeTombstone(key opkit.Key, uid string) {
+// settle forgets the tombstone of key if it is still the one of uid.
+func (t *tracker) settle(key opkit.Key, uid string) {
 	t.mu.Lock()
 	if e, ok := t.entries[key]; ok && e.deleted && e.uid == uid {
 		delete(t.entries, key)
 	}
 	t.mu.Unlock()
-}
-
-// settle drops the tombstone of key if it is the one of uid.
-func (t *tracker) settle(key opkit.Key, uid string) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if e, ok := t.entries[key]; ok && e.deleted && e.uid == uid {
-		delete(t.entries, key)
-		return true
-	}
-	return false
 }
 
 // keyed is a tracked key with its entry.
@@ -234,7 +229,7 @@ func (t *tracker) vanished(initial bool) []keyed {
 	var out []keyed
 	t.mu.RLock()
 	for k, e := range t.entries {
-		if e.epoch != t.epoch && (initial || !e.deleted || !e.queued) {
+		if e.epoch != t.epoch && e.reemit(initial) {
 			out = append(out, keyed{k, e})
 		}
 	}

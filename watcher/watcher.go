@@ -202,7 +202,7 @@ type run[T opkit.Object] struct {
 	w         *Watcher[T]
 	watchList bool // try WatchList for the next (re)list
 	failures  int  // consecutive failed calls, for backoff
-	listed    bool // a list of this Run has completed (finishList)
+	listed    bool // a list of this Run has completed (finishList): later ones are relists
 }
 
 // outcome is how a watch (or a list) ended.
@@ -216,16 +216,16 @@ func (r *run[T]) loop(ctx context.Context) {
 	var (
 		rv         string
 		needList   = true
-		initial    = true
 		listReason = ReasonInitial
 	)
 	for ctx.Err() == nil {
 		if needList {
-			if initial && r.listed {
-				// A WatchList stream synced, then expired before it
-				// returned: what follows is a relist, not a second
-				// initial list re-emitting every object.
-				initial, listReason = false, ReasonExpired
+			// The Run's first list is the initial one until a list has
+			// completed, also one that completed inside a WatchList stream
+			// that expired afterwards: what follows is a relist.
+			initial := !r.listed
+			if !initial && listReason == ReasonInitial {
+				listReason = ReasonExpired
 			}
 			w.s.metrics.Relist(listReason)
 			var (
@@ -252,7 +252,7 @@ func (r *run[T]) loop(ctx context.Context) {
 				}
 				continue
 			}
-			rv, needList, initial = newRV, false, false
+			rv, needList = newRV, false
 			if r.watchList {
 				// The stream continued as a watch after its end bookmark and
 				// has ended since; resume from where it stopped.
@@ -620,7 +620,7 @@ func (w *Watcher[T]) observe(u *unstructured.Unstructured, l *listing) {
 	case known && old.uid != m.uid:
 		// Recreated under the same name: the old incarnation is gone. A
 		// held delete the queue took in this Run is not sent again.
-		if !old.deleted || !old.queued || l != nil && l.initial {
+		if old.reemit(l != nil && l.initial) {
 			w.emit(m.key, w.tombstone(m.key, types.UID(old.uid), old.rv), opkit.Deleted, true, prio)
 			if l != nil {
 				l.ev.Deleted++
@@ -687,7 +687,7 @@ func (w *Watcher[T]) emitDelete(key opkit.Key, uid, rv string, obj T, finalState
 	case !out.Accepted():
 		w.track.unqueued(key, uid)
 	case !w.cfg.RetainDeletes:
-		w.track.removeTombstone(key, uid)
+		w.track.settle(key, uid)
 	}
 }
 
