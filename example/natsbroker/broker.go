@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -107,7 +107,7 @@ func (c *Config) setDefaults() error {
 	def(&c.DeadLetterStream, DefaultDeadLetterStream)
 	def(&c.DeadLetterSubject, DefaultDeadLetterSubject)
 	def(&c.Durable, DefaultDurable)
-	if c.Stream == c.DeadLetterStream || subjectsOverlap(c.Subject, c.DeadLetterSubject) {
+	if c.Stream == c.DeadLetterStream || server.SubjectsCollide(c.Subject, c.DeadLetterSubject) {
 		return invalid("the dead-letter stream and subject (%s, %q) must differ from the trigger stream and subject (%s, %q), and the subjects must not overlap",
 			c.DeadLetterStream, c.DeadLetterSubject, c.Stream, c.Subject)
 	}
@@ -141,22 +141,6 @@ func (c *Config) setDefaults() error {
 		c.Logger = slog.Default()
 	}
 	return nil
-}
-
-// subjectsOverlap reports whether some subject matches both NATS subject
-// patterns a and b ("*" matches one token, a final ">" one or more).
-func subjectsOverlap(a, b string) bool {
-	ta, tb := strings.Split(a, "."), strings.Split(b, ".")
-	for i := 0; ; i++ {
-		switch {
-		case i == len(ta) || i == len(tb):
-			return len(ta) == len(tb)
-		case ta[i] == ">" || tb[i] == ">":
-			return true
-		case ta[i] != "*" && tb[i] != "*" && ta[i] != tb[i]:
-			return false
-		}
-	}
 }
 
 // Broker is a trigger.Broker over a JetStream durable pull consumer.

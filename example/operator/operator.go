@@ -144,14 +144,29 @@ func (o *Options) Validate() error {
 			errs = append(errs, errors.New("--nats-store-dir and --nats-listen apply to the embedded server only, not with --nats-url"))
 		}
 	}
-	if o.NATSListen != "" {
-		if _, port, err := net.SplitHostPort(o.NATSListen); err != nil {
-			errs = append(errs, fmt.Errorf("--nats-listen %q: want host:port: %v", o.NATSListen, err))
-		} else if _, err := strconv.ParseUint(port, 10, 16); err != nil {
-			errs = append(errs, fmt.Errorf("--nats-listen %q: bad port", o.NATSListen))
-		}
+	if _, _, err := o.natsListen(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// natsListen returns the embedded NATS server's host and port from
+// NATSListen (default DefaultNATSListen; an empty host means every
+// interface, as for the other listen addresses).
+func (o *Options) natsListen() (host string, port int, err error) {
+	addr := cmp.Or(o.NATSListen, DefaultNATSListen)
+	host, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", 0, fmt.Errorf("--nats-listen %q: want host:port: %v", addr, err)
+	}
+	n, err := strconv.ParseUint(p, 10, 16)
+	if err != nil {
+		return "", 0, fmt.Errorf("--nats-listen %q: bad port", addr)
+	}
+	if host == "" {
+		host = "0.0.0.0"
+	}
+	return host, int(n), nil
 }
 
 // RESTConfig loads the client configuration: --kubeconfig if given, else
@@ -406,18 +421,11 @@ func Run(ctx context.Context, o Options, logger *slog.Logger) error {
 
 	natsURL := o.NATSURL
 	if natsURL == "" {
-		host, port, err := net.SplitHostPort(cmp.Or(o.NATSListen, DefaultNATSListen))
+		host, port, err := o.natsListen()
 		if err != nil {
-			return fmt.Errorf("--nats-listen: %w", err)
+			return err
 		}
-		portNum, err := strconv.Atoi(port)
-		if err != nil {
-			return fmt.Errorf("--nats-listen: bad port %q", port)
-		}
-		if host == "" {
-			host = "0.0.0.0" // ":4222" means every interface, as for the other listen flags
-		}
-		embedded, err := natsbroker.StartEmbedded(natsbroker.EmbeddedConfig{Host: host, Port: portNum, StoreDir: o.NATSStoreDir})
+		embedded, err := natsbroker.StartEmbedded(natsbroker.EmbeddedConfig{Host: host, Port: port, StoreDir: o.NATSStoreDir})
 		if err != nil {
 			return err
 		}
