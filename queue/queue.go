@@ -244,13 +244,7 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 	head, pos := q.find(key, h)
 	known := head != none
 	fresh := !known || q.sl(head).state() == stIdle
-	t := head // the end of the key's chain: what a merge goes into, or a park behind
-	if !fresh {
-		for q.sl(t).next != none {
-			t = q.sl(t).next
-		}
-	}
-	if q.nDelayed > 0 && q.touchesReady(fresh, t, opts.Delay, prio) {
+	if q.nDelayed > 0 && q.touchesReady(fresh, head, opts.Delay, prio) {
 		// Delayed entries that fell due since the last Get join the ready
 		// entries before this add changes them: first come first served
 		// counts from when an entry fell due, not from when a Get noticed.
@@ -290,6 +284,7 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 			q.insertAt(pos, h, i) // after schedule: a rebuild keeps only slots in use
 		}
 	} else {
+		t := q.tail(head)
 		mode := MergeSequence // behind an in-flight entry: park a new one
 		if q.sl(t).state() != stInFlight {
 			mode = MergeReplace
@@ -325,16 +320,26 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 	return out
 }
 
-// touchesReady reports whether an add may put an entry among the ready
-// ones: a new entry (fresh) due now; a merge into the pending entry t that
-// raises a ready one's priority (it moves to the new priority's end), or
-// into a delayed one (it may make it due, or raise one already due). A
-// merge into a parked entry, or a park, cannot.
-func (q *Queue[K, V]) touchesReady(fresh bool, t int32, delay time.Duration, prio int32) bool {
+// tail returns the last entry of the chain that starts at head: what an
+// add merges into, or parks behind.
+func (q *Queue[K, V]) tail(head int32) int32 {
+	t := head
+	for q.sl(t).next != none {
+		t = q.sl(t).next
+	}
+	return t
+}
+
+// touchesReady reports whether an add for the key whose chain starts at
+// head may put an entry among the ready ones: a new entry (fresh) due now;
+// a merge that raises a ready entry's priority (it moves to the new
+// priority's end), or one into a delayed entry (it may make it due, or
+// raise one already due). A merge into a parked entry, or a park, cannot.
+func (q *Queue[K, V]) touchesReady(fresh bool, head int32, delay time.Duration, prio int32) bool {
 	if fresh {
 		return delay <= 0
 	}
-	switch s := q.sl(t); s.state() {
+	switch s := q.sl(q.tail(head)); s.state() {
 	case stReady:
 		return prio > s.prio
 	case stDelayed:
