@@ -260,11 +260,15 @@ func (e *Elector) campaign(ctx context.Context) (*coordinationv1.Lease, time.Tim
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer stopWatch()
-	events := make(chan leaseEvent)
-	wg.Go(func() { e.watchLease(wctx, events) })
+	leaseEvents := make(chan leaseEvent)
+	wg.Go(func() { e.watchLease(wctx, leaseEvents) })
 
 	var obs observation
 	var polling chan pollResult // non-nil while a read is in flight
+	// events counts the watch's deliveries, pollAfter is that count when
+	// the read in flight was sent: a read overtaken by a watch event may
+	// answer with an older version, which must not count as a change.
+	var events, pollAfter int
 	poll := time.NewTimer(0)
 	defer poll.Stop()
 	expiry := time.NewTimer(time.Hour)
@@ -274,7 +278,8 @@ func (e *Elector) campaign(ctx context.Context) (*coordinationv1.Lease, time.Tim
 		select {
 		case <-ctx.Done():
 			return nil, time.Time{}, ctx.Err()
-		case ev := <-events:
+		case ev := <-leaseEvents:
+			events++
 			if ev.deleted {
 				e.observe(&obs, nil)
 			} else {
@@ -284,6 +289,7 @@ func (e *Elector) campaign(ctx context.Context) (*coordinationv1.Lease, time.Tim
 			// The read runs on its own goroutine so that a slow API server
 			// does not hold back the watch events meanwhile.
 			if polling == nil {
+				pollAfter = events
 				polling = make(chan pollResult, 1)
 				ch := polling
 				wg.Go(func() {
@@ -295,6 +301,9 @@ func (e *Elector) campaign(ctx context.Context) (*coordinationv1.Lease, time.Tim
 		case r := <-polling:
 			polling = nil
 			switch {
+			case (r.err == nil || apierrors.IsNotFound(r.err)) && events != pollAfter:
+				// Overtaken by the watch, which is at least as fresh.
+				e.refused(&e.refusedRead, nil)
 			case r.err == nil:
 				e.observe(&obs, r.lease)
 				e.refused(&e.refusedRead, nil)

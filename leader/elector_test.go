@@ -897,6 +897,34 @@ func TestCheckForgetsARefusedWriteWhileAnotherReplicaLeads(t *testing.T) {
 	})
 }
 
+// A read answered after a newer watch event carries an older Lease. It
+// must not count as a change of the Lease: that would restart the expiry
+// clock and delay a takeover by up to a lease duration.
+func TestAReadOvertakenByTheWatchDoesNotDelayTheTakeover(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		other, secs := "other", int32(15)
+		e.api.put(func(l *coordinationv1.Lease) {
+			l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds = &other, &secs
+		})
+		release := e.api.holdGets("b") // b's first read answers late
+		b := e.start("b", nil, nil)
+		sleep(2 * time.Second)
+		renewed := time.Now()
+		e.api.put(func(l *coordinationv1.Lease) { // the holder's last renew: b's watch sees it
+			now := metav1.NewMicroTime(renewed)
+			l.Spec.RenewTime = &now
+		})
+		sleep(5 * time.Second)
+		release() // the read made at the start answers now, with the first version
+		sleep(time.Until(renewed.Add(15*time.Second + time.Millisecond)))
+		if !b.elector.IsLeader() {
+			t.Fatalf("%v after the last renew b does not lead; want the takeover %v after it", time.Since(renewed), 15*time.Second)
+		}
+		b.stop()
+	})
+}
+
 // stuckGate blocks in Suspend once armed, as an intake that cannot be
 // closed would.
 type stuckGate struct {

@@ -64,6 +64,9 @@ type apiServer struct {
 	// whose response is lost: the func runs (it may cancel the client's
 	// context) and the client gets its context's error instead.
 	lost map[string]lostResponse
+	// held, per client, holds back the answers of its Gets until the
+	// channel closes: each answers with what it read when it was made.
+	held map[string]chan struct{}
 }
 
 type lostResponse struct {
@@ -98,6 +101,23 @@ func newAPIServer(t *testing.T) *apiServer {
 		rv:      100,
 		hook:    map[string]func(string) error{},
 		lost:    map[string]lostResponse{},
+		held:    map[string]chan struct{}{},
+	}
+}
+
+// holdGets makes the client's Gets answer late, with what they read when
+// they were made, until release is called: a slow response that a newer
+// watch event overtakes.
+func (s *apiServer) holdGets(client string) (release func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ch := make(chan struct{})
+	s.held[client] = ch
+	return func() {
+		s.mu.Lock()
+		delete(s.held, client)
+		s.mu.Unlock()
+		close(ch)
 	}
 }
 
@@ -224,7 +244,18 @@ func (l hookedLeases) Get(ctx context.Context, name string, o metav1.GetOptions)
 	if err := l.hook("get"); err != nil {
 		return nil, err
 	}
-	return l.LeaseInterface.Get(ctx, name, o)
+	got, err := l.LeaseInterface.Get(ctx, name, o)
+	l.c.s.mu.Lock()
+	held := l.c.s.held[l.c.name]
+	l.c.s.mu.Unlock()
+	if held != nil {
+		select {
+		case <-held:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return got, err
 }
 
 func (l hookedLeases) Create(ctx context.Context, x *coordinationv1.Lease, o metav1.CreateOptions) (*coordinationv1.Lease, error) {
