@@ -11,7 +11,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"k8s.io/client-go/dynamic"
 
@@ -386,8 +385,8 @@ func decodeMessage(data []byte, res opkit.Resource, maxBytes int, allowUnknown b
 	if err := validateKey(res, key); err != nil {
 		return key, "", TermInvalid, err
 	}
-	if len(p.Reason) > MaxReasonLen || !utf8.ValidString(p.Reason) {
-		return key, "", TermInvalid, invalid("reason must be valid UTF-8 of at most %d bytes", MaxReasonLen)
+	if err := CheckReason(p.Reason); err != nil {
+		return key, "", TermInvalid, err
 	}
 	return key, p.Reason, "", nil
 }

@@ -15,7 +15,6 @@ import (
 	"strconv"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -436,8 +435,8 @@ func (h *handler[T]) parse(w http.ResponseWriter, r *http.Request, req *request)
 			req.reason = b.Reason
 		}
 	}
-	if len(req.reason) > MaxReasonLen || !utf8.ValidString(req.reason) {
-		return bad(invalid("reason must be valid UTF-8 of at most %d bytes", MaxReasonLen))
+	if err := CheckReason(req.reason); err != nil {
+		return bad(err)
 	}
 	return 0, "", nil
 }

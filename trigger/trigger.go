@@ -21,6 +21,17 @@ const DefaultPriority = 100
 // MaxReasonLen is the longest Reason (in bytes) a trigger may carry.
 const MaxReasonLen = 1024
 
+// CheckReason returns an error wrapping ErrInvalid unless reason is valid
+// UTF-8 of at most MaxReasonLen bytes: the reason every trigger path (Submit,
+// the HTTP handler, the consumer) accepts. A publisher can check with it
+// before sending what a consumer would otherwise dead-letter.
+func CheckReason(reason string) error {
+	if len(reason) > MaxReasonLen || !utf8.ValidString(reason) {
+		return invalid("reason must be valid UTF-8 of at most %d bytes", MaxReasonLen)
+	}
+	return nil
+}
+
 // ErrInvalid is wrapped by every error that reports bad input to Enqueue,
 // Submit, the HTTP handler's parser and the consumer's message decoder.
 // Check it with errors.Is.
@@ -204,8 +215,8 @@ func (t *Trigger[T]) validate(req Request[T]) error {
 	if req.Retries < 0 {
 		return invalid("negative retries %d", req.Retries)
 	}
-	if len(req.Reason) > MaxReasonLen || !utf8.ValidString(req.Reason) {
-		return invalid("reason must be valid UTF-8 of at most %d bytes", MaxReasonLen)
+	if err := CheckReason(req.Reason); err != nil {
+		return err
 	}
 	obj := req.Object
 	if obj.GetName() == "" {

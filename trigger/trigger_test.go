@@ -207,3 +207,21 @@ func TestConfiguredPriority(t *testing.T) {
 		t.Errorf("first = %v, want the watch entry ahead of a priority -5 trigger", it.Key)
 	}
 }
+
+func TestCheckReason(t *testing.T) {
+	for _, tc := range []struct {
+		reason string
+		ok     bool
+	}{
+		{"", true},
+		{"image pushed: <v1.2> & more", true},
+		{strings.Repeat("r", trigger.MaxReasonLen), true},
+		{strings.Repeat("r", trigger.MaxReasonLen+1), false},
+		{"\xff", false},
+	} {
+		err := trigger.CheckReason(tc.reason)
+		if (err == nil) != tc.ok || err != nil && !errors.Is(err, trigger.ErrInvalid) {
+			t.Errorf("CheckReason(%.20q) = %v, want ok %v (or ErrInvalid)", tc.reason, err, tc.ok)
+		}
+	}
+}

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"unicode/utf8"
 
 	"k8s.io/apimachinery/pkg/util/validation"
 
@@ -71,8 +70,8 @@ func encodePointer(p Pointer) ([]byte, error) {
 	if errs := validation.IsDNS1123Label(p.Namespace); p.Namespace != "" && len(errs) > 0 {
 		return bad("namespace %q: %s", p.Namespace, strings.Join(errs, "; "))
 	}
-	if len(p.Reason) > trigger.MaxReasonLen || !utf8.ValidString(p.Reason) {
-		return bad("reason must be valid UTF-8 of at most %d bytes", trigger.MaxReasonLen)
+	if err := trigger.CheckReason(p.Reason); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidPointer, err)
 	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
