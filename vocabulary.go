@@ -163,6 +163,12 @@ type Event[T Object] struct {
 	// trigger (no "Triggered" Kubernetes Event, and a watch event merged
 	// into it replaces it).
 	Requeued bool
+	// Retried marks an event re-added after a reconcile that failed (the
+	// queue entry carries the retry count). Requeued and Retried events
+	// are re-adds of a request already served once: an event that arrived
+	// while that reconcile ran is newer, and a re-add merged with it gives
+	// way to it (see reconcile.MergeEvents).
+	Retried bool
 	// FinalStateUnknown marks a Deleted event whose object is only a
 	// tombstone: the watcher noticed the object vanished during a relist and
 	// never saw its final state. Object then carries only namespace, name,

@@ -616,8 +616,7 @@ func (c *Controller[T]) afterReconcile(ctx context.Context, item queue.Item[opki
 		c.metrics.Reconciled(OutcomeRequeue, took)
 		log.Debug("reconciled; requeued", "after", after, "took", took)
 		if ev.Type != opkit.Deleted {
-			// The object the reconciler saw may be older than its own writes,
-			// and this add replaces a fresher watch event parked meanwhile:
+			// The object the reconciler saw may be older than its own writes:
 			// without an object the next attempt re-fetches (needsRefetch).
 			var none T
 			ev.Object = none
@@ -648,6 +647,7 @@ func (c *Controller[T]) afterReconcile(ctx context.Context, item queue.Item[opki
 			delay = max(delay, after)
 		}
 		log.Warn("reconcile failed: retrying", "err", err, "after", delay)
+		ev.Retried = true
 		c.add(item.Key, ev, queue.AddOptions{Delay: delay, Retries: retries, Priority: item.Priority}, log)
 	}
 }

@@ -7,7 +7,9 @@ import (
 
 // MergeEvents is the rule by which the controller's queue combines an event
 // added for a key with the event already pending (or parked while the key is
-// in flight) for it; it is the queue's Config.Merge.
+// in flight) for it; it is the queue's Config.Merge. A re-add is an event
+// the controller adds back after a reconcile (Retried after a failure,
+// Requeued after a success that asked for it); every other event is new.
 //
 //	pending    incoming                      merge
 //	---------  ----------------------------  ------------------------------------------
@@ -21,10 +23,16 @@ import (
 //	                                         newer object stays and the old object's
 //	                                         delete follows it (only a retried delete
 //	                                         arrives in that order)
-//	trigger    watch Added/Modified, same    MergeKeep: the external trigger keeps its
-//	(Operator, UID (or a UID unknown)        source, type, reason and retry count, and
-//	not                                      takes the watch event's object (marked
-//	Requeued)                                Fetched: the watch's own state)
+//	new        re-add, not Deleted           MergeKeep: the new event arrived while
+//	                                         the re-added one was being reconciled;
+//	                                         it keeps its payload, its retry count
+//	                                         (0) and its reconcile, whose result
+//	                                         decides again whether to retry or
+//	                                         requeue
+//	new        watch Added/Modified, same    MergeKeep: the external trigger keeps its
+//	trigger    UID (or a UID unknown)        source, type, reason and retry count, and
+//	(Operator)                               takes the watch event's object (marked
+//	                                         Fetched: the watch's own state)
 //	other      anything else                 MergeReplace: the newest state wins
 //
 // Due time and priority merge inside the queue whatever the rule (earliest
@@ -33,14 +41,19 @@ import (
 // why, but it carries the object the watch delivered, so that a trigger
 // reconciled without a re-fetch (see Config.FreshFor) sees the state the
 // merged event brought. A later trigger replaces a pending watch event
-// (newest wins).
+// (newest wins), and a watch event replaces a re-added trigger (whose
+// request was served: its retry count does not pass to the new event). A
+// re-added delete is never set aside: a delete is the last word on its UID.
 func MergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T]) queue.Merge {
 	pu, iu := uidOf(pending.Object), uidOf(incoming.Object)
 	if pending.Type != opkit.Deleted {
 		if incoming.Type == opkit.Deleted && pu != "" && iu != "" && pu != iu {
 			return queue.MergeSequence
 		}
-		if pending.Source == opkit.Operator && !pending.Requeued && incoming.Source == opkit.APIServer &&
+		if readd(incoming) && !readd(*pending) && incoming.Type != opkit.Deleted {
+			return queue.MergeKeep
+		}
+		if pending.Source == opkit.Operator && !readd(*pending) && incoming.Source == opkit.APIServer &&
 			incoming.Type != opkit.Deleted && (pu == "" || iu == "" || pu == iu) {
 			if !isNil(incoming.Object) {
 				pending.Object = incoming.Object
@@ -58,6 +71,10 @@ func MergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T
 	}
 	return queue.MergeKeep
 }
+
+// readd reports whether ev was added back by the controller after a
+// reconcile of it.
+func readd[T opkit.Object](ev opkit.Event[T]) bool { return ev.Requeued || ev.Retried }
 
 // uidOf returns obj's UID, or "" for a nil object.
 func uidOf[T opkit.Object](obj T) string {

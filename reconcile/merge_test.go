@@ -30,6 +30,11 @@ func requeued(e opkit.Event[*corev1.ConfigMap]) opkit.Event[*corev1.ConfigMap] {
 	return e
 }
 
+func retried(e opkit.Event[*corev1.ConfigMap]) opkit.Event[*corev1.ConfigMap] {
+	e.Retried = true
+	return e
+}
+
 func TestMergeEventsNeverTurnsAPendingDeleteIntoSomethingElse(t *testing.T) {
 	tomb := ev(opkit.Deleted, "u1")
 	tomb.FinalStateUnknown = true
@@ -60,12 +65,23 @@ func TestMergeEventsNeverTurnsAPendingDeleteIntoSomethingElse(t *testing.T) {
 		{"trigger then trigger: newest wins", trig("u1"), trig("u1"), queue.MergeReplace},
 		{"requeued trigger then watch event: the trigger was served, newest wins", requeued(trig("u1")), ev(opkit.Modified, "u1"), queue.MergeReplace},
 		{"requeued trigger then trigger: newest wins", requeued(trig("u1")), trig("u1"), queue.MergeReplace},
+		{"retried trigger then watch event: the new event, retry count 0", retried(trig("u1")), ev(opkit.Modified, "u1"), queue.MergeReplace},
+		{"retried watch event then watch event: newest wins", retried(ev(opkit.Modified, "u1")), ev(opkit.Modified, "u1"), queue.MergeReplace},
+		// Re-adds reach a parked event that arrived while they ran: it is newer.
+		{"trigger then retry of an older trigger: the new trigger stays", trig("u1"), retried(trig("u1")), queue.MergeKeep},
+		{"trigger then requeue of an older trigger: the new trigger stays", trig("u1"), requeued(trig("u1")), queue.MergeKeep},
+		{"trigger then retry of a watch event: the trigger keeps its own object", trig("u1"), retried(ev(opkit.Modified, "u1")), queue.MergeKeep},
+		{"watch event then retry of an older one: the new event stays", ev(opkit.Modified, "u1"), retried(ev(opkit.Added, "u1")), queue.MergeKeep},
+		{"watch event then requeue of an older one: the new event stays", ev(opkit.Modified, "u1"), requeued(ev(opkit.Modified, "u1")), queue.MergeKeep},
+		{"trigger then retried delete: the delete wins", trig("u1"), retried(ev(opkit.Deleted, "u1")), queue.MergeReplace},
+		{"recreated, then the old object's delete retried: both, retried too", ev(opkit.Added, "u2"), retried(ev(opkit.Deleted, "u1")), queue.MergeSequence},
+		{"retried event then retry: newest wins", retried(ev(opkit.Modified, "u1")), retried(ev(opkit.Modified, "u1")), queue.MergeReplace},
 	} {
 		pending := tc.pending
 		if got := reconcile.MergeEvents(&pending, tc.incoming); got != tc.want {
 			t.Errorf("%s: got %v, want %v", tc.name, got, tc.want)
 		}
-		if tc.want == queue.MergeKeep && tc.pending.Source != opkit.Operator && pending != tc.pending {
+		if tc.want == queue.MergeKeep && (tc.pending.Source != opkit.Operator || tc.incoming.Retried || tc.incoming.Requeued) && pending != tc.pending {
 			t.Errorf("%s: the kept event changed: %+v", tc.name, pending)
 		}
 	}

@@ -35,7 +35,10 @@ import (
 //
 // A new event for the key (a watch event or a trigger) always gets its own
 // reconcile, whatever the previous outcome: dropping a key only stops the
-// retries of the failed attempt.
+// retries of the failed attempt. One that arrives while the key is being
+// reconciled runs after it with its own retry count, and the retry or
+// requeue that reconcile asks for gives way to it (MergeEvents): the new
+// reconcile decides again.
 type Reconciler[T opkit.Object] interface {
 	Reconcile(ctx context.Context, req Request[T]) (Result, error)
 }

@@ -94,6 +94,19 @@
 // then happen only around a leadership change, for messages received just
 // before it.
 //
+// A scheduled trigger is one queue entry among the others for its object,
+// merged by the controller's rule (reconcile.MergeEvents): a watch event
+// for the object while the trigger waits keeps the trigger's source and
+// reason; a second trigger while the first waits replaces it (one
+// reconcile, the newer reason); a trigger that arrives while the object
+// is being reconciled gets a reconcile of its own after that one, which
+// the controller's retry or requeue of the running one does not replace.
+// A delay is an upper bound, not a promise of "not before": entries for a
+// key merge to the earliest due time, so another event for the object in
+// the meantime reconciles it sooner, once, and nothing runs again at the
+// delay. A caller that needs a reconcile at a given time, whatever happens
+// before, asks for it then.
+//
 // What an acknowledgement (or a 202) promises: the trigger is in the
 // leader's queue, not yet reconciled. If that replica loses its term before
 // a worker takes the entry, the queue is cleared with everything else the
@@ -101,7 +114,7 @@
 // a new term starts the watcher with a full list, which reconciles every
 // existing object (source APIServer, so the trigger's reason is not
 // carried). No object is left unreconciled after a trigger; only the
-// attribution can be lost in a failover. Callers that need the reason to
+// attribution can be lost in a failover (or to a newer trigger, above). Callers that need the reason to
 // survive a crash must make it part of the object (a field or an
 // annotation) rather than of the trigger. The example module's
 // TestFlipLosesNoTriggerOverNATS checks this against a real JetStream

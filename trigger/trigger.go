@@ -114,6 +114,8 @@ type Request[T opkit.Object] struct {
 	// stream. The zero value is invalid.
 	Source opkit.Source
 	// Delay before the entry is due; zero means now, negative is invalid.
+	// It is an upper bound: merged with another entry for the key, the
+	// earlier due time wins (see the package documentation).
 	Delay time.Duration
 	// Retries is the retry count that travels with the entry (>= 0).
 	Retries int
