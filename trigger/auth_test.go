@@ -19,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	authnclient "k8s.io/client-go/kubernetes/typed/authentication/v1"
@@ -287,9 +288,14 @@ func TestKubeAuthCacheIsBounded(t *testing.T) {
 
 func TestKubeAuthReviewFailures(t *testing.T) {
 	rev := newFakeReviews(t)
-	rev.failTR = apierrors.NewServiceUnavailable("apiserver restarting")
+	rev.failTR = apierrors.NewForbidden(schema.GroupResource{Group: "authentication.k8s.io", Resource: "tokenreviews"}, "",
+		errors.New(`User "system:serviceaccount:ops:operator" cannot create`))
 	e := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) { c.Authenticator = nil; c.Reviews = rev })
-	wantStatus(t, e.do(http.MethodPost, "/reconcile/ns/a", nil, bearer("good-token")), 502, "BadGateway")
+	// A caller not yet authenticated learns nothing of the operator's
+	// RBAC from the answer.
+	if st := wantStatus(t, e.do(http.MethodPost, "/reconcile/ns/a", nil, bearer("good-token")), 502, "BadGateway"); strings.Contains(st.Message, "serviceaccount") {
+		t.Errorf("message %q shows the API server's answer to the operator", st.Message)
+	}
 	// Failures are not cached: the next request asks again.
 	rev.mu.Lock()
 	rev.failTR = nil

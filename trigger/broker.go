@@ -18,8 +18,9 @@ type Broker interface {
 	// returns ctx's error) or the broker fails. Failures should be returned
 	// as, or wrap, a *BrokerError so the Consumer can report their kind;
 	// the Consumer then retries Receive with backoff, so adapters should
-	// reconnect on the next call rather than give up. It never returns
-	// (nil, nil); a broker that polls loops inside Receive.
+	// reconnect on the next call rather than give up. It returns a message
+	// or an error, never both and never neither; a broker that polls loops
+	// inside Receive.
 	Receive(ctx context.Context) (Message, error)
 }
 

@@ -1,12 +1,9 @@
 package trigger
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -20,10 +17,6 @@ import (
 
 // ErrNotRunning is returned by [Consumer.Check] when Run is not running.
 var ErrNotRunning = errors.New("trigger: consumer is not running")
-
-// DefaultMaxMessageBytes is the largest trigger message a Consumer accepts
-// unless ConsumerConfig.MaxMessageBytes says otherwise.
-const DefaultMaxMessageBytes = 4096
 
 // ConsumerConfig configures a Consumer. The zero value of every optional
 // field means its documented default.
@@ -367,19 +360,9 @@ func decodeMessage(data []byte, res opkit.Resource, maxBytes int, allowUnknown b
 	if len(data) > maxBytes {
 		return opkit.Key{}, "", TermTooLarge, invalid("message of %d bytes exceeds the limit of %d", len(data), maxBytes)
 	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	if !allowUnknown {
-		dec.DisallowUnknownFields()
-	}
 	var p pointer
-	if !bytes.HasPrefix(bytes.TrimSpace(data), []byte("{")) {
-		return opkit.Key{}, "", TermMalformed, invalid("message is not a JSON object")
-	}
-	if err := dec.Decode(&p); err != nil {
-		return opkit.Key{}, "", TermMalformed, invalid("message: %v", err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return opkit.Key{}, "", TermMalformed, invalid("message: data after the JSON object")
+	if err := decodeObject(data, []member{{"namespace", &p.Namespace}, {"name", &p.Name}, {"reason", &p.Reason}}, allowUnknown); err != nil {
+		return opkit.Key{}, "", TermMalformed, invalid("message: %w", err)
 	}
 	key := opkit.Key{Namespace: p.Namespace, Name: p.Name}
 	if err := validateKey(res, key); err != nil {

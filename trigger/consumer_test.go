@@ -2,6 +2,7 @@ package trigger_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"sync"
@@ -134,11 +135,15 @@ func TestConsumerSettlesEachKindOfMessage(t *testing.T) {
 			{`{"namespace":"ns","name":5}`, "Term:Malformed"},
 			{`["ns","a"]`, "Term:Malformed"},
 			{`null`, "Term:Malformed"},
+			{"  \n", "Term:Malformed"},
+			{`{"namespace":"ns","Name":"a"}`, "Term:Malformed"},                   // names match exactly
+			{`{"namespace":"ns","name":"a","name":"b"}`, "Term:Malformed"},        // once
+			{`{"namespace":"ns","name":"a","reason":null,"x"}`, "Term:Malformed"}, // and are followed by a value
 			{`{"namespace":"ns","name":"UPPER"}`, "Term:Invalid"},
 			{`{"name":"a"}`, "Term:Invalid"},
 			{`{"namespace":"ns","name":""}`, "Term:Invalid"},
 			{`{"namespace":"ns","name":"a","reason":"` + strings.Repeat("r", trigger.MaxReasonLen+1) + `"}`, "Term:Invalid"},
-			{`{"namespace":"ns","name":"a","reason":"` + strings.Repeat("r", 5000) + `"}`, "Term:TooLarge"},
+			{`{"namespace":"ns","name":"a","reason":"` + strings.Repeat("r", trigger.DefaultMaxMessageBytes) + `"}`, "Term:TooLarge"},
 		}
 		ids := make([]uint64, len(cases))
 		for i, c := range cases {
@@ -169,8 +174,42 @@ func TestConsumerSettlesEachKindOfMessage(t *testing.T) {
 		}
 		m := e.m
 		if m.received != len(cases) || m.acked[trigger.AckScheduled] != 1 || m.acked[trigger.AckNotFound] != 1 ||
-			m.terminated[trigger.TermMalformed] != 6 || m.terminated[trigger.TermInvalid] != 4 || m.terminated[trigger.TermTooLarge] != 1 || m.processed != len(cases) {
+			m.terminated[trigger.TermMalformed] != 10 || m.terminated[trigger.TermInvalid] != 4 || m.terminated[trigger.TermTooLarge] != 1 || m.processed != len(cases) {
 			t.Errorf("metrics = received %d acked %v terminated %v processed %d", m.received, m.acked, m.terminated, m.processed)
+		}
+	})
+}
+
+// Any reason CheckReason accepts fits in a message of the default size,
+// however the producer escapes it.
+func TestConsumerAcceptsTheLongestReasonEscaped(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newConsumerEnv(t, nil)
+		reason := strings.Repeat("\x01", trigger.MaxReasonLen) // six bytes each in JSON
+		// The longest namespace (63) and name (253) are not in the fake
+		// cluster: the message must get as far as the re-fetch (Ack: not
+		// found) rather than be dead-lettered as too large.
+		long, err := json.Marshal(map[string]string{"namespace": strings.Repeat("n", 63), "name": strings.Repeat("a", 253), "reason": reason})
+		if err != nil {
+			t.Fatal(err)
+		}
+		longID := e.b.Publish(long)
+		body, err := json.Marshal(map[string]string{"namespace": "ns", "name": "a", "reason": reason})
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := e.b.Publish(body)
+		stop := e.run(t)
+		synctest.Wait()
+		stop()
+		if got := ops(e.b.EventsFor(id)); got != "Ack" {
+			t.Fatalf("a %d-byte message with a valid reason: settled %q, want Ack", len(body), got)
+		}
+		if got := ops(e.b.EventsFor(longID)); got != "Ack" || e.m.acked[trigger.AckNotFound] != 1 {
+			t.Fatalf("a %d-byte message with the longest valid names and reason: settled %q, want Ack (not found)", len(long), got)
+		}
+		if it, err := e.q.Get(context.Background()); err != nil || it.Value.Reason != reason {
+			t.Errorf("queued reason of %d bytes (%v), want the %d bytes sent", len(it.Value.Reason), err, len(reason))
 		}
 	})
 }

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -63,7 +64,7 @@ type HandlerConfig[T opkit.Object] struct {
 	// MaxDelay bounds the `delay` query parameter; zero means 1h.
 	MaxDelay time.Duration
 	// MaxBodyBytes bounds the optional JSON body ({"reason": "..."});
-	// zero means 1024. Larger bodies get 413.
+	// zero means DefaultMaxBodyBytes. Larger bodies get 413.
 	MaxBodyBytes int64
 	// APITimeout bounds the authorization (TokenReview and
 	// SubjectAccessReview together) and, separately, the re-fetch; zero
@@ -190,7 +191,7 @@ func NewHandler[T opkit.Object](cfg HandlerConfig[T]) (http.Handler, error) {
 		h.cfg.MaxDelay = time.Hour
 	}
 	if h.cfg.MaxBodyBytes == 0 {
-		h.cfg.MaxBodyBytes = 1024
+		h.cfg.MaxBodyBytes = DefaultMaxBodyBytes
 	}
 	if h.cfg.APITimeout == 0 {
 		h.cfg.APITimeout = 5 * time.Second
@@ -311,7 +312,10 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request) {
 			h.fail(w, r, start, http.StatusForbidden, metav1.StatusReasonForbidden, err.Error(), &req)
 			return
 		default:
-			h.apiFailure(w, r, start, "authorization", err, &req)
+			// The caller is not authenticated yet: the API server's
+			// answer (which may describe the operator's own RBAC) goes to
+			// the log only.
+			h.apiFailure(w, r, start, "authorization", err, &req, false)
 			return
 		}
 	}
@@ -329,7 +333,7 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request) {
 				fmt.Sprintf("%s %q not found", h.res.Resource, req.key.String()), &req)
 			return
 		}
-		h.apiFailure(w, r, start, "re-fetch", typed.Explain(err, h.res, req.key.Name), &req)
+		h.apiFailure(w, r, start, "re-fetch", typed.Explain(err, h.res, req.key.Name), &req, true)
 		return
 	}
 	o, err := h.trig.Submit(ctx, Request[T]{Object: obj, Type: h.cfg.Type, Source: opkit.Operator, Delay: req.delay, Reason: req.reason, Fetched: true})
@@ -389,8 +393,9 @@ func (h *handler[T]) parse(w http.ResponseWriter, r *http.Request, req *request)
 		}
 		req.delay = d
 	}
+	reasonInQuery := false
 	if v, ok := q["reason"]; ok {
-		req.reason = v[0]
+		req.reason, reasonInQuery = v[0], true
 	}
 
 	// The body is optional and never describes the object: at most a reason.
@@ -417,22 +422,17 @@ func (h *handler[T]) parse(w http.ResponseWriter, r *http.Request, req *request)
 			return http.StatusUnsupportedMediaType, metav1.StatusReasonUnsupportedMediaType,
 				invalid("a body must be application/json ({\"reason\": \"...\"})")
 		}
-		var b struct {
-			Reason string `json:"reason"`
+		var reason *string // nil: no reason member, or a body of null
+		if string(bytes.TrimSpace(body)) != "null" {
+			if err := decodeObject(body, []member{{"reason", &reason}}, false); err != nil {
+				return bad(invalid("body: %w", err))
+			}
 		}
-		dec := json.NewDecoder(bytes.NewReader(body))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&b); err != nil {
-			return bad(invalid("body: %v", err))
-		}
-		if _, err := dec.Token(); err != io.EOF {
-			return bad(invalid("body: data after the JSON object"))
-		}
-		if b.Reason != "" {
-			if req.reason != "" {
+		if reason != nil {
+			if reasonInQuery {
 				return bad(invalid("reason given both in the query and in the body"))
 			}
-			req.reason = b.Reason
+			req.reason = *reason
 		}
 	}
 	if err := CheckReason(req.reason); err != nil {
@@ -467,8 +467,9 @@ func (h *handler[T]) dropped(w http.ResponseWriter, r *http.Request, start time.
 	h.metrics.Request(http.StatusServiceUnavailable, string(st.Reason), time.Since(start))
 }
 
-// apiFailure answers 504 when err is a timeout, else 502.
-func (h *handler[T]) apiFailure(w http.ResponseWriter, r *http.Request, start time.Time, what string, err error, req *request) {
+// apiFailure answers 504 when err is a timeout, else 502; the body carries
+// err's text only if detail (the log always does).
+func (h *handler[T]) apiFailure(w http.ResponseWriter, r *http.Request, start time.Time, what string, err error, req *request, detail bool) {
 	if r.Context().Err() != nil {
 		// The caller went away: the API call was cut short by it, not
 		// failed by the API server. Nothing was queued.
@@ -476,11 +477,27 @@ func (h *handler[T]) apiFailure(w http.ResponseWriter, r *http.Request, start ti
 		return
 	}
 	code, reason := http.StatusBadGateway, ReasonBadGateway
-	if errors.Is(err, context.DeadlineExceeded) || apierrors.IsTimeout(err) || apierrors.IsServerTimeout(err) {
+	if isTimeout(err) {
 		code, reason = http.StatusGatewayTimeout, metav1.StatusReasonTimeout
 	}
 	h.log.LogAttrs(r.Context(), slog.LevelError, "trigger: API server call failed", slog.String("call", what), slog.String("key", req.key.String()), slog.Any("error", err))
-	h.fail(w, r, start, code, reason, fmt.Sprintf("%s failed: %v", what, err), req)
+	msg := fmt.Sprintf("%s failed: %v", what, err)
+	if !detail {
+		msg = what + " failed: the API server did not answer the review (details in the operator's log)"
+		if code == http.StatusGatewayTimeout {
+			msg = what + " timed out: the API server did not answer the review in time"
+		}
+	}
+	h.fail(w, r, start, code, reason, msg, req)
+}
+
+// isTimeout reports whether err says an API call ran out of time: the
+// context's deadline, the API server's timeout statuses, or client-go's
+// client-side rate limiter refusing to wait past the deadline (its error,
+// from golang.org/x/time/rate, wraps nothing: only its text says so).
+func isTimeout(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || apierrors.IsTimeout(err) || apierrors.IsServerTimeout(err) ||
+		strings.Contains(err.Error(), "would exceed context deadline")
 }
 
 func (h *handler[T]) fail(w http.ResponseWriter, r *http.Request, start time.Time, code int, reason metav1.StatusReason, msg string, req *request) {

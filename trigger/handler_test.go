@@ -1,6 +1,7 @@
 package trigger_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -19,7 +21,9 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
 	dynfake "k8s.io/client-go/dynamic/fake"
+	"k8s.io/client-go/rest"
 	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/opkit/opkit"
@@ -237,10 +241,25 @@ func TestHandler400(t *testing.T) {
 		})
 	}
 	json := http.Header{"Content-Type": {"application/json"}}
-	for _, body := range []string{`{"reason":1}`, `{"name":"b"}`, `{"reason":"x"} {}`, `not json`} {
-		wantStatus(t, e.do(http.MethodPost, "/reconcile/ns/a", strings.NewReader(body), json), 400, "BadRequest")
+	for _, tc := range []struct{ body, says string }{
+		{`{"reason":1}`, `member "reason": want a JSON string, got number`},
+		{`{"name":"b"}`, `unknown member "name" (known: reason)`},
+		{`{"Reason":"b"}`, `unknown member "Reason"`}, // names match exactly
+		{`{"reason":"a","reason":""}`, `member "reason" given twice`},
+		{`{"reason":"x"} {}`, "data after the JSON object"},
+		{`[]`, "not a JSON object"},
+		{" \n", "empty: want a JSON object"},
+		{`not json`, "invalid character"},
+	} {
+		st := wantStatus(t, e.do(http.MethodPost, "/reconcile/ns/a", strings.NewReader(tc.body), json), 400, "BadRequest")
+		if !strings.Contains(st.Message, tc.says) {
+			t.Errorf("body %q: message %q does not say %q", tc.body, st.Message, tc.says)
+		}
 	}
-	wantStatus(t, e.do(http.MethodPost, "/reconcile/ns/a?reason=q", strings.NewReader(`{"reason":"b"}`), json), 400, "BadRequest")
+	// A reason in both places, even an empty one in the query.
+	for _, target := range []string{"/reconcile/ns/a?reason=q", "/reconcile/ns/a?reason="} {
+		wantStatus(t, e.do(http.MethodPost, target, strings.NewReader(`{"reason":"b"}`), json), 400, "BadRequest")
+	}
 	if e.q.Len() != 0 {
 		t.Errorf("queue len = %d after bad requests", e.q.Len())
 	}
@@ -257,9 +276,29 @@ func TestHandler405(t *testing.T) {
 	}
 }
 
+// Any reason CheckReason accepts fits in a body of the default size, however
+// the client escapes it (encoding/json writes < and control characters as
+// six bytes each).
+func TestHandlerAcceptsTheLongestReasonEscaped(t *testing.T) {
+	for _, reason := range []string{strings.Repeat("<", trigger.MaxReasonLen), strings.Repeat("\x01", trigger.MaxReasonLen)} {
+		e := newHandlerEnv(t, nil)
+		body, err := json.Marshal(map[string]string{"reason": reason})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := e.do(http.MethodPost, "/reconcile/ns/a", bytes.NewReader(body), http.Header{"Content-Type": {"application/json"}})
+		if w.Code != http.StatusAccepted {
+			t.Fatalf("a %d-byte body with a valid reason: %d %s", len(body), w.Code, w.Body)
+		}
+		if it, err := e.q.Get(t.Context()); err != nil || it.Value.Reason != reason {
+			t.Errorf("queued a reason of %d bytes (%v), want the %d sent", len(it.Value.Reason), err, len(reason))
+		}
+	}
+}
+
 func TestHandler413(t *testing.T) {
 	e := newHandlerEnv(t, nil)
-	big := `{"reason":"` + strings.Repeat("x", 2000) + `"}`
+	big := `{"reason":"` + strings.Repeat("x", trigger.DefaultMaxBodyBytes) + `"}`
 	wantStatus(t, e.do(http.MethodPost, "/reconcile/ns/a", strings.NewReader(big), http.Header{"Content-Type": {"application/json"}}), 413, "RequestEntityTooLarge")
 	// Without a Content-Length (chunked) the limit still holds.
 	r := httptest.NewRequest(http.MethodPost, "/reconcile/ns/a", io.MultiReader(strings.NewReader(big)))
@@ -361,6 +400,31 @@ func TestHandler504WhenTheRefetchHangs(t *testing.T) {
 			t.Errorf("answered after %v, want the APITimeout 2s", d)
 		}
 	})
+}
+
+// client-go's client-side rate limiter refuses at once a wait that would
+// pass the call's deadline; the API server was not even asked: a timeout
+// (504), not a failing API server (502).
+func TestHandler504WhenTheClientRateLimiterWouldPassTheDeadline(t *testing.T) {
+	var calls atomic.Int32
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"namespace":"ns","name":"a","uid":"u","resourceVersion":"1"}}`))
+	}))
+	defer api.Close()
+	dyn, err := dynamic.NewForConfig(&rest.Config{Host: api.URL, QPS: 0.01, Burst: 1}) // the second call waits 100s
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) { c.Dynamic = dyn; c.APITimeout = time.Minute })
+	if w := post(e, "/reconcile/ns/a"); w.Code != http.StatusAccepted {
+		t.Fatalf("first: %d %s", w.Code, w.Body)
+	}
+	st := wantStatus(t, post(e, "/reconcile/ns/a"), 504, "Timeout")
+	if calls.Load() != 1 || !strings.Contains(st.Message, "rate limiter") {
+		t.Errorf("API server calls %d, message %q; want 1 call and the limiter named", calls.Load(), st.Message)
+	}
 }
 
 // A caller that goes away during the re-fetch cut the API call short

@@ -182,7 +182,7 @@ func (t *Trigger[T]) Submit(ctx context.Context, req Request[T]) (queue.Outcome,
 }
 
 func invalid(format string, args ...any) error {
-	return fmt.Errorf("trigger: %w: %s", ErrInvalid, fmt.Sprintf(format, args...))
+	return fmt.Errorf("trigger: %w: "+format, append([]any{ErrInvalid}, args...)...)
 }
 
 func isNil(obj any) bool {

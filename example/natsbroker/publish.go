@@ -36,9 +36,10 @@ var ErrInvalidPointer = errors.New("natsbroker: invalid trigger pointer")
 // JetStream and waits for the stream to confirm it stored the message, so a
 // nil error means the trigger will be delivered. It returns the stream
 // sequence number. A pointer the consumer would refuse is not sent: an
-// invalid name or namespace, a reason that is not UTF-8 or longer than
-// trigger.MaxReasonLen, or a body over trigger.DefaultMaxMessageBytes (the
-// consumer's default limit); the error wraps ErrInvalidPointer.
+// invalid name or namespace, or a reason that is not UTF-8 or longer than
+// trigger.MaxReasonLen; the error wraps ErrInvalidPointer. Any other
+// pointer fits in the consumer's default message limit
+// (trigger.DefaultMaxMessageBytes).
 func Publish(ctx context.Context, nc *nats.Conn, subject string, p Pointer) (uint64, error) {
 	body, err := encodePointer(p)
 	if err != nil {
@@ -79,9 +80,5 @@ func encodePointer(p Pointer) ([]byte, error) {
 	if err := enc.Encode(p); err != nil {
 		return nil, err
 	}
-	body := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
-	if len(body) > trigger.DefaultMaxMessageBytes {
-		return bad("message of %d bytes is over the consumer's limit of %d", len(body), trigger.DefaultMaxMessageBytes)
-	}
-	return body, nil
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
 }

@@ -4,8 +4,19 @@ import (
 	"bytes"
 	"errors"
 	"flag"
+	"net/http/httptest"
 	"strings"
 	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	dynfake "k8s.io/client-go/dynamic/fake"
+
+	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/queue"
+	"github.com/opkit/opkit/trigger"
 )
 
 func TestOperatorFlagsDefaults(t *testing.T) {
@@ -96,6 +107,8 @@ func TestTriggerFlags(t *testing.T) {
 		{[]string{"--namespace", "a", "x", "--token", "t", "--token-file", "f"}, "not both"},
 		{[]string{"--namespace", "a", "x", "--via", "nats", "--token", "t"}, "--via http only"},
 		{[]string{"--namespace", "a", "x", "--url", "ftp://h"}, "--url"},
+		{[]string{"--namespace", "a", "x", "--reason", strings.Repeat("r", 1025)}, "--reason"},
+		{[]string{"--namespace", "a", "x", "--reason", "bad \xff utf-8"}, "valid UTF-8"},
 	} {
 		stderr.Reset()
 		_, err := parseTriggerFlags(tc.args, &stderr)
@@ -112,5 +125,38 @@ func TestTriggerFlags(t *testing.T) {
 	}
 	if _, err := parseTriggerFlags([]string{"-h"}, &stderr); !errors.Is(err, flag.ErrHelp) {
 		t.Errorf("-h: %v", err)
+	}
+}
+
+// The trigger command delivers any reason it accepts to the endpoint as
+// given: within the handler's default body limit, not HTML-escaped.
+func TestTriggerViaHTTPDeliversTheReasonAsGiven(t *testing.T) {
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	dyn := dynfake.NewSimpleDynamicClient(scheme, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "a"}})
+	res := opkit.Resource{GroupVersionResource: schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, Kind: "ConfigMap", Namespaced: true}
+	q := queue.New[opkit.Key](queue.Config[opkit.Event[*corev1.ConfigMap]]{})
+	tr, err := trigger.New(trigger.Config[*corev1.ConfigMap]{Queue: q, Resource: res})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: tr, Dynamic: dyn, InsecureSkipAuth: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	for _, reason := range []string{strings.Repeat("<", trigger.MaxReasonLen), "deploy <" + strings.Repeat("a&b", 150) + ">"} {
+		var stdout, stderr bytes.Buffer
+		if code := run([]string{"trigger", "--namespace", "ns", "a", "--url", srv.URL, "--reason", reason}, &stdout, &stderr); code != 0 {
+			t.Fatalf("--reason of %d bytes: exit %d: %s", len(reason), code, stderr.String())
+		}
+		it, err := q.Get(t.Context())
+		if err != nil || it.Value.Reason != reason {
+			t.Fatalf("queued reason of %d bytes (%v), want the %d given", len(it.Value.Reason), err, len(reason))
+		}
+		q.Done(it.Key)
 	}
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/opkit/opkit/example/natsbroker"
 	"github.com/opkit/opkit/example/operator"
+	"github.com/opkit/opkit/trigger"
 )
 
 // triggerOptions are the trigger subcommand's settings.
@@ -88,8 +89,8 @@ Flags:
 	if errs := validation.IsDNS1123Label(o.Namespace); len(errs) > 0 {
 		return o, usageError(fs, stderr, "--namespace %q: %s", o.Namespace, strings.Join(errs, "; "))
 	}
-	if len(o.Reason) > 1024 {
-		return o, usageError(fs, stderr, "--reason is longer than 1024 bytes")
+	if err := trigger.CheckReason(o.Reason); err != nil {
+		return o, usageError(fs, stderr, "--reason: %v", err)
 	}
 	if o.Timeout <= 0 {
 		return o, usageError(fs, stderr, "--timeout must be positive")
@@ -159,8 +160,13 @@ func triggerHTTP(ctx context.Context, o triggerOptions, stdout io.Writer) error 
 	}
 	var body io.Reader
 	if o.Reason != "" {
-		b, _ := json.Marshal(map[string]string{"reason": o.Reason})
-		body = bytes.NewReader(b)
+		var b bytes.Buffer
+		enc := json.NewEncoder(&b)
+		enc.SetEscapeHTML(false) // the reason as given: "<" stays one byte
+		if err := enc.Encode(map[string]string{"reason": o.Reason}); err != nil {
+			return err
+		}
+		body = &b
 	}
 	u := strings.TrimRight(o.URL, "/") + "/reconcile/" + url.PathEscape(o.Namespace) + "/" + url.PathEscape(o.Name)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, body)

@@ -1,0 +1,93 @@
+package trigger
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+)
+
+// DefaultMaxBodyBytes is the HTTP handler's default body limit and
+// DefaultMaxMessageBytes the consumer's default message limit: room for
+// any valid reason (MaxReasonLen bytes) however a client escapes it (a
+// control character takes six bytes in JSON, and encoding/json writes <,
+// > and & as six too), with the longest namespace and name.
+const (
+	DefaultMaxBodyBytes    = 8 << 10
+	DefaultMaxMessageBytes = 8 << 10
+)
+
+// member is one known member of a JSON object decoded by decodeObject: its
+// exact name and where its value goes.
+type member struct {
+	name string
+	dst  any // a pointer, as for json.Unmarshal
+}
+
+// decodeObject decodes data, which must be one JSON object and nothing
+// after it, into the members' destinations. It is stricter than
+// encoding/json alone: a member's name must match exactly (encoding/json
+// would take "Reason" or "REASON" for "reason"), a member may appear only
+// once (encoding/json keeps the last), and, unless allowUnknown, a member
+// not listed is an error. The errors name the member and say what was
+// expected; they do not wrap ErrInvalid (callers do).
+func decodeObject(data []byte, members []member, allowUnknown bool) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	tok, err := dec.Token()
+	if err == io.EOF {
+		return errors.New("empty: want a JSON object")
+	}
+	if err != nil {
+		return err
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return errors.New("not a JSON object")
+	}
+	seen := make([]bool, len(members))
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		name := tok.(string) // inside an object, the decoder returns names as strings
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return fmt.Errorf("member %q: %w", name, err)
+		}
+		i := slices.IndexFunc(members, func(m member) bool { return m.name == name })
+		switch {
+		case i < 0 && allowUnknown:
+			continue
+		case i < 0:
+			return fmt.Errorf("unknown member %q (known: %s)", name, names(members))
+		case seen[i]:
+			return fmt.Errorf("member %q given twice", name)
+		}
+		seen[i] = true
+		if err := json.Unmarshal(raw, members[i].dst); err != nil {
+			var typeErr *json.UnmarshalTypeError
+			if errors.As(err, &typeErr) {
+				return fmt.Errorf("member %q: want a JSON %s, got %s", name, typeErr.Type, typeErr.Value)
+			}
+			return fmt.Errorf("member %q: %w", name, err)
+		}
+	}
+	if _, err := dec.Token(); err != nil { // the closing brace
+		return err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return errors.New("data after the JSON object")
+	}
+	return nil
+}
+
+func names(members []member) string {
+	s := make([]string, len(members))
+	for i, m := range members {
+		s[i] = m.name
+	}
+	return strings.Join(s, ", ")
+}
