@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/dynamic"
 
 	"github.com/opkit/opkit"
@@ -279,7 +280,17 @@ func NewController[T opkit.Object](cfg Config[T]) (*Controller[T], error) {
 	}
 	c.watch = w
 
-	tr, err := trigger.New(trigger.Config[T]{Queue: c.queue, Resource: cfg.Resource, Priority: cfg.TriggerPriority, Metrics: cfg.TriggerMetrics, Logger: log})
+	// Triggers reach only what the watch sees: another namespace, or labels
+	// the watch's selector leaves out, would be reconciled by a controller
+	// not meant to handle them (e.g. one shard of several).
+	var sel labels.Selector
+	if cfg.Watch.LabelSelector != "" {
+		if sel, err = labels.Parse(cfg.Watch.LabelSelector); err != nil {
+			return nil, fmt.Errorf("%w: Watch.LabelSelector: %w", ErrInvalidConfig, err)
+		}
+	}
+	tr, err := trigger.New(trigger.Config[T]{Queue: c.queue, Resource: cfg.Resource, Namespace: cfg.Watch.Namespace, Selector: sel,
+		Priority: cfg.TriggerPriority, Metrics: cfg.TriggerMetrics, Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
@@ -321,7 +332,8 @@ func (c *Controller[T]) Elector() *leader.Elector { return c.leader }
 
 // Trigger returns the trigger bound to the controller's queue, for the
 // HTTP handler, message consumers and the operator's own code. Its adds are
-// dropped (false) while this replica is not the leader.
+// dropped (false) while this replica is not the leader. Its scope is the
+// watch's: Config.Watch.Namespace and LabelSelector (trigger.ErrOutOfScope).
 func (c *Controller[T]) Trigger() *trigger.Trigger[T] { return c.trig }
 
 // Runnable returns the controller as a [Group] component: its Name, Run

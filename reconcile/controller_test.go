@@ -767,3 +767,29 @@ func TestControllerRefetchesARequeuedObjectTheReconcilerChanged(t *testing.T) {
 		}
 	})
 }
+
+// The controller's trigger reaches only what its watch sees: a controller
+// for one namespace and label selector does not reconcile other objects on
+// a trigger's word (another shard's, or outside its RBAC).
+func TestControllerTriggerHasTheWatchScope(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &recorder{}
+		e := start(t, rec, func(c *reconcile.Config[*Widget]) {
+			c.Watch.Namespace, c.Watch.LabelSelector = "ns", "shard=1"
+		})
+		synctest.Wait()
+		tr := e.ctrl.Trigger()
+		for _, w := range []*Widget{
+			widget("a", func(w *Widget) { w.Namespace, w.Labels = "other", map[string]string{"shard": "1"} }),
+			widget("b", func(w *Widget) { w.Labels = map[string]string{"shard": "2"} }),
+		} {
+			if ok, err := tr.Enqueue(context.Background(), w, opkit.Modified, opkit.Operator, 0, 0); ok || !errors.Is(err, trigger.ErrOutOfScope) {
+				t.Errorf("Enqueue(%s/%s, labels %v) = %v, %v; want ErrOutOfScope", w.Namespace, w.Name, w.Labels, ok, err)
+			}
+		}
+		in := widget("c", func(w *Widget) { w.Labels = map[string]string{"shard": "1"} })
+		if ok, err := tr.Enqueue(context.Background(), in, opkit.Modified, opkit.Operator, 0, 0); !ok || err != nil {
+			t.Errorf("Enqueue(in scope) = %v, %v", ok, err)
+		}
+	})
+}

@@ -148,6 +148,10 @@ const (
 	AckScheduled AckReason = "Scheduled"
 	// AckNotFound: the object no longer exists; there is nothing to do.
 	AckNotFound AckReason = "NotFound"
+	// AckOutOfScope: the object is outside the controller's scope (another
+	// namespace, labels its selector does not match): another
+	// controller's message; see ErrOutOfScope.
+	AckOutOfScope AckReason = "OutOfScope"
 
 	// NackDropped: the enqueue was dropped (not the leader, leadership in
 	// transition, or shutting down); the broker redelivers it later,

@@ -383,6 +383,10 @@ func (c *Consumer[T]) handle(ctx context.Context, msg Message, start time.Time) 
 		c.term(ctx, msg, term, start)
 		return
 	}
+	if err := c.cfg.Trigger.CheckScope(key); err != nil {
+		c.outOfScope(ctx, msg, key, err, start)
+		return
+	}
 	gctx, cancel := context.WithTimeout(ctx, c.cfg.APITimeout)
 	obj, err := c.get(gctx, key)
 	cancel()
@@ -401,6 +405,10 @@ func (c *Consumer[T]) handle(ctx context.Context, msg Message, start time.Time) 
 		return
 	}
 	o, err := c.cfg.Trigger.Submit(ctx, Request[T]{Object: obj, Type: c.cfg.Type, Source: opkit.Operator, Reason: reason, Fetched: true})
+	if errors.Is(err, ErrOutOfScope) {
+		c.outOfScope(ctx, msg, key, err, start)
+		return
+	}
 	if err != nil {
 		// The API server returned something the trigger refuses (another
 		// kind): a configuration problem, not the message's fault.
@@ -417,6 +425,15 @@ func (c *Consumer[T]) handle(ctx context.Context, msg Message, start time.Time) 
 		return
 	}
 	c.ack(ctx, msg, AckScheduled, start)
+}
+
+// outOfScope acknowledges a message for an object this consumer's
+// controller does not handle: it is another controller's, and neither a
+// redelivery here nor a dead letter would get it there.
+func (c *Consumer[T]) outOfScope(ctx context.Context, msg Message, key opkit.Key, err error, start time.Time) {
+	c.log.LogAttrs(ctx, slog.LevelWarn, "trigger consumer: object outside this controller's scope; acknowledging",
+		slog.String("key", key.String()), slog.Any("error", err))
+	c.ack(ctx, msg, AckOutOfScope, start)
 }
 
 func (c *Consumer[T]) settled(ctx context.Context, op string, err error, start time.Time) {

@@ -60,8 +60,10 @@
 //	    (the path is checked before authentication, the rest after it)
 //	401 missing, invalid or wrong-audience bearer token (WWW-Authenticate: Bearer)
 //	403 the SubjectAccessReview denied the caller
-//	404 the object does not exist, or no such route (a resource the API server
-//	    does not serve, e.g. a CRD not installed, is a 502)
+//	404 the object does not exist, or is outside the controller's scope (another
+//	    namespace, labels its selector does not match: ErrOutOfScope), or no such
+//	    route (a resource the API server does not serve, e.g. a CRD not
+//	    installed, is a 502)
 //	405 a method other than POST (Allow: POST)
 //	413 a body larger than HandlerConfig.MaxBodyBytes
 //	415 a body whose Content-Type is not application/json
@@ -84,6 +86,7 @@
 //
 //	malformed or invalid message  Term (dead-letter), counted by TermReason, logged
 //	object not found              Ack, logged as a warning
+//	object outside the scope      Ack (another controller's; ErrOutOfScope), logged as a warning
 //	API server error              Nack, delay RetryBase*2^(deliveries-1) up to RetryCap
 //	enqueue dropped               Nack after DroppedDelay (never Ack)
 //	scheduled                     Ack

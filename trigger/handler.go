@@ -324,6 +324,10 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
+	if err := h.trig.CheckScope(req.key); err != nil {
+		h.fail(w, r, start, http.StatusNotFound, metav1.StatusReasonNotFound, err.Error(), &req)
+		return
+	}
 	gctx, cancel := context.WithTimeout(ctx, h.cfg.APITimeout)
 	obj, err := h.get(gctx, req.key)
 	cancel()
@@ -337,6 +341,10 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	o, err := h.trig.Submit(ctx, Request[T]{Object: obj, Type: h.cfg.Type, Source: opkit.Operator, Delay: req.delay, Reason: req.reason, Fetched: true})
+	if errors.Is(err, ErrOutOfScope) {
+		h.fail(w, r, start, http.StatusNotFound, metav1.StatusReasonNotFound, err.Error(), &req)
+		return
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			// The caller went away; nothing was queued.

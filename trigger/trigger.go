@@ -6,8 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"strings"
 	"time"
 	"unicode/utf8"
+
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/queue"
@@ -37,6 +41,13 @@ func CheckReason(reason string) error {
 // Check it with errors.Is.
 var ErrInvalid = errors.New("invalid trigger")
 
+// ErrOutOfScope is wrapped by the errors of Enqueue, Submit and
+// [Trigger.CheckScope] for an object the trigger's controller does not
+// handle: in another namespace than Config.Namespace, or with labels that
+// Config.Selector does not match. The HTTP handler answers 404 and the
+// consumer acknowledges the message (it is another controller's).
+var ErrOutOfScope = errors.New("object outside the controller's scope")
+
 // Config configures a Trigger. The zero value of every optional field means
 // its documented default.
 type Config[T opkit.Object] struct {
@@ -47,6 +58,18 @@ type Config[T opkit.Object] struct {
 	// objects whose kind or group says they belong to another resource, and
 	// checks the namespace against Resource.Namespaced.
 	Resource opkit.Resource
+	// Namespace, when set, is the one namespace the controller handles
+	// (its watch's namespace; reconcile's controller sets it): Enqueue and
+	// Submit refuse objects in other namespaces with an error wrapping
+	// ErrOutOfScope, and the HTTP handler and the consumer check the key
+	// before they read the object. Empty means every namespace; it must be
+	// empty for a cluster-scoped resource.
+	Namespace string
+	// Selector, when set, is the label selector of the controller's watch:
+	// Enqueue and Submit refuse an object whose labels it does not match
+	// (ErrOutOfScope). nil means every object. A watch's field selector
+	// is not checked.
+	Selector labels.Selector
 	// Priority is the queue priority of triggered entries. Zero means
 	// DefaultPriority (100). Because zero means "default", a trigger cannot
 	// be configured to rank exactly with watch events; use 1 to rank just
@@ -64,6 +87,8 @@ type Config[T opkit.Object] struct {
 type Trigger[T opkit.Object] struct {
 	q        queue.Adder[opkit.Key, opkit.Event[T]]
 	res      opkit.Resource
+	ns       string
+	sel      labels.Selector
 	priority int
 	metrics  Metrics
 	log      *slog.Logger
@@ -77,9 +102,17 @@ func New[T opkit.Object](cfg Config[T]) (*Trigger[T], error) {
 	if err := cfg.Resource.Validate(); err != nil {
 		return nil, fmt.Errorf("trigger: Config.Resource: %w", err)
 	}
+	if cfg.Namespace != "" && !cfg.Resource.Namespaced {
+		return nil, fmt.Errorf("trigger: Config.Namespace %q for cluster-scoped %s", cfg.Namespace, cfg.Resource.Resource)
+	}
+	if errs := validation.IsDNS1123Label(cfg.Namespace); cfg.Namespace != "" && len(errs) > 0 {
+		return nil, fmt.Errorf("trigger: Config.Namespace %q: %s", cfg.Namespace, strings.Join(errs, "; "))
+	}
 	t := &Trigger[T]{
 		q:        cfg.Queue,
 		res:      cfg.Resource,
+		ns:       cfg.Namespace,
+		sel:      cfg.Selector,
 		priority: cfg.Priority,
 		metrics:  cfg.Metrics,
 		log:      cfg.Logger,
@@ -98,6 +131,17 @@ func New[T opkit.Object](cfg Config[T]) (*Trigger[T], error) {
 
 // Resource returns the resource the trigger is bound to.
 func (t *Trigger[T]) Resource() opkit.Resource { return t.res }
+
+// CheckScope returns an error wrapping ErrOutOfScope when key is in a
+// namespace the trigger's controller does not handle (Config.Namespace).
+// The labels (Config.Selector) need the object: Submit checks them. A
+// front end that reads the object for a key checks this first.
+func (t *Trigger[T]) CheckScope(key opkit.Key) error {
+	if t.ns != "" && key.Namespace != t.ns {
+		return fmt.Errorf("trigger: %w: %s %s is not in namespace %q, the only one this controller handles", ErrOutOfScope, t.res.Resource, key, t.ns)
+	}
+	return nil
+}
 
 // Priority returns the queue priority of triggered entries.
 func (t *Trigger[T]) Priority() int { return t.priority }
@@ -144,8 +188,9 @@ type Request[T opkit.Object] struct {
 //   - error: bad input, wrapping [ErrInvalid] (nil object, missing name,
 //     namespace present for a cluster-scoped resource or missing for a
 //     namespaced one, negative delay or retries, invalid type or source,
-//     source APIServer, an object of another kind), or ctx's error when ctx
-//     has already ended. Nothing was queued.
+//     source APIServer, an object of another kind); an object outside the
+//     controller's scope (wrapping [ErrOutOfScope]); or ctx's error when
+//     ctx has already ended. Nothing was queued.
 func (t *Trigger[T]) Enqueue(ctx context.Context, obj T, typ opkit.Type, src opkit.Source, delay time.Duration, retries int) (bool, error) {
 	o, err := t.Submit(ctx, Request[T]{Object: obj, Type: typ, Source: src, Delay: delay, Retries: retries})
 	if err != nil {
@@ -230,6 +275,12 @@ func (t *Trigger[T]) validate(req Request[T]) error {
 	}
 	if !t.res.Namespaced && ns != "" {
 		return invalid("%s is cluster-scoped but object %q has namespace %q", t.res.Resource, obj.GetName(), ns)
+	}
+	if err := t.CheckScope(opkit.KeyOf(obj)); err != nil {
+		return err
+	}
+	if t.sel != nil && !t.sel.Matches(labels.Set(obj.GetLabels())) {
+		return fmt.Errorf("trigger: %w: %s %s does not match the controller's label selector %q", ErrOutOfScope, t.res.Resource, opkit.KeyOf(obj), t.sel.String())
 	}
 	if ok := obj.GetObjectKind(); ok != nil {
 		gvk := ok.GroupVersionKind()
