@@ -113,7 +113,7 @@ type Queue[K comparable, V any] struct {
 	delayStale int // stale elements left in the delay heap
 	nDelayed   int
 	nParked    int
-	inflight   []int32
+	inflight   []flight[K]
 	nIdle      int   // slots in state stIdle
 	lastNow    int64 // the last clock reading: the current time is no earlier
 
@@ -126,6 +126,13 @@ type Queue[K comparable, V any] struct {
 	shutdown  bool
 	shutAt    int64         // the clock at ShutDown: entries due later are never handed out
 	drained   chan struct{} // closed when the last in-flight entry is Done after shutdown
+}
+
+// flight is an entry in flight: its slot, and its key, which Done compares
+// without a trip to the slab.
+type flight[K comparable] struct {
+	key K
+	idx int32
 }
 
 // waiter is a blocked Get. ch receives at most one wake-up per
@@ -243,7 +250,11 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 
 	head, pos := q.find(key, h)
 	known := head != none
-	fresh := !known || q.sl(head).state() == stIdle
+	var hs *slot[K, V] // the head's slot, if known
+	if known {
+		hs = q.sl(head)
+	}
+	fresh := !known || hs.state() == stIdle
 	if q.nDelayed > 0 && q.touchesReady(fresh, head, opts.Delay, prio) {
 		// Delayed entries that fell due since the last Get join the ready
 		// entries before this add changes them: first come first served
@@ -269,7 +280,7 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 			// find compared them) and no chain: rewriting them would only
 			// cost write barriers for a key that holds pointers.
 			q.nIdle--
-			s = q.sl(i)
+			s = hs
 		} else {
 			i = q.alloc()
 			s = q.sl(i)
@@ -279,7 +290,7 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 		if q.stamps {
 			*q.enq(i) = now
 		}
-		q.schedule(i, now)
+		q.schedule(i, s, now)
 		if !known {
 			q.insertAt(pos, h, i) // after schedule: a rebuild keeps only slots in use
 		}
@@ -379,7 +390,7 @@ func (q *Queue[K, V]) mergeInto(t int32, value V, replace bool, delay time.Durat
 	case stReady:
 		if s.prio != oldPrio {
 			q.readyStale++
-			q.pushReady(t)
+			q.pushReady(t, s)
 			// A Get that did not qualify for the old priority may for
 			// the new one.
 			q.wakeFor(s.prio)
@@ -391,10 +402,10 @@ func (q *Queue[K, V]) mergeInto(t int32, value V, replace bool, delay time.Durat
 			if due <= now {
 				q.nDelayed--
 				q.nReady++
-				q.pushReady(t)
+				q.pushReady(t, s)
 				q.wakeFor(s.prio)
 			} else {
-				q.pushDelayed(t)
+				q.pushDelayed(t, s)
 				q.rearm(now)
 			}
 		}
@@ -447,27 +458,26 @@ func (q *Queue[K, V]) release(i int32) {
 
 // schedule makes entry i pending: ready if due, delayed otherwise. After
 // shutdown, "due" means due at ShutDown.
-func (q *Queue[K, V]) schedule(i int32, now int64) {
+func (q *Queue[K, V]) schedule(i int32, s *slot[K, V], now int64) {
 	if q.shutdown {
 		now = min(now, q.shutAt)
 	}
-	s := q.sl(i)
 	if m := q.metrics; m != nil {
 		m.Depth(int(s.prio), 1)
 	}
 	if s.due <= now {
 		q.nReady++
-		q.pushReady(i)
+		q.pushReady(i, s)
 		q.wakeFor(s.prio)
 		return
 	}
 	q.nDelayed++
-	q.pushDelayed(i)
+	q.pushDelayed(i, s)
 	q.rearm(now)
 }
 
-func (q *Queue[K, V]) pushReady(i int32) {
-	s := q.sl(i)
+// pushReady makes entry i (slot s) ready, at the end of its priority's ring.
+func (q *Queue[K, V]) pushReady(i int32, s *slot[K, V]) {
 	s.setState(stReady)
 	q.levelFor(s.prio).ring.push(elem{idx: i, meta: s.meta})
 	if q.readyStale > 64 && q.readyStale > q.nReady {
@@ -475,8 +485,8 @@ func (q *Queue[K, V]) pushReady(i int32) {
 	}
 }
 
-func (q *Queue[K, V]) pushDelayed(i int32) {
-	s := q.sl(i)
+// pushDelayed makes entry i (slot s) delayed, in the heap at its due time.
+func (q *Queue[K, V]) pushDelayed(i int32, s *slot[K, V]) {
 	s.setState(stDelayed)
 	q.delay.push(mkDelem(s.due, i))
 	if q.delayStale > 64 && q.delayStale > q.nDelayed {
@@ -571,7 +581,7 @@ func (q *Queue[K, V]) promote(now int64) (promoted bool) {
 		}
 		q.nDelayed--
 		q.nReady++
-		q.pushReady(e.idx)
+		q.pushReady(e.idx, q.sl(e.idx))
 		promoted = true
 	}
 	return promoted
@@ -597,11 +607,11 @@ func (q *Queue[K, V]) take(now int64, it *Item[K, V]) {
 	for _, l := range q.levels {
 		for l.ring.n > 0 {
 			e := l.ring.pop()
-			if !q.valid(e.idx, e.meta) {
+			s := q.sl(e.idx)
+			if s.meta != e.meta { // stale
 				q.readyStale--
 				continue
 			}
-			s := q.sl(e.idx)
 			it.Key, it.Value, it.Priority, it.Retries = s.key, s.val, int(s.prio), int(s.retries)
 			var enq int64
 			if q.stamps {
@@ -614,7 +624,7 @@ func (q *Queue[K, V]) take(now int64, it *Item[K, V]) {
 			}
 			q.nReady--
 			s.setState(stInFlight)
-			q.inflight = append(q.inflight, e.idx)
+			q.inflight = append(q.inflight, flight[K]{s.key, e.idx})
 			if m := q.metrics; m != nil {
 				m.Depth(int(s.prio), -1)
 				m.Waited(int(s.prio), time.Duration(now-enq))
@@ -876,16 +886,16 @@ func (q *Queue[K, V]) Done(key K) {
 	var i int32 = none
 	pos := -1
 	if len(q.inflight) <= 8 {
-		for j, x := range q.inflight {
-			if q.sl(x).key == key {
-				i, pos = x, j
+		for j := range q.inflight {
+			if f := &q.inflight[j]; f.key == key {
+				i, pos = f.idx, j
 				break
 			}
 		}
 	} else if x, _ := q.find(key, hashOf(q.ix.seed, key)); x != none && q.sl(x).state() == stInFlight {
 		i = x
-		for j, y := range q.inflight {
-			if y == x {
+		for j := range q.inflight {
+			if q.inflight[j].idx == x {
 				pos = j
 				break
 			}
@@ -906,6 +916,7 @@ func (q *Queue[K, V]) Done(key K) {
 	// remove from the in-flight list
 	last := len(q.inflight) - 1
 	q.inflight[pos] = q.inflight[last]
+	q.inflight[last] = flight[K]{} // hold no key past its Done
 	q.inflight = q.inflight[:last]
 
 	next := s.next
@@ -927,7 +938,7 @@ func (q *Queue[K, V]) Done(key K) {
 		if m == nil {
 			// A parked entry due before the last clock reading needs no
 			// new one, unless delayed entries may have fallen due since
-			// (schedule promotes them first).
+			// (they are promoted first, below).
 			if now = q.lastNow; q.sl(next).due > now || q.nDelayed > 0 {
 				now = q.clock()
 			}
@@ -936,7 +947,7 @@ func (q *Queue[K, V]) Done(key K) {
 		if q.nDelayed > 0 && q.promote(now) {
 			q.passOn()
 		}
-		q.schedule(next, now)
+		q.schedule(next, q.sl(next), now)
 	}
 	if q.shutdown && len(q.inflight) == 0 && q.drained != nil {
 		close(q.drained)
@@ -1102,8 +1113,8 @@ func (q *Queue[K, V]) Stats() Stats {
 	}
 	if q.metrics != nil && len(q.inflight) > 0 {
 		now := q.clock()
-		for _, i := range q.inflight {
-			d := time.Duration(now - q.sl(i).due)
+		for _, f := range q.inflight {
+			d := time.Duration(now - q.sl(f.idx).due)
 			st.UnfinishedWork += d
 			st.LongestRunning = max(st.LongestRunning, d)
 		}

@@ -23,6 +23,26 @@ func BenchmarkW1Cycle(b *testing.B) {
 	}
 }
 
+// W1's floor: the three uncontended lock round trips (Add, Get, Done) that
+// any queue built on one sync.Mutex pays per cycle, with nothing inside.
+// It is a reference row, not a queue: W1's ratio against client-go cannot
+// exceed client-go's cycle over this floor, and a cycle's own logic is its
+// ns/op minus this one.
+func BenchmarkW1LockFloor(b *testing.B) {
+	var mu sync.Mutex
+	n := 0
+	for b.Loop() {
+		for range 3 {
+			mu.Lock()
+			n++
+			mu.Unlock()
+		}
+	}
+	if n != 3*b.N {
+		b.Fatalf("%d round trips, want %d", n, 3*b.N)
+	}
+}
+
 // W1 with opkit's metrics on (atomic counters) versus nil, the latter
 // without and with timestamps (metrics imply timestamps; the controller
 // runs with timestamps).
