@@ -183,6 +183,7 @@ type Controller[T opkit.Object] struct {
 	// termOf reads the leadership term from a term's context.
 	termOf func(context.Context) (int32, bool)
 	trig   *trigger.Trigger[T]
+	sel    labels.Selector // the watch's label selector; nil for none
 	rec    *Recorder
 	drain  time.Duration
 	// drainMargin is how long before the elector's WorkDeadline a leader's
@@ -294,7 +295,7 @@ func NewController[T opkit.Object](cfg Config[T]) (*Controller[T], error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	c.trig = tr
+	c.trig, c.sel = tr, sel
 
 	if !cfg.NoEvents {
 		if c.rec, err = NewRecorder(RecorderConfig{Dynamic: cfg.Dynamic, Controller: cfg.Name, Resource: cfg.Resource}); err != nil {
@@ -566,6 +567,14 @@ func (c *Controller[T]) process(ctx context.Context, item queue.Item[opkit.Key, 
 			return
 		}
 		req.Object = obj
+	}
+	if ev.Source == opkit.Operator && ev.Type != opkit.Deleted && c.sel != nil && !isNil(req.Object) &&
+		!c.sel.Matches(labels.Set(req.Object.GetLabels())) {
+		// The trigger's object, as it is now, is not one the watch sees:
+		// another controller's (a shard selected by label).
+		log.Info("triggered object does not match the watch's label selector: skipped", "selector", c.sel.String())
+		c.metrics.Skipped(SkipOutOfScope)
+		return
 	}
 	start := time.Now()
 	res, err := c.call(ctx, req, log)

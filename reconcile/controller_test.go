@@ -84,6 +84,11 @@ func (m *countingMetrics) Reconciled(o reconcile.Outcome, _ time.Duration) {
 func (m *countingMetrics) Panicked()                    { m.mu.Lock(); m.panics++; m.mu.Unlock() }
 func (m *countingMetrics) Skipped(reconcile.SkipReason) { m.mu.Lock(); m.skipped++; m.mu.Unlock() }
 func (m *countingMetrics) Refetched()                   { m.mu.Lock(); m.refetched++; m.mu.Unlock() }
+func (m *countingMetrics) skippedN() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.skipped
+}
 func (m *countingMetrics) get(o reconcile.Outcome) int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -770,26 +775,40 @@ func TestControllerRefetchesARequeuedObjectTheReconcilerChanged(t *testing.T) {
 
 // The controller's trigger reaches only what its watch sees: a controller
 // for one namespace and label selector does not reconcile other objects on
-// a trigger's word (another shard's, or outside its RBAC).
+// a trigger's word (another shard's, or outside its RBAC). Labels are
+// judged on the object read for the reconcile, not on the caller's copy.
 func TestControllerTriggerHasTheWatchScope(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rec := &recorder{}
+		shard := func(n string) func(*Widget) {
+			return func(w *Widget) { w.Labels = map[string]string{"shard": n} }
+		}
 		e := start(t, rec, func(c *reconcile.Config[*Widget]) {
 			c.Watch.Namespace, c.Watch.LabelSelector = "ns", "shard=1"
-		})
+		}, widget("moved", shard("2")), widget("mine", shard("1")))
 		synctest.Wait()
 		tr := e.ctrl.Trigger()
-		for _, w := range []*Widget{
-			widget("a", func(w *Widget) { w.Namespace, w.Labels = "other", map[string]string{"shard": "1"} }),
-			widget("b", func(w *Widget) { w.Labels = map[string]string{"shard": "2"} }),
-		} {
-			if ok, err := tr.Enqueue(context.Background(), w, opkit.Modified, opkit.Operator, 0, 0); ok || !errors.Is(err, trigger.ErrOutOfScope) {
-				t.Errorf("Enqueue(%s/%s, labels %v) = %v, %v; want ErrOutOfScope", w.Namespace, w.Name, w.Labels, ok, err)
+		other := widget("x", shard("1"), func(w *Widget) { w.Namespace = "other" })
+		if ok, err := tr.Enqueue(context.Background(), other, opkit.Modified, opkit.Operator, 0, 0); ok || !errors.Is(err, trigger.ErrOutOfScope) {
+			t.Errorf("Enqueue(another namespace) = %v, %v; want ErrOutOfScope", ok, err)
+		}
+		// A stale copy that still says shard 1 (the object moved to shard 2),
+		// and a key-only copy of one in shard 1: both accepted, and judged
+		// as read for the reconcile.
+		for _, w := range []*Widget{widget("moved", shard("1")), widget("mine")} {
+			if ok, err := tr.Enqueue(context.Background(), w, opkit.Modified, opkit.Operator, 0, 0); !ok || err != nil {
+				t.Errorf("Enqueue(%s) = %v, %v", w.Name, ok, err)
 			}
 		}
-		in := widget("c", func(w *Widget) { w.Labels = map[string]string{"shard": "1"} })
-		if ok, err := tr.Enqueue(context.Background(), in, opkit.Modified, opkit.Operator, 0, 0); !ok || err != nil {
-			t.Errorf("Enqueue(in scope) = %v, %v", ok, err)
+		synctest.Wait()
+		var triggered []string
+		for _, c := range rec.snapshot() {
+			if c.req.Source == opkit.Operator {
+				triggered = append(triggered, c.req.Key.Name)
+			}
+		}
+		if len(triggered) != 1 || triggered[0] != "mine" || e.metrics.skippedN() != 1 {
+			t.Errorf("triggered reconciles %v, %d skipped; want only mine, and moved skipped", triggered, e.metrics.skippedN())
 		}
 	})
 }

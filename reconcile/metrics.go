@@ -48,6 +48,9 @@ const (
 	// SkipGone: the re-fetch found that the object no longer exists (its
 	// Deleted event follows, or has already been reconciled).
 	SkipGone SkipReason = "gone"
+	// SkipOutOfScope: a triggered object, as read for its reconcile, does
+	// not match the watch's label selector (trigger.ErrOutOfScope).
+	SkipOutOfScope SkipReason = "outOfScope"
 )
 
 // Metrics receives the controller's measurements. A nil Metrics in

@@ -148,10 +148,6 @@ const (
 	AckScheduled AckReason = "Scheduled"
 	// AckNotFound: the object no longer exists; there is nothing to do.
 	AckNotFound AckReason = "NotFound"
-	// AckOutOfScope: the object is outside the controller's scope (another
-	// namespace, labels its selector does not match): another
-	// controller's message; see ErrOutOfScope.
-	AckOutOfScope AckReason = "OutOfScope"
 
 	// NackDropped: the enqueue was dropped (not the leader, leadership in
 	// transition, or shutting down); the broker redelivers it later,
@@ -159,6 +155,11 @@ const (
 	NackDropped NackReason = "Dropped"
 	// NackAPIError: re-fetching the object failed; retried with backoff.
 	NackAPIError NackReason = "APIError"
+	// NackOutOfScope: the object is outside the controller's scope
+	// (ErrOutOfScope): handed back after DroppedDelay, for another
+	// controller that shares the subscription (or, if none, for the
+	// broker's delivery limit, which dead-letters it).
+	NackOutOfScope NackReason = "OutOfScope"
 	// NackStopping: received while the consumer was stopping, not handled.
 	NackStopping NackReason = "Stopping"
 

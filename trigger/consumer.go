@@ -427,13 +427,15 @@ func (c *Consumer[T]) handle(ctx context.Context, msg Message, start time.Time) 
 	c.ack(ctx, msg, AckScheduled, start)
 }
 
-// outOfScope acknowledges a message for an object this consumer's
-// controller does not handle: it is another controller's, and neither a
-// redelivery here nor a dead letter would get it there.
+// outOfScope hands back a message for an object this consumer's controller
+// does not handle. It is never acknowledged: controllers of other scopes
+// (shards by namespace or label) may share the subscription and get it on
+// redelivery; if none does, the broker's delivery limit dead-letters it,
+// where it stays visible.
 func (c *Consumer[T]) outOfScope(ctx context.Context, msg Message, key opkit.Key, err error, start time.Time) {
-	c.log.LogAttrs(ctx, slog.LevelWarn, "trigger consumer: object outside this controller's scope; acknowledging",
-		slog.String("key", key.String()), slog.Any("error", err))
-	c.ack(ctx, msg, AckOutOfScope, start)
+	c.log.LogAttrs(ctx, slog.LevelWarn, "trigger consumer: object outside this controller's scope; handing it back",
+		slog.String("key", key.String()), slog.Any("error", err), slog.Int("deliveries", msg.Deliveries()))
+	c.nack(ctx, msg, NackOutOfScope, c.cfg.DroppedDelay, start)
 }
 
 func (c *Consumer[T]) settled(ctx context.Context, op string, err error, start time.Time) {

@@ -86,7 +86,8 @@
 //
 //	malformed or invalid message  Term (dead-letter), counted by TermReason, logged
 //	object not found              Ack, logged as a warning
-//	object outside the scope      Ack (another controller's; ErrOutOfScope), logged as a warning
+//	object outside the scope      Nack after DroppedDelay (ErrOutOfScope: another controller
+//	                              sharing the subscription may own it), logged as a warning
 //	API server error              Nack, delay RetryBase*2^(deliveries-1) up to RetryCap
 //	enqueue dropped               Nack after DroppedDelay (never Ack)
 //	scheduled                     Ack
@@ -103,7 +104,8 @@
 // reason; a second trigger while the first waits replaces it (one
 // reconcile, the newer reason); a trigger that arrives while the object
 // is being reconciled gets a reconcile of its own after that one, which
-// the controller's retry or requeue of the running one does not replace.
+// the controller's retry or requeue of the running one does not replace
+// (except the retry of a delete that failed: the object is gone).
 // A delay is an upper bound, not a promise of "not before": entries for a
 // key merge to the earliest due time, so another event for the object in
 // the meantime reconciles it sooner, once, and nothing runs again at the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -17,11 +18,14 @@ import (
 )
 
 // The specification here: a trigger reaches only what its controller
-// watches. Scoped to namespace "ns" and label shard=1, it refuses anything
-// else with ErrOutOfScope (not ErrInvalid: the request is well formed, it
-// is for another controller); the HTTP handler answers 404 and the
-// consumer acknowledges, and neither reads an object from another
-// namespace.
+// watches. Scoped to namespace "ns" and label shard=1, it refuses another
+// namespace, and an object just read (Fetched) whose labels do not match,
+// with ErrOutOfScope (not ErrInvalid: the request is well formed, it is
+// for another controller). Labels of a copy not just read are left to the
+// controller, which checks the object it reads for the reconcile. The HTTP
+// handler answers 404; the consumer hands the message back (never
+// acknowledges it: another controller sharing the subscription may own
+// it); neither reads an object from another namespace.
 
 var shard1 = map[string]string{"shard": "1"}
 
@@ -44,23 +48,31 @@ func newScopedTrigger(t *testing.T) (*trigger.Trigger[*corev1.ConfigMap], *cmQue
 
 func TestTriggerRefusesObjectsOutsideItsScope(t *testing.T) {
 	tr, q := newScopedTrigger(t)
+	accepted := 0
 	for _, tc := range []struct {
-		name  string
-		obj   *corev1.ConfigMap
-		scope bool // refused as out of scope
+		name    string
+		obj     *corev1.ConfigMap
+		fetched bool
+		scope   bool // refused as out of scope
 	}{
-		{"in the namespace, labels match", labelled("ns", "a", shard1), false},
-		{"another namespace", labelled("other", "a", shard1), true},
-		{"labels do not match", labelled("ns", "b", map[string]string{"shard": "2"}), true},
-		{"no labels", cm("ns", "c"), true},
+		{"in the namespace, labels match", labelled("ns", "a", shard1), true, false},
+		{"another namespace", labelled("other", "a", shard1), false, true},
+		{"another namespace, just read", labelled("other", "a", shard1), true, true},
+		{"just read, labels do not match", labelled("ns", "b", map[string]string{"shard": "2"}), true, true},
+		{"just read, no labels", cm("ns", "c"), true, true},
+		{"a caller's copy: its labels may be stale", labelled("ns", "d", map[string]string{"shard": "2"}), false, false},
+		{"a caller's key-only copy", cm("ns", "e"), false, false},
 	} {
-		ok, err := tr.Enqueue(context.Background(), tc.obj, opkit.Modified, opkit.Operator, 0, 0)
-		if tc.scope != errors.Is(err, trigger.ErrOutOfScope) || errors.Is(err, trigger.ErrInvalid) || ok == tc.scope {
-			t.Errorf("%s: Enqueue = %v, %v; want out of scope %v (and never ErrInvalid)", tc.name, ok, err, tc.scope)
+		o, err := tr.Submit(context.Background(), trigger.Request[*corev1.ConfigMap]{Object: tc.obj, Type: opkit.Modified, Source: opkit.Operator, Fetched: tc.fetched})
+		if tc.scope != errors.Is(err, trigger.ErrOutOfScope) || errors.Is(err, trigger.ErrInvalid) || o.Accepted() == tc.scope {
+			t.Errorf("%s: Submit = %v, %v; want out of scope %v (and never ErrInvalid)", tc.name, o, err, tc.scope)
+		}
+		if o.Accepted() {
+			accepted++
 		}
 	}
-	if q.Len() != 1 {
-		t.Errorf("queue len %d, want 1 (the object in scope)", q.Len())
+	if q.Len() != accepted || accepted != 3 {
+		t.Errorf("queue len %d, %d accepted; want 3", q.Len(), accepted)
 	}
 	if err := tr.CheckScope(opkit.Key{Namespace: "other", Name: "a"}); !errors.Is(err, trigger.ErrOutOfScope) {
 		t.Errorf("CheckScope(other/a) = %v", err)
@@ -99,7 +111,7 @@ func TestHandler404OutsideTheScope(t *testing.T) {
 	}
 }
 
-func TestConsumerAcksMessagesOutsideTheScope(t *testing.T) {
+func TestConsumerHandsBackMessagesOutsideTheScope(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tr, q := newScopedTrigger(t)
 		var mu sync.Mutex
@@ -120,16 +132,19 @@ func TestConsumerAcksMessagesOutsideTheScope(t *testing.T) {
 		stop := e.run(t)
 		synctest.Wait()
 		stop()
-		for _, id := range []uint64{other, unlabelled, inScope} {
-			if got := ops(e.b.EventsFor(id)); got != "Ack" {
-				t.Errorf("message %d settled %q, want Ack", id, got)
+		for id, want := range map[uint64]string{other: "Nack", unlabelled: "Nack", inScope: "Ack"} {
+			if got := ops(e.b.EventsFor(id)); !strings.HasPrefix(got, want) {
+				t.Errorf("message %d settled %q, want %s", id, got, want)
 			}
 		}
-		if e.m.acked[trigger.AckOutOfScope] != 2 || e.m.acked[trigger.AckScheduled] != 1 || q.Len() != 1 || len(e.b.DeadLetters()) != 0 {
-			t.Errorf("acked %v, queue len %d, dead letters %d; want 2 out of scope, 1 scheduled, none dead", e.m.acked, q.Len(), len(e.b.DeadLetters()))
+		if e.m.nacked[trigger.NackOutOfScope] < 2 || e.m.acked[trigger.AckScheduled] != 1 || q.Len() != 1 || len(e.b.DeadLetters()) != 0 {
+			t.Errorf("nacked %v, acked %v, queue len %d, dead letters %d; want the 2 out of scope handed back, 1 scheduled, none dead",
+				e.m.nacked, e.m.acked, q.Len(), len(e.b.DeadLetters()))
 		}
-		if len(read) != 2 || read[0].Namespace != "ns" || read[1].Namespace != "ns" {
-			t.Errorf("read %v; want only the two keys in namespace ns", read)
+		for _, k := range read {
+			if k.Namespace != "ns" {
+				t.Errorf("read %v: a key in another namespace", k)
+			}
 		}
 	})
 }

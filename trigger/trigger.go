@@ -43,9 +43,10 @@ var ErrInvalid = errors.New("invalid trigger")
 
 // ErrOutOfScope is wrapped by the errors of Enqueue, Submit and
 // [Trigger.CheckScope] for an object the trigger's controller does not
-// handle: in another namespace than Config.Namespace, or with labels that
-// Config.Selector does not match. The HTTP handler answers 404 and the
-// consumer acknowledges the message (it is another controller's).
+// handle: in another namespace than Config.Namespace, or, just read, with
+// labels that Config.Selector does not match. The HTTP handler answers 404;
+// the consumer hands the message back (it may be another controller's that
+// shares the subscription).
 var ErrOutOfScope = errors.New("object outside the controller's scope")
 
 // Config configures a Trigger. The zero value of every optional field means
@@ -65,10 +66,13 @@ type Config[T opkit.Object] struct {
 	// before they read the object. Empty means every namespace; it must be
 	// empty for a cluster-scoped resource.
 	Namespace string
-	// Selector, when set, is the label selector of the controller's watch:
-	// Enqueue and Submit refuse an object whose labels it does not match
-	// (ErrOutOfScope). nil means every object. A watch's field selector
-	// is not checked.
+	// Selector, when set, is the label selector of the controller's watch.
+	// Submit refuses an object marked Fetched (just read from the API
+	// server) whose labels it does not match (ErrOutOfScope); any other
+	// object may be a stale or partial copy, so reconcile's controller
+	// checks the object it reads for the reconcile instead, and skips it
+	// when it does not match. nil means every object. A watch's field
+	// selector is not checked.
 	Selector labels.Selector
 	// Priority is the queue priority of triggered entries. Zero means
 	// DefaultPriority (100). Because zero means "default", a trigger cannot
@@ -188,9 +192,10 @@ type Request[T opkit.Object] struct {
 //   - error: bad input, wrapping [ErrInvalid] (nil object, missing name,
 //     namespace present for a cluster-scoped resource or missing for a
 //     namespaced one, negative delay or retries, invalid type or source,
-//     source APIServer, an object of another kind); an object outside the
-//     controller's scope (wrapping [ErrOutOfScope]); or ctx's error when
-//     ctx has already ended. Nothing was queued.
+//     source APIServer, an object of another kind); an object in a
+//     namespace the controller does not handle (wrapping [ErrOutOfScope];
+//     labels are checked when the object is read for its reconcile); or
+//     ctx's error when ctx has already ended. Nothing was queued.
 func (t *Trigger[T]) Enqueue(ctx context.Context, obj T, typ opkit.Type, src opkit.Source, delay time.Duration, retries int) (bool, error) {
 	o, err := t.Submit(ctx, Request[T]{Object: obj, Type: typ, Source: src, Delay: delay, Retries: retries})
 	if err != nil {
@@ -279,7 +284,7 @@ func (t *Trigger[T]) validate(req Request[T]) error {
 	if err := t.CheckScope(opkit.KeyOf(obj)); err != nil {
 		return err
 	}
-	if t.sel != nil && !t.sel.Matches(labels.Set(obj.GetLabels())) {
+	if t.sel != nil && req.Fetched && !t.sel.Matches(labels.Set(obj.GetLabels())) {
 		return fmt.Errorf("trigger: %w: %s %s does not match the controller's label selector %q", ErrOutOfScope, t.res.Resource, opkit.KeyOf(obj), t.sel.String())
 	}
 	if ok := obj.GetObjectKind(); ok != nil {
