@@ -13,6 +13,11 @@ import (
 //
 //	pending    incoming                      merge
 //	---------  ----------------------------  ------------------------------------------
+//	Deleted    watch Added/Modified, same    MergeSequence: the object came back into
+//	           UID                           the watch (a label selector it left and
+//	                                         matches again): the delete first, then it
+//	Deleted    re-add of unknown UID (a      MergeSequence: after the delete (the
+//	           requeue carries no object)    requeue re-reads the object)
 //	Deleted    same UID (or a UID unknown)   MergeKeep: a delete is never turned into
 //	                                         something else; a Deleted carrying the
 //	                                         full final state replaces a tombstone
@@ -26,9 +31,10 @@ import (
 //	new        re-add, not Deleted           MergeKeep: the new event arrived while
 //	                                         the re-added one was being reconciled;
 //	                                         it keeps its payload, its retry count
-//	                                         (0) and its reconcile, whose result
-//	                                         decides again whether to retry or
-//	                                         requeue
+//	                                         and its reconcile, whose result decides
+//	                                         again whether to retry or requeue
+//	new watch  retried Deleted, same UID     MergeKeep: the object came back into the
+//	event                                    watch after the delete ran
 //	new        watch Added/Modified, same    MergeKeep: the external trigger keeps its
 //	trigger    UID (or a UID unknown)        source, type, reason and retry count, and
 //	(Operator)                               takes the watch event's object (marked
@@ -43,14 +49,19 @@ import (
 // merged event brought. A later trigger replaces a pending watch event
 // (newest wins), and a watch event replaces a re-added trigger (whose
 // request was served: its retry count does not pass to the new event). A
-// re-added delete is never set aside: a delete is the last word on its UID.
+// delete is the last word on its UID except for a watch with a label
+// selector, which reports an object that stops matching as deleted and one
+// that matches again as added, with the same UID: only a watch event can
+// say so, so a retried delete gives way to a watch event and replaces
+// anything else.
 func MergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T]) queue.Merge {
 	pu, iu := uidOf(pending.Object), uidOf(incoming.Object)
 	if pending.Type != opkit.Deleted {
 		if incoming.Type == opkit.Deleted && pu != "" && iu != "" && pu != iu {
 			return queue.MergeSequence
 		}
-		if readd(incoming) && !readd(*pending) && incoming.Type != opkit.Deleted {
+		if readd(incoming) && !readd(*pending) &&
+			(incoming.Type != opkit.Deleted || pending.Source == opkit.APIServer && pu != "" && pu == iu) {
 			return queue.MergeKeep
 		}
 		if pending.Source == opkit.Operator && !readd(*pending) && incoming.Source == opkit.APIServer &&
@@ -64,6 +75,9 @@ func MergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T
 		return queue.MergeReplace
 	}
 	if pu != "" && iu != "" && pu != iu {
+		return queue.MergeSequence
+	}
+	if incoming.Type != opkit.Deleted && (incoming.Source == opkit.APIServer && !readd(incoming) && pu != "" && pu == iu || readd(incoming) && iu == "") {
 		return queue.MergeSequence
 	}
 	if incoming.Type == opkit.Deleted && pending.FinalStateUnknown && !incoming.FinalStateUnknown {

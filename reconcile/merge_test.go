@@ -1,6 +1,8 @@
 package reconcile_test
 
 import (
+	"context"
+	"slices"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -48,8 +50,13 @@ func TestMergeEventsNeverTurnsAPendingDeleteIntoSomethingElse(t *testing.T) {
 		{"modified then deleted: the delete wins", ev(opkit.Modified, "u1"), ev(opkit.Deleted, "u1"), queue.MergeReplace},
 		{"modified then recreated: newest wins", ev(opkit.Modified, "u1"), ev(opkit.Added, "u2"), queue.MergeReplace},
 		{"recreated, then the old object's delete retried: both", ev(opkit.Added, "u2"), ev(opkit.Deleted, "u1"), queue.MergeSequence},
-		{"deleted then modified, same uid: keep the delete", ev(opkit.Deleted, "u1"), ev(opkit.Modified, "u1"), queue.MergeKeep},
-		{"deleted then added, same uid: keep the delete", ev(opkit.Deleted, "u1"), ev(opkit.Added, "u1"), queue.MergeKeep},
+		// Only a watch with a label selector reports the same UID after a
+		// delete: the object left the selector and matches again.
+		{"deleted then modified, same uid (back in the watch): both", ev(opkit.Deleted, "u1"), ev(opkit.Modified, "u1"), queue.MergeSequence},
+		{"deleted then added, same uid (back in the watch): both", ev(opkit.Deleted, "u1"), ev(opkit.Added, "u1"), queue.MergeSequence},
+		{"deleted then trigger, same uid: keep the delete", ev(opkit.Deleted, "u1"), trig("u1"), queue.MergeKeep},
+		{"deleted then retry of an older event, same uid: keep the delete", ev(opkit.Deleted, "u1"), retried(ev(opkit.Modified, "u1")), queue.MergeKeep},
+		{"deleted then a requeue (no object): after the delete", ev(opkit.Deleted, "u1"), requeued(nilObj), queue.MergeSequence},
 		{"deleted then deleted: keep", ev(opkit.Deleted, "u1"), ev(opkit.Deleted, "u1"), queue.MergeKeep},
 		{"deleted then recreated: both, delete first", ev(opkit.Deleted, "u1"), ev(opkit.Added, "u2"), queue.MergeSequence},
 		{"deleted then recreated and modified: both", ev(opkit.Deleted, "u1"), ev(opkit.Modified, "u2"), queue.MergeSequence},
@@ -74,6 +81,8 @@ func TestMergeEventsNeverTurnsAPendingDeleteIntoSomethingElse(t *testing.T) {
 		{"watch event then retry of an older one: the new event stays", ev(opkit.Modified, "u1"), retried(ev(opkit.Added, "u1")), queue.MergeKeep},
 		{"watch event then requeue of an older one: the new event stays", ev(opkit.Modified, "u1"), requeued(ev(opkit.Modified, "u1")), queue.MergeKeep},
 		{"trigger then retried delete: the delete wins", trig("u1"), retried(ev(opkit.Deleted, "u1")), queue.MergeReplace},
+		{"watch event then retried delete, same uid (back in the watch): the watch event stays", ev(opkit.Added, "u1"), retried(ev(opkit.Deleted, "u1")), queue.MergeKeep},
+		{"watch event then retried delete of another uid: both", ev(opkit.Added, "u2"), retried(ev(opkit.Deleted, "u1")), queue.MergeSequence},
 		{"recreated, then the old object's delete retried: both, retried too", ev(opkit.Added, "u2"), retried(ev(opkit.Deleted, "u1")), queue.MergeSequence},
 		{"retried event then retry: newest wins", retried(ev(opkit.Modified, "u1")), retried(ev(opkit.Modified, "u1")), queue.MergeReplace},
 	} {
@@ -102,5 +111,66 @@ func TestMergeEventsTriggerKeepsAttributionAndTakesTheNewerObject(t *testing.T) 
 	}
 	if pending.Object != watched.Object || !pending.Fetched {
 		t.Errorf("object RV %s, fetched %v; want the watch event's (RV 9), marked fetched", pending.Object.ResourceVersion, pending.Fetched)
+	}
+}
+
+// Sequences through a real queue with MergeEvents: what a worker is handed,
+// in order, when a watch with a label selector reports an object leaving
+// and coming back (a delete and an add of the same UID), and when a
+// requeue meets a delete queued behind it.
+func TestMergeEventsSequencesThroughTheQueue(t *testing.T) {
+	k := opkit.Key{Namespace: "ns", Name: "a"}
+	for _, tc := range []struct {
+		name string
+		run  func(q *queue.Queue[opkit.Key, opkit.Event[*corev1.ConfigMap]]) // leaves the rest pending
+		want []string
+	}{
+		{"left the selector, then back: the delete, then the add", func(q *queue.Queue[opkit.Key, opkit.Event[*corev1.ConfigMap]]) {
+			q.Add(k, ev(opkit.Deleted, "u1"), queue.AddOptions{})
+			q.Add(k, ev(opkit.Added, "u1"), queue.AddOptions{})
+		}, []string{"Deleted u1", "Added u1"}},
+		{"back while its delete ran and failed: the add, not the retry", func(q *queue.Queue[opkit.Key, opkit.Event[*corev1.ConfigMap]]) {
+			q.Add(k, ev(opkit.Deleted, "u1"), queue.AddOptions{})
+			it, _ := q.Get(context.Background())
+			q.Add(k, ev(opkit.Added, "u1"), queue.AddOptions{}) // parked behind the running delete
+			q.Add(k, retried(it.Value), queue.AddOptions{Retries: 1})
+			q.Done(k)
+		}, []string{"Added u1"}},
+		{"a requeue behind an old object's retried delete: both", func(q *queue.Queue[opkit.Key, opkit.Event[*corev1.ConfigMap]]) {
+			q.Add(k, ev(opkit.Deleted, "u1"), queue.AddOptions{})
+			del, _ := q.Get(context.Background())
+			q.Add(k, ev(opkit.Added, "u2"), queue.AddOptions{}) // recreated, parked
+			q.Add(k, retried(del.Value), queue.AddOptions{Retries: 1})
+			q.Done(k)
+			added, _ := q.Get(context.Background()) // Added u2 runs and asks for a requeue
+			rq := added.Value
+			rq.Object = nil
+			q.Add(k, requeued(rq), queue.AddOptions{})
+			q.Done(k)
+		}, []string{"Deleted u1", "Added (requeued)"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			q := queue.New[opkit.Key](queue.Config[opkit.Event[*corev1.ConfigMap]]{Merge: reconcile.MergeEvents[*corev1.ConfigMap]})
+			tc.run(q)
+			var got []string
+			for q.Len() > 0 {
+				it, err := q.Get(context.Background())
+				if err != nil {
+					t.Fatal(err)
+				}
+				d := it.Value.Type.String()
+				switch {
+				case it.Value.Object == nil && it.Value.Requeued:
+					d += " (requeued)"
+				case it.Value.Object != nil:
+					d += " " + string(it.Value.Object.UID)
+				}
+				got = append(got, d)
+				q.Done(k)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("handed out %q, want %q", got, tc.want)
+			}
+		})
 	}
 }
