@@ -312,9 +312,9 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request) {
 			h.fail(w, r, start, http.StatusForbidden, metav1.StatusReasonForbidden, err.Error(), &req)
 			return
 		default:
-			// The caller is not authenticated yet: the API server's
-			// answer (which may describe the operator's own RBAC) goes to
-			// the log only.
+			// The caller is not authenticated or not authorized yet: the
+			// API server's answer (which may describe the operator's own
+			// RBAC) goes to the log only.
 			h.apiFailure(w, r, start, "authorization", err, &req, false)
 			return
 		}
@@ -491,7 +491,7 @@ func (h *handler[T]) apiFailure(w http.ResponseWriter, r *http.Request, start ti
 	h.log.LogAttrs(r.Context(), slog.LevelError, "trigger: API server call failed", slog.String("call", what), slog.String("key", req.key.String()), slog.Any("error", err))
 	msg := fmt.Sprintf("%s failed: %v", what, err)
 	if !detail {
-		msg = what + " failed: the API server did not answer the review (details in the operator's log)"
+		msg = what + " failed: the API server's review failed (details in the operator's log)"
 		if code == http.StatusGatewayTimeout {
 			msg = what + " timed out: the API server did not answer the review in time"
 		}

@@ -250,6 +250,8 @@ func TestHandler400(t *testing.T) {
 		{`[]`, "not a JSON object"},
 		{" \n", "empty: want a JSON object"},
 		{`not json`, "invalid character"},
+		{`{"reason":"x"`, "does not end"},
+		{`{`, "does not end"},
 	} {
 		st := wantStatus(t, e.do(http.MethodPost, "/reconcile/ns/a", strings.NewReader(tc.body), json), 400, "BadRequest")
 		if !strings.Contains(st.Message, tc.says) {

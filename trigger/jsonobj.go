@@ -41,7 +41,7 @@ func decodeObject(data []byte, members []member, allowUnknown bool) error {
 		return errors.New("empty: want a JSON object")
 	}
 	if err != nil {
-		return err
+		return unended(err)
 	}
 	if d, ok := tok.(json.Delim); !ok || d != '{' {
 		return errors.New("not a JSON object")
@@ -50,12 +50,12 @@ func decodeObject(data []byte, members []member, allowUnknown bool) error {
 	for dec.More() {
 		tok, err := dec.Token()
 		if err != nil {
-			return err
+			return unended(err)
 		}
 		name := tok.(string) // inside an object, the decoder returns names as strings
 		var raw json.RawMessage
 		if err := dec.Decode(&raw); err != nil {
-			return fmt.Errorf("member %q: %w", name, err)
+			return fmt.Errorf("member %q: %w", name, unended(err))
 		}
 		i := slices.IndexFunc(members, func(m member) bool { return m.name == name })
 		switch {
@@ -76,12 +76,21 @@ func decodeObject(data []byte, members []member, allowUnknown bool) error {
 		}
 	}
 	if _, err := dec.Token(); err != nil { // the closing brace
-		return err
+		return unended(err)
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return errors.New("data after the JSON object")
 	}
 	return nil
+}
+
+// unended names a JSON text cut short, which encoding/json reports as a
+// bare EOF.
+func unended(err error) error {
+	if err == io.EOF || errors.Is(err, io.ErrUnexpectedEOF) {
+		return fmt.Errorf("the JSON object does not end: %w", io.ErrUnexpectedEOF)
+	}
+	return err
 }
 
 func names(members []member) string {
