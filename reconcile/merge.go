@@ -56,13 +56,18 @@ import (
 // anything else.
 func MergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T]) queue.Merge {
 	pu, iu := uidOf(pending.Object), uidOf(incoming.Object)
+	sameUID := pu != "" && pu == iu
 	if pending.Type != opkit.Deleted {
 		if incoming.Type == opkit.Deleted && pu != "" && iu != "" && pu != iu {
 			return queue.MergeSequence
 		}
-		if readd(incoming) && !readd(*pending) &&
-			(incoming.Type != opkit.Deleted || pending.Source == opkit.APIServer && pu != "" && pu == iu) {
-			return queue.MergeKeep
+		if readd(incoming) && !readd(*pending) {
+			// pending arrived while incoming's reconcile ran: it is newer. A
+			// retried delete gives way only to the watch saying the object
+			// is back.
+			if incoming.Type != opkit.Deleted || pending.Source == opkit.APIServer && sameUID {
+				return queue.MergeKeep
+			}
 		}
 		if pending.Source == opkit.Operator && !readd(*pending) && incoming.Source == opkit.APIServer &&
 			incoming.Type != opkit.Deleted && (pu == "" || iu == "" || pu == iu) {
@@ -77,8 +82,12 @@ func MergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T
 	if pu != "" && iu != "" && pu != iu {
 		return queue.MergeSequence
 	}
-	if incoming.Type != opkit.Deleted && (incoming.Source == opkit.APIServer && !readd(incoming) && pu != "" && pu == iu || readd(incoming) && iu == "") {
-		return queue.MergeSequence
+	if incoming.Type != opkit.Deleted {
+		backInWatch := incoming.Source == opkit.APIServer && !readd(incoming) && sameUID
+		requeueOfAnyObject := readd(incoming) && iu == "" // a requeue carries no object
+		if backInWatch || requeueOfAnyObject {
+			return queue.MergeSequence
+		}
 	}
 	if incoming.Type == opkit.Deleted && pending.FinalStateUnknown && !incoming.FinalStateUnknown {
 		return queue.MergeReplace
