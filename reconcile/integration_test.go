@@ -5,6 +5,7 @@ package reconcile_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -13,11 +14,13 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/internal/testcluster"
 	"github.com/opkit/opkit/internal/typed"
+	"github.com/opkit/opkit/queue"
 	"github.com/opkit/opkit/reconcile"
 )
 
@@ -55,6 +58,26 @@ func eventually(t *testing.T, within time.Duration, what string, f func() error)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// runController builds a controller from cfg and runs it until the test
+// ends, failing the test if Run returns an error.
+func runController(t *testing.T, cfg reconcile.Config[*Widget]) *reconcile.Controller[*Widget] {
+	t.Helper()
+	ctrl, err := reconcile.NewController(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- ctrl.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return ctrl
 }
 
 func create(t *testing.T, dyn dynamic.Interface, ns, name string, size int) *Widget {
@@ -205,19 +228,7 @@ func TestIntegrationControllerRunsTheFinalizerFlowEndToEnd(t *testing.T) {
 	cfg := reconcile.Config[*Widget]{Name: "test.opkit.dev/widgets", Resource: widgets, Dynamic: dyn, Reconciler: r, Logger: quiet}
 	cfg.Watch.Namespace = ns
 	cfg.Watch.SkipStatusOnly = true
-	ctrl, err := reconcile.NewController(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- ctrl.Run(runCtx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	ctrl := runController(t, cfg)
 
 	w := create(t, dyn, ns, "w", 2)
 	key := opkit.KeyOf(w)
@@ -251,5 +262,95 @@ func TestIntegrationControllerRunsTheFinalizerFlowEndToEnd(t *testing.T) {
 	defer r.mu.Unlock()
 	if !slices.Equal(r.finalized, []string{"w"}) || !slices.Equal(r.deleted, []string{"w"}) {
 		t.Fatalf("finalized %v, deleted %v; want each once", r.finalized, r.deleted)
+	}
+}
+
+// labelReconciler records every request and fails the first Deleted one
+// once the test says so, so that its retry meets the object's return.
+type labelReconciler struct {
+	mu       sync.Mutex
+	calls    []reconcile.Request[*Widget]
+	deleting chan struct{} // closed when the first Deleted request starts
+	release  chan struct{} // the first Deleted request fails when this closes
+	once     sync.Once
+}
+
+func (r *labelReconciler) Reconcile(ctx context.Context, req reconcile.Request[*Widget]) (reconcile.Result, error) {
+	r.mu.Lock()
+	r.calls = append(r.calls, req)
+	first := req.Type == opkit.Deleted && req.Retries == 0
+	r.mu.Unlock()
+	if first {
+		r.once.Do(func() { close(r.deleting) })
+		select {
+		case <-r.release:
+		case <-ctx.Done():
+			return reconcile.Done(), ctx.Err()
+		}
+		return reconcile.Done(), errors.New("cleanup failed")
+	}
+	return reconcile.Done(), nil
+}
+
+// On the real API server a watch with a label selector reports an object
+// whose labels stop matching as DELETED and one that matches again as
+// ADDED, with the same UID. The controller reconciles the delete, and the
+// object's return after it, even when the delete fails while the object
+// comes back (its retry gives way to the newer event).
+func TestIntegrationObjectLeavingAndReenteringTheLabelSelector(t *testing.T) {
+	dyn, ns := realCluster(t)
+	ctx := context.Background()
+	client := typed.New[*Widget](dyn, widgets)
+	r := &labelReconciler{deleting: make(chan struct{}), release: make(chan struct{})}
+	cfg := reconcile.Config[*Widget]{Name: "test.opkit.dev/widgets", Resource: widgets, Dynamic: dyn, Reconciler: r, Logger: quiet,
+		Backoff: queue.Backoff{Base: 10 * time.Millisecond, Cap: 10 * time.Millisecond, Jitter: -1}} // a kept retry would come at once
+	cfg.Watch.Namespace, cfg.Watch.LabelSelector = ns, "shard=1"
+	ctrl := runController(t, cfg)
+	eventually(t, time.Minute, "controller ready", ctrl.Check)
+
+	label := func(shard string) {
+		t.Helper()
+		patch := []byte(`{"metadata":{"labels":{"shard":"` + shard + `"}}}`)
+		if _, err := client.Dynamic(ns).Patch(ctx, "w", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w := create(t, dyn, ns, "w", 1)
+	label("1")
+	label("2") // leaves the selector: a Deleted request, held by the reconciler
+	select {
+	case <-r.deleting:
+	case <-time.After(time.Minute):
+		t.Fatal("no Deleted request within a minute after the label stopped matching")
+	}
+	label("1") // back: its event is parked behind the running delete
+	eventually(t, time.Minute, "the return parked behind the delete", func() error {
+		if st := ctrl.Queue().Stats(); st.Parked != 1 {
+			return fmt.Errorf("queue stats %+v", st)
+		}
+		return nil
+	})
+	close(r.release) // the delete fails; its retry meets the parked return
+	eventually(t, time.Minute, "queue idle", func() error {
+		if st := ctrl.Queue().Stats(); st.Ready+st.Delayed+st.Parked+st.InFlight != 0 {
+			return fmt.Errorf("queue stats %+v", st)
+		}
+		return nil
+	})
+
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var deletes int
+	for _, c := range r.calls {
+		if c.Object != nil && c.Object.UID != w.UID {
+			t.Errorf("a request for UID %s, want only %s", c.Object.UID, w.UID)
+		}
+		if c.Type == opkit.Deleted {
+			deletes++
+		}
+	}
+	last := r.calls[len(r.calls)-1]
+	if deletes != 1 || last.Type == opkit.Deleted || last.Retries != 0 || last.Object == nil || last.Object.Labels["shard"] != "1" {
+		t.Errorf("%d Deleted requests, last %v (retries %d); want one delete, then the object back with shard=1 and no retry of the delete", deletes, last.Type, last.Retries)
 	}
 }
