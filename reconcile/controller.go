@@ -568,11 +568,14 @@ func (c *Controller[T]) process(ctx context.Context, item queue.Item[opkit.Key, 
 		}
 		req.Object = obj
 	}
-	if ev.Source == opkit.Operator && ev.Type != opkit.Deleted && c.sel != nil && !isNil(req.Object) &&
+	if c.sel != nil && !isNil(req.Object) && !(ev.Source == opkit.APIServer && ev.Type == opkit.Deleted) &&
 		!c.sel.Matches(labels.Set(req.Object.GetLabels())) {
-		// The trigger's object, as it is now, is not one the watch sees:
-		// another controller's (a shard selected by label).
-		log.Info("triggered object does not match the watch's label selector: skipped", "selector", c.sel.String())
+		// The object, as it is now (a trigger's, or one read again for a
+		// requeue or a retry), is not one the watch sees: another
+		// controller's (a shard selected by label), or one that left the
+		// selector, whose Deleted the watch delivers. Only the watch's own
+		// deletes may carry an object outside the selector.
+		log.Info("object does not match the watch's label selector: skipped", "selector", c.sel.String())
 		c.metrics.Skipped(SkipOutOfScope)
 		return
 	}

@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
 	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/opkit/opkit"
@@ -810,5 +811,66 @@ func TestControllerTriggerHasTheWatchScope(t *testing.T) {
 		if len(triggered) != 1 || triggered[0] != "mine" || e.metrics.skippedN() != 1 {
 			t.Errorf("triggered reconciles %v, %d skipped; want only mine, and moved skipped", triggered, e.metrics.skippedN())
 		}
+	})
+}
+
+// An object that left the label selector while its reconcile ran: the
+// requeue that reconcile asks for reads the object again and finds it out
+// of the watch's scope, so the Deleted the watch delivered is the last
+// word. And a Deleted trigger is judged on the object it carries.
+func TestControllerLabelScopeAfterTheWatch(t *testing.T) {
+	shard := func(n string) func(*Widget) { return func(w *Widget) { w.Labels = map[string]string{"shard": n} } }
+	t.Run("requeue of an object that left", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			gate := make(chan struct{})
+			rec := &recorder{do: func(_ context.Context, n int, _ reconcile.Request[*Widget]) (reconcile.Result, error) {
+				if n == 0 {
+					<-gate
+					return reconcile.RequeueAfter(0), nil
+				}
+				return reconcile.Done(), nil
+			}}
+			fw := watch.NewFakeWithChanSize(10, false)
+			e := start(t, rec, func(c *reconcile.Config[*Widget]) {
+				c.Watch.Namespace, c.Watch.LabelSelector = "ns", "shard=1"
+				c.Dynamic.(*fakeDyn).PrependWatchReactor("widgets", func(clienttesting.Action) (bool, watch.Interface, error) { return true, fw, nil })
+			}, widget("a", shard("1")))
+			synctest.Wait() // the list's Added is being reconciled
+			moved, err := typed.ToUnstructured(widget("a", shard("2"), func(w *Widget) { w.ResourceVersion = "2" }))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := e.dyn.Tracker().Update(widgets.GroupVersionResource, moved, "ns"); err != nil {
+				t.Fatal(err)
+			}
+			fw.Delete(moved.DeepCopy()) // what a label-selected watch reports
+			synctest.Wait()
+			close(gate)
+			time.Sleep(time.Minute)
+			synctest.Wait()
+			calls := rec.snapshot()
+			if last := calls[len(calls)-1]; last.req.Type != opkit.Deleted || e.metrics.skippedN() != 1 {
+				t.Errorf("last reconcile %s %s (shard %s), %d skipped; want the Deleted last and the requeue skipped",
+					last.req.Source, last.req.Type, last.req.Object.Labels["shard"], e.metrics.skippedN())
+			}
+		})
+	})
+	t.Run("Deleted trigger", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			rec := &recorder{}
+			e := start(t, rec, func(c *reconcile.Config[*Widget]) {
+				c.Watch.Namespace, c.Watch.LabelSelector = "ns", "shard=1"
+			}, widget("other", shard("2")))
+			synctest.Wait()
+			for _, w := range []*Widget{widget("other"), widget("other", shard("2"))} {
+				if ok, err := e.ctrl.Trigger().Enqueue(context.Background(), w, opkit.Deleted, opkit.Operator, 0, 0); ok || !errors.Is(err, trigger.ErrOutOfScope) {
+					t.Errorf("Enqueue(Deleted, labels %v) = %v, %v; want ErrOutOfScope", w.Labels, ok, err)
+				}
+			}
+			synctest.Wait()
+			if calls := rec.snapshot(); len(calls) != 0 {
+				t.Errorf("%d reconciles; want none (the only object is another shard's)", len(calls))
+			}
+		})
 	})
 }

@@ -8,7 +8,9 @@
 //     until it is done); different keys run concurrently.
 //   - A reconciler never works on a state older than the API server's when
 //     its request waited in the queue: Added/Modified requests are
-//     re-fetched before the call; objects gone by then are skipped.
+//     re-fetched before the call; objects gone by then are skipped, and so
+//     are objects outside the watch's label selector (a trigger's, or one
+//     that left it), whose Deleted the watch delivers.
 //   - An external trigger never waits for a backlog reconcile to finish:
 //     besides the Concurrency workers, Config.ReservedWorkers (default 1)
 //     take only entries at or above the trigger priority, so a trigger
@@ -44,8 +46,10 @@
 // waited in a backlog, a delayed, retried or requeued one, a trigger
 // queued without the mark (Trigger.Enqueue) or behind the watch — is
 // re-fetched first; if the
-// object is gone it is skipped and counted (Metrics.Skipped), and its
-// Deleted event does the rest. Deleted requests carry the last known state (a tombstone when
+// object is gone, or no longer matches Config.Watch.LabelSelector, it is
+// skipped and counted (Metrics.Skipped), and its Deleted event does the
+// rest (a trigger for another shard's object has none: it is only
+// skipped). Deleted requests carry the last known state (a tombstone when
 // FinalStateUnknown). A negative FreshFor re-fetches every request.
 //
 // # Deletes across terms

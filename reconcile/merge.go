@@ -13,9 +13,11 @@ import (
 //
 //	pending    incoming                      merge
 //	---------  ----------------------------  ------------------------------------------
-//	Deleted    watch Added/Modified, same    MergeSequence: the object came back into
+//	Deleted    watch Added/Modified, same    MergeReplace: the object came back into
 //	           UID                           the watch (a label selector it left and
-//	                                         matches again): the delete first, then it
+//	                                         matches again) before the delete was
+//	                                         handed out; it is in scope now, and one
+//	                                         entry stands for any number of flaps
 //	Deleted    re-add of unknown UID (a      MergeSequence: after the delete (the
 //	           requeue carries no object)    requeue re-reads the object)
 //	Deleted    same UID (or a UID unknown)   MergeKeep: a delete is never turned into
@@ -53,7 +55,10 @@ import (
 // selector, which reports an object that stops matching as deleted and one
 // that matches again as added, with the same UID: only a watch event can
 // say so, so a retried delete gives way to a watch event and replaces
-// anything else.
+// anything else. The rows are read top down: the first that fits decides.
+// A retried delete also replaces a trigger that took the watch event's
+// object (the trigger rule): the controller cannot tell that trigger from
+// one that read the object just before it was really deleted.
 func MergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T]) queue.Merge {
 	pu, iu := uidOf(pending.Object), uidOf(incoming.Object)
 	sameUID := pu != "" && pu == iu
@@ -83,9 +88,10 @@ func MergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T
 		return queue.MergeSequence
 	}
 	if incoming.Type != opkit.Deleted {
-		backInWatch := incoming.Source == opkit.APIServer && !readd(incoming) && sameUID
-		requeueOfAnyObject := readd(incoming) && iu == "" // a requeue carries no object
-		if backInWatch || requeueOfAnyObject {
+		if incoming.Source == opkit.APIServer && !readd(incoming) && sameUID {
+			return queue.MergeReplace // back in the watch
+		}
+		if readd(incoming) && iu == "" { // a requeue carries no object
 			return queue.MergeSequence
 		}
 	}

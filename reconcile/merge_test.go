@@ -51,9 +51,10 @@ func TestMergeEventsNeverTurnsAPendingDeleteIntoSomethingElse(t *testing.T) {
 		{"modified then recreated: newest wins", ev(opkit.Modified, "u1"), ev(opkit.Added, "u2"), queue.MergeReplace},
 		{"recreated, then the old object's delete retried: both", ev(opkit.Added, "u2"), ev(opkit.Deleted, "u1"), queue.MergeSequence},
 		// Only a watch with a label selector reports the same UID after a
-		// delete: the object left the selector and matches again.
-		{"deleted then modified, same uid (back in the watch): both", ev(opkit.Deleted, "u1"), ev(opkit.Modified, "u1"), queue.MergeSequence},
-		{"deleted then added, same uid (back in the watch): both", ev(opkit.Deleted, "u1"), ev(opkit.Added, "u1"), queue.MergeSequence},
+		// delete: the object left the selector and matches again, before
+		// the delete was handed out. It is in scope now.
+		{"deleted then modified, same uid (back in the watch): the object", ev(opkit.Deleted, "u1"), ev(opkit.Modified, "u1"), queue.MergeReplace},
+		{"deleted then added, same uid (back in the watch): the object", ev(opkit.Deleted, "u1"), ev(opkit.Added, "u1"), queue.MergeReplace},
 		{"deleted then trigger, same uid: keep the delete", ev(opkit.Deleted, "u1"), trig("u1"), queue.MergeKeep},
 		{"deleted then retry of an older event, same uid: keep the delete", ev(opkit.Deleted, "u1"), retried(ev(opkit.Modified, "u1")), queue.MergeKeep},
 		{"deleted then a requeue (no object): after the delete", ev(opkit.Deleted, "u1"), requeued(nilObj), queue.MergeSequence},
@@ -122,21 +123,35 @@ func TestMergeEventsSequencesThroughTheQueue(t *testing.T) {
 	k := opkit.Key{Namespace: "ns", Name: "a"}
 	for _, tc := range []struct {
 		name string
-		run  func(q *queue.Queue[opkit.Key, opkit.Event[*corev1.ConfigMap]]) // leaves the rest pending
+		run  func(t *testing.T, q *queue.Queue[opkit.Key, opkit.Event[*corev1.ConfigMap]]) // leaves the rest pending
 		want []string
 	}{
-		{"left the selector, then back: the delete, then the add", func(q *queue.Queue[opkit.Key, opkit.Event[*corev1.ConfigMap]]) {
+		{"left the selector, then back before the delete ran: the object", func(t *testing.T, q *queue.Queue[opkit.Key, opkit.Event[*corev1.ConfigMap]]) {
 			q.Add(k, ev(opkit.Deleted, "u1"), queue.AddOptions{})
 			q.Add(k, ev(opkit.Added, "u1"), queue.AddOptions{})
-		}, []string{"Deleted u1", "Added u1"}},
-		{"back while its delete ran and failed: the add, not the retry", func(q *queue.Queue[opkit.Key, opkit.Event[*corev1.ConfigMap]]) {
+		}, []string{"Added u1"}},
+		{"flapping 100 times while the key is in flight: one entry behind it", func(t *testing.T, q *queue.Queue[opkit.Key, opkit.Event[*corev1.ConfigMap]]) {
+			q.Add(k, ev(opkit.Modified, "u1"), queue.AddOptions{})
+			if _, err := q.Get(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			for range 100 {
+				q.Add(k, ev(opkit.Deleted, "u1"), queue.AddOptions{})
+				q.Add(k, ev(opkit.Added, "u1"), queue.AddOptions{})
+			}
+			if st := q.Stats(); st.Parked != 1 {
+				t.Errorf("%d entries parked behind the one in flight, want 1", st.Parked)
+			}
+			q.Done(k)
+		}, []string{"Added u1"}},
+		{"back while its delete ran and failed: the add, not the retry", func(t *testing.T, q *queue.Queue[opkit.Key, opkit.Event[*corev1.ConfigMap]]) {
 			q.Add(k, ev(opkit.Deleted, "u1"), queue.AddOptions{})
 			it, _ := q.Get(context.Background())
 			q.Add(k, ev(opkit.Added, "u1"), queue.AddOptions{}) // parked behind the running delete
 			q.Add(k, retried(it.Value), queue.AddOptions{Retries: 1})
 			q.Done(k)
 		}, []string{"Added u1"}},
-		{"a requeue behind an old object's retried delete: both", func(q *queue.Queue[opkit.Key, opkit.Event[*corev1.ConfigMap]]) {
+		{"a requeue behind an old object's retried delete: both", func(t *testing.T, q *queue.Queue[opkit.Key, opkit.Event[*corev1.ConfigMap]]) {
 			q.Add(k, ev(opkit.Deleted, "u1"), queue.AddOptions{})
 			del, _ := q.Get(context.Background())
 			q.Add(k, ev(opkit.Added, "u2"), queue.AddOptions{}) // recreated, parked
@@ -151,7 +166,7 @@ func TestMergeEventsSequencesThroughTheQueue(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			q := queue.New[opkit.Key](queue.Config[opkit.Event[*corev1.ConfigMap]]{Merge: reconcile.MergeEvents[*corev1.ConfigMap]})
-			tc.run(q)
+			tc.run(t, q)
 			var got []string
 			for q.Len() > 0 {
 				it, err := q.Get(context.Background())

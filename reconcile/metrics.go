@@ -48,8 +48,9 @@ const (
 	// SkipGone: the re-fetch found that the object no longer exists (its
 	// Deleted event follows, or has already been reconciled).
 	SkipGone SkipReason = "gone"
-	// SkipOutOfScope: a triggered object, as read for its reconcile, does
-	// not match the watch's label selector (trigger.ErrOutOfScope).
+	// SkipOutOfScope: the object, as read for its reconcile (a trigger's,
+	// a requeue's or a retry's), does not match the watch's label selector.
+	// The watch's own Deleted events are never skipped.
 	SkipOutOfScope SkipReason = "outOfScope"
 )
 

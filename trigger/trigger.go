@@ -43,8 +43,9 @@ var ErrInvalid = errors.New("invalid trigger")
 
 // ErrOutOfScope is wrapped by the errors of Enqueue, Submit and
 // [Trigger.CheckScope] for an object the trigger's controller does not
-// handle: in another namespace than Config.Namespace, or, just read, with
-// labels that Config.Selector does not match. The HTTP handler answers 404;
+// handle: in another namespace than Config.Namespace, or, just read (or
+// carried by a Deleted trigger), with labels that Config.Selector does not
+// match. The HTTP handler answers 404;
 // the consumer hands the message back (it may be another controller's that
 // shares the subscription).
 var ErrOutOfScope = errors.New("object outside the controller's scope")
@@ -68,11 +69,11 @@ type Config[T opkit.Object] struct {
 	Namespace string
 	// Selector, when set, is the label selector of the controller's watch.
 	// Submit refuses an object marked Fetched (just read from the API
-	// server) whose labels it does not match (ErrOutOfScope); any other
-	// object may be a stale or partial copy, so reconcile's controller
-	// checks the object it reads for the reconcile instead, and skips it
-	// when it does not match. nil means every object. A watch's field
-	// selector is not checked.
+	// server), or carried by a Deleted trigger, whose labels it does not
+	// match (ErrOutOfScope); any other object may be a stale or partial
+	// copy, so reconcile's controller checks the object it reads for the
+	// reconcile instead, and skips it when it does not match. nil means
+	// every object. A watch's field selector is not checked.
 	Selector labels.Selector
 	// Priority is the queue priority of triggered entries. Zero means
 	// DefaultPriority (100). Because zero means "default", a trigger cannot
@@ -284,7 +285,9 @@ func (t *Trigger[T]) validate(req Request[T]) error {
 	if err := t.CheckScope(opkit.KeyOf(obj)); err != nil {
 		return err
 	}
-	if t.sel != nil && req.Fetched && !t.sel.Matches(labels.Set(obj.GetLabels())) {
+	// A Deleted trigger is judged on the object it carries: there may be
+	// nothing left to read.
+	if t.sel != nil && (req.Fetched || req.Type == opkit.Deleted) && !t.sel.Matches(labels.Set(obj.GetLabels())) {
 		return fmt.Errorf("trigger: %w: %s %s does not match the controller's label selector %q", ErrOutOfScope, t.res.Resource, opkit.KeyOf(obj), t.sel.String())
 	}
 	if ok := obj.GetObjectKind(); ok != nil {
