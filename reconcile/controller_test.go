@@ -874,3 +874,37 @@ func TestControllerLabelScopeAfterTheWatch(t *testing.T) {
 		})
 	})
 }
+
+// An external Deleted trigger for an object that still exists keeps its
+// reconcile when the watch then reports a change to the object.
+func TestControllerDeletedTriggerSurvivesAWatchModified(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &recorder{}
+		fw := watch.NewFakeWithChanSize(10, false)
+		e := start(t, rec, func(c *reconcile.Config[*Widget]) {
+			c.Dynamic.(*fakeDyn).PrependWatchReactor("widgets", func(clienttesting.Action) (bool, watch.Interface, error) { return true, fw, nil })
+		}, widget("a"))
+		synctest.Wait()
+		req := trigger.Request[*Widget]{Object: widget("a"), Type: opkit.Deleted, Source: opkit.Operator, Reason: "pipeline", Delay: 10 * time.Second}
+		if o, err := e.ctrl.Trigger().Submit(context.Background(), req); err != nil || !o.Accepted() {
+			t.Fatalf("Submit = %v, %v", o, err)
+		}
+		e.setSize(t, "a", 3)
+		mod, err := typed.ToUnstructured(widget("a", func(w *Widget) { w.ResourceVersion, w.Spec.Size = "2", 3 }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fw.Modify(mod) // the watch delivers a change while the trigger waits
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		var got []string
+		found := false
+		for _, c := range rec.snapshot()[1:] {
+			got = append(got, c.req.Source.String()+" "+c.req.Type.String()+" "+c.req.Reason)
+			found = found || c.req.Source == opkit.Operator && c.req.Type == opkit.Deleted && c.req.Reason == "pipeline"
+		}
+		if !found {
+			t.Errorf("reconciles after the accepted Deleted trigger: %q; want its reconcile", got)
+		}
+	})
+}

@@ -13,11 +13,16 @@ import (
 //
 //	pending    incoming                      merge
 //	---------  ----------------------------  ------------------------------------------
-//	Deleted    watch Added/Modified, same    MergeReplace: the object came back into
-//	           UID                           the watch (a label selector it left and
-//	                                         matches again) before the delete was
-//	                                         handed out; it is in scope now, and one
-//	                                         entry stands for any number of flaps
+//	watch      watch event, same UID         MergeReplace: the object came back into
+//	Deleted                                  the watch (a label selector it left and
+//	                                         matches again; the watcher reports it as
+//	                                         Added) before the delete was handed out;
+//	                                         it is in scope now, and one entry stands
+//	                                         for any number of flaps
+//	Deleted    watch event, same UID         MergeSequence: an external Deleted
+//	trigger                                  trigger of an object that still exists
+//	                                         (e.g. deleting, with finalizers) keeps its
+//	                                         reconcile; the change follows it
 //	Deleted    re-add of unknown UID (a      MergeSequence: after the delete (the
 //	           requeue carries no object)    requeue re-reads the object)
 //	Deleted    same UID (or a UID unknown)   MergeKeep: a delete is never turned into
@@ -89,7 +94,10 @@ func MergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T
 	}
 	if incoming.Type != opkit.Deleted {
 		if incoming.Source == opkit.APIServer && !readd(incoming) && sameUID {
-			return queue.MergeReplace // back in the watch
+			if pending.Source == opkit.APIServer {
+				return queue.MergeReplace // back in the watch
+			}
+			return queue.MergeSequence // after a Deleted trigger
 		}
 		if readd(incoming) && iu == "" { // a requeue carries no object
 			return queue.MergeSequence

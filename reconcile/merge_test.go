@@ -32,6 +32,12 @@ func requeued(e opkit.Event[*corev1.ConfigMap]) opkit.Event[*corev1.ConfigMap] {
 	return e
 }
 
+func deletedTrigger(uid types.UID) opkit.Event[*corev1.ConfigMap] {
+	e := trig(uid)
+	e.Type = opkit.Deleted
+	return e
+}
+
 func retried(e opkit.Event[*corev1.ConfigMap]) opkit.Event[*corev1.ConfigMap] {
 	e.Retried = true
 	return e
@@ -55,6 +61,7 @@ func TestMergeEventsNeverTurnsAPendingDeleteIntoSomethingElse(t *testing.T) {
 		// the delete was handed out. It is in scope now.
 		{"deleted then modified, same uid (back in the watch): the object", ev(opkit.Deleted, "u1"), ev(opkit.Modified, "u1"), queue.MergeReplace},
 		{"deleted then added, same uid (back in the watch): the object", ev(opkit.Deleted, "u1"), ev(opkit.Added, "u1"), queue.MergeReplace},
+		{"Deleted trigger then watch modified, same uid: both", deletedTrigger("u1"), ev(opkit.Modified, "u1"), queue.MergeSequence},
 		{"deleted then trigger, same uid: keep the delete", ev(opkit.Deleted, "u1"), trig("u1"), queue.MergeKeep},
 		{"deleted then retry of an older event, same uid: keep the delete", ev(opkit.Deleted, "u1"), retried(ev(opkit.Modified, "u1")), queue.MergeKeep},
 		{"deleted then a requeue (no object): after the delete", ev(opkit.Deleted, "u1"), requeued(nilObj), queue.MergeSequence},

@@ -194,8 +194,10 @@ type Request[T opkit.Object] struct {
 //     namespace present for a cluster-scoped resource or missing for a
 //     namespaced one, negative delay or retries, invalid type or source,
 //     source APIServer, an object of another kind); an object in a
-//     namespace the controller does not handle (wrapping [ErrOutOfScope];
-//     labels are checked when the object is read for its reconcile); or
+//     namespace the controller does not handle, or a Deleted trigger whose
+//     object's labels the watch's selector does not match (wrapping
+//     [ErrOutOfScope]; other objects' labels are checked when the object
+//     is read for its reconcile); or
 //     ctx's error when ctx has already ended. Nothing was queued.
 func (t *Trigger[T]) Enqueue(ctx context.Context, obj T, typ opkit.Type, src opkit.Source, delay time.Duration, retries int) (bool, error) {
 	o, err := t.Submit(ctx, Request[T]{Object: obj, Type: typ, Source: src, Delay: delay, Retries: retries})
