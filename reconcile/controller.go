@@ -628,7 +628,7 @@ func (c *Controller[T]) afterReconcile(ctx context.Context, item queue.Item[opki
 	// or interrupted.
 	settle := func() {
 		if ev.Type == opkit.Deleted && !isNil(ev.Object) {
-			c.watch.Settle(item.Key, ev.Object.GetUID())
+			c.watch.Settle(item.Key, ev.Object.GetUID(), ev.Object.GetResourceVersion())
 		}
 	}
 	switch {

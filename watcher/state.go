@@ -206,10 +206,13 @@ func (t *tracker) unqueued(key opkit.Key, uid string) {
 	t.mu.Unlock()
 }
 
-// settle forgets the tombstone of key if it is still the one of uid.
-func (t *tracker) settle(key opkit.Key, uid string) {
+// settle forgets the tombstone of key if it is still the one of uid and
+// rv: the same object can be deleted more than once (it leaves a label
+// selector, comes back and leaves again), and each of its deletes is
+// settled by its own reconcile.
+func (t *tracker) settle(key opkit.Key, uid, rv string) {
 	t.mu.Lock()
-	if e, ok := t.entries[key]; ok && e.deleted && e.uid == uid {
+	if e, ok := t.entries[key]; ok && e.deleted && e.uid == uid && e.rv == rv {
 		delete(t.entries, key)
 	}
 	t.mu.Unlock()

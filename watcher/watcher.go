@@ -687,20 +687,22 @@ func (w *Watcher[T]) emitDelete(key opkit.Key, uid, rv string, obj T, finalState
 	case !out.Accepted():
 		w.track.unqueued(key, uid)
 	case !w.cfg.RetainDeletes:
-		w.track.settle(key, uid)
+		w.track.settle(key, uid, rv)
 	}
 }
 
-// Settle reports that the Deleted entry of the object key with uid has
-// been dealt with (reconciled, or given up on). With
-// [Config.RetainDeletes] the watcher keeps the key of every deleted object
-// until then, so that the next Run's list emits the delete again if it was
-// lost meanwhile: cleared from the queue at the end of a leader's term, or
-// interrupted in flight. Settle of a key the watcher does not hold as
-// deleted, or holds for another uid, does nothing. It is safe to call from
-// any goroutine, while Run runs or not.
-func (w *Watcher[T]) Settle(key opkit.Key, uid types.UID) {
-	w.track.settle(key, string(uid))
+// Settle reports that the Deleted entry of the object key with uid, whose
+// object carried resourceVersion rv, has been dealt with (reconciled, or
+// given up on). With [Config.RetainDeletes] the watcher keeps the key of
+// every deleted object until then, so that the next Run's list emits the
+// delete again if it was lost meanwhile: cleared from the queue at the end
+// of a leader's term, or interrupted in flight. Settle of a key the watcher
+// does not hold as deleted, or holds for another uid or another delete of
+// it (rv: an object that left a label selector, came back and left again),
+// does nothing. It is safe to call from any goroutine, while Run runs or
+// not.
+func (w *Watcher[T]) Settle(key opkit.Key, uid types.UID, rv string) {
+	w.track.settle(key, string(uid), rv)
 }
 
 // tombstone returns the object of a Deleted entry whose final state is

@@ -692,12 +692,17 @@ func TestRetainDeletesKeepsADeleteUntilSettled(t *testing.T) {
 		stop = start(t, w)
 		synctest.Wait()
 		sameRecords(t, "next run, not settled", q.take(), second)
-		w.Settle(key("b"), "another-incarnation") // not this delete: kept
+		w.Settle(key("b"), "another-incarnation", "2") // not this delete: kept
 		stop()
 		stop = start(t, w)
 		synctest.Wait()
 		sameRecords(t, "next run, settled for another uid", q.take(), second)
-		w.Settle(key("b"), "ub") // while Run runs
+		w.Settle(key("b"), "ub", "1") // another delete of it: kept
+		stop()
+		stop = start(t, w)
+		synctest.Wait()
+		sameRecords(t, "next run, settled for another delete", q.take(), second)
+		w.Settle(key("b"), "ub", "2") // while Run runs
 		stop()
 		stop = start(t, w)
 		defer stop()
@@ -746,7 +751,7 @@ func TestADeleteSettledAtOnceStaysSettled(t *testing.T) {
 		q, w := watching(t, c, true)
 		q.after = func(r record) {
 			if r.Type == opkit.Deleted {
-				w.Settle(r.Key, types.UID(r.UID))
+				w.Settle(r.Key, types.UID(r.UID), r.RV)
 			}
 		}
 		stop := start(t, w)
@@ -1055,4 +1060,38 @@ type adderFunc func(opkit.Key, opkit.Event[*Widget], queue.AddOptions) queue.Out
 
 func (f adderFunc) Add(k opkit.Key, ev opkit.Event[*Widget], o queue.AddOptions) queue.Outcome {
 	return f(k, ev, o)
+}
+
+// The same object deleted twice (it left a label selector, came back and
+// left again): settling the first delete keeps the second, which the next
+// Run emits again if it was never dealt with.
+func TestSettleOfOneDeleteKeepsALaterDeleteOfTheSameObject(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := abFake()
+		ws := &watches{}
+		ws.install(c)
+		q, w := watching(t, c, true)
+		stop := start(t, w)
+		synctest.Wait()
+		q.take()
+		fw := ws.last(t)
+		fw.Delete(widget("ns", "b", "ub", "3", 1)) // leaves
+		fw.Add(widget("ns", "b", "ub", "4", 1))    // comes back
+		fw.Delete(widget("ns", "b", "ub", "5", 1)) // leaves again
+		synctest.Wait()
+		w.Settle(key("b"), "ub", "3") // the first delete's reconcile finished
+		// b is outside the selector now: the next list does not show it.
+		must(t, c.Tracker().Delete(widgets.GroupVersionResource, "ns", "b"))
+		stop() // the term ends before the second delete ran
+		q.take()
+		stop = start(t, w)
+		defer stop()
+		synctest.Wait()
+		for _, r := range q.take() {
+			if r.Key == key("b") && r.Type == opkit.Deleted && r.RV == "5" {
+				return
+			}
+		}
+		t.Errorf("the next Run did not emit the second delete of b (rv 5) again; it was never settled")
+	})
 }
