@@ -26,6 +26,7 @@ import (
 	"github.com/opkit/opkit/queue"
 	"github.com/opkit/opkit/reconcile"
 	"github.com/opkit/opkit/trigger"
+	"github.com/opkit/opkit/watcher"
 )
 
 // call is one observed reconcile.
@@ -905,6 +906,64 @@ func TestControllerDeletedTriggerSurvivesAWatchModified(t *testing.T) {
 		}
 		if !found {
 			t.Errorf("reconciles after the accepted Deleted trigger: %q; want its reconcile", got)
+		}
+	})
+}
+
+// trackedMetrics is a watcher.Metrics that records how many keys the
+// watcher tracks (tombstones included).
+type trackedMetrics struct {
+	mu sync.Mutex
+	n  int
+}
+
+func (*trackedMetrics) Event(opkit.Type, queue.Outcome) {}
+func (*trackedMetrics) Relist(watcher.Reason)           {}
+func (*trackedMetrics) WatchRestart(watcher.Reason)     {}
+func (*trackedMetrics) Error(watcher.Reason)            {}
+func (m *trackedMetrics) Tracked(n int)                 { m.mu.Lock(); m.n = n; m.mu.Unlock() }
+func (*trackedMetrics) Observed(time.Time)              {}
+func (m *trackedMetrics) get() int                      { m.mu.Lock(); defer m.mu.Unlock(); return m.n }
+
+// A pending Deleted trigger absorbs the watch's delete of the same object
+// (being deleted with finalizers, then gone): its reconcile settles the
+// delete the watcher holds, so the watcher forgets the object.
+func TestControllerDeletedTriggerSettlesTheWatchDelete(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &recorder{}
+		fw := watch.NewFakeWithChanSize(10, false)
+		wm := &trackedMetrics{}
+		e := start(t, rec, func(c *reconcile.Config[*Widget]) {
+			c.Watch.Metrics = wm
+			c.Dynamic.(*fakeDyn).PrependWatchReactor("widgets", func(clienttesting.Action) (bool, watch.Interface, error) { return true, fw, nil })
+		}, widget("a"))
+		synctest.Wait()
+		req := trigger.Request[*Widget]{Object: widget("a"), Type: opkit.Deleted, Source: opkit.Operator, Reason: "pipeline", Delay: 10 * time.Second}
+		if o, err := e.ctrl.Trigger().Submit(context.Background(), req); err != nil || !o.Accepted() {
+			t.Fatalf("Submit = %v, %v", o, err)
+		}
+		gone, err := typed.ToUnstructured(widget("a", func(w *Widget) { w.ResourceVersion = "3" }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fw.Delete(gone) // the object is gone while the trigger waits
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		z, err := typed.ToUnstructured(widget("z"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fw.Add(z) // the watcher reports how many keys it tracks after each change
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		var deletes []string
+		for _, c := range rec.snapshot() {
+			if c.req.Type == opkit.Deleted {
+				deletes = append(deletes, c.req.Source.String()+" "+c.req.Reason+" rv "+c.req.Object.ResourceVersion)
+			}
+		}
+		if n := wm.get(); n != 1 || len(deletes) != 1 {
+			t.Errorf("watcher tracks %d keys, deletes reconciled %q; want 1 key (z) and one delete (the trigger's, carrying the watch's rv 3)", n, deletes)
 		}
 	})
 }

@@ -26,9 +26,12 @@ import (
 //	Deleted    re-add of unknown UID (a      MergeSequence: after the delete (the
 //	           requeue carries no object)    requeue re-reads the object)
 //	Deleted    same UID (or a UID unknown)   MergeKeep: a delete is never turned into
-//	                                         something else; a Deleted carrying the
-//	                                         full final state replaces a tombstone
-//	                                         (MergeReplace) since both are the delete
+//	                                         something else; the watch's own Deleted
+//	                                         carrying the full final state replaces a
+//	                                         tombstone (MergeReplace) since both are
+//	                                         the delete, and a Deleted trigger takes
+//	                                         the watch's Deleted object (its watcher
+//	                                         settles a delete by resourceVersion)
 //	Deleted    another UID (recreated)       MergeSequence: the delete is delivered
 //	                                         first, then the new object's event
 //	other      Deleted of another UID        MergeSequence: the pending event of the
@@ -103,8 +106,19 @@ func MergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T
 			return queue.MergeSequence
 		}
 	}
-	if incoming.Type == opkit.Deleted && pending.FinalStateUnknown && !incoming.FinalStateUnknown {
-		return queue.MergeReplace
+	// Both are deletes of one object. The watch's own (not a re-add) is
+	// what its watcher holds until the reconcile settles it by
+	// resourceVersion, so the entry must carry the watch's object.
+	if incoming.Type == opkit.Deleted && incoming.Source == opkit.APIServer && !readd(incoming) {
+		if pending.Source == opkit.Operator {
+			// A Deleted trigger keeps who asked and why, and takes the
+			// watch's delete.
+			pending.Object, pending.FinalStateUnknown = incoming.Object, incoming.FinalStateUnknown
+			return queue.MergeKeep
+		}
+		if pending.FinalStateUnknown && !incoming.FinalStateUnknown {
+			return queue.MergeReplace
+		}
 	}
 	return queue.MergeKeep
 }

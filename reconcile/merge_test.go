@@ -72,6 +72,8 @@ func TestMergeEventsNeverTurnsAPendingDeleteIntoSomethingElse(t *testing.T) {
 		{"deleted then nil object: keep", ev(opkit.Deleted, "u1"), nilObj, queue.MergeKeep},
 		{"tombstone then full final state: replace", tomb, ev(opkit.Deleted, "u1"), queue.MergeReplace},
 		{"full final state then tombstone: keep", ev(opkit.Deleted, "u1"), tomb, queue.MergeKeep},
+		{"tombstone then a Deleted trigger: the watch's tombstone stays", tomb, deletedTrigger("u1"), queue.MergeKeep},
+		{"tombstone then a retried full delete: the tombstone stays (the watcher holds it)", tomb, retried(ev(opkit.Deleted, "u1")), queue.MergeKeep},
 		{"trigger then watch event: the trigger keeps who asked", trig("u1"), ev(opkit.Modified, "u1"), queue.MergeKeep},
 		{"trigger without uid then watch event: keep", trig(""), ev(opkit.Added, "u1"), queue.MergeKeep},
 		{"trigger then delete: the delete wins", trig("u1"), ev(opkit.Deleted, "u1"), queue.MergeReplace},
@@ -100,6 +102,25 @@ func TestMergeEventsNeverTurnsAPendingDeleteIntoSomethingElse(t *testing.T) {
 		}
 		if tc.want == queue.MergeKeep && (tc.pending.Source != opkit.Operator || tc.incoming.Retried || tc.incoming.Requeued) && pending != tc.pending {
 			t.Errorf("%s: the kept event changed: %+v", tc.name, pending)
+		}
+	}
+}
+
+// A watch delete merged into a pending Deleted trigger: the trigger keeps
+// who asked and why, and takes the watch's object, the one its watcher
+// holds until the delete is settled (by resourceVersion).
+func TestMergeEventsDeletedTriggerTakesTheWatchDelete(t *testing.T) {
+	for _, final := range []bool{false, true} {
+		pending := deletedTrigger("u1")
+		pending.Object.ResourceVersion = "1"
+		watched := ev(opkit.Deleted, "u1")
+		watched.Object.ResourceVersion, watched.FinalStateUnknown = "3", final
+		if got := reconcile.MergeEvents(&pending, watched); got != queue.MergeKeep {
+			t.Fatalf("got %v, want MergeKeep", got)
+		}
+		if pending.Source != opkit.Operator || pending.Reason != "deploy" || pending.Object != watched.Object || pending.FinalStateUnknown != final {
+			t.Errorf("kept %+v (rv %s); want the trigger's source and reason with the watch's object (rv 3), final state unknown %v",
+				pending, pending.Object.ResourceVersion, final)
 		}
 	}
 }
