@@ -831,10 +831,8 @@ func TestControllerLabelScopeAfterTheWatch(t *testing.T) {
 				}
 				return reconcile.Done(), nil
 			}}
-			fw := watch.NewFakeWithChanSize(10, false)
-			e := start(t, rec, func(c *reconcile.Config[*Widget]) {
+			e, fw := startWithFakeWatch(t, rec, func(c *reconcile.Config[*Widget]) {
 				c.Watch.Namespace, c.Watch.LabelSelector = "ns", "shard=1"
-				c.Dynamic.(*fakeDyn).PrependWatchReactor("widgets", func(clienttesting.Action) (bool, watch.Interface, error) { return true, fw, nil })
 			}, widget("a", shard("1")))
 			synctest.Wait() // the list's Added is being reconciled
 			moved, err := typed.ToUnstructured(widget("a", shard("2"), func(w *Widget) { w.ResourceVersion = "2" }))
@@ -881,15 +879,9 @@ func TestControllerLabelScopeAfterTheWatch(t *testing.T) {
 func TestControllerDeletedTriggerSurvivesAWatchModified(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rec := &recorder{}
-		fw := watch.NewFakeWithChanSize(10, false)
-		e := start(t, rec, func(c *reconcile.Config[*Widget]) {
-			c.Dynamic.(*fakeDyn).PrependWatchReactor("widgets", func(clienttesting.Action) (bool, watch.Interface, error) { return true, fw, nil })
-		}, widget("a"))
+		e, fw := startWithFakeWatch(t, rec, nil, widget("a"))
 		synctest.Wait()
-		req := trigger.Request[*Widget]{Object: widget("a"), Type: opkit.Deleted, Source: opkit.Operator, Reason: "pipeline", Delay: 10 * time.Second}
-		if o, err := e.ctrl.Trigger().Submit(context.Background(), req); err != nil || !o.Accepted() {
-			t.Fatalf("Submit = %v, %v", o, err)
-		}
+		submitDeleted(t, e)
 		e.setSize(t, "a", 3)
 		mod, err := typed.ToUnstructured(widget("a", func(w *Widget) { w.ResourceVersion, w.Spec.Size = "2", 3 }))
 		if err != nil {
@@ -931,17 +923,10 @@ func (m *trackedMetrics) get() int                      { m.mu.Lock(); defer m.m
 func TestControllerDeletedTriggerSettlesTheWatchDelete(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rec := &recorder{}
-		fw := watch.NewFakeWithChanSize(10, false)
 		wm := &trackedMetrics{}
-		e := start(t, rec, func(c *reconcile.Config[*Widget]) {
-			c.Watch.Metrics = wm
-			c.Dynamic.(*fakeDyn).PrependWatchReactor("widgets", func(clienttesting.Action) (bool, watch.Interface, error) { return true, fw, nil })
-		}, widget("a"))
+		e, fw := startWithFakeWatch(t, rec, func(c *reconcile.Config[*Widget]) { c.Watch.Metrics = wm }, widget("a"))
 		synctest.Wait()
-		req := trigger.Request[*Widget]{Object: widget("a"), Type: opkit.Deleted, Source: opkit.Operator, Reason: "pipeline", Delay: 10 * time.Second}
-		if o, err := e.ctrl.Trigger().Submit(context.Background(), req); err != nil || !o.Accepted() {
-			t.Fatalf("Submit = %v, %v", o, err)
-		}
+		submitDeleted(t, e)
 		gone, err := typed.ToUnstructured(widget("a", func(w *Widget) { w.ResourceVersion = "3" }))
 		if err != nil {
 			t.Fatal(err)
@@ -966,4 +951,29 @@ func TestControllerDeletedTriggerSettlesTheWatchDelete(t *testing.T) {
 			t.Errorf("watcher tracks %d keys, deletes reconciled %q; want 1 key (z) and one delete (the trigger's, carrying the watch's rv 3)", n, deletes)
 		}
 	})
+}
+
+// startWithFakeWatch is start with the controller's watch served by the
+// returned fake watcher, which the test drives (the list still comes from
+// the fake cluster).
+func startWithFakeWatch(t *testing.T, rec *recorder, mod func(*reconcile.Config[*Widget]), objs ...*Widget) (*env, *watch.FakeWatcher) {
+	t.Helper()
+	fw := watch.NewFakeWithChanSize(10, false)
+	e := start(t, rec, func(c *reconcile.Config[*Widget]) {
+		if mod != nil {
+			mod(c)
+		}
+		c.Dynamic.(*fakeDyn).PrependWatchReactor("widgets", func(clienttesting.Action) (bool, watch.Interface, error) { return true, fw, nil })
+	}, objs...)
+	return e, fw
+}
+
+// submitDeleted submits an external Deleted trigger for widget ns/a, due in
+// ten seconds, with reason "pipeline".
+func submitDeleted(t *testing.T, e *env) {
+	t.Helper()
+	req := trigger.Request[*Widget]{Object: widget("a"), Type: opkit.Deleted, Source: opkit.Operator, Reason: "pipeline", Delay: 10 * time.Second}
+	if o, err := e.ctrl.Trigger().Submit(context.Background(), req); err != nil || !o.Accepted() {
+		t.Fatalf("Submit = %v, %v", o, err)
+	}
 }
