@@ -568,13 +568,15 @@ func (c *Controller[T]) process(ctx context.Context, item queue.Item[opkit.Key, 
 		}
 		req.Object = obj
 	}
-	if c.sel != nil && !isNil(req.Object) && !(ev.Source == opkit.APIServer && ev.Type == opkit.Deleted) &&
+	if c.sel != nil && !isNil(req.Object) && ev.Type != opkit.Deleted &&
 		!c.sel.Matches(labels.Set(req.Object.GetLabels())) {
 		// The object, as it is now (a trigger's, or one read again for a
 		// requeue or a retry), is not one the watch sees: another
 		// controller's (a shard selected by label), or one that left the
-		// selector, whose Deleted the watch delivers. Only the watch's own
-		// deletes may carry an object outside the selector.
+		// selector, whose Deleted the watch delivers. Deletes are never
+		// skipped: the watch's carry an object that left the selector or a
+		// tombstone without labels (a Deleted trigger may have taken one),
+		// and a Deleted trigger was judged when it was submitted.
 		log.Info("object does not match the watch's label selector: skipped", "selector", c.sel.String())
 		c.metrics.Skipped(SkipOutOfScope)
 		return

@@ -977,3 +977,94 @@ func submitDeleted(t *testing.T, e *env) {
 		t.Fatalf("Submit = %v, %v", o, err)
 	}
 }
+
+// The watch's delete of an object that left the label selector (or a
+// tombstone, which has no labels) merged into a pending Deleted trigger is
+// reconciled and settled: deletes are never skipped as out of scope.
+func TestControllerDeletedTriggerTakesADeleteOutsideTheSelector(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &recorder{}
+		wm := &trackedMetrics{}
+		shard := func(n string) func(*Widget) { return func(w *Widget) { w.Labels = map[string]string{"shard": n} } }
+		e, fw := startWithFakeWatch(t, rec, func(c *reconcile.Config[*Widget]) {
+			c.Watch.Metrics, c.Watch.LabelSelector = wm, "shard=1"
+		}, widget("a", shard("1")))
+		synctest.Wait()
+		req := trigger.Request[*Widget]{Object: widget("a", shard("1")), Type: opkit.Deleted, Source: opkit.Operator, Reason: "pipeline", Delay: 10 * time.Second}
+		if o, err := e.ctrl.Trigger().Submit(context.Background(), req); err != nil || !o.Accepted() {
+			t.Fatalf("Submit = %v, %v", o, err)
+		}
+		left, err := typed.ToUnstructured(widget("a", shard("2"), func(w *Widget) { w.ResourceVersion = "3" }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fw.Delete(left) // the object left the selector while the trigger waits
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		z, err := typed.ToUnstructured(widget("z", shard("1")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fw.Add(z) // the watcher reports how many keys it tracks after each change
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		deletes := 0
+		for _, c := range rec.snapshot() {
+			if c.req.Type == opkit.Deleted {
+				deletes++
+			}
+		}
+		if n := wm.get(); n != 1 || deletes != 1 || e.metrics.skippedN() != 0 {
+			t.Errorf("watcher tracks %d keys, %d deletes reconciled, %d skipped; want 1 key (z), 1 delete, none skipped", n, deletes, e.metrics.skippedN())
+		}
+	})
+}
+
+// A watch delete that failed and is retried while a Deleted trigger of the
+// object waits: the trigger takes the retried delete's object, so its
+// reconcile settles the delete the watcher holds.
+func TestControllerDeletedTriggerTakesARetriedWatchDelete(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		gate := make(chan struct{})
+		failed := false
+		rec := &recorder{do: func(_ context.Context, _ int, req reconcile.Request[*Widget]) (reconcile.Result, error) {
+			if req.Type == opkit.Deleted && req.Source == opkit.APIServer && !failed {
+				failed = true
+				<-gate
+				return reconcile.Done(), errors.New("cleanup failed")
+			}
+			return reconcile.Done(), nil
+		}}
+		wm := &trackedMetrics{}
+		e, fw := startWithFakeWatch(t, rec, func(c *reconcile.Config[*Widget]) { c.Watch.Metrics = wm }, widget("a"))
+		synctest.Wait()
+		gone, err := typed.ToUnstructured(widget("a", func(w *Widget) { w.ResourceVersion = "3" }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fw.Delete(gone)
+		synctest.Wait() // the watch's delete is in flight
+		if ok, err := e.ctrl.Trigger().Enqueue(context.Background(), widget("a"), opkit.Deleted, opkit.Operator, 0, 0); !ok || err != nil {
+			t.Fatalf("Enqueue = %v, %v", ok, err)
+		}
+		close(gate) // the delete fails; its retry merges into the parked trigger
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		z, err := typed.ToUnstructured(widget("z"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fw.Add(z)
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		var deletes []string
+		for _, c := range rec.snapshot() {
+			if c.req.Type == opkit.Deleted {
+				deletes = append(deletes, c.req.Source.String()+" rv "+c.req.Object.ResourceVersion)
+			}
+		}
+		if n := wm.get(); n != 1 {
+			t.Errorf("watcher tracks %d keys (deletes reconciled %q); want 1 (z): the delete the watcher held was settled", n, deletes)
+		}
+	})
+}

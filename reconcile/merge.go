@@ -30,8 +30,9 @@ import (
 //	                                         carrying the full final state replaces a
 //	                                         tombstone (MergeReplace) since both are
 //	                                         the delete, and a Deleted trigger takes
-//	                                         the watch's Deleted object (its watcher
-//	                                         settles a delete by resourceVersion)
+//	                                         the object of the watch's Deleted, first
+//	                                         delivered or retried (its watcher settles
+//	                                         a delete by resourceVersion)
 //	Deleted    another UID (recreated)       MergeSequence: the delete is delivered
 //	                                         first, then the new object's event
 //	other      Deleted of another UID        MergeSequence: the pending event of the
@@ -106,17 +107,17 @@ func MergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T
 			return queue.MergeSequence
 		}
 	}
-	// Both are deletes of one object. The watch's own (not a re-add) is
-	// what its watcher holds until the reconcile settles it by
+	// Both are deletes of one object. The watch's (first delivered or
+	// retried) is what its watcher holds until the reconcile settles it by
 	// resourceVersion, so the entry must carry the watch's object.
-	if incoming.Type == opkit.Deleted && incoming.Source == opkit.APIServer && !readd(incoming) {
+	if incoming.Type == opkit.Deleted && incoming.Source == opkit.APIServer {
 		if pending.Source == opkit.Operator {
 			// A Deleted trigger keeps who asked and why, and takes the
 			// watch's delete.
 			pending.Object, pending.FinalStateUnknown = incoming.Object, incoming.FinalStateUnknown
 			return queue.MergeKeep
 		}
-		if pending.FinalStateUnknown && !incoming.FinalStateUnknown {
+		if !readd(incoming) && pending.FinalStateUnknown && !incoming.FinalStateUnknown {
 			return queue.MergeReplace
 		}
 	}

@@ -50,7 +50,7 @@ const (
 	SkipGone SkipReason = "gone"
 	// SkipOutOfScope: the object, as read for its reconcile (a trigger's,
 	// a requeue's or a retry's), does not match the watch's label selector.
-	// The watch's own Deleted events are never skipped.
+	// Deleted requests are never skipped.
 	SkipOutOfScope SkipReason = "outOfScope"
 )
 
