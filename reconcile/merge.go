@@ -19,8 +19,8 @@ import (
 //	                                         Added) before the delete was handed out;
 //	                                         it is in scope now, and one entry stands
 //	                                         for any number of flaps
-//	Deleted    watch event, same UID         MergeSequence: an external Deleted
-//	trigger                                  trigger of an object that still exists
+//	Deleted    watch event, same UID (or     MergeSequence: an external Deleted
+//	trigger    the trigger's unknown)        trigger of an object that still exists
 //	                                         (e.g. deleting, with finalizers) keeps its
 //	                                         reconcile; the change follows it
 //	Deleted    re-add of unknown UID (a      MergeSequence: after the delete (the
@@ -97,11 +97,13 @@ func MergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T
 		return queue.MergeSequence
 	}
 	if incoming.Type != opkit.Deleted {
-		if incoming.Source == opkit.APIServer && !readd(incoming) && sameUID {
-			if pending.Source == opkit.APIServer {
+		if incoming.Source == opkit.APIServer && !readd(incoming) {
+			switch {
+			case pending.Source == opkit.Operator: // after a Deleted trigger, whose UID may be unknown
+				return queue.MergeSequence
+			case sameUID:
 				return queue.MergeReplace // back in the watch
 			}
-			return queue.MergeSequence // after a Deleted trigger
 		}
 		if readd(incoming) && iu == "" { // a requeue carries no object
 			return queue.MergeSequence

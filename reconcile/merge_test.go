@@ -62,6 +62,7 @@ func TestMergeEventsNeverTurnsAPendingDeleteIntoSomethingElse(t *testing.T) {
 		{"deleted then modified, same uid (back in the watch): the object", ev(opkit.Deleted, "u1"), ev(opkit.Modified, "u1"), queue.MergeReplace},
 		{"deleted then added, same uid (back in the watch): the object", ev(opkit.Deleted, "u1"), ev(opkit.Added, "u1"), queue.MergeReplace},
 		{"Deleted trigger then watch modified, same uid: both", deletedTrigger("u1"), ev(opkit.Modified, "u1"), queue.MergeSequence},
+		{"Deleted trigger without uid then watch added: both", deletedTrigger(""), ev(opkit.Added, "u1"), queue.MergeSequence},
 		{"deleted then trigger, same uid: keep the delete", ev(opkit.Deleted, "u1"), trig("u1"), queue.MergeKeep},
 		{"deleted then retry of an older event, same uid: keep the delete", ev(opkit.Deleted, "u1"), retried(ev(opkit.Modified, "u1")), queue.MergeKeep},
 		{"deleted then a requeue (no object): after the delete", ev(opkit.Deleted, "u1"), requeued(nilObj), queue.MergeSequence},
