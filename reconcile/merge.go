@@ -44,8 +44,11 @@ import (
 //	                                         it keeps its payload, its retry count
 //	                                         and its reconcile, whose result decides
 //	                                         again whether to retry or requeue
-//	new watch  retried Deleted, same UID     MergeKeep: the object came back into the
+//	new watch  re-added Deleted, same UID    MergeKeep: the object came back into the
 //	event                                    watch after the delete ran
+//	new        re-added Deleted, a UID       MergeSequence: the new event first, then
+//	           unknown on either side        the delete, as for another UID (a Deleted
+//	                                         trigger of only namespace and name)
 //	new        watch Added/Modified, same    MergeKeep: the external trigger keeps its
 //	trigger    UID (or a UID unknown)        source, type, reason and retry count, and
 //	(Operator)                               takes the watch event's object (marked
@@ -63,9 +66,10 @@ import (
 // delete is the last word on its UID except for a watch with a label
 // selector, which reports an object that stops matching as deleted and one
 // that matches again as added, with the same UID: only a watch event can
-// say so, so a retried delete gives way to a watch event and replaces
-// anything else. The rows are read top down: the first that fits decides.
-// A retried delete also replaces a trigger that took the watch event's
+// say so, so a re-added (retried or requeued) delete gives way to a watch
+// event and replaces anything else of its UID. The rows are read top down:
+// the first that fits decides. A re-added delete also replaces a trigger
+// that took the watch event's
 // object (the trigger rule): the controller cannot tell that trigger from
 // one that read the object just before it was really deleted.
 func MergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T]) queue.Merge {
@@ -81,6 +85,12 @@ func MergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T
 			// is back.
 			if incoming.Type != opkit.Deleted || pending.Source == opkit.APIServer && sameUID {
 				return queue.MergeKeep
+			}
+			if pu == "" || iu == "" {
+				// A re-added delete of an object it cannot tell from the
+				// new event's (a Deleted trigger of only namespace and
+				// name): after the new event, as the delete of another UID.
+				return queue.MergeSequence
 			}
 		}
 		if pending.Source == opkit.Operator && !readd(*pending) && incoming.Source == opkit.APIServer &&

@@ -93,6 +93,8 @@ func TestMergeEventsNeverTurnsAPendingDeleteIntoSomethingElse(t *testing.T) {
 		{"watch event then retry of an older one: the new event stays", ev(opkit.Modified, "u1"), retried(ev(opkit.Added, "u1")), queue.MergeKeep},
 		{"watch event then requeue of an older one: the new event stays", ev(opkit.Modified, "u1"), requeued(ev(opkit.Modified, "u1")), queue.MergeKeep},
 		{"trigger then retried delete: the delete wins", trig("u1"), retried(ev(opkit.Deleted, "u1")), queue.MergeReplace},
+		{"watch event then a retried Deleted trigger without uid: both, the event first", ev(opkit.Added, "u2"), retried(deletedTrigger("")), queue.MergeSequence},
+		{"trigger then a requeued Deleted trigger without uid: both, the trigger first", trig("u2"), requeued(deletedTrigger("")), queue.MergeSequence},
 		{"watch event then retried delete, same uid (back in the watch): the watch event stays", ev(opkit.Added, "u1"), retried(ev(opkit.Deleted, "u1")), queue.MergeKeep},
 		{"watch event then retried delete of another uid: both", ev(opkit.Added, "u2"), retried(ev(opkit.Deleted, "u1")), queue.MergeSequence},
 		{"recreated, then the old object's delete retried: both, retried too", ev(opkit.Added, "u2"), retried(ev(opkit.Deleted, "u1")), queue.MergeSequence},
