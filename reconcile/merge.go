@@ -75,14 +75,15 @@ import (
 func MergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T]) queue.Merge {
 	pu, iu := uidOf(pending.Object), uidOf(incoming.Object)
 	sameUID := pu != "" && pu == iu
+	otherUID := pu != "" && iu != "" && pu != iu // both known, and not the same object
 	if pending.Type != opkit.Deleted {
-		if incoming.Type == opkit.Deleted && pu != "" && iu != "" && pu != iu {
+		if incoming.Type == opkit.Deleted && otherUID {
 			return queue.MergeSequence
 		}
 		if readd(incoming) && !readd(*pending) {
 			// pending arrived while incoming's reconcile ran: it is newer. A
-			// retried delete gives way only to the watch saying the object
-			// is back.
+			// re-added delete gives way to the watch saying the object is
+			// back, and follows an event it cannot tell apart by UID.
 			if incoming.Type != opkit.Deleted || pending.Source == opkit.APIServer && sameUID {
 				return queue.MergeKeep
 			}
@@ -94,7 +95,7 @@ func MergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T
 			}
 		}
 		if pending.Source == opkit.Operator && !readd(*pending) && incoming.Source == opkit.APIServer &&
-			incoming.Type != opkit.Deleted && (pu == "" || iu == "" || pu == iu) {
+			incoming.Type != opkit.Deleted && !otherUID {
 			if !isNil(incoming.Object) {
 				pending.Object = incoming.Object
 				pending.Fetched = true // the watch's object: as fresh as the watch
@@ -103,7 +104,7 @@ func MergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T
 		}
 		return queue.MergeReplace
 	}
-	if pu != "" && iu != "" && pu != iu {
+	if otherUID {
 		return queue.MergeSequence
 	}
 	if incoming.Type != opkit.Deleted {
