@@ -144,7 +144,8 @@ type Config[T opkit.Object] struct {
 	// its Deleted entry dealt with. A Run that starts before then (the next
 	// leader term of this replica, after the queue was cleared or the
 	// reconcile of the delete was interrupted) emits the delete again, as a
-	// tombstone. The caller must Settle every delete, or the keys pile up;
+	// tombstone, before any newer object of the same name. The caller must
+	// Settle every delete, or the keys pile up;
 	// package reconcile's controller does. Without it a delete is
 	// forgotten once the queue has accepted it.
 	RetainDeletes bool

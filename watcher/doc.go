@@ -54,7 +54,10 @@
 // kept as a tombstone and emitted again by the next list. A delete the queue
 // accepted but that was lost later (cleared with the queue at the end of a
 // term, or its reconcile interrupted) is covered by [Config.RetainDeletes]
-// and [Watcher.Settle], which the reconcile package's controller uses.
+// and [Watcher.Settle], which the reconcile package's controller uses. An
+// object created again under a deleted one's name does not end either:
+// the earlier object's delete is kept next to the new object, and a list
+// emits it before the new object's entry.
 //
 // A list attempt that fails midway is retried from a fresh snapshot; entries
 // it already emitted may be emitted again (the queue coalesces them), and

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -282,4 +283,26 @@ func watching(t *testing.T, c *dynfake.FakeDynamicClient, retainDeletes bool) (*
 	cfg := config(c, q)
 	cfg.RetainDeletes = retainDeletes
 	return q, mustNew(t, cfg)
+}
+
+// abRunning is a Run over abFake with the watch under the test's control:
+// the fixture's first list is done and its entries taken. Call it inside a
+// synctest bubble; stop ends the Run.
+type abRunning struct {
+	c    *dynfake.FakeDynamicClient
+	ws   *watches
+	q    *recorder
+	w    *watcher.Watcher[*Widget]
+	stop func()
+}
+
+func runAB(t *testing.T, retainDeletes bool) abRunning {
+	c := abFake()
+	ws := &watches{}
+	ws.install(c)
+	q, w := watching(t, c, retainDeletes)
+	stop := start(t, w)
+	synctest.Wait()
+	q.take()
+	return abRunning{c, ws, q, w, stop}
 }

@@ -116,13 +116,24 @@ func hashNamed(raw func([]byte) (int, error), write func(string), section string
 type tracker struct {
 	mu      sync.RWMutex
 	entries map[opkit.Key]entry
+	// earlier holds, per key, the tombstones of earlier objects of that
+	// name, oldest first, whose deletes are still kept (the queue did not
+	// take them, or, with RetainDeletes, they are not settled yet) while
+	// entries tracks a newer object of the same name: an object deleted
+	// and created again must not take its predecessor's delete with it.
+	earlier  map[opkit.Key][]entry
+	nEarlier int
 	// namespaces interns namespace strings so that keys share them.
 	namespaces map[string]string
 	epoch      uint32
 }
 
 func newTracker() *tracker {
-	return &tracker{entries: make(map[opkit.Key]entry), namespaces: make(map[string]string)}
+	return &tracker{
+		entries:    make(map[opkit.Key]entry),
+		earlier:    make(map[opkit.Key][]entry),
+		namespaces: make(map[string]string),
+	}
 }
 
 // canonical returns a key whose strings do not alias the decoded object,
@@ -168,11 +179,71 @@ func (t *tracker) get(key opkit.Key) (entry, bool) {
 	return e, ok
 }
 
-// count returns how many entries the tracker holds, tombstones included.
+// count returns how many entries the tracker holds, tombstones (earlier
+// objects' included) too.
 func (t *tracker) count() int {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	return len(t.entries)
+	return len(t.entries) + t.nEarlier
+}
+
+// displace keeps e, the tombstone of an earlier object of key, behind the
+// newer object now tracked under key.
+func (t *tracker) displace(key opkit.Key, e entry) {
+	e.deleted = true
+	k := t.canonical(key)
+	t.mu.Lock()
+	t.earlier[k] = append(t.earlier[k], e)
+	t.nEarlier++
+	t.mu.Unlock()
+}
+
+// earlierOf returns a copy of the tombstones kept for earlier objects of
+// key, oldest first.
+func (t *tracker) earlierOf(key opkit.Key) []entry {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	if t.nEarlier == 0 {
+		return nil
+	}
+	return slices.Clone(t.earlier[key])
+}
+
+// reemitted records the outcome of emitting again the delete of the
+// earlier object of key with uid and rv: it is forgotten if the queue took
+// it and retain is false, else kept with queued telling whether the queue
+// took it. inList marks it seen by the current list, which then does not
+// emit it again when it finishes.
+func (t *tracker) reemitted(key opkit.Key, uid, rv string, accepted, retain, inList bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	es := t.earlier[key]
+	for i := range es {
+		if es[i].uid != uid || es[i].rv != rv {
+			continue
+		}
+		if accepted && !retain {
+			t.dropEarlier(key, i)
+			return
+		}
+		es[i].queued = accepted
+		if inList {
+			es[i].epoch = t.epoch
+		}
+		return
+	}
+}
+
+// dropEarlier forgets the tombstone i of the earlier objects of key; the
+// caller holds mu.
+func (t *tracker) dropEarlier(key opkit.Key, i int) {
+	es := slices.Delete(t.earlier[key], i, i+1)
+	if len(es) == 0 {
+		delete(t.earlier, key)
+	} else {
+		t.earlier[key] = es
+	}
+	t.nEarlier--
 }
 
 // hold keeps key as a tombstone of the object with uid and last
@@ -212,32 +283,49 @@ func (t *tracker) unqueued(key opkit.Key, uid string) {
 // settled by its own reconcile.
 func (t *tracker) settle(key opkit.Key, uid, rv string) {
 	t.mu.Lock()
+	defer t.mu.Unlock()
 	if e, ok := t.entries[key]; ok && e.deleted && e.uid == uid && e.rv == rv {
 		delete(t.entries, key)
+		return
 	}
-	t.mu.Unlock()
+	for i, e := range t.earlier[key] {
+		if e.uid == uid && e.rv == rv {
+			t.dropEarlier(key, i)
+			return
+		}
+	}
 }
 
-// keyed is a tracked key with its entry.
+// keyed is a tracked key with its entry; earlier marks the tombstone of an
+// earlier object of the key (see tracker.earlier).
 type keyed struct {
 	key opkit.Key
 	entry
+	earlier bool
 }
 
 // vanished returns, sorted by key, the entries not seen by the list of the
 // current epoch: the objects gone since, and the tombstones whose delete
 // is to be emitted again (all of them in a Run's first list, else those
-// the queue did not take).
+// the queue did not take). The tombstones of a key's earlier objects come
+// first, oldest first.
 func (t *tracker) vanished(initial bool) []keyed {
 	var out []keyed
 	t.mu.RLock()
+	for k, es := range t.earlier {
+		for _, e := range es {
+			if e.epoch != t.epoch && e.reemit(initial) {
+				out = append(out, keyed{k, e, true})
+			}
+		}
+	}
 	for k, e := range t.entries {
 		if e.epoch != t.epoch && e.reemit(initial) {
-			out = append(out, keyed{k, e})
+			out = append(out, keyed{k, e, false})
 		}
 	}
 	t.mu.RUnlock()
-	slices.SortFunc(out, func(a, b keyed) int {
+	slices.SortStableFunc(out, func(a, b keyed) int {
 		if c := strings.Compare(a.key.Namespace, b.key.Namespace); c != 0 {
 			return c
 		}

@@ -418,7 +418,11 @@ func (r *run[T]) finishList(l *listing, rv string) {
 	w := r.w
 	r.listed = true
 	for _, v := range w.track.vanished(l.initial) {
-		w.emitDelete(v.key, v.uid, v.rv, w.tombstone(v.key, types.UID(v.uid), v.rv), true, w.s.listPriority)
+		if v.earlier {
+			w.emitEarlier(v.key, v.entry, true, w.s.listPriority)
+		} else {
+			w.emitDelete(v.key, v.uid, v.rv, w.tombstone(v.key, types.UID(v.uid), v.rv), true, w.s.listPriority)
+		}
 		l.ev.Deleted++
 	}
 	w.s.metrics.Tracked(w.track.count())
@@ -615,19 +619,35 @@ func (w *Watcher[T]) observe(u *unstructured.Unstructured, l *listing) {
 	if l != nil {
 		prio = w.s.listPriority
 	}
-	var typ opkit.Type
-	switch {
-	case known && old.uid != m.uid:
-		// Recreated under the same name: the old incarnation is gone. A
-		// held delete the queue took in this Run is not sent again.
-		if old.reemit(l != nil && l.initial) {
-			w.emit(m.key, w.tombstone(m.key, types.UID(old.uid), old.rv), opkit.Deleted, true, prio)
+	initial := l != nil && l.initial
+	// The deletes kept for earlier objects of this name go first.
+	for _, e := range t.earlierOf(m.key) {
+		if e.reemit(initial) {
+			w.emitEarlier(m.key, e, l != nil, prio)
 			if l != nil {
 				l.ev.Deleted++
 			}
 		}
+	}
+	var typ opkit.Type
+	switch {
+	case known && old.uid != m.uid:
+		// Recreated under the same name: the old incarnation is gone. A
+		// held delete the queue took in this Run is not sent again. The
+		// delete is kept, behind the new object, for as long as it would
+		// have been kept as the key's tombstone.
+		if old.reemit(initial) {
+			old.queued = w.emitEarlierOnce(m.key, old, prio)
+			if l != nil {
+				old.epoch = t.epoch
+				l.ev.Deleted++
+			}
+		}
+		if !old.queued || w.cfg.RetainDeletes {
+			t.displace(m.key, old)
+		}
 		typ = opkit.Added
-	case !known, old.deleted, l != nil && l.initial:
+	case !known, old.deleted, initial:
 		typ = opkit.Added
 	case old.rv == m.rv:
 		// Unchanged (a relist, or a replayed event).
@@ -689,6 +709,20 @@ func (w *Watcher[T]) emitDelete(key opkit.Key, uid, rv string, obj T, finalState
 	case !w.cfg.RetainDeletes:
 		w.track.settle(key, uid, rv)
 	}
+}
+
+// emitEarlierOnce emits the delete of e, an earlier object of key, and
+// reports whether the queue took it.
+func (w *Watcher[T]) emitEarlierOnce(key opkit.Key, e entry, prio int) bool {
+	return w.emit(key, w.tombstone(key, types.UID(e.uid), e.rv), opkit.Deleted, true, prio).Accepted()
+}
+
+// emitEarlier emits again the delete kept for e, an earlier object of key
+// (see tracker.earlier), and records the outcome; inList tells that a list
+// in progress emits it.
+func (w *Watcher[T]) emitEarlier(key opkit.Key, e entry, inList bool, prio int) {
+	accepted := w.emitEarlierOnce(key, e, prio)
+	w.track.reemitted(key, e.uid, e.rv, accepted, w.cfg.RetainDeletes, inList)
 }
 
 // Settle reports that the Deleted entry of the object key with uid, whose

@@ -767,6 +767,135 @@ func TestADeleteSettledAtOnceStaysSettled(t *testing.T) {
 	})
 }
 
+// An object deleted and created again under the same name does not take
+// its predecessor's delete with it: while that delete may still be lost
+// (dropped by the queue, or not settled with RetainDeletes), the next
+// Run's list emits it, before the new object.
+func TestARecreatedObjectKeepsItsPredecessorsDelete(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		retain bool
+		// dropped: the queue takes nothing while b is deleted and
+		// recreated (a leadership transition).
+		dropped bool
+	}{
+		{name: "retained, not settled", retain: true},
+		{name: "dropped", dropped: true},
+		{name: "dropped and retained", retain: true, dropped: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				r := runAB(t, tc.retain)
+				c, ws, q, w, stop := r.c, r.ws, r.q, r.w, r.stop
+				if tc.dropped {
+					q.setOutcome(queue.DroppedSuspended)
+				}
+				must(t, c.Tracker().Delete(widgets.GroupVersionResource, "ns", "b"))
+				must(t, c.Tracker().Create(widgets.GroupVersionResource, widget("ns", "b", "ub2", "5", 1), "ns"))
+				fw := ws.last(t)
+				fw.Delete(widget("ns", "b", "ub", "2", 1))
+				fw.Add(widget("ns", "b", "ub2", "5", 1))
+				synctest.Wait()
+				watched := []record{{Key: key("b"), Type: opkit.Deleted, RV: "2", UID: "ub"}}
+				if tc.dropped { // the recreation tries the dropped delete again
+					watched = append(watched, record{Key: key("b"), Type: opkit.Deleted, RV: "2", UID: "ub", Final: true})
+				}
+				watched = append(watched, record{Key: key("b"), Type: opkit.Added, RV: "5", UID: "ub2"})
+				sameRecords(t, "the watch", q.take(), watched)
+				stop() // the term ends before the delete was reconciled
+				q.setOutcome(0)
+
+				withDelete := []record{
+					{Key: key("a"), Type: opkit.Added, RV: "1", UID: "ua", Priority: -1},
+					{Key: key("b"), Type: opkit.Deleted, RV: "2", UID: "ub", Final: true, Priority: -1},
+					{Key: key("b"), Type: opkit.Added, RV: "5", UID: "ub2", Priority: -1},
+				}
+				stop = start(t, w)
+				synctest.Wait()
+				sameRecords(t, "next run", q.take(), withDelete)
+				stop()
+
+				stop = start(t, w)
+				synctest.Wait()
+				if tc.retain {
+					sameRecords(t, "the run after, not settled", q.take(), withDelete)
+					w.Settle(key("b"), "ub", "2")
+					stop()
+					stop = start(t, w)
+					synctest.Wait()
+				}
+				sameRecords(t, "once delivered (and settled)", q.take(), []record{withDelete[0], withDelete[2]})
+				stop()
+			})
+		})
+	}
+}
+
+// A delete the watch never showed (the object was deleted and created
+// again while the watch was down) is found by the relist and kept like any
+// other: the next Run emits it again until it is settled.
+func TestADeleteFoundByARelistIsRetainedToo(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := runAB(t, true)
+		c, ws, q, w, stop := r.c, r.ws, r.q, r.w, r.stop
+		must(t, c.Tracker().Delete(widgets.GroupVersionResource, "ns", "b"))
+		must(t, c.Tracker().Create(widgets.GroupVersionResource, widget("ns", "b", "ub2", "5", 1), "ns"))
+		ws.last(t).Error(expired) // a relist follows
+		synctest.Wait()
+		sameRecords(t, "the relist", q.take(), []record{
+			{Key: key("b"), Type: opkit.Deleted, RV: "2", UID: "ub", Final: true, Priority: -1},
+			{Key: key("b"), Type: opkit.Added, RV: "5", UID: "ub2", Priority: -1},
+		})
+		stop()
+		stop = start(t, w)
+		defer stop()
+		synctest.Wait()
+		sameRecords(t, "next run, not settled", q.take(), []record{
+			{Key: key("a"), Type: opkit.Added, RV: "1", UID: "ua", Priority: -1},
+			{Key: key("b"), Type: opkit.Deleted, RV: "2", UID: "ub", Final: true, Priority: -1},
+			{Key: key("b"), Type: opkit.Added, RV: "5", UID: "ub2", Priority: -1},
+		})
+	})
+}
+
+// A delete kept for an earlier object of a name is emitted again by the
+// next Run even when the newer object is gone too: the older delete
+// first.
+func TestDeletesOfTwoObjectsOfOneNameComeBackInOrder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := runAB(t, true)
+		c, ws, q, w, stop := r.c, r.ws, r.q, r.w, r.stop
+		must(t, c.Tracker().Delete(widgets.GroupVersionResource, "ns", "b"))
+		fw := ws.last(t)
+		fw.Delete(widget("ns", "b", "ub", "2", 1))
+		fw.Add(widget("ns", "b", "ub2", "5", 1))
+		fw.Delete(widget("ns", "b", "ub2", "6", 1))
+		synctest.Wait()
+		q.take()
+		stop()
+
+		want := []record{
+			{Key: key("a"), Type: opkit.Added, RV: "1", UID: "ua", Priority: -1},
+			{Key: key("b"), Type: opkit.Deleted, RV: "2", UID: "ub", Final: true, Priority: -1},
+			{Key: key("b"), Type: opkit.Deleted, RV: "6", UID: "ub2", Final: true, Priority: -1},
+		}
+		stop = start(t, w)
+		synctest.Wait()
+		sameRecords(t, "next run", q.take(), want)
+		w.Settle(key("b"), "ub2", "6")
+		stop()
+		stop = start(t, w)
+		synctest.Wait()
+		sameRecords(t, "the newer delete settled", q.take(), want[:2])
+		w.Settle(key("b"), "ub", "2")
+		stop()
+		stop = start(t, w)
+		defer stop()
+		synctest.Wait()
+		sameRecords(t, "both settled", q.take(), want[:1])
+	})
+}
+
 func TestListPriorityAndWatchPriorityAreConfigurable(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := newFake(widget("ns", "a", "ua", "1", 1))
@@ -1067,14 +1196,9 @@ func (f adderFunc) Add(k opkit.Key, ev opkit.Event[*Widget], o queue.AddOptions)
 // Run emits again if it was never dealt with.
 func TestSettleOfOneDeleteKeepsALaterDeleteOfTheSameObject(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := abFake()
-		ws := &watches{}
-		ws.install(c)
-		q, w := watching(t, c, true)
-		stop := start(t, w)
-		synctest.Wait()
-		q.take()
-		fw := ws.last(t)
+		r := runAB(t, true)
+		c, q, w, stop := r.c, r.q, r.w, r.stop
+		fw := r.ws.last(t)
 		fw.Delete(widget("ns", "b", "ub", "3", 1)) // leaves
 		fw.Add(widget("ns", "b", "ub", "4", 1))    // comes back
 		fw.Delete(widget("ns", "b", "ub", "5", 1)) // leaves again
