@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	dynfake "k8s.io/client-go/dynamic/fake"
 	k8stesting "k8s.io/client-go/testing"
@@ -305,4 +306,19 @@ func runAB(t *testing.T, retainDeletes bool) abRunning {
 	synctest.Wait()
 	q.take()
 	return abRunning{c, ws, q, w, stop}
+}
+
+// settleAtOnce makes the recorder behave like a controller that reconciles
+// (and settles) every delete as soon as the queue takes it.
+func settleAtOnce(r abRunning) {
+	r.q.mu.Lock()
+	r.q.after = func(rec record) {
+		r.q.mu.Lock()
+		dropped := r.q.outcome != 0 && !r.q.outcome.Accepted()
+		r.q.mu.Unlock()
+		if rec.Type == opkit.Deleted && !dropped {
+			r.w.Settle(rec.Key, types.UID(rec.UID), rec.RV)
+		}
+	}
+	r.q.mu.Unlock()
 }

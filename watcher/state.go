@@ -193,6 +193,9 @@ func (t *tracker) displace(key opkit.Key, e entry) {
 	e.deleted = true
 	k := t.canonical(key)
 	t.mu.Lock()
+	if cur, ok := t.entries[k]; ok && cur.uid == e.uid {
+		delete(t.entries, k) // store puts the newer object there next
+	}
 	t.earlier[k] = append(t.earlier[k], e)
 	t.nEarlier++
 	t.mu.Unlock()

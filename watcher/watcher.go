@@ -637,13 +637,16 @@ func (w *Watcher[T]) observe(u *unstructured.Unstructured, l *listing) {
 		// delete is kept, behind the new object, for as long as it would
 		// have been kept as the key's tombstone.
 		if old.reemit(initial) {
-			old.queued = w.emitEarlierOnce(m.key, old, prio)
 			if l != nil {
 				old.epoch = t.epoch
 				l.ev.Deleted++
 			}
-		}
-		if !old.queued || w.cfg.RetainDeletes {
+			// In place before the queue sees the delete, so that a
+			// Settle that follows at once finds it.
+			old.queued = true
+			t.displace(m.key, old)
+			w.emitEarlier(m.key, old, l != nil, prio)
+		} else if w.cfg.RetainDeletes {
 			t.displace(m.key, old)
 		}
 		typ = opkit.Added
@@ -683,6 +686,12 @@ func (w *Watcher[T]) observe(u *unstructured.Unstructured, l *listing) {
 func (w *Watcher[T]) deleted(u *unstructured.Unstructured) {
 	key := opkit.Key{Namespace: u.GetNamespace(), Name: u.GetName()}
 	uid, rv := string(u.GetUID()), u.GetResourceVersion()
+	// The deletes kept for earlier objects of this name go first.
+	for _, e := range w.track.earlierOf(key) {
+		if e.reemit(false) {
+			w.emitEarlier(key, e, false, w.cfg.Priority)
+		}
+	}
 	obj, err := typed.FromUnstructured[T](u)
 	if err != nil {
 		w.s.metrics.Error(ReasonDecode)
@@ -711,18 +720,13 @@ func (w *Watcher[T]) emitDelete(key opkit.Key, uid, rv string, obj T, finalState
 	}
 }
 
-// emitEarlierOnce emits the delete of e, an earlier object of key, and
-// reports whether the queue took it.
-func (w *Watcher[T]) emitEarlierOnce(key opkit.Key, e entry, prio int) bool {
-	return w.emit(key, w.tombstone(key, types.UID(e.uid), e.rv), opkit.Deleted, true, prio).Accepted()
-}
-
-// emitEarlier emits again the delete kept for e, an earlier object of key
-// (see tracker.earlier), and records the outcome; inList tells that a list
-// in progress emits it.
+// emitEarlier emits the delete kept for e, an earlier object of key (see
+// tracker.earlier, which must hold it already, so that a Settle that
+// follows at once finds it), and records the outcome; inList tells that a
+// list in progress emits it.
 func (w *Watcher[T]) emitEarlier(key opkit.Key, e entry, inList bool, prio int) {
-	accepted := w.emitEarlierOnce(key, e, prio)
-	w.track.reemitted(key, e.uid, e.rv, accepted, w.cfg.RetainDeletes, inList)
+	out := w.emit(key, w.tombstone(key, types.UID(e.uid), e.rv), opkit.Deleted, true, prio)
+	w.track.reemitted(key, e.uid, e.rv, out.Accepted(), w.cfg.RetainDeletes, inList)
 }
 
 // Settle reports that the Deleted entry of the object key with uid, whose

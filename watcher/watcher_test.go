@@ -896,6 +896,97 @@ func TestDeletesOfTwoObjectsOfOneNameComeBackInOrder(t *testing.T) {
 	})
 }
 
+// A predecessor's delete that the controller settles as soon as the queue
+// takes it does not come back in the next Run, however the recreation was
+// found: the tombstone is kept before the queue sees the delete.
+func TestAPredecessorsDeleteSettledAtOnceStaysSettled(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		recreate func(t *testing.T, r abRunning)
+		first    []record
+	}{
+		{
+			name: "found by a relist",
+			recreate: func(t *testing.T, r abRunning) {
+				must(t, r.c.Tracker().Delete(widgets.GroupVersionResource, "ns", "b"))
+				must(t, r.c.Tracker().Create(widgets.GroupVersionResource, widget("ns", "b", "ub2", "5", 1), "ns"))
+				r.ws.last(t).Error(expired)
+			},
+			first: []record{
+				{Key: key("b"), Type: opkit.Deleted, RV: "2", UID: "ub", Final: true, Priority: -1},
+				{Key: key("b"), Type: opkit.Added, RV: "5", UID: "ub2", Priority: -1},
+			},
+		},
+		{
+			name: "a dropped delete sent again by the recreation",
+			recreate: func(t *testing.T, r abRunning) {
+				r.q.setOutcome(queue.DroppedSuspended)
+				must(t, r.c.Tracker().Delete(widgets.GroupVersionResource, "ns", "b"))
+				fw := r.ws.last(t)
+				fw.Delete(widget("ns", "b", "ub", "2", 1))
+				synctest.Wait()
+				r.q.setOutcome(0)
+				must(t, r.c.Tracker().Create(widgets.GroupVersionResource, widget("ns", "b", "ub2", "5", 1), "ns"))
+				fw.Add(widget("ns", "b", "ub2", "5", 1))
+			},
+			first: []record{
+				{Key: key("b"), Type: opkit.Deleted, RV: "2", UID: "ub"},
+				{Key: key("b"), Type: opkit.Deleted, RV: "2", UID: "ub", Final: true},
+				{Key: key("b"), Type: opkit.Added, RV: "5", UID: "ub2"},
+			},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				r := runAB(t, true)
+				settleAtOnce(r)
+				tc.recreate(t, r)
+				synctest.Wait()
+				sameRecords(t, "the recreation", r.q.take(), tc.first)
+				r.stop()
+				stop := start(t, r.w)
+				defer stop()
+				synctest.Wait()
+				sameRecords(t, "next run: the delete was settled", r.q.take(), []record{
+					{Key: key("a"), Type: opkit.Added, RV: "1", UID: "ua", Priority: -1},
+					{Key: key("b"), Type: opkit.Added, RV: "5", UID: "ub2", Priority: -1},
+				})
+			})
+		})
+	}
+}
+
+// The queue drops b's delete and the recreation's entries, then takes
+// entries again (same Run): a Deleted watch event of the newer object must
+// not overtake the earlier object's kept delete.
+func TestANewerObjectsDeleteDoesNotOvertakeAnEarlierObjectsDelete(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := runAB(t, false)
+		c, ws, q, w, stop := r.c, r.ws, r.q, r.w, r.stop
+		q.setOutcome(queue.DroppedSuspended)
+		must(t, c.Tracker().Delete(widgets.GroupVersionResource, "ns", "b"))
+		fw := ws.last(t)
+		fw.Delete(widget("ns", "b", "ub", "2", 1))
+		fw.Add(widget("ns", "b", "ub2", "5", 1))
+		synctest.Wait()
+		q.take()
+		q.setOutcome(0)
+		fw.Delete(widget("ns", "b", "ub2", "6", 1))
+		synctest.Wait()
+		got := q.take()
+		stop()
+		stop = start(t, w)
+		defer stop()
+		synctest.Wait()
+		got = append(got, q.take()...)
+		sameRecords(t, "deletes of b, in order", got, []record{
+			{Key: key("b"), Type: opkit.Deleted, RV: "2", UID: "ub", Final: true},
+			{Key: key("b"), Type: opkit.Deleted, RV: "6", UID: "ub2"},
+			{Key: key("a"), Type: opkit.Added, RV: "1", UID: "ua", Priority: -1},
+		})
+	})
+}
+
 func TestListPriorityAndWatchPriorityAreConfigurable(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := newFake(widget("ns", "a", "ua", "1", 1))
