@@ -83,28 +83,64 @@ func (q *Queue[K, V]) setAt(p int, i int32) {
 	q.ix.tbl[p] = q.ix.tbl[p]&^0xffffffff | uint64(uint32(i+1))
 }
 
-// rebuildIndex reinserts, into a table of the given size (grown, or shrunk
-// to fit), every word whose slot is still in use; words of freed slots
-// are dropped.
+// rebuildIndex drops the words of freed slots and re-places the others,
+// into a table of the given size, shrunk to fit or grown if needed. The
+// table keeps room for as many finished keys as the queue may keep before
+// its next eviction (max(minIdle, n) beside the n keys in use): shrinking
+// below that would only grow it back, an allocation at each doubling,
+// before the next eviction. At an unchanged size the table is rebuilt in
+// place, without allocating.
 func (q *Queue[K, V]) rebuildIndex(size int) {
-	n := 0
-	for _, w := range q.ix.tbl {
-		if w != 0 && q.sl(int32(uint32(w))-1).state() != stFree {
+	t := q.ix.tbl
+	n, e := 0, -1
+	for p, w := range t {
+		if w == 0 {
+			if e < 0 {
+				e = p
+			}
+			continue
+		}
+		if q.sl(int32(uint32(w))-1).state() == stFree {
+			t[p] = 0
+		} else {
 			n++
 		}
 	}
-	for size > minIndex && n*5 <= size*2 { // shrink to a load of at most 2/5
+	need := n + max(minIdle, n)
+	for size > minIndex && need*5 <= size/2*4 {
 		size /= 2
 	}
 	for n*5 > size*4 {
 		size *= 2
 	}
-	old := q.ix.tbl
-	t := make([]uint64, size)
-	for _, w := range old {
-		if w != 0 && q.sl(int32(uint32(w))-1).state() != stFree {
+	if size == len(t) && e >= 0 {
+		rehashInPlace(t, e)
+	} else {
+		nt := make([]uint64, size)
+		for _, w := range t {
+			if w != 0 {
+				place(nt, w)
+			}
+		}
+		q.ix.tbl = nt
+	}
+	q.ix.n = n
+}
+
+// rehashInPlace re-places every word of t after some were removed, so that
+// a probe from each word's hash finds it again without crossing an empty
+// word. e is a position that was empty before the removals (the load is at
+// most 4/5, so there is one): no word's probe path crosses it. Walking the
+// table once in probe order from there, each word moves to the first empty
+// position from its hash, which is never past where it was, and behind it
+// lie only words already walked, whose probe paths stay free of holes.
+func rehashInPlace(t []uint64, e int) {
+	mask := len(t) - 1
+	for k := 1; k < len(t); k++ {
+		p := (e + k) & mask
+		if w := t[p]; w != 0 {
+			t[p] = 0
 			place(t, w)
 		}
 	}
-	q.ix.tbl, q.ix.n = t, n
 }

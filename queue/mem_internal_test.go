@@ -41,3 +41,49 @@ func TestMemoryPerDelayedEntry(t *testing.T) {
 	}
 	runtime.KeepAlive(q)
 }
+
+// TestChurnDoesNotAllocate guards the steady state of a queue whose keys
+// come and go: a backlog of pending keys stays while new keys are added,
+// handed out and finished, so finished keys pile up and are evicted again
+// and again. Neither the evictions (which rebuild the key index) nor the
+// index's size must cost an allocation once the queue has grown to its
+// working size.
+func TestChurnDoesNotAllocate(t *testing.T) {
+	for _, backlog := range []int{0, 500, 3_000, 6_000} {
+		q := New[int, int](Config[int]{})
+		for k := range backlog {
+			q.Add(k, k, AddOptions{Priority: -1}) // behind every cycle
+		}
+		next := backlog
+		cycle := func() {
+			for range 40_000 {
+				q.Add(next, next, AddOptions{})
+				it, err := q.Get(t.Context())
+				if err != nil || it.Key != next {
+					t.Fatalf("Get = %v, %v; want key %d", it.Key, err, next)
+				}
+				q.Done(next)
+				next++
+			}
+		}
+		cycle() // grow to the working size
+		before := next
+		if allocs := testing.AllocsPerRun(5, cycle); allocs != 0 {
+			t.Errorf("backlog %d: %.1f allocations per 40,000 cycles of new keys, want 0", backlog, allocs)
+		}
+		if q.Len() != backlog || next-before < 5*40_000 {
+			t.Fatalf("backlog %d: Len = %d after %d cycles", backlog, q.Len(), next-before)
+		}
+		// Finished keys were evicted: the slab holds the backlog and at
+		// most one round of finished keys, not every key ever added.
+		if limit := 2*max(backlog, minIdle) + 2*pageSize; int(q.nslots) > limit {
+			t.Errorf("backlog %d: %d slots after %d keys, want at most %d", backlog, q.nslots, next, limit)
+		}
+		// The rebuilt index still finds every pending key.
+		for k := range backlog {
+			if out := q.Add(k, k, AddOptions{Priority: -1}); out != Merged {
+				t.Fatalf("backlog %d: Add of pending key %d = %v, want Merged", backlog, k, out)
+			}
+		}
+	}
+}

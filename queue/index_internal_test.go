@@ -1,0 +1,61 @@
+package queue
+
+import (
+	"math/rand/v2"
+	"slices"
+	"testing"
+)
+
+// TestRehashInPlaceKeepsEveryWordFindable removes random words from linear
+// probing tables (clusters that wrap around the end included) and checks
+// that after rehashInPlace every remaining word, and no other, is found by
+// probing from its hash. (Starting the walk from a hole the removals left,
+// rather than from a word empty before them, fails it.)
+func TestRehashInPlaceKeepsEveryWordFindable(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for round := range 2_000 {
+		size := 1 << (2 + r.IntN(8)) // 4 .. 512 words
+		tbl := make([]uint64, size)
+		var words []uint64
+		for i := range size * 4 / 5 {
+			h := uint32(r.IntN(size))
+			if r.IntN(3) == 0 {
+				h = uint32(size - 1 - r.IntN(2)) // crowd the end: clusters wrap
+			}
+			w := uint64(h)<<32 | uint64(i+1)
+			place(tbl, w)
+			words = append(words, w)
+		}
+		e := slices.Index(tbl, 0) // empty before the removals
+		var kept []uint64
+		for p, w := range tbl {
+			if w != 0 && r.IntN(2) == 0 {
+				tbl[p] = 0
+			} else if w != 0 {
+				kept = append(kept, w)
+			}
+		}
+		rehashInPlace(tbl, e)
+		var got []uint64
+		for _, w := range tbl {
+			if w != 0 {
+				got = append(got, w)
+			}
+		}
+		slices.Sort(got)
+		slices.Sort(kept)
+		if !slices.Equal(got, kept) {
+			t.Fatalf("round %d: the table holds %d words after the rehash, want the %d kept", round, len(got), len(kept))
+		}
+		mask := size - 1
+		for _, w := range kept {
+			p := int(uint32(w>>32)) & mask
+			for tbl[p] != w {
+				if tbl[p] == 0 {
+					t.Fatalf("round %d: word %#x (hash %d) not found: an empty word at %d on its probe path", round, w, w>>32, p)
+				}
+				p = (p + 1) & mask
+			}
+		}
+	}
+}
