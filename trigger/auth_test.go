@@ -125,13 +125,21 @@ func TestKubeAuthStatusCodes(t *testing.T) {
 
 	w := e.do(http.MethodPost, "/reconcile/ns/a", nil, nil)
 	st := wantStatus(t, w, 401, "Unauthorized")
-	if !strings.Contains(w.Header().Get("WWW-Authenticate"), "Bearer") || !strings.Contains(st.Message, "bearer token") {
-		t.Errorf("missing token: header %q message %q", w.Header().Get("WWW-Authenticate"), st.Message)
+	if h := w.Header().Get("WWW-Authenticate"); h != `Bearer realm="opkit-trigger"` || !strings.Contains(st.Message, "bearer token") {
+		t.Errorf("missing token: header %q (want a challenge without an error code) message %q", h, st.Message)
 	}
-	wantStatus(t, e.do(http.MethodPost, "/reconcile/ns/a", nil, http.Header{"Authorization": {"Basic dXNlcjpwYXNz"}}), 401, "Unauthorized")
-	st = wantStatus(t, e.do(http.MethodPost, "/reconcile/ns/a", nil, bearer("garbage-token")), 401, "Unauthorized")
+	w = e.do(http.MethodPost, "/reconcile/ns/a", nil, http.Header{"Authorization": {"Basic dXNlcjpwYXNz"}})
+	wantStatus(t, w, 401, "Unauthorized")
+	if h := w.Header().Get("WWW-Authenticate"); h != `Bearer realm="opkit-trigger"` {
+		t.Errorf("basic credentials: header %q, want a challenge without an error code", h)
+	}
+	w = e.do(http.MethodPost, "/reconcile/ns/a", nil, bearer("garbage-token"))
+	st = wantStatus(t, w, 401, "Unauthorized")
 	if !strings.Contains(st.Message, "invalid bearer token") {
 		t.Errorf("401 message %q does not say why", st.Message)
+	}
+	if h := w.Header().Get("WWW-Authenticate"); h != `Bearer realm="opkit-trigger", error="invalid_token"` {
+		t.Errorf("refused token: header %q, want the invalid_token error code", h)
 	}
 	wantStatus(t, e.do(http.MethodPost, "/reconcile/ns/a", nil, bearer("no-audience-token")), 401, "Unauthorized")
 	st = wantStatus(t, e.do(http.MethodPost, "/reconcile/ns/a", nil, bearer("other-token")), 403, "Forbidden")

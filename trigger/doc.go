@@ -58,7 +58,8 @@
 //	202 scheduled; JSON [Accepted] {key, namespace, name, uid, resourceVersion, delay, outcome}
 //	400 invalid namespace/name (DNS-1123), delay, reason, query parameter or JSON body
 //	    (the path is checked before authentication, the rest after it)
-//	401 missing, invalid or wrong-audience bearer token (WWW-Authenticate: Bearer)
+//	401 missing, invalid or wrong-audience bearer token (WWW-Authenticate: Bearer,
+//	    with error="invalid_token" when a token was presented)
 //	403 the SubjectAccessReview denied the caller
 //	404 the object does not exist, or is outside the controller's scope (another
 //	    namespace, labels its selector does not match: ErrOutOfScope), or no such

@@ -305,7 +305,12 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case err == nil:
 		case errors.Is(err, ErrUnauthenticated):
-			w.Header().Set("WWW-Authenticate", `Bearer realm="opkit-trigger"`)
+			// RFC 6750: an error code only when a token was presented.
+			challenge := `Bearer realm="opkit-trigger"`
+			if _, ok := bearerToken(r); ok {
+				challenge += `, error="invalid_token"`
+			}
+			w.Header().Set("WWW-Authenticate", challenge)
 			h.fail(w, r, start, http.StatusUnauthorized, metav1.StatusReasonUnauthorized, err.Error(), &req)
 			return
 		case errors.Is(err, ErrForbidden):
