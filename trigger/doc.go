@@ -56,7 +56,8 @@
 // # HTTP status codes
 //
 //	202 scheduled; JSON [Accepted] {key, namespace, name, uid, resourceVersion, delay, outcome}
-//	400 invalid namespace/name (DNS-1123), delay, reason, query parameter or JSON body
+//	400 invalid namespace/name (DNS-1123), a path with empty, "." or ".." segments,
+//	    invalid delay, reason, query parameter or JSON body
 //	    (the path is checked before authentication, the rest after it)
 //	401 missing, invalid or wrong-audience bearer token (WWW-Authenticate: Bearer,
 //	    with error="invalid_token" when a token was presented)

@@ -12,6 +12,7 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
+	"path"
 	"strconv"
 	"strings"
 	"sync"
@@ -232,7 +233,33 @@ func NewHandler[T opkit.Object](cfg HandlerConfig[T]) (http.Handler, error) {
 	return h, nil
 }
 
-func (h *handler[T]) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
+func (h *handler[T]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// The mux would answer a path with "." or ".." segments or empty ones
+	// with a bare redirect to its cleaned form (a client following it
+	// triggers another name than it wrote); such a path is refused.
+	if p := r.URL.Path; p != cleanPath(p) {
+		h.fail(w, r, time.Now(), http.StatusBadRequest, metav1.StatusReasonBadRequest,
+			fmt.Sprintf("the path %q has empty, dot or dot-dot segments; use POST %s", p, h.route()), nil)
+		return
+	}
+	h.mux.ServeHTTP(w, r)
+}
+
+// cleanPath is p as net/http's ServeMux cleans it before routing: rooted,
+// without empty, "." or ".." segments, keeping a trailing slash.
+func cleanPath(p string) string {
+	if p == "" {
+		return "/"
+	}
+	if p[0] != '/' {
+		p = "/" + p
+	}
+	np := path.Clean(p)
+	if p[len(p)-1] == '/' && np != "/" {
+		np += "/"
+	}
+	return np
+}
 
 func (h *handler[T]) noRoute(w http.ResponseWriter, r *http.Request) {
 	h.fail(w, r, time.Now(), http.StatusNotFound, metav1.StatusReasonNotFound, "no such route; use POST "+h.route(), nil)

@@ -235,6 +235,11 @@ func TestHandler400(t *testing.T) {
 		"/reconcile/ns/a?reason=%ff",
 		"/reconcile/ns/a?reason=" + strings.Repeat("r", trigger.MaxReasonLen+1),
 		"/reconcile/ns/a?a=%zz",
+		// not in canonical form: the mux would redirect to another name
+		"/reconcile/ns/./a",
+		"/reconcile/ns//a",
+		"/reconcile/x/../ns/a",
+		"/reconcile/ns/a/.",
 	} {
 		t.Run(target[:min(len(target), 40)], func(t *testing.T) {
 			wantStatus(t, post(e, target), 400, "BadRequest")
