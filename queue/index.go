@@ -84,15 +84,15 @@ func (q *Queue[K, V]) setAt(p int, i int32) {
 }
 
 // rebuildIndex drops the words of freed slots and re-places the others,
-// into a table of the given size, shrunk to fit or grown if needed. The
-// table keeps room for as many finished keys as the queue may keep before
-// its next eviction (max(minIdle, n) beside the n keys in use): shrinking
-// below that would only grow it back, an allocation at each doubling,
-// before the next eviction. At an unchanged size the table is rebuilt in
+// into a table of the given size or smaller. The table keeps room for as
+// many finished keys as the queue may keep before its next eviction
+// (max(minIdle, live entries) beside the keys it keeps): shrinking below
+// that would only grow it back, an allocation at each doubling, before
+// the next eviction. (It never needs to grow: it held these keys before.) At an unchanged size the table is rebuilt in
 // place, without allocating.
 func (q *Queue[K, V]) rebuildIndex(size int) {
 	t := q.ix.tbl
-	n, e := 0, -1
+	n, idle, e := 0, 0, -1
 	for p, w := range t {
 		if w == 0 {
 			if e < 0 {
@@ -100,18 +100,19 @@ func (q *Queue[K, V]) rebuildIndex(size int) {
 			}
 			continue
 		}
-		if q.sl(int32(uint32(w))-1).state() == stFree {
+		switch q.sl(int32(uint32(w)) - 1).state() {
+		case stFree:
 			t[p] = 0
-		} else {
+		case stIdle: // kept by Clear
+			n++
+			idle++
+		default:
 			n++
 		}
 	}
-	need := n + max(minIdle, n)
+	need := n + max(minIdle, n-idle) // the keys kept, and a round of finished ones
 	for size > minIndex && need*5 <= size/2*4 {
 		size /= 2
-	}
-	for n*5 > size*4 {
-		size *= 2
 	}
 	if size == len(t) && e >= 0 {
 		rehashInPlace(t, e)

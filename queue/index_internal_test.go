@@ -59,3 +59,34 @@ func TestRehashInPlaceKeepsEveryWordFindable(t *testing.T) {
 		}
 	}
 }
+
+// TestClearShrinksTheIndexToWhatItKeeps: Clear keeps finished keys (they
+// are evicted later), and the index keeps room for them and for a round of
+// finished keys beside the live entries left, counting each once.
+func TestClearShrinksTheIndexToWhatItKeeps(t *testing.T) {
+	q := New[int, int](Config[int]{})
+	for k := range 100_000 {
+		q.Add(k, k, AddOptions{})
+	}
+	for range 40_000 { // finished, fewer than the live entries: not evicted
+		it, err := q.Get(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		q.Done(it.Key)
+	}
+	if len(q.ix.tbl) != 131_072 {
+		t.Fatalf("index of %d words before Clear, want 131,072", len(q.ix.tbl))
+	}
+	if n := q.Clear(); n != 60_000 {
+		t.Fatalf("Clear = %d, want 60,000", n)
+	}
+	// 40,000 finished keys and room for 1,024 more, at a load of at most
+	// 4/5: 65,536 words.
+	if len(q.ix.tbl) != 65_536 {
+		t.Errorf("index of %d words after Clear, want 65,536", len(q.ix.tbl))
+	}
+	if out := q.Add(39_999, 0, AddOptions{}); out != Queued {
+		t.Errorf("Add of a finished key after Clear = %v, want Queued", out)
+	}
+}
