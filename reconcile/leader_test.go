@@ -22,6 +22,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/internal/typed"
 	"github.com/opkit/opkit/leader"
 	"github.com/opkit/opkit/reconcile"
 )
@@ -260,25 +261,7 @@ func TestLeaderControllerDropsTriggersFromConstructionOn(t *testing.T) {
 // key until the delete was dealt with, and emits it again as a tombstone.
 func TestADeleteInterruptedByTheEndOfATermIsReconciledInTheNext(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		kube := kfake.NewClientset()
-		var failRenew atomic.Bool
-		kube.PrependReactor("update", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
-			if failRenew.Load() {
-				return true, nil, apierrors.NewInternalError(errors.New("etcd unavailable"))
-			}
-			return false, nil, nil
-		})
-		var deletes atomic.Int32
-		rec := &recorder{do: func(ctx context.Context, _ int, req reconcile.Request[*Widget]) (reconcile.Result, error) {
-			if req.Type == opkit.Deleted && deletes.Add(1) == 1 {
-				<-ctx.Done() // the first one outlives the term
-				return reconcile.Done(), ctx.Err()
-			}
-			return reconcile.Done(), nil
-		}}
-		e := start(t, rec, func(c *reconcile.Config[*Widget]) {
-			c.Leader = &leader.Config{Client: kube, Namespace: "ns", Name: "widgets", Identity: "me"}
-		}, widget("a"), widget("b"))
+		rec, e, nextTerm := firstDeleteOutlivesTheTerm(t, widget("a"), widget("b"))
 		synctest.Wait()
 		if n := len(rec.snapshot()); n != 2 {
 			t.Fatalf("%d reconciles in the first term, want 2", n)
@@ -287,15 +270,7 @@ func TestADeleteInterruptedByTheEndOfATermIsReconciledInTheNext(t *testing.T) {
 			t.Fatal(err)
 		}
 		synctest.Wait()
-		failRenew.Store(true) // the term ends at RenewDeadline
-		time.Sleep(20 * time.Second)
-		synctest.Wait()
-		if e.ctrl.Elector().IsLeader() {
-			t.Fatalf("still leading with every renewal failing")
-		}
-		failRenew.Store(false) // the next campaign succeeds
-		time.Sleep(30 * time.Second)
-		synctest.Wait()
+		nextTerm()
 		var got []string
 		for _, c := range rec.snapshot() {
 			got = append(got, fmt.Sprintf("%s %s final=%v interrupted=%v", c.req.Type, c.req.Key.Name, c.req.FinalStateUnknown, c.ctxErr != nil))
@@ -310,4 +285,78 @@ func TestADeleteInterruptedByTheEndOfATermIsReconciledInTheNext(t *testing.T) {
 			t.Fatalf("reconciles:\n %s\nwant:\n %s", strings.Join(got, "\n "), strings.Join(want, "\n "))
 		}
 	})
+}
+
+// An object deleted and created again under the same name while its
+// delete's reconcile runs into the end of a term: the next term reconciles
+// the old object's delete (a tombstone) and then the new object. The new
+// object must not take the old one's delete with it.
+func TestARecreatedObjectsInterruptedDeleteIsReconciledInTheNextTerm(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec, e, nextTerm := firstDeleteOutlivesTheTerm(t, widget("b"))
+		synctest.Wait()
+		if err := e.dyn.Tracker().Delete(widgets.GroupVersionResource, "ns", "b"); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		again, err := typed.ToUnstructured(widget("b", func(w *Widget) { w.UID, w.ResourceVersion = "uid-b2", "5" }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.dyn.Tracker().Create(widgets.GroupVersionResource, again, "ns"); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait() // its Added waits behind the delete in flight
+		nextTerm()
+		var got []string
+		for _, c := range rec.snapshot() {
+			got = append(got, fmt.Sprintf("%s %s %s final=%v interrupted=%v", c.req.Type, c.req.Key.Name, c.req.Object.GetUID(), c.req.FinalStateUnknown, c.ctxErr != nil))
+		}
+		want := []string{
+			"Added b uid-b final=false interrupted=false",
+			"Deleted b uid-b final=false interrupted=true",
+			"Deleted b uid-b final=true interrupted=false", // the next term: the old object's delete first
+			"Added b uid-b2 final=false interrupted=false",
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("reconciles:\n %s\nwant:\n %s", strings.Join(got, "\n "), strings.Join(want, "\n "))
+		}
+	})
+}
+
+// firstDeleteOutlivesTheTerm starts a leader-elected controller over objs
+// whose reconciler blocks the first Deleted request until its term ends.
+// nextTerm ends the term (every Lease renewal fails until the deadline),
+// then lets the next campaign win and waits for the new term's work.
+func firstDeleteOutlivesTheTerm(t *testing.T, objs ...*Widget) (rec *recorder, e *env, nextTerm func()) {
+	kube := kfake.NewClientset()
+	var failRenew atomic.Bool
+	kube.PrependReactor("update", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if failRenew.Load() {
+			return true, nil, apierrors.NewInternalError(errors.New("etcd unavailable"))
+		}
+		return false, nil, nil
+	})
+	var deletes atomic.Int32
+	rec = &recorder{do: func(ctx context.Context, _ int, req reconcile.Request[*Widget]) (reconcile.Result, error) {
+		if req.Type == opkit.Deleted && deletes.Add(1) == 1 {
+			<-ctx.Done() // the first one outlives the term
+			return reconcile.Done(), ctx.Err()
+		}
+		return reconcile.Done(), nil
+	}}
+	e = start(t, rec, func(c *reconcile.Config[*Widget]) {
+		c.Leader = &leader.Config{Client: kube, Namespace: "ns", Name: "widgets", Identity: "me"}
+	}, objs...)
+	return rec, e, func() {
+		failRenew.Store(true) // the term ends at RenewDeadline
+		time.Sleep(20 * time.Second)
+		synctest.Wait()
+		if e.ctrl.Elector().IsLeader() {
+			t.Fatalf("still leading with every renewal failing")
+		}
+		failRenew.Store(false) // the next campaign succeeds
+		time.Sleep(30 * time.Second)
+		synctest.Wait()
+	}
 }
