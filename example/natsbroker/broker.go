@@ -72,8 +72,10 @@ type Config struct {
 	// Durable is the durable consumer's name (default DefaultDurable);
 	// every replica uses the same one.
 	Durable string
-	// MaxDeliver is the consumer's delivery limit (default
-	// DefaultMaxDeliver); the last delivery's Nack dead-letters.
+	// MaxDeliver is the delivery limit (default DefaultMaxDeliver): a
+	// Nack of delivery MaxDeliver or later dead-letters. The broker
+	// enforces it, not the server, so a last delivery that ends without a
+	// settle comes back after AckWait.
 	MaxDeliver int
 	// AckWait is how long the server waits for an ack before redelivering
 	// (default DefaultAckWait).
@@ -246,11 +248,15 @@ func (b *Broker) ensure(ctx context.Context) error {
 		return &trigger.BrokerError{Kind: Classify(err), Op: "create stream " + c.DeadLetterStream, Err: err}
 	}
 	cons, err := b.js.CreateOrUpdateConsumer(ctx, c.Stream, jetstream.ConsumerConfig{
-		Durable:       c.Durable,
-		Description:   "opkit demo operator replicas",
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       c.AckWait,
-		MaxDeliver:    c.MaxDeliver,
+		Durable:     c.Durable,
+		Description: "opkit demo operator replicas",
+		AckPolicy:   jetstream.AckExplicitPolicy,
+		AckWait:     c.AckWait,
+		// No limit on the server: it would stop redelivering the last
+		// delivery without telling anyone, stranding a trigger whose
+		// dead-letter copy failed (or whose receiver died). Nack enforces
+		// c.MaxDeliver instead, by dead-lettering.
+		MaxDeliver:    -1,
 		FilterSubject: c.Subject,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 		MaxAckPending: 1000,
@@ -494,8 +500,10 @@ func (m *message) Ack(ctx context.Context) error {
 	return nil
 }
 
-// Nack asks for redelivery after delay. On the last delivery MaxDeliver
-// allows it dead-letters instead, since JetStream would never redeliver.
+// Nack asks for redelivery after delay. From delivery MaxDeliver on it
+// dead-letters instead. The server sets no delivery limit of its own, so a
+// last delivery that is never settled (its dead-letter copy failed, its
+// receiver died) is redelivered after AckWait, not stranded.
 func (m *message) Nack(ctx context.Context, delay time.Duration) error {
 	if m.Deliveries() >= m.b.cfg.MaxDeliver {
 		return m.deadLetter(ctx, ReasonMaxDeliveries, "nack")

@@ -180,9 +180,10 @@ func TestTermDeadLettersAndNeverRedelivers(t *testing.T) {
 	waitLag(t, b, 0)
 }
 
-func TestNackOnLastDeliveryDeadLetters(t *testing.T) {
-	srv := startServer(t)
-	b := open(t, srv.URL(), func(c *natsbroker.Config) { c.MaxDeliver = 2 })
+// lastDelivery publishes a trigger and returns its second delivery, the
+// last with MaxDeliver 2, after nacking the first.
+func lastDelivery(t *testing.T, b *natsbroker.Broker) trigger.Message {
+	t.Helper()
 	publish(t, b, "x")
 	m := receive(t, b)
 	if err := m.Nack(ctx5(t), time.Millisecond); err != nil {
@@ -192,11 +193,53 @@ func TestNackOnLastDeliveryDeadLetters(t *testing.T) {
 	if m.Deliveries() != 2 {
 		t.Fatalf("deliveries = %d, want 2", m.Deliveries())
 	}
+	return m
+}
+
+func TestNackOnLastDeliveryDeadLetters(t *testing.T) {
+	srv := startServer(t)
+	b := open(t, srv.URL(), func(c *natsbroker.Config) { c.MaxDeliver = 2 })
+	m := lastDelivery(t, b)
 	if err := m.Nack(ctx5(t), time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
 	dl := deadLetters(t, b)
 	if len(dl) != 1 || dl[0].Header.Get(natsbroker.HeaderTermReason) != natsbroker.ReasonMaxDeliveries {
+		t.Fatalf("dead letters = %v, want one with reason %s", dl, natsbroker.ReasonMaxDeliveries)
+	}
+}
+
+// A last delivery whose dead-letter copy fails is not stranded: the server
+// does not count deliveries itself, so the message comes back after
+// AckWait and the next Nack dead-letters it.
+func TestAFailedDeadLetterOnTheLastDeliveryComesBack(t *testing.T) {
+	srv := startServer(t)
+	b := open(t, srv.URL(), func(c *natsbroker.Config) { c.MaxDeliver = 2; c.AckWait = time.Second })
+	m := lastDelivery(t, b)
+	js, err := jetstream.New(b.Conn())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The dead-letter stream is briefly unavailable.
+	if err := js.DeleteStream(ctx5(t), natsbroker.DefaultDeadLetterStream); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Nack(ctx5(t), time.Millisecond); err == nil {
+		t.Fatal("Nack on the last delivery with no dead-letter stream succeeded")
+	}
+	if _, err := js.CreateOrUpdateStream(ctx5(t), jetstream.StreamConfig{
+		Name: natsbroker.DefaultDeadLetterStream, Subjects: []string{natsbroker.DefaultDeadLetterSubject},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	m = receive(t, b) // after AckWait
+	if m.Deliveries() != 3 {
+		t.Fatalf("deliveries = %d, want 3", m.Deliveries())
+	}
+	if err := m.Nack(ctx5(t), time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if dl := deadLetters(t, b); len(dl) != 1 || dl[0].Header.Get(natsbroker.HeaderTermReason) != natsbroker.ReasonMaxDeliveries {
 		t.Fatalf("dead letters = %v, want one with reason %s", dl, natsbroker.ReasonMaxDeliveries)
 	}
 }
