@@ -1000,6 +1000,14 @@ func (q *Queue[K, V]) Suspended() bool {
 	return q.suspended
 }
 
+// ShuttingDown reports whether ShutDown or ShutDownWithDrain was called:
+// from then on every Add returns DroppedShutDown.
+func (q *Queue[K, V]) ShuttingDown() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.shutdown
+}
+
 // Clear removes every pending and parked entry and returns how many it
 // removed. In-flight entries are not touched (their Done is still
 // expected), but adds parked behind them are removed.

@@ -614,9 +614,15 @@ func TestShutDownWakesBlockedGetsAndIsIdempotent(t *testing.T) {
 			})
 		}
 		synctest.Wait()
+		if q.ShuttingDown() {
+			t.Fatal("ShuttingDown before ShutDown")
+		}
 		q.ShutDown()
 		q.ShutDown()
 		wg.Wait()
+		if !q.ShuttingDown() || q.Suspended() {
+			t.Errorf("after ShutDown: ShuttingDown %v, Suspended %v; want true, false", q.ShuttingDown(), q.Suspended())
+		}
 		// synctest.Test returns only once every goroutine of the bubble has
 		// exited: the queue leaves none behind.
 	})

@@ -66,9 +66,10 @@ type ConsumerConfig[T opkit.Object] struct {
 	// API call, delays the trigger by DroppedDelay and counts toward the
 	// broker's delivery limit). When it starts pausing, a Broker that
 	// implements Releaser is asked to hand back what it buffered. nil
-	// means the Trigger's queue's Suspended method if the queue has one (a
-	// *queue.Queue has: a follower, or a replica in a leadership
-	// transition, takes no message); a queue without one never pauses.
+	// means: while the Trigger's queue reports Suspended or ShuttingDown,
+	// for the methods the queue has (a *queue.Queue has both: a follower, a
+	// replica in a leadership transition, or one whose queue was shut down
+	// takes no message); a queue with neither never pauses.
 	// A message received just before a pause is handled as usual (a
 	// dropped enqueue is nacked). Use func() bool { return false } to
 	// receive whatever the queue's state. It is called from two
@@ -146,8 +147,15 @@ func NewConsumer[T opkit.Object](cfg ConsumerConfig[T]) (*Consumer[T], error) {
 		cfg.LagInterval = 15 * time.Second
 	}
 	if cfg.Paused == nil {
-		if g, ok := cfg.Trigger.q.(interface{ Suspended() bool }); ok {
-			cfg.Paused = g.Suspended
+		suspended, _ := cfg.Trigger.q.(interface{ Suspended() bool })
+		shut, _ := cfg.Trigger.q.(interface{ ShuttingDown() bool })
+		switch {
+		case suspended != nil && shut != nil:
+			cfg.Paused = func() bool { return suspended.Suspended() || shut.ShuttingDown() }
+		case suspended != nil:
+			cfg.Paused = suspended.Suspended
+		case shut != nil:
+			cfg.Paused = shut.ShuttingDown
 		}
 	}
 	if cfg.Concurrency < 0 || cfg.MaxMessageBytes < 0 {

@@ -323,6 +323,25 @@ func TestConsumerPausesWhileTheIntakeIsSuspended(t *testing.T) {
 	})
 }
 
+// A consumer whose queue was shut down (a controller that stopped first)
+// takes no message either: every enqueue would be dropped, and each
+// delivery spent on it brings the trigger closer to the dead letter
+// instead of leaving it to a replica that can schedule it.
+func TestConsumerPausesOnceTheQueueIsShutDown(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newConsumerEnv(t, nil)
+		e.q.ShutDown()
+		id := e.b.Publish([]byte(`{"namespace":"ns","name":"a"}`))
+		stop := e.run(t)
+		defer stop()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if evs := e.b.EventsFor(id); len(evs) != 0 || e.objs.calls != 0 {
+			t.Fatalf("with the queue shut down: broker events %q, API calls %d; want none", ops(evs), e.objs.calls)
+		}
+	})
+}
+
 // A follower is ready: broker failures seen before the consumer paused are
 // forgotten while it pauses, and the first Receive after the pause tests
 // the broker afresh.
