@@ -184,7 +184,7 @@ func NewConsumer[T opkit.Object](cfg ConsumerConfig[T]) (*Consumer[T], error) {
 // every goroutine it started has returned. A failing Receive is retried
 // with backoff and reported through Check, logs and metrics; it does not
 // end Run. While Paused reports true (by default: while the Trigger's
-// queue is suspended) it receives nothing. Run may be called again after
+// queue is suspended or shut down) it receives nothing. Run may be called again after
 // it returned, never concurrently.
 func (c *Consumer[T]) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
@@ -307,7 +307,7 @@ func (c *Consumer[T]) pause(ctx context.Context) bool {
 	}()
 	c.setErr(&c.recvErr, nil)
 	c.setErr(&c.ackErr, nil)
-	c.log.LogAttrs(ctx, slog.LevelInfo, "trigger consumer: intake suspended (not the leader); receiving nothing until it resumes")
+	c.log.LogAttrs(ctx, slog.LevelInfo, "trigger consumer: paused (the queue's intake is suspended or shut down: not the leader); receiving nothing until it resumes")
 	if r, ok := c.cfg.Broker.(Releaser); ok {
 		bctx, cancel := context.WithTimeout(ctx, c.cfg.BrokerTimeout)
 		err := r.Release(bctx)

@@ -95,7 +95,7 @@
 //	scheduled                     Ack
 //
 // Before each receive the consumer asks ConsumerConfig.Paused (by default
-// the queue's Suspended): while it is paused it receives nothing and a
+// the queue's Suspended or ShuttingDown): while it is paused it receives nothing and a
 // broker that implements [Releaser] hands back what it had buffered. Drops
 // then happen only around a leadership change, for messages received just
 // before it.

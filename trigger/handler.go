@@ -234,6 +234,17 @@ func NewHandler[T opkit.Object](cfg HandlerConfig[T]) (http.Handler, error) {
 }
 
 func (h *handler[T]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !strings.HasPrefix(r.URL.Path, "/") {
+		// Behind http.StripPrefix("/x/") the path has lost its leading
+		// slash; the mux would redirect it out of the prefix.
+		u := *r.URL
+		u.Path = "/" + u.Path
+		if u.RawPath != "" {
+			u.RawPath = "/" + u.RawPath
+		}
+		r = r.Clone(r.Context())
+		r.URL = &u
+	}
 	// The mux would answer a path with "." or ".." segments or empty ones
 	// with a bare redirect to its cleaned form (a client following it
 	// triggers another name than it wrote); such a path is refused.

@@ -219,6 +219,29 @@ func TestHandler404(t *testing.T) {
 	}
 }
 
+// Mounted behind http.StripPrefix, with or without the prefix's trailing
+// slash, the handler serves its routes: the stripped path may lack its
+// leading slash.
+func TestHandlerBehindStripPrefix(t *testing.T) {
+	for _, prefix := range []string{"/trigger", "/trigger/"} {
+		t.Run(prefix, func(t *testing.T) {
+			e := newHandlerEnv(t, nil)
+			outer := http.NewServeMux()
+			outer.Handle("/trigger/", http.StripPrefix(prefix, e.h))
+			for target, code := range map[string]int{
+				"/trigger/reconcile/ns/a": http.StatusAccepted,
+				"/trigger/elsewhere":      http.StatusNotFound,
+			} {
+				w := httptest.NewRecorder()
+				outer.ServeHTTP(w, httptest.NewRequest(http.MethodPost, target, nil))
+				if w.Code != code || w.Header().Get("Location") != "" {
+					t.Errorf("POST %s: %d (Location %q) %s, want %d", target, w.Code, w.Header().Get("Location"), w.Body, code)
+				}
+			}
+		})
+	}
+}
+
 func TestHandler400(t *testing.T) {
 	e := newHandlerEnv(t, nil)
 	for _, target := range []string{
