@@ -16,12 +16,15 @@
 //   - stream DEMO_TRIGGERS_DLQ, subject demo.reconcile.dlq: the dead letters.
 //     Term copies the message there (with its reason, stream sequence and
 //     delivery count as headers) and only then terminates it, so a
-//     dead-lettered trigger is never lost. A Nack on the last allowed
-//     delivery (MaxDeliver) dead-letters too, with reason "MaxDeliveries".
-//     The limit is the broker's, not the server's (the server consumer has
-//     none): JetStream would silently stop redelivering a last delivery
-//     whose dead-letter copy failed or whose receiver died, and the trigger
-//     would be stranded; without a server limit it comes back after AckWait.
+//     dead-lettered trigger is never lost. A Nack of delivery MaxDeliver or
+//     later dead-letters too, with reason "MaxDeliveries". The limit is the
+//     broker's, not the server's (the server consumer has none): JetStream
+//     would silently stop redelivering a last delivery whose dead-letter
+//     copy failed or whose receiver died, and the trigger would be
+//     stranded; without a server limit it comes back after AckWait. So
+//     while the dead-letter stream cannot be written, such a message comes
+//     back every AckWait (and the consumer reports the failing Nack or
+//     Term) until it can.
 //
 // Errors are returned as *trigger.BrokerError, classified as Disconnected,
 // Permission, Quota or NotFound, so the consumer reports them by name.
