@@ -41,16 +41,22 @@
 //   - After a crash, a follower acquires the Lease once LeaseDuration has
 //     passed since it last saw the Lease change (a timer, not only the
 //     RetryPeriod poll), i.e. within LeaseDuration + RetryPeriod.
-//   - A Lease deleted while it names another holder (by hand, to force a
-//     failover; a leader never deletes it) is treated as still held by
-//     that replica until it would have expired (LeaseDuration after its
-//     last change was observed): the holder learns of the deletion only
-//     when its next renew fails, and cannot renew a deleted Lease. A replica that starts
-//     campaigning after the deletion cannot know and creates it at once.
+//   - A Lease deleted while it names another holder (by hand or by a
+//     cleanup; a leader never deletes it) is treated as still held by that
+//     replica until it would have expired (LeaseDuration after its last
+//     change was observed): the holder learns of the deletion only when its
+//     next renew fails, and cannot renew a deleted Lease. A replica that
+//     starts campaigning after the deletion cannot know and creates it at
+//     once. Deleting the Lease therefore ends the holder's term but does
+//     not move leadership: the holder campaigns again at once, finds no
+//     Lease and creates it, while the others wait out the deleted Lease.
 //     Clearing the holder by hand is indistinguishable from a release and
 //     lets a follower take over at once, while the holder may still lead
-//     until its next renew (at most RetryPeriod): force a failover by
-//     deleting the Lease or by stopping the leader, not by editing it.
+//     until its next renew (at most RetryPeriod). To move leadership, stop
+//     the leader (it releases the Lease on the way out).
+//   - A failed write of a campaigner (a 5xx, a timeout) does not restart
+//     its wait: it reads the Lease again, and only a changed Lease counts
+//     as a new change.
 //   - Every write is an Update carrying the resourceVersion last read:
 //     concurrent campaigners and stale renewals fail with a conflict and
 //     re-read the Lease.

@@ -224,7 +224,10 @@ func (e *Elector) observe(obs *observation, l *coordinationv1.Lease) {
 		e.setHolder(holderOf(obs.gone))
 		return
 	}
-	if !obs.known || obs.lease == nil || obs.lease.ResourceVersion != l.ResourceVersion {
+	// The wait for expiry restarts only when the Lease changed: a failed
+	// write of ours (a 5xx, a timeout) makes us read it again, and an
+	// unchanged Lease must not cost another LeaseDuration.
+	if obs.lease == nil || obs.lease.ResourceVersion != l.ResourceVersion {
 		obs.at = now
 	}
 	obs.known, obs.lease, obs.gone = true, l, nil
