@@ -71,7 +71,8 @@
 //	415 a body whose Content-Type is not application/json
 //	429 the rate or in-flight limit is exceeded (Retry-After)
 //	500 the API server returned an object the trigger refuses (another kind)
-//	502 the API server failed (re-fetch, TokenReview or SubjectAccessReview)
+//	502 the API server failed (re-fetch, TokenReview or SubjectAccessReview, including
+//	    a review an authorizer could not evaluate: EvaluationError, neither allowed nor denied)
 //	503 the enqueue was dropped: Retry-After, X-Opkit-Leader and "leader" in the body;
 //	    or the caller went away before the enqueue (nothing was queued)
 //	504 an API call timed out (HandlerConfig.APITimeout)
