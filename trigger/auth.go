@@ -129,6 +129,9 @@ func NewKubeAuthenticator(cfg KubeAuthConfig) (*KubeAuthenticator, error) {
 	if len(cfg.Audiences) == 0 || slices.Contains(cfg.Audiences, "") {
 		return nil, errors.New("trigger: KubeAuthConfig.Audiences must not be empty")
 	}
+	if cfg.Group != "" && cfg.Resource == "" {
+		return nil, fmt.Errorf("trigger: KubeAuthConfig.Group %q without Resource would be ignored (the trigger's own resource and group are checked); set Resource too", cfg.Group)
+	}
 	if cfg.Verb == "" {
 		cfg.Verb = "update"
 	}

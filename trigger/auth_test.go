@@ -330,6 +330,9 @@ func TestNewKubeAuthenticatorValidates(t *testing.T) {
 	if _, err := trigger.NewKubeAuthenticator(trigger.KubeAuthConfig{Client: rev, PositiveTTL: -1}); err == nil {
 		t.Error("negative TTL: want an error")
 	}
+	if _, err := trigger.NewKubeAuthenticator(trigger.KubeAuthConfig{Client: rev, Group: "apps"}); err == nil {
+		t.Error("Group without Resource: want an error")
+	}
 }
 
 // An authorizer outage comes back from the SubjectAccessReview as

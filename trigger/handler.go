@@ -188,6 +188,9 @@ func NewHandler[T opkit.Object](cfg HandlerConfig[T]) (http.Handler, error) {
 	if cfg.MaxDelay < 0 || cfg.MaxBodyBytes < 0 || cfg.APITimeout < 0 || cfg.RetryAfter < 0 || cfg.RateLimit < 0 || cfg.RateBurst < 0 || math.IsNaN(cfg.RateLimit) || math.IsInf(cfg.RateLimit, 0) {
 		return nil, errors.New("trigger: HandlerConfig durations, sizes and limits must be finite and not negative")
 	}
+	if cfg.RateBurst > 0 && cfg.RateLimit == 0 {
+		return nil, errors.New("trigger: HandlerConfig.RateBurst without RateLimit would have no effect; set RateLimit too")
+	}
 	if h.cfg.MaxDelay == 0 {
 		h.cfg.MaxDelay = time.Hour
 	}

@@ -583,6 +583,9 @@ func TestNewHandlerRequiresAuthOrExplicitInsecure(t *testing.T) {
 	if _, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: tr, Dynamic: dyn, InsecureSkipAuth: true, MaxDelay: -1}); err == nil {
 		t.Error("NewHandler with a negative MaxDelay succeeded")
 	}
+	if _, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: tr, Dynamic: dyn, InsecureSkipAuth: true, RateBurst: 5}); err == nil {
+		t.Error("NewHandler with RateBurst but no RateLimit succeeded")
+	}
 	h, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: tr, Dynamic: dyn, InsecureSkipAuth: true, Logger: discard})
 	if err != nil || h == nil {
 		t.Fatalf("insecure handler: %v", err)
