@@ -322,3 +322,32 @@ func settleAtOnce(r abRunning) {
 	}
 	r.q.mu.Unlock()
 }
+
+// policyQueue records adds; decide picks each add's outcome and may act
+// (like a concurrently running controller) before returning.
+type policyQueue struct {
+	mu      sync.Mutex
+	records []record
+	decide  func(record) queue.Outcome
+}
+
+func (p *policyQueue) Add(k opkit.Key, ev opkit.Event[*Widget], o queue.AddOptions) queue.Outcome {
+	rec := record{Key: k, Type: ev.Type, RV: ev.Object.ResourceVersion, UID: string(ev.Object.UID), Final: ev.FinalStateUnknown, Priority: o.Priority}
+	p.mu.Lock()
+	p.records = append(p.records, rec)
+	d := p.decide
+	p.mu.Unlock()
+	if d != nil {
+		return d(rec)
+	}
+	return queue.Queued
+}
+
+func (p *policyQueue) set(d func(record) queue.Outcome) { p.mu.Lock(); p.decide = d; p.mu.Unlock() }
+func (p *policyQueue) take() []record {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := p.records
+	p.records = nil
+	return out
+}

@@ -187,18 +187,25 @@ func (t *tracker) count() int {
 	return len(t.entries) + t.nEarlier
 }
 
-// displace keeps e, the tombstone of an earlier object of key, behind the
-// newer object now tracked under key.
-func (t *tracker) displace(key opkit.Key, e entry) {
+// displace keeps e, the entry of an earlier object of key as the caller
+// read it, as a tombstone behind the newer object now tracked under key.
+// It keeps nothing and reports false when e was a tombstone that has been
+// settled since the caller read it (Settle runs on other goroutines).
+func (t *tracker) displace(key opkit.Key, e entry) bool {
+	wasDeleted := e.deleted
 	e.deleted = true
 	k := t.canonical(key)
 	t.mu.Lock()
-	if cur, ok := t.entries[k]; ok && cur.uid == e.uid {
+	defer t.mu.Unlock()
+	switch cur, ok := t.entries[k]; {
+	case ok && cur.uid == e.uid && cur.rv == e.rv:
 		delete(t.entries, k) // store puts the newer object there next
+	case wasDeleted:
+		return false
 	}
 	t.earlier[k] = append(t.earlier[k], e)
 	t.nEarlier++
-	t.mu.Unlock()
+	return true
 }
 
 // earlierOf returns a copy of the tombstones kept for earlier objects of

@@ -502,7 +502,7 @@ func (r *run[T]) streamList(ctx context.Context, initial bool, reason Reason) (r
 			r.watchList = false
 			return "", false, outcome{reason: ReasonExpired} // relist at once
 		}
-		if out.err != nil && refusesWatchList(out.err) {
+		if out.err != nil && (refusesWatchList(out.err) || errors.Is(out.err, errNoInitialEvents)) {
 			w.log.Info("server refused WatchList; using paginated lists", "err", out.err)
 			r.watchList = false
 			return "", false, outcome{reason: ReasonExpired}
@@ -541,6 +541,10 @@ func refusesWatchList(err error) bool {
 		apierrors.IsUnsupportedMediaType(err)
 }
 
+// errNoInitialEvents ends a WatchList stream whose server sent a change
+// before the end of its initial events.
+var errNoInitialEvents = errors.New("the server sent changes before the end of the initial events: it does not serve WatchList")
+
 // consume reads a watch until it ends, the idle timer fires or ctx is
 // cancelled; it stops the watch before returning. rv advances with every
 // event and bookmark. When l is not nil the stream is a WatchList in its
@@ -550,15 +554,31 @@ func (r *run[T]) consume(ctx context.Context, wi watch.Interface, rv *string, l 
 	defer wi.Stop()
 	idle := time.NewTimer(w.s.idle)
 	defer idle.Stop()
+	// A WatchList's initial phase as a whole must end within IdleTimeout;
+	// events that keep coming do not extend it.
+	var initialEnd <-chan time.Time
+	if l != nil {
+		t := time.NewTimer(w.s.idle)
+		defer t.Stop()
+		initialEnd = t.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return outcome{reason: ReasonClosed}
 		case <-idle.C:
 			return outcome{reason: ReasonIdle}
+		case <-initialEnd:
+			return outcome{reason: ReasonIdle}
 		case ev, ok := <-wi.ResultChan():
 			if !ok {
 				return outcome{reason: ReasonClosed}
+			}
+			if l != nil && l.ev.Phase != SyncFinished && (ev.Type == watch.Modified || ev.Type == watch.Deleted) {
+				// The initial phase carries only Added objects: a server
+				// that streams changes before the end marker ignores
+				// sendInitialEvents (a plain watch replaying the state).
+				return outcome{reason: ReasonError, err: errNoInitialEvents}
 			}
 			// During a WatchList's initial phase only objects prove
 			// progress: a server that ignores sendInitialEvents sends
@@ -592,6 +612,7 @@ func (r *run[T]) consume(ctx context.Context, wi watch.Interface, rv *string, l 
 				}
 				*rv = u.GetResourceVersion()
 				if l != nil && l.ev.Phase != SyncFinished && u.GetAnnotations()[metav1.InitialEventsAnnotationKey] == "true" {
+					initialEnd = nil
 					r.finishList(l, *rv)
 					l.ev.Phase = SyncFinished
 					l = nil
@@ -639,13 +660,16 @@ func (w *Watcher[T]) observe(u *unstructured.Unstructured, l *listing) {
 		if old.reemit(initial) {
 			if l != nil {
 				old.epoch = t.epoch
-				l.ev.Deleted++
 			}
 			// In place before the queue sees the delete, so that a
 			// Settle that follows at once finds it.
 			old.queued = true
-			t.displace(m.key, old)
-			w.emitEarlier(m.key, old, l != nil, prio)
+			if t.displace(m.key, old) {
+				w.emitEarlier(m.key, old, l != nil, prio)
+				if l != nil {
+					l.ev.Deleted++
+				}
+			}
 		} else if w.cfg.RetainDeletes {
 			t.displace(m.key, old)
 		}

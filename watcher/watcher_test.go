@@ -3,6 +3,7 @@ package watcher_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -17,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
+	dynfake "k8s.io/client-go/dynamic/fake"
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/opkit/opkit"
@@ -987,6 +989,77 @@ func TestANewerObjectsDeleteDoesNotOvertakeAnEarlierObjectsDelete(t *testing.T) 
 	})
 }
 
+// A controller that settles a retained delete while the watcher is handling
+// the Added of the name's next object (between observe's read of the
+// tombstone and displace) leaves the settled delete in tracker.earlier: it
+// is never settled again in this Run, and the next Run emits it again.
+func TestASettleWhileTheNextObjectArrivesStaysSettled(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := abFake()
+		ws := &watches{}
+		ws.install(c)
+		q := &policyQueue{}
+		m := newMetrics()
+		cfg := config(c, nil)
+		cfg.Queue = q
+		cfg.RetainDeletes = true
+		cfg.Metrics = m
+		w := mustNew(t, cfg)
+		stop := start(t, w)
+		synctest.Wait()
+		q.take()
+		fw := ws.last(t)
+		reject := func(record) queue.Outcome { return queue.DroppedSuspended }
+
+		// Set-up: an earlier object ua of "a" whose delete the queue did not take,
+		// so that observe emits it again in the window.
+		q.set(reject)
+		fw.Delete(widget("ns", "a", "ua", "3", 1))
+		fw.Add(widget("ns", "a", "ua2", "4", 1))
+		synctest.Wait()
+		q.set(func(r record) queue.Outcome {
+			if r.UID == "ua" {
+				return queue.DroppedSuspended
+			}
+			return queue.Queued
+		})
+		fw.Delete(widget("ns", "a", "ua2", "5", 1)) // accepted, retained
+		synctest.Wait()
+
+		// The controller finishes ua2's delete (Settle) just while the watcher
+		// handles ua3's Added.
+		q.set(func(r record) queue.Outcome {
+			if r.UID == "ua" && r.Type == opkit.Deleted {
+				w.Settle(key("a"), "ua2", "5")
+			}
+			return queue.Queued
+		})
+		fw.Add(widget("ns", "a", "ua3", "6", 1))
+		synctest.Wait()
+		w.Settle(key("a"), "ua", "3") // ua's delete is reconciled too
+		q.set(nil)
+		q.take()
+		fw.Modify(widget("ns", "a", "ua3", "7", 1)) // a change: the tracked count is reported
+		synctest.Wait()
+		q.take()
+		if n := m.get(func(m *metrics) int { return m.tracked }); n != 2 {
+			t.Errorf("tracked after both deletes were settled: %d, want 2 (a and b)", n)
+		}
+
+		// The next term: both deletes were settled, so only the live objects.
+		must(t, c.Tracker().Delete(widgets.GroupVersionResource, "ns", "a"))
+		must(t, c.Tracker().Create(widgets.GroupVersionResource, widget("ns", "a", "ua3", "7", 1), "ns"))
+		stop()
+		stop = start(t, w)
+		defer stop()
+		synctest.Wait()
+		sameRecords(t, "next run", q.take(), []record{
+			{Key: key("a"), Type: opkit.Added, RV: "7", UID: "ua3", Priority: -1},
+			{Key: key("b"), Type: opkit.Added, RV: "2", UID: "ub", Priority: -1},
+		})
+	})
+}
+
 func TestListPriorityAndWatchPriorityAreConfigurable(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := newFake(widget("ns", "a", "ua", "1", 1))
@@ -1042,8 +1115,15 @@ type streaming struct{ dynamic.Interface }
 // streamingRun starts a watcher with WatchList on over a fake that serves
 // it through test-controlled watches, recording entries and sync events.
 func streamingRun(t *testing.T) (ws *watches, lists func() int, q *recorder, syncs *syncLog, w *watcher.Watcher[*Widget], stop func()) {
-	c := newFake()
 	ws = &watches{}
+	_, lists, q, syncs, w, stop = streamingRunOn(t, ws)
+	return ws, lists, q, syncs, w, stop
+}
+
+// streamingRunOn is streamingRun over a fake cluster holding objs, whose
+// watch requests ws serves.
+func streamingRunOn(t *testing.T, ws *watches, objs ...runtime.Object) (c *dynfake.FakeDynamicClient, lists func() int, q *recorder, syncs *syncLog, w *watcher.Watcher[*Widget], stop func()) {
+	c = newFake(objs...)
 	ws.install(c)
 	lists = countLists(c)
 	q, syncs = &recorder{}, &syncLog{}
@@ -1054,7 +1134,7 @@ func streamingRun(t *testing.T) (ws *watches, lists func() int, q *recorder, syn
 	w = mustNew(t, cfg)
 	stop = start(t, w)
 	synctest.Wait()
-	return ws, lists, q, syncs, w, stop
+	return c, lists, q, syncs, w, stop
 }
 
 func TestWatchListStreamsTheInitialObjectsAndGoesOnWatching(t *testing.T) {
@@ -1136,23 +1216,14 @@ func TestWatchListExpiredAfterItsEndBookmarkRelistsOnlyTheDifferences(t *testing
 
 func TestWatchListRefusedFallsBackToPaginatedList(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := newFake(widget("ns", "a", "ua", "1", 1))
 		ws := &watches{err: func(_ int, o metav1.ListOptions) error {
 			if o.SendInitialEvents != nil {
 				return apierrors.NewBadRequest("sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled")
 			}
 			return nil
 		}}
-		ws.install(c)
-		lists := countLists(c)
-		q := &recorder{}
-		cfg := config(c, q)
-		cfg.Client = streaming{c}
-		cfg.WatchList = watcher.WatchListAuto
-		w := mustNew(t, cfg)
-		stop := start(t, w)
+		_, lists, q, _, w, stop := streamingRunOn(t, ws, widget("ns", "a", "ua", "1", 1))
 		defer stop()
-		synctest.Wait()
 		if !w.Synced() || lists() != 1 {
 			t.Fatalf("Synced=%v lists=%d, want a fallback list", w.Synced(), lists())
 		}
@@ -1166,38 +1237,68 @@ func TestWatchListRefusedFallsBackToPaginatedList(t *testing.T) {
 	})
 }
 
+// A server that does not serve WatchList semantics (an old or third-party
+// API server ignoring sendInitialEvents) replays the objects as a plain
+// watch and never sends the end marker. The watcher falls back to a
+// paginated list: at once when the stream carries a change before the
+// marker, else when the initial phase has not ended within IdleTimeout
+// (5 minutes here), however many events keep coming.
 func TestWatchListThatNeverEndsItsInitialEventsFallsBack(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		c := newFake(widget("ns", "a", "ua", "1", 1))
-		ws := &watches{}
-		ws.install(c)
-		lists := countLists(c)
-		q := &recorder{}
-		cfg := config(c, q)
-		cfg.Client = streaming{c}
-		cfg.WatchList = watcher.WatchListAuto
-		w := mustNew(t, cfg)
-		stop := start(t, w)
-		defer stop()
-		synctest.Wait()
-		// An old server ignores sendInitialEvents: it replays the object,
-		// then sends plain bookmarks forever.
-		fw := ws.last(t)
-		fw.Add(widget("ns", "a", "ua", "1", 1))
-		for range 6 {
-			time.Sleep(time.Minute)
-			fw.Action(watch.Bookmark, bookmark("2", nil))
-		}
-		synctest.Wait()
-		if !w.Synced() || lists() != 1 || !fw.IsStopped() {
-			t.Fatalf("Synced=%v lists=%d stream stopped=%v; want a fallback list", w.Synced(), lists(), fw.IsStopped())
-		}
-		// The replayed object and the list's copy are one Added.
-		sameRecords(t, "entries", q.take(), []record{
-			{Key: key("a"), Type: opkit.Added, RV: "1", UID: "ua", Priority: -1},
-			{Key: key("a"), Type: opkit.Added, RV: "1", UID: "ua", Priority: -1},
+	for _, tc := range []struct {
+		name string
+		// serve feeds the stream after the replayed object; it returns
+		// once the watcher must have fallen back.
+		serve func(t *testing.T, c *dynfake.FakeDynamicClient, fw *watch.RaceFreeFakeWatcher)
+	}{
+		{"plain bookmarks only", func(_ *testing.T, _ *dynfake.FakeDynamicClient, fw *watch.RaceFreeFakeWatcher) {
+			for range 6 {
+				time.Sleep(time.Minute)
+				fw.Action(watch.Bookmark, bookmark("2", nil))
+			}
+		}},
+		{"a change before the end marker", func(_ *testing.T, _ *dynfake.FakeDynamicClient, fw *watch.RaceFreeFakeWatcher) {
+			fw.Modify(widget("ns", "a", "ua", "1", 1))
+		}},
+		{"new objects every minute", func(t *testing.T, c *dynfake.FakeDynamicClient, fw *watch.RaceFreeFakeWatcher) {
+			for i := range 6 {
+				time.Sleep(time.Minute)
+				if !fw.IsStopped() {
+					obj := widget("ns", fmt.Sprintf("new-%d", i), fmt.Sprintf("un%d", i), fmt.Sprint(10+i), 1)
+					must(t, c.Tracker().Create(widgets.GroupVersionResource, obj, "ns"))
+					fw.Add(obj)
+				}
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				ws := &watches{}
+				c, lists, q, _, w, stop := streamingRunOn(t, ws, widget("ns", "a", "ua", "1", 1))
+				defer stop()
+				fw := ws.last(t)
+				fw.Add(widget("ns", "a", "ua", "1", 1))
+				tc.serve(t, c, fw)
+				synctest.Wait()
+				if !w.Synced() || lists() != 1 || !fw.IsStopped() {
+					t.Fatalf("Synced=%v lists=%d stream stopped=%v; want a fallback list", w.Synced(), lists(), fw.IsStopped())
+				}
+				// The list decides what is there: a again, and whatever the
+				// stream showed, nothing deleted.
+				as := 0
+				for _, r := range q.take() {
+					if r.Type == opkit.Deleted {
+						t.Errorf("%v after the fallback: nothing was deleted", r)
+					}
+					if r == (record{Key: key("a"), Type: opkit.Added, RV: "1", UID: "ua", Priority: -1}) {
+						as++
+					}
+				}
+				if as != 2 {
+					t.Errorf("a emitted %d times, want twice (replayed, then listed)", as)
+				}
+			})
 		})
-	})
+	}
 }
 
 func TestWorksWithTheRealQueue(t *testing.T) {
