@@ -137,6 +137,11 @@ func TestIntegrationThousandObjectsEveryStateExactlyOnce(t *testing.T) {
 	if len(ev) != 2 || ev[1].Added != n/2 {
 		t.Fatalf("sync events %+v, want one list of %d", ev, n/2)
 	}
+	// The pinned kube-apiserver serves WatchList: the watcher must not have
+	// fallen back (its fallback heuristics are for servers that do not).
+	if !ev[1].Streaming {
+		t.Errorf("initial sync was a paginated list; want WatchList streaming against kube-apiserver v1.37")
+	}
 	t.Logf("initial sync streaming=%v (WatchList), watch RV %s", ev[1].Streaming, ev[1].ResourceVersion)
 }
 
