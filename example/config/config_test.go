@@ -2,6 +2,7 @@ package config_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -33,6 +34,7 @@ import (
 	"github.com/opkit/opkit/example/reconciler"
 	"github.com/opkit/opkit/reconcile"
 	"github.com/opkit/opkit/reconcile/reconciletest"
+	"github.com/opkit/opkit/trigger"
 	"github.com/opkit/opkit/trigger/brokertest"
 )
 
@@ -376,19 +378,7 @@ func exerciseOperator(t *testing.T, rec *recorder) {
 			sar.Status.Allowed = true
 			return true, sar, nil
 		})
-		broker := brokertest.New()
-		reg := prometheus.NewRegistry()
-		op, err := operator.Assemble(operator.Options{
-			LeaderElect: true, LeaderElectionID: operator.DefaultLeaderElectionID, LeaderElectionNamespace: config.Namespace,
-			Identity: "replica-1", Concurrency: 2,
-			TriggerBindAddress: "0", MetricsBindAddress: "0", HealthProbeBindAddress: "0",
-		}, operator.Deps{Dynamic: h.Dynamic, Kube: kube, Broker: broker, Registry: reg, Logger: discard()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error)
-		go func() { done <- op.Group.Run(ctx) }()
+		broker, reg, op, cancel, done := runOperator(t, h, kube)
 		time.Sleep(5 * time.Second) // virtual: acquire the Lease, list, watch, reconcile
 		synctest.Wait()
 		if op.Group.Ready() != nil {
@@ -434,6 +424,74 @@ func exerciseOperator(t *testing.T, rec *recorder) {
 		rec.add(h.Dynamic.Actions())
 		rec.add(kube.Actions())
 	})
+}
+
+// A broker outage does not take a replica out of its Service (the HTTP
+// trigger keeps working): readiness stays, and the outage shows as the
+// nats-broker component in opkit_component_ready.
+func TestABrokerOutageKeepsTheReplicaReady(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := reconciletest.New[*demov1.DemoEntity](t, demov1.Resource)
+		broker, reg, op, cancel, done := runOperator(t, h, kubefake.NewClientset())
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		ctrlName := op.Controller.Runnable().Name
+		if got := componentReady(t, reg); got["nats-broker"] != 1 || got[ctrlName] != 1 {
+			t.Fatalf("opkit_component_ready before the outage = %v", got)
+		}
+		broker.FailReceive(&trigger.BrokerError{Kind: trigger.BrokerDisconnected, Op: "receive", Err: errors.New("connection closed")})
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		if err := op.Group.Ready(); err != nil {
+			t.Errorf("not ready during a broker outage: %v", err)
+		}
+		if got := componentReady(t, reg); got["nats-broker"] != 0 || got[ctrlName] != 1 || got["nats-consumer"] != 1 {
+			t.Errorf("opkit_component_ready during the outage = %v, want nats-broker 0, the rest 1", got)
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// runOperator assembles the demo operator (replica-1, leader election on,
+// no listeners) over h's dynamic client, kube and a fake broker, and runs
+// it; cancel stops it and done returns Run's error.
+func runOperator(t *testing.T, h *reconciletest.Harness[*demov1.DemoEntity], kube *kubefake.Clientset) (*brokertest.Broker, *prometheus.Registry, *operator.Operator, context.CancelFunc, chan error) {
+	t.Helper()
+	broker := brokertest.New()
+	reg := prometheus.NewRegistry()
+	op, err := operator.Assemble(operator.Options{
+		LeaderElect: true, LeaderElectionID: operator.DefaultLeaderElectionID, LeaderElectionNamespace: config.Namespace,
+		Identity: "replica-1", Concurrency: 2,
+		TriggerBindAddress: "0", MetricsBindAddress: "0", HealthProbeBindAddress: "0",
+	}, operator.Deps{Dynamic: h.Dynamic, Kube: kube, Broker: broker, Registry: reg, Logger: discard()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- op.Group.Run(ctx) }()
+	return broker, reg, op, cancel, done
+}
+
+// componentReady gathers opkit_component_ready from reg by component.
+func componentReady(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() == "opkit_component_ready" {
+			for _, m := range mf.GetMetric() {
+				out[m.GetLabel()[0].GetValue()] = m.GetGauge().GetValue()
+			}
+		}
+	}
+	return out
 }
 
 // counterSum adds up every series of the counter family name in reg.

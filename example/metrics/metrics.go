@@ -138,6 +138,33 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	return m, nil
 }
 
+// Components returns a collector that reports, at every scrape, each
+// component check returns as opkit_component_ready{component} (1 ready,
+// 0 not): every component's liveness, including ones whose trouble must
+// not take the pod out of its Service (a broker outage). Register it with
+// the registry New was given, once the components are known.
+func Components(check func() []reconcile.ComponentStatus) prometheus.Collector {
+	return componentsCollector{check: check, desc: prometheus.NewDesc(Namespace+"_component_ready",
+		"1 while a component is ready, 0 otherwise (not started, failed, or its own check fails).", []string{"component"}, nil)}
+}
+
+type componentsCollector struct {
+	check func() []reconcile.ComponentStatus
+	desc  *prometheus.Desc
+}
+
+func (c componentsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c componentsCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, s := range c.check() {
+		v := 1.0
+		if s.Err != nil {
+			v = 0
+		}
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, v, s.Name)
+	}
+}
+
 // Queue returns the adapter for queue.Metrics.
 func (m *Metrics) Queue() queue.Metrics { return queueMetrics{m} }
 

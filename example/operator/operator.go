@@ -366,7 +366,23 @@ func Assemble(o Options, d Deps) (*Operator, error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := group.Add(reconcile.Runnable{Name: "nats-consumer", Run: op.Consumer.Run, Ready: op.Consumer.Check}); err != nil {
+		// No Ready: a broker outage must not take a replica out of its
+		// Service, or the HTTP trigger would go down with the bus. The
+		// consumer's own check is reported as the "nats-broker" component
+		// of opkit_component_ready, and in its logs and metrics.
+		if err := group.Add(reconcile.Runnable{Name: "nats-consumer", Run: op.Consumer.Run}); err != nil {
+			return nil, err
+		}
+	}
+	if d.Registry != nil {
+		consumer := op.Consumer
+		if err := d.Registry.Register(metrics.Components(func() []reconcile.ComponentStatus {
+			st := group.Check()
+			if consumer != nil {
+				st = append(st, reconcile.ComponentStatus{Name: "nats-broker", Err: consumer.Check()})
+			}
+			return st
+		})); err != nil {
 			return nil, err
 		}
 	}
@@ -437,7 +453,7 @@ func Run(ctx context.Context, o Options, logger *slog.Logger) error {
 	broker, err := natsbroker.Open(openCtx, natsbroker.Config{URL: natsURL, Name: "opkit-demo-operator/" + o.Identity, Logger: logger})
 	cancel()
 	if err != nil {
-		return fmt.Errorf("nats %s: %w", natsURL, err)
+		return fmt.Errorf("nats %s: %w", redactURLs(natsURL), err)
 	}
 	defer broker.Close()
 
@@ -450,7 +466,7 @@ func Run(ctx context.Context, o Options, logger *slog.Logger) error {
 	logger.Info("demo operator starting",
 		"namespace", orAll(o.Namespace), "leaderElect", o.LeaderElect,
 		"lease", o.LeaderElectionNamespace+"/"+o.LeaderElectionID,
-		"trigger", o.TriggerBindAddress, "metrics", o.MetricsBindAddress, "health", o.HealthProbeBindAddress, "nats", natsURL)
+		"trigger", o.TriggerBindAddress, "metrics", o.MetricsBindAddress, "health", o.HealthProbeBindAddress, "nats", redactURLs(natsURL))
 	err = op.Group.Run(ctx)
 	logger.Info("demo operator stopped", "error", err)
 	return err
@@ -484,4 +500,26 @@ func httpRunnable(name, addr string, h http.Handler) reconcile.Runnable {
 		<-errc
 		return nil
 	}}
+}
+
+// redactURLs returns a NATS server list (comma-separated URLs) fit for
+// logs and errors: passwords, and a user without a password (NATS reads it
+// as a token), become "xxxxx"; a URL that does not parse is replaced
+// whole, since it might hold one.
+func redactURLs(list string) string {
+	parts := strings.Split(list, ",")
+	for i, p := range parts {
+		u, err := url.Parse(strings.TrimSpace(p))
+		if err != nil {
+			parts[i] = "<unparsable URL>"
+			continue
+		}
+		if u.User != nil {
+			if _, hasPassword := u.User.Password(); !hasPassword {
+				u.User = url.User("xxxxx")
+			}
+		}
+		parts[i] = u.Redacted()
+	}
+	return strings.Join(parts, ",")
 }
