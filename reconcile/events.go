@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"time"
+	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
@@ -147,7 +148,13 @@ func (r *Recorder) build(obj opkit.Object, spec EventSpec, now time.Time) *event
 	}
 	note := spec.Note
 	if len(note) > 1024 {
-		note = note[:1021] + "..."
+		// Cut on a character boundary: a cut character would be sent as
+		// U+FFFD (3 bytes) and take the note over the API server's limit.
+		n := 1021
+		for n > 0 && !utf8.RuneStart(note[n]) {
+			n--
+		}
+		note = note[:n] + "..."
 	}
 	apiVersion, kind := gvk.GroupVersion().String(), gvk.Kind
 	if gvk.Version == "" {

@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/dynamic"
@@ -153,7 +154,22 @@ func (f *Finalizer[T]) update(ctx context.Context, obj T, change func(T) ([]stri
 		if cur, err = f.client.Get(ctx, key); err != nil {
 			return obj, fmt.Errorf("reconcile: finalizer %s: re-read %s: %w", f.name, key, err)
 		}
+		if err := sameObject(f.client.Resource(), obj, cur); err != nil {
+			return obj, fmt.Errorf("reconcile: finalizer %s: %w", f.name, err)
+		}
 	}
+}
+
+// sameObject returns nil if cur, read again after a conflict, is still
+// the object obj was (same UID), and otherwise a NotFound for obj: it was
+// deleted and another object of the same name took its place, which is
+// not the caller's to change.
+func sameObject(res opkit.Resource, obj, cur opkit.Object) error {
+	if obj.GetUID() == "" || cur.GetUID() == obj.GetUID() {
+		return nil
+	}
+	gone := apierrors.NewNotFound(schema.GroupResource{Group: res.Group, Resource: res.Resource}, obj.GetName())
+	return fmt.Errorf("%s was deleted and created again (uid %s, now %s): %w", opkit.KeyOf(obj), obj.GetUID(), cur.GetUID(), gone)
 }
 
 // finalizerPatch is a merge patch that replaces metadata.finalizers with fins

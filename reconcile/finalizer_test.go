@@ -197,3 +197,33 @@ func TestFinalizerReportsAResourceNotServed(t *testing.T) {
 		t.Fatalf("Handle = (%v, %v), want an error", live, err)
 	}
 }
+
+// The object being deleted (uid-a) is finalized, but removing the
+// finalizer conflicts: meanwhile uid-a went (someone else stripped its
+// finalizers) and a new object of the same name (uid-b) was created and got
+// our finalizer from its own reconcile. The re-read after the conflict
+// finds uid-b: its finalizer is not ours to remove (it would not be
+// finalized if deleted before its next reconcile), and uid-a is gone.
+func TestFinalizerRemovalAfterAConflictLeavesARecreatedObjectAlone(t *testing.T) {
+	dyn := newFakeDynamic(t, widget("a", deleting))
+	old := getWidget(t, dyn, "a")
+	conflicts := 0
+	dyn.PrependReactor("patch", "widgets", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if conflicts > 0 {
+			return false, nil, nil
+		}
+		conflicts++
+		recreated := widget("a", func(w *Widget) { w.UID = "uid-b"; w.ResourceVersion = "7"; w.Finalizers = []string{fin} })
+		u, _ := typed.ToUnstructured(recreated)
+		if err := dyn.Tracker().Update(widgets.GroupVersionResource, u, "ns"); err != nil {
+			t.Error(err)
+		}
+		return true, nil, apierrors.NewConflict(widgets.GroupResource(), "a", errors.New("rv mismatch"))
+	})
+	_, live, err := mustFinalizer(t, dyn).Handle(context.Background(), old, func(context.Context, *Widget) error { return nil })
+	t.Logf("Handle = (live %v, err %v)", live, err)
+	now := getWidget(t, dyn, "a")
+	if now.UID == "uid-b" && !slices.Contains(now.Finalizers, fin) {
+		t.Fatalf("the recreated object %s lost our finalizer: %v", now.UID, now.Finalizers)
+	}
+}

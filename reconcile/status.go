@@ -113,6 +113,9 @@ func (s *Status[T]) Update(ctx context.Context, obj T, mutate func(obj T) error)
 		if cur, err = s.client.Get(ctx, key); err != nil {
 			return obj, fmt.Errorf("reconcile: status: re-read %s: %w", key, err)
 		}
+		if err := sameObject(s.client.Resource(), obj, cur); err != nil {
+			return obj, fmt.Errorf("reconcile: status: %w", err)
+		}
 	}
 }
 

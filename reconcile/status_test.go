@@ -111,3 +111,37 @@ func TestNewStatusValidatesItsConfig(t *testing.T) {
 		}
 	}
 }
+
+// uid-a's status write conflicts because uid-a was deleted and a new object
+// of the same name (uid-b) created: the retry must not write uid-a's
+// reconcile outcome onto uid-b, which nothing has reconciled yet.
+func TestStatusRetryAfterAConflictLeavesARecreatedObjectAlone(t *testing.T) {
+	dyn := newFakeDynamic(t, widget("a"))
+	st, err := reconcile.NewStatus[*Widget](reconcile.StatusConfig{Dynamic: dyn, Resource: widgets})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := getWidget(t, dyn, "a")
+	first := true
+	dyn.PrependReactor("update", "widgets", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if !first {
+			return false, nil, nil
+		}
+		first = false
+		u, _ := typed.ToUnstructured(widget("a", func(w *Widget) { w.UID = "uid-b"; w.ResourceVersion = "9" }))
+		if err := dyn.Tracker().Update(widgets.GroupVersionResource, u, "ns"); err != nil {
+			t.Error(err)
+		}
+		return true, nil, apierrors.NewConflict(widgets.GroupResource(), "a", errors.New("rv mismatch"))
+	})
+	out, err := st.Update(context.Background(), old, func(w *Widget) error { w.Status.Phase = "Ready"; return nil })
+	t.Logf("Update: out uid %v, err %v", func() any {
+		if out == nil {
+			return nil
+		}
+		return out.UID
+	}(), err)
+	if now := getWidget(t, dyn, "a"); now.UID == "uid-b" && now.Status.Phase == "Ready" {
+		t.Fatalf("uid-a's status was written onto the recreated object uid-b: %+v", now.Status)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -39,6 +40,7 @@ type Harness[T opkit.Object] struct {
 
 	t      testing.TB
 	client *typed.Client[T]
+	events *eventLog
 }
 
 // New returns a harness whose fake dynamic client holds objs: objects of
@@ -76,7 +78,34 @@ func New[T opkit.Object](t testing.TB, res opkit.Resource, objs ...opkit.Object)
 		seed = append(seed, u)
 	}
 	dyn := dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), listKinds, seed...)
-	return &Harness[T]{Dynamic: dyn, Resource: res, t: t, client: typed.New[T](dyn, res)}
+	h := &Harness[T]{Dynamic: dyn, Resource: res, t: t, client: typed.New[T](dyn, res), events: &eventLog{}}
+	// Note every Event created, in order (the fake lists by name), and let
+	// the default reactor store it.
+	dyn.PrependReactor("create", reconcile.EventsResource.Resource, func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if c, ok := a.(k8stesting.CreateAction); ok && a.GetResource() == reconcile.EventsResource {
+			if u, ok := c.GetObject().(*unstructured.Unstructured); ok {
+				typ, _, _ := unstructured.NestedString(u.Object, "type")
+				reason, _, _ := unstructured.NestedString(u.Object, "reason")
+				note, _, _ := unstructured.NestedString(u.Object, "note")
+				h.events.add(fmt.Sprintf("%s %s: %s", typ, reason, note))
+			}
+		}
+		return false, nil, nil
+	})
+	return h
+}
+
+// eventLog is the Events created through the fake, in order.
+type eventLog struct {
+	mu   sync.Mutex
+	list []string
+}
+
+func (l *eventLog) add(s string) { l.mu.Lock(); l.list = append(l.list, s); l.mu.Unlock() }
+func (l *eventLog) all() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.list)
 }
 
 // Get returns the object stored under key, or fails the test.
@@ -214,18 +243,7 @@ func (h *Harness[T]) AssertConverged(ctx context.Context, r reconcile.Reconciler
 // "Type Reason: Note", in creation order.
 func (h *Harness[T]) Events() []string {
 	h.t.Helper()
-	list, err := h.Dynamic.Resource(reconcile.EventsResource).List(context.Background(), metav1.ListOptions{})
-	if err != nil {
-		h.t.Fatalf("reconciletest: list events: %v", err)
-	}
-	var out []string
-	for _, u := range list.Items {
-		typ, _, _ := unstructured.NestedString(u.Object, "type")
-		reason, _, _ := unstructured.NestedString(u.Object, "reason")
-		note, _, _ := unstructured.NestedString(u.Object, "note")
-		out = append(out, fmt.Sprintf("%s %s: %s", typ, reason, note))
-	}
-	return out
+	return h.events.all()
 }
 
 func isWrite(verb string) bool {
