@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"errors"
 	"flag"
+	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -131,21 +134,8 @@ func TestTriggerFlags(t *testing.T) {
 // The trigger command delivers any reason it accepts to the endpoint as
 // given: within the handler's default body limit, not HTML-escaped.
 func TestTriggerViaHTTPDeliversTheReasonAsGiven(t *testing.T) {
-	scheme := runtime.NewScheme()
-	if err := corev1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	dyn := dynfake.NewSimpleDynamicClient(scheme, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "a"}})
-	res := opkit.Resource{GroupVersionResource: schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, Kind: "ConfigMap", Namespaced: true}
 	q := queue.New[opkit.Key](queue.Config[opkit.Event[*corev1.ConfigMap]]{})
-	tr, err := trigger.New(trigger.Config[*corev1.ConfigMap]{Queue: q, Resource: res})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: tr, Dynamic: dyn, InsecureSkipAuth: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := configMapHandler(t, q, 0)
 	srv := httptest.NewServer(h)
 	defer srv.Close()
 	for _, reason := range []string{strings.Repeat("<", trigger.MaxReasonLen), "deploy <" + strings.Repeat("a&b", 150) + ">"} {
@@ -159,4 +149,61 @@ func TestTriggerViaHTTPDeliversTheReasonAsGiven(t *testing.T) {
 		}
 		q.Done(it.Key)
 	}
+}
+
+// Behind a Service the trigger may reach a follower (503, not the leader):
+// the CLI retries after the Retry-After it was sent, until --timeout.
+func TestTriggerViaHTTPRetriesA503(t *testing.T) {
+	q := queue.New[opkit.Key](queue.Config[opkit.Event[*corev1.ConfigMap]]{})
+	q.Suspend() // a follower, until the first answer
+	h := configMapHandler(t, q, time.Second)
+	var codes []int
+	var mu sync.Mutex
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, r)
+		mu.Lock()
+		codes = append(codes, rec.Code)
+		mu.Unlock()
+		q.Resume() // leadership arrives
+		for k, v := range rec.Header() {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(rec.Code)
+		w.Write(rec.Body.Bytes())
+	}))
+	defer srv.Close()
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"trigger", "--namespace", "ns", "a", "--url", srv.URL, "--timeout", "30s"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(codes) != 2 || codes[0] != http.StatusServiceUnavailable || codes[1] != http.StatusAccepted {
+		t.Fatalf("answers %v, want 503 then 202", codes)
+	}
+	if !strings.Contains(stderr.String(), "retrying in 1s") || q.Len() != 1 {
+		t.Errorf("stderr %q, queue len %d; want a retry note and the trigger queued", stderr.String(), q.Len())
+	}
+}
+
+// configMapHandler is an unauthenticated trigger endpoint for ConfigMaps
+// (ns/a exists) feeding q, with the given RetryAfter (0: the default).
+func configMapHandler(t *testing.T, q *queue.Queue[opkit.Key, opkit.Event[*corev1.ConfigMap]], retryAfter time.Duration) http.Handler {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	dyn := dynfake.NewSimpleDynamicClient(scheme, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "a"}})
+	res := opkit.Resource{GroupVersionResource: schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, Kind: "ConfigMap", Namespaced: true}
+	tr, err := trigger.New(trigger.Config[*corev1.ConfigMap]{Queue: q, Resource: res})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: tr, Dynamic: dyn, InsecureSkipAuth: true, RetryAfter: retryAfter})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
 }

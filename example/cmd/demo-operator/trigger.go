@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -46,7 +47,9 @@ server; the reason lands in its status.lastTrigger.reason.
   --via http  POST {url}/reconcile/NS/NAME with a bearer token minted for
               the audience %q (kubectl create token SA --audience %s);
               the caller needs "create" on demoentities/reconcile
-              (ClusterRole opkit-demo-trigger). Exit 0 on 202 Accepted.
+              (ClusterRole opkit-demo-trigger). Exit 0 on 202 Accepted;
+              a 503 (not the leader) or 429 is retried after its
+              Retry-After until --timeout.
   --via nats  publish {"namespace","name","reason"} to the JetStream
               subject %s; exit 0 once the stream stored it.
 
@@ -126,7 +129,7 @@ func runTrigger(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if o.Via == "nats" {
 		err = triggerNATS(ctx, o, stdout)
 	} else {
-		err = triggerHTTP(ctx, o, stdout)
+		err = triggerHTTP(ctx, o, stdout, stderr)
 	}
 	if err != nil {
 		fmt.Fprintln(stderr, "demo-operator trigger:", err)
@@ -149,7 +152,11 @@ func triggerNATS(ctx context.Context, o triggerOptions, stdout io.Writer) error 
 	return nil
 }
 
-func triggerHTTP(ctx context.Context, o triggerOptions, stdout io.Writer) error {
+// triggerHTTP posts the trigger. A 503 (the replica that answered is not
+// the leader, or leadership is changing) or a 429 is retried after the
+// Retry-After the endpoint sent, until --timeout: behind a Service, any
+// replica may answer.
+func triggerHTTP(ctx context.Context, o triggerOptions, stdout, stderr io.Writer) error {
 	token := o.Token
 	if o.TokenFile != "" {
 		b, err := os.ReadFile(o.TokenFile)
@@ -158,7 +165,7 @@ func triggerHTTP(ctx context.Context, o triggerOptions, stdout io.Writer) error 
 		}
 		token = strings.TrimSpace(string(b))
 	}
-	var body io.Reader
+	var body []byte
 	if o.Reason != "" {
 		var b bytes.Buffer
 		enc := json.NewEncoder(&b)
@@ -166,36 +173,54 @@ func triggerHTTP(ctx context.Context, o triggerOptions, stdout io.Writer) error 
 		if err := enc.Encode(map[string]string{"reason": o.Reason}); err != nil {
 			return err
 		}
-		body = &b
+		body = b.Bytes()
 	}
 	u := strings.TrimRight(o.URL, "/") + "/reconcile/" + url.PathEscape(o.Namespace) + "/" + url.PathEscape(o.Name)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, body)
-	if err != nil {
-		return err
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(body))
+		if err != nil {
+			return err
+		}
+		if body != nil {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusAccepted {
+			fmt.Fprintf(stdout, "202 Accepted: %s\n", strings.TrimSpace(string(b)))
+			return nil
+		}
+		var st struct {
+			Reason, Message, Leader string
+		}
+		_ = json.Unmarshal(b, &st)
+		msg := fmt.Sprintf("%s: %s %s", resp.Status, st.Reason, st.Message)
+		if st.Leader != "" && !strings.Contains(msg, st.Leader) {
+			msg += " (leader: " + st.Leader + ")"
+		}
+		msg = strings.TrimSpace(msg)
+		if resp.StatusCode != http.StatusServiceUnavailable && resp.StatusCode != http.StatusTooManyRequests {
+			return errors.New(msg)
+		}
+		wait := time.Second
+		if secs, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && secs > 0 {
+			wait = time.Duration(secs) * time.Second
+		}
+		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < wait {
+			return fmt.Errorf("%s; no time left to retry within --timeout", msg)
+		}
+		fmt.Fprintf(stderr, "demo-operator trigger: %s; retrying in %s\n", msg, wait)
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return fmt.Errorf("%s; gave up: %w", msg, ctx.Err())
+		}
 	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	if resp.StatusCode == http.StatusAccepted {
-		fmt.Fprintf(stdout, "202 Accepted: %s\n", strings.TrimSpace(string(b)))
-		return nil
-	}
-	var st struct {
-		Reason, Message, Leader string
-	}
-	_ = json.Unmarshal(b, &st)
-	msg := fmt.Sprintf("%s: %s %s", resp.Status, st.Reason, st.Message)
-	if st.Leader != "" && !strings.Contains(msg, st.Leader) {
-		msg += " (leader: " + st.Leader + ")"
-	}
-	return errors.New(strings.TrimSpace(msg))
 }
