@@ -265,6 +265,17 @@ func TestTwoReplicasFiftyEntitiesTriggersAndFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A name longer than a label value is refused by the CRD: the operator
+	// labels the ConfigMap it keeps with the entity's name.
+	long := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": demov1.APIVersion, "kind": demov1.Kind,
+		"metadata": map[string]any{"name": strings.Repeat("n", 64), "namespace": e.ns},
+		"spec":     map[string]any{"message": "too long a name"},
+	}}
+	if _, err := e.entities().Create(ctx, long, metav1.CreateOptions{}); !apierrors.IsInvalid(err) {
+		t.Fatalf("creating an entity with a 64-character name: %v, want 422 Invalid", err)
+	}
+
 	// 50 entities.
 	var names []string
 	for i := range entities {
