@@ -89,6 +89,13 @@ type Config struct {
 	MaxAge, DeadLetterMaxAge time.Duration
 	// Logger receives connection events; nil means slog.Default().
 	Logger *slog.Logger
+	// StartDisconnected lets Open succeed while the server cannot be
+	// reached: the connection keeps trying in the background, Receive
+	// returns Disconnected errors until it gets through, and the first
+	// Receive that reaches the server creates the streams and the
+	// consumer. Without it, Open fails when the server is unreachable, so
+	// an operator started during a NATS outage would not run at all.
+	StartDisconnected bool
 }
 
 func (c *Config) setDefaults() error {
@@ -188,7 +195,7 @@ func Open(ctx context.Context, cfg Config) (*Broker, error) {
 			nats.Name(cfg.Name),
 			nats.MaxReconnects(-1),
 			nats.ReconnectWait(500*time.Millisecond),
-			nats.RetryOnFailedConnect(false),
+			nats.RetryOnFailedConnect(cfg.StartDisconnected),
 			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 				if err != nil { // nil: a deliberate Close
 					b.log.Warn("nats disconnected", "error", err)
@@ -215,6 +222,10 @@ func Open(ctx context.Context, cfg Config) (*Broker, error) {
 		return nil, &trigger.BrokerError{Kind: Classify(err), Op: "connect", Err: err}
 	}
 	b.js = js
+	if cfg.StartDisconnected && !b.nc.IsConnected() {
+		b.log.Warn("nats server not reachable yet; receiving once it is", "status", b.nc.Status().String())
+		return b, nil // iterator runs ensure on the first Receive
+	}
 	if err := b.ensure(ctx); err != nil {
 		b.closeConn()
 		return nil, err

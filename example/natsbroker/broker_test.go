@@ -244,6 +244,55 @@ func TestAFailedDeadLetterOnTheLastDeliveryComesBack(t *testing.T) {
 	}
 }
 
+// With StartDisconnected, a broker opened while the server is down works
+// once the server is up: the first Receive that reaches it creates the
+// streams and the consumer.
+func TestStartDisconnectedReceivesOnceTheServerIsUp(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close() // a port nothing listens on, for now
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+
+	if _, err := natsbroker.Open(ctx5(t), natsbroker.Config{URL: url}); err == nil {
+		t.Fatal("Open without StartDisconnected succeeded with no server")
+	}
+	b := open(t, url, func(c *natsbroker.Config) { c.StartDisconnected = true })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	_, err = b.Receive(ctx)
+	cancel()
+	var be *trigger.BrokerError
+	if !errors.As(err, &be) || be.Kind != trigger.BrokerDisconnected {
+		t.Fatalf("Receive with no server = %v, want a Disconnected broker error", err)
+	}
+
+	srv, err := natsbroker.StartEmbedded(natsbroker.EmbeddedConfig{Port: port, StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	// Until a Receive gets through (then it creates the streams and the
+	// consumer, and waits for a message: its deadline ends it).
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err = b.Receive(ctx)
+		cancel()
+		if errors.Is(err, context.DeadlineExceeded) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Receive 20s after the server started: %v", err)
+		}
+	}
+	publish(t, b, "x")
+	m := receive(t, b)
+	if err := m.Ack(ctx5(t)); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestReceiveEndsWithContext(t *testing.T) {
 	srv := startServer(t)
 	b := open(t, srv.URL(), nil)

@@ -450,7 +450,11 @@ func Run(ctx context.Context, o Options, logger *slog.Logger) error {
 		logger.Info("started an embedded NATS JetStream server (single replica only)", "url", natsURL)
 	}
 	openCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	broker, err := natsbroker.Open(openCtx, natsbroker.Config{URL: natsURL, Name: "opkit-demo-operator/" + o.Identity, Logger: logger})
+	// An external server may be down when a replica starts: the operator
+	// runs anyway (reconciles, HTTP triggers) and the consumer connects
+	// when it can.
+	broker, err := natsbroker.Open(openCtx, natsbroker.Config{URL: natsURL, Name: "opkit-demo-operator/" + o.Identity, Logger: logger,
+		StartDisconnected: o.NATSURL != ""})
 	cancel()
 	if err != nil {
 		return fmt.Errorf("nats %s: %w", redactURLs(natsURL), err)
