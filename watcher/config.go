@@ -46,12 +46,13 @@ type WatchListMode uint8
 const (
 	// WatchListAuto (the zero value) tries a streaming WatchList first and
 	// falls back to a paginated list when the server refuses it (400, 405,
-	// 406, 415 or 422 on the request; an initial-events phase that does
-	// not finish within IdleTimeout, however many events keep coming; or a
-	// change (Modified, Deleted) before the end of the initial events,
-	// which a server that ignores sendInitialEvents streams; a 403 is a
-	// permission error, retried slowly like any other, see the package
-	// doc). A
+	// 406, 415 or 422 on the request; or an initial-events phase that does
+	// not finish within IdleTimeout, however many events keep coming, as
+	// with a server that ignores sendInitialEvents and streams on; a 403
+	// is a permission error, retried slowly like any other, see the
+	// package doc). Changes (Modified, Deleted) before the end of the
+	// initial events are taken as they come: some servers send the end
+	// marker late. A
 	// refusal turns WatchList off for the rest of the Run. Clients that
 	// declare they cannot serve WatchList semantics (client-go's fakes) are
 	// listed directly.

@@ -502,7 +502,7 @@ func (r *run[T]) streamList(ctx context.Context, initial bool, reason Reason) (r
 			r.watchList = false
 			return "", false, outcome{reason: ReasonExpired} // relist at once
 		}
-		if out.err != nil && (refusesWatchList(out.err) || errors.Is(out.err, errNoInitialEvents)) {
+		if out.err != nil && refusesWatchList(out.err) {
 			w.log.Info("server refused WatchList; using paginated lists", "err", out.err)
 			r.watchList = false
 			return "", false, outcome{reason: ReasonExpired}
@@ -541,10 +541,6 @@ func refusesWatchList(err error) bool {
 		apierrors.IsUnsupportedMediaType(err)
 }
 
-// errNoInitialEvents ends a WatchList stream whose server sent a change
-// before the end of its initial events.
-var errNoInitialEvents = errors.New("the server sent changes before the end of the initial events: it does not serve WatchList")
-
 // consume reads a watch until it ends, the idle timer fires or ctx is
 // cancelled; it stops the watch before returning. rv advances with every
 // event and bookmark. When l is not nil the stream is a WatchList in its
@@ -573,12 +569,6 @@ func (r *run[T]) consume(ctx context.Context, wi watch.Interface, rv *string, l 
 		case ev, ok := <-wi.ResultChan():
 			if !ok {
 				return outcome{reason: ReasonClosed}
-			}
-			if l != nil && l.ev.Phase != SyncFinished && (ev.Type == watch.Modified || ev.Type == watch.Deleted) {
-				// The initial phase carries only Added objects: a server
-				// that streams changes before the end marker ignores
-				// sendInitialEvents (a plain watch replaying the state).
-				return outcome{reason: ReasonError, err: errNoInitialEvents}
 			}
 			// During a WatchList's initial phase only objects prove
 			// progress: a server that ignores sendInitialEvents sends

@@ -1237,11 +1237,33 @@ func TestWatchListRefusedFallsBackToPaginatedList(t *testing.T) {
 	})
 }
 
+// Some servers send the end marker late (kube-apiserver before 1.32, from
+// its bookmark timer; some aggregated servers): a change that comes before
+// it is taken as it comes, and the stream stays a WatchList.
+func TestWatchListTakesAChangeBeforeTheEndMarker(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ws := &watches{}
+		_, lists, q, _, w, stop := streamingRunOn(t, ws, widget("ns", "a", "ua", "1", 1))
+		defer stop()
+		fw := ws.last(t)
+		fw.Add(widget("ns", "a", "ua", "1", 1))
+		fw.Modify(widget("ns", "a", "ua", "3", 2)) // changed after the snapshot
+		fw.Action(watch.Bookmark, bookmark("3", map[string]string{metav1.InitialEventsAnnotationKey: "true"}))
+		synctest.Wait()
+		if !w.Synced() || lists() != 0 || fw.IsStopped() {
+			t.Fatalf("Synced=%v lists=%d stream stopped=%v; want the stream kept (no paged list)", w.Synced(), lists(), fw.IsStopped())
+		}
+		sameRecords(t, "entries", q.take(), []record{
+			{Key: key("a"), Type: opkit.Added, RV: "1", UID: "ua", Priority: -1},
+			{Key: key("a"), Type: opkit.Added, RV: "3", UID: "ua", Priority: -1}, // a first list's entries are all Added
+		})
+	})
+}
+
 // A server that does not serve WatchList semantics (an old or third-party
 // API server ignoring sendInitialEvents) replays the objects as a plain
 // watch and never sends the end marker. The watcher falls back to a
-// paginated list: at once when the stream carries a change before the
-// marker, else when the initial phase has not ended within IdleTimeout
+// paginated list when the initial phase has not ended within IdleTimeout
 // (5 minutes here), however many events keep coming.
 func TestWatchListThatNeverEndsItsInitialEventsFallsBack(t *testing.T) {
 	for _, tc := range []struct {
@@ -1256,8 +1278,13 @@ func TestWatchListThatNeverEndsItsInitialEventsFallsBack(t *testing.T) {
 				fw.Action(watch.Bookmark, bookmark("2", nil))
 			}
 		}},
-		{"a change before the end marker", func(_ *testing.T, _ *dynfake.FakeDynamicClient, fw *watch.RaceFreeFakeWatcher) {
-			fw.Modify(widget("ns", "a", "ua", "1", 1))
+		{"changes every minute", func(_ *testing.T, _ *dynfake.FakeDynamicClient, fw *watch.RaceFreeFakeWatcher) {
+			for range 6 {
+				time.Sleep(time.Minute)
+				if !fw.IsStopped() {
+					fw.Modify(widget("ns", "a", "ua", "1", 1))
+				}
+			}
 		}},
 		{"new objects every minute", func(t *testing.T, c *dynfake.FakeDynamicClient, fw *watch.RaceFreeFakeWatcher) {
 			for i := range 6 {
@@ -1293,8 +1320,8 @@ func TestWatchListThatNeverEndsItsInitialEventsFallsBack(t *testing.T) {
 						as++
 					}
 				}
-				if as != 2 {
-					t.Errorf("a emitted %d times, want twice (replayed, then listed)", as)
+				if as < 2 {
+					t.Errorf("a emitted %d times, want at least twice (replayed, then listed)", as)
 				}
 			})
 		})
