@@ -282,11 +282,12 @@ func (a *KubeAuthenticator) access(ctx context.Context, user authnv1.UserInfo, a
 	if sar.Status.Allowed && !sar.Status.Denied {
 		return nil, nil
 	}
-	if !sar.Status.Denied && sar.Status.EvaluationError != "" {
-		// Neither allowed nor denied, because an authorizer failed (say,
-		// an unreachable webhook): the check failed, the caller was not
-		// refused. Like the API server's own filter, answer with an error
-		// (a 502 here), and cache nothing.
+	if sar.Status.EvaluationError != "" {
+		// Not allowed, and an authorizer failed (say, an unreachable
+		// webhook, whether it then had no opinion or, with failurePolicy
+		// Deny, denied): the check failed. Like the API server's own
+		// filter, which answers an authorizer error before a denial,
+		// answer with an error (a 502 here) and cache nothing.
 		a.cfg.Logger.LogAttrs(ctx, slog.LevelError, "trigger: SubjectAccessReview could not be evaluated",
 			slog.String("user", user.Username), slog.String("evaluationError", sar.Status.EvaluationError))
 		return nil, fmt.Errorf("SubjectAccessReview: not evaluated: %s", sar.Status.EvaluationError)

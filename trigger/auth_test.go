@@ -341,26 +341,32 @@ func TestNewKubeAuthenticatorValidates(t *testing.T) {
 // not cached), not a denial: a valid caller must not be answered 403 and then
 // locked out for NegativeTTL after the authorizer recovers.
 func TestAnAuthorizerOutageIsA502AndNotCachedAsADenial(t *testing.T) {
-	rev := newFakeReviews(t)
-	var outage atomic.Bool
-	outage.Store(true)
-	rev.cs.PrependReactor("create", "subjectaccessreviews", func(a clienttesting.Action) (bool, runtime.Object, error) {
-		if !outage.Load() {
-			return false, nil, nil // fall through to the RBAC reactor
-		}
-		out := a.(clienttesting.CreateAction).GetObject().(*authzv1.SubjectAccessReview).DeepCopy()
-		out.Status = authzv1.SubjectAccessReviewStatus{EvaluationError: "webhook authorizer: dial tcp 10.0.0.9:443: connect: connection refused"}
-		return true, out, nil
-	})
-	rev.allowed["system:serviceaccount:ci:deployer update /configmaps/ ns/a"] = true
-	e := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) { c.Authenticator = nil; c.Reviews = rev })
+	// With failurePolicy NoOpinion the failed webhook leaves the review
+	// neither allowed nor denied; with Deny it denies. Either way it failed.
+	for _, denyOnFailure := range []bool{false, true} {
+		t.Run(fmt.Sprintf("denied=%v", denyOnFailure), func(t *testing.T) {
+			rev := newFakeReviews(t)
+			var outage atomic.Bool
+			outage.Store(true)
+			rev.cs.PrependReactor("create", "subjectaccessreviews", func(a clienttesting.Action) (bool, runtime.Object, error) {
+				if !outage.Load() {
+					return false, nil, nil // fall through to the RBAC reactor
+				}
+				out := a.(clienttesting.CreateAction).GetObject().(*authzv1.SubjectAccessReview).DeepCopy()
+				out.Status = authzv1.SubjectAccessReviewStatus{EvaluationError: "webhook authorizer: dial tcp 10.0.0.9:443: connect: connection refused", Denied: denyOnFailure}
+				return true, out, nil
+			})
+			rev.allowed["system:serviceaccount:ci:deployer update /configmaps/ ns/a"] = true
+			e := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) { c.Authenticator = nil; c.Reviews = rev })
 
-	w := e.do(http.MethodPost, "/reconcile/ns/a", nil, bearer("good-token"))
-	if w.Code != http.StatusBadGateway {
-		t.Errorf("during the authorizer outage: %d %s, want 502", w.Code, w.Body)
-	}
-	outage.Store(false) // the authorizer is back
-	if w := e.do(http.MethodPost, "/reconcile/ns/a", nil, bearer("good-token")); w.Code != http.StatusAccepted {
-		t.Errorf("after recovery: %d %s, want 202 (the failed review was cached as a denial)", w.Code, w.Body)
+			w := e.do(http.MethodPost, "/reconcile/ns/a", nil, bearer("good-token"))
+			if w.Code != http.StatusBadGateway {
+				t.Errorf("during the authorizer outage: %d %s, want 502", w.Code, w.Body)
+			}
+			outage.Store(false) // the authorizer is back
+			if w := e.do(http.MethodPost, "/reconcile/ns/a", nil, bearer("good-token")); w.Code != http.StatusAccepted {
+				t.Errorf("after recovery: %d %s, want 202 (the failed review was cached as a denial)", w.Code, w.Body)
+			}
+		})
 	}
 }

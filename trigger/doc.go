@@ -72,7 +72,7 @@
 //	429 the rate or in-flight limit is exceeded (Retry-After)
 //	500 the API server returned an object the trigger refuses (another kind)
 //	502 the API server failed (re-fetch, TokenReview or SubjectAccessReview, including
-//	    a review an authorizer could not evaluate: EvaluationError, neither allowed nor denied)
+//	    a review an authorizer failed to evaluate: not allowed, with an EvaluationError)
 //	503 the enqueue was dropped: Retry-After, X-Opkit-Leader and "leader" in the body;
 //	    or the caller went away before the enqueue (nothing was queued)
 //	504 an API call timed out (HandlerConfig.APITimeout)
