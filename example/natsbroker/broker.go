@@ -180,7 +180,9 @@ var (
 )
 
 // Open connects (unless cfg.Conn is given), creates or updates the trigger
-// and dead-letter streams and the durable consumer, and returns the broker.
+// and dead-letter streams and the durable consumer (with
+// cfg.StartDisconnected and no server yet: on first use), and returns the
+// broker.
 // The connection reconnects on its own forever; while it is down Receive
 // returns Disconnected errors.
 func Open(ctx context.Context, cfg Config) (*Broker, error) {
@@ -191,26 +193,34 @@ func Open(ctx context.Context, cfg Config) (*Broker, error) {
 	if cfg.Conn != nil {
 		b.nc = cfg.Conn
 	} else {
-		nc, err := nats.Connect(cfg.URL,
-			nats.Name(cfg.Name),
-			nats.MaxReconnects(-1),
-			nats.ReconnectWait(500*time.Millisecond),
-			nats.RetryOnFailedConnect(cfg.StartDisconnected),
-			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-				if err != nil { // nil: a deliberate Close
-					b.log.Warn("nats disconnected", "error", err)
-				}
-			}),
-			nats.ReconnectHandler(func(c *nats.Conn) {
-				b.log.Info("nats reconnected", "url", c.ConnectedUrlRedacted())
-			}),
-			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
-				b.asyncMu.Lock()
-				b.lastAsync = err
-				b.asyncMu.Unlock()
-				b.log.Warn("nats asynchronous error", "error", err, "kind", Classify(err).String())
-			}),
-		)
+		connect := func(retry bool) (*nats.Conn, error) {
+			return nats.Connect(cfg.URL,
+				nats.Name(cfg.Name),
+				nats.MaxReconnects(-1),
+				nats.ReconnectWait(500*time.Millisecond),
+				nats.RetryOnFailedConnect(retry),
+				nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+					if err != nil { // nil: a deliberate Close
+						b.log.Warn("nats disconnected", "error", err)
+					}
+				}),
+				nats.ReconnectHandler(func(c *nats.Conn) {
+					b.log.Info("nats reconnected", "url", c.ConnectedUrlRedacted())
+				}),
+				nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+					b.asyncMu.Lock()
+					b.lastAsync = err
+					b.asyncMu.Unlock()
+					b.log.Warn("nats asynchronous error", "error", err, "kind", Classify(err).String())
+				}),
+			)
+		}
+		nc, err := connect(false)
+		if err != nil && cfg.StartDisconnected && Classify(err) == trigger.BrokerDisconnected {
+			// Only an unreachable server may be waited for: refused
+			// credentials or a bad URL fail Open as they would without.
+			nc, err = connect(true)
+		}
 		if err != nil {
 			return nil, &trigger.BrokerError{Kind: Classify(err), Op: "connect", Err: err}
 		}
@@ -296,6 +306,9 @@ func (b *Broker) iterator(ctx context.Context) (jetstream.MessagesContext, error
 	cons := b.cons
 	b.mu.Unlock()
 	if cons == nil {
+		if !b.nc.IsConnected() {
+			return nil, b.disconnected("receive")
+		}
 		if err := b.ensure(ctx); err != nil {
 			return nil, err
 		}
@@ -332,7 +345,7 @@ func (b *Broker) Receive(ctx context.Context) (trigger.Message, error) {
 	}
 	for {
 		if !b.nc.IsConnected() {
-			return nil, &trigger.BrokerError{Kind: trigger.BrokerDisconnected, Op: "receive", Err: fmt.Errorf("connection %s", b.nc.Status())}
+			return nil, b.disconnected("receive")
 		}
 		// Wait in slices of connectionCheckInterval: while the connection is
 		// down the iterator just waits for it to come back, and the consumer
@@ -384,13 +397,35 @@ func (b *Broker) Lag(ctx context.Context) (int64, error) {
 	cons := b.cons
 	b.mu.Unlock()
 	if cons == nil {
-		return 0, &trigger.BrokerError{Kind: trigger.BrokerNotFound, Op: "lag", Err: errors.New("no consumer")}
+		// Not created yet (Open started disconnected) or to be recreated.
+		if !b.nc.IsConnected() {
+			return 0, b.disconnected("lag")
+		}
+		if err := b.ensure(ctx); err != nil {
+			return 0, err
+		}
+		b.mu.Lock()
+		cons = b.cons
+		b.mu.Unlock()
 	}
 	info, err := cons.Info(ctx)
 	if err != nil {
 		return 0, &trigger.BrokerError{Kind: b.classify(err), Op: "lag", Err: err}
 	}
 	return int64(info.NumPending) + int64(info.NumAckPending), nil
+}
+
+// disconnected is the error of op while the connection is down. A
+// connection closed for good (nats.go gives up after the server refused
+// the credentials twice) reports why, classified: Permission for refused
+// credentials, rather than Disconnected.
+func (b *Broker) disconnected(op string) error {
+	if b.nc.IsClosed() {
+		if err := b.nc.LastError(); err != nil {
+			return &trigger.BrokerError{Kind: Classify(err), Op: op, Err: fmt.Errorf("connection closed: %w", err)}
+		}
+	}
+	return &trigger.BrokerError{Kind: trigger.BrokerDisconnected, Op: op, Err: fmt.Errorf("connection %s", b.nc.Status())}
 }
 
 // Connected reports whether the connection to the server is up (for

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -291,6 +292,57 @@ func TestStartDisconnectedReceivesOnceTheServerIsUp(t *testing.T) {
 	if err := m.Ack(ctx5(t)); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// StartDisconnected waits only for a server that cannot be reached: one
+// that refuses the credentials fails Open with a Permission error, as
+// without it.
+func TestStartDisconnectedStillRefusesBadCredentials(t *testing.T) {
+	opts := &server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
+		Username: "u", Password: "right", NoLog: true, NoSigs: true}
+	s, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("server not ready")
+	}
+	t.Cleanup(s.Shutdown)
+	url := fmt.Sprintf("nats://u:wrong@127.0.0.1:%d", opts.Port)
+	for _, startDisconnected := range []bool{false, true} {
+		b, err := natsbroker.Open(ctx5(t), natsbroker.Config{URL: url, StartDisconnected: startDisconnected})
+		if err == nil {
+			b.Close()
+			t.Fatalf("StartDisconnected=%v: Open with refused credentials succeeded", startDisconnected)
+		}
+		if k := trigger.KindOf(err); k != trigger.BrokerPermission {
+			t.Errorf("StartDisconnected=%v: Open = %v (kind %v), want a Permission error", startDisconnected, err, k)
+		}
+	}
+}
+
+// A broker opened disconnected reports Lag once the server is up even if
+// it never called Receive (a follower's consumer is paused): Lag creates
+// what the first Receive would have.
+func TestStartDisconnectedLagWorksWithoutAReceive(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	b := open(t, fmt.Sprintf("nats://127.0.0.1:%d", port), func(c *natsbroker.Config) { c.StartDisconnected = true })
+	if _, err := b.Lag(ctx5(t)); trigger.KindOf(err) != trigger.BrokerDisconnected {
+		t.Fatalf("Lag with no server = %v, want a Disconnected error", err)
+	}
+	srv, err := natsbroker.StartEmbedded(natsbroker.EmbeddedConfig{Port: port, StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	publish(t, open(t, srv.URL(), nil), "x") // another replica, one trigger
+	waitLag(t, b, 1)
 }
 
 func TestReceiveEndsWithContext(t *testing.T) {

@@ -137,8 +137,11 @@ func (o *Options) Validate() error {
 		errs = append(errs, fmt.Errorf("--leader-election-id %q is not a Lease name: %s", o.LeaderElectionID, strings.Join(msgs, "; ")))
 	}
 	if o.NATSURL != "" {
-		if u, err := url.Parse(o.NATSURL); err != nil || u.Scheme == "" || u.Host == "" {
-			errs = append(errs, fmt.Errorf("--nats-url %q: want a URL such as nats://host:4222", o.NATSURL))
+		for _, member := range strings.Split(o.NATSURL, ",") {
+			if u, err := url.Parse(strings.TrimSpace(member)); err != nil || u.Scheme == "" || u.Host == "" || u.Opaque != "" {
+				errs = append(errs, fmt.Errorf("--nats-url %q: want URLs such as nats://host:4222, comma-separated", redactURLs(o.NATSURL)))
+				break
+			}
 		}
 		if o.NATSStoreDir != "" || o.NATSListen != "" {
 			errs = append(errs, errors.New("--nats-store-dir and --nats-listen apply to the embedded server only, not with --nats-url"))
@@ -457,7 +460,9 @@ func Run(ctx context.Context, o Options, logger *slog.Logger) error {
 		StartDisconnected: o.NATSURL != ""})
 	cancel()
 	if err != nil {
-		return fmt.Errorf("nats %s: %w", redactURLs(natsURL), err)
+		// The error may quote the URL (a *url.Error does): say only what
+		// went wrong, with the URLs redacted.
+		return fmt.Errorf("nats %s: %s", redactURLs(natsURL), redactIn(err.Error(), natsURL))
 	}
 	defer broker.Close()
 
@@ -513,8 +518,18 @@ func httpRunnable(name, addr string, h http.Handler) reconcile.Runnable {
 func redactURLs(list string) string {
 	parts := strings.Split(list, ",")
 	for i, p := range parts {
-		u, err := url.Parse(strings.TrimSpace(p))
-		if err != nil {
+		p = strings.TrimSpace(p)
+		if !strings.Contains(p, "@") {
+			parts[i] = p // no user information: nothing to hide
+			continue
+		}
+		if !strings.Contains(p, "://") {
+			p = "nats://" + p // as nats.go reads a member without a scheme
+		}
+		u, err := url.Parse(p)
+		if err != nil || u.Opaque != "" || u.Host == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" {
+			// Not scheme://[user[:password]@]host[:port]: a password
+			// could sit anywhere in it.
 			parts[i] = "<unparsable URL>"
 			continue
 		}
@@ -526,4 +541,21 @@ func redactURLs(list string) string {
 		parts[i] = u.Redacted()
 	}
 	return strings.Join(parts, ",")
+}
+
+// redactIn replaces, in text, every member of the NATS server list as
+// given (and as nats.go completes it) by its redacted form.
+func redactIn(text, list string) string {
+	for _, p := range strings.Split(list, ",") {
+		p = strings.TrimSpace(p)
+		if p == "" {
+			continue
+		}
+		r := redactURLs(p)
+		text = strings.ReplaceAll(text, p, r)
+		if !strings.Contains(p, "://") {
+			text = strings.ReplaceAll(text, "nats://"+p, r)
+		}
+	}
+	return text
 }
