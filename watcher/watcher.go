@@ -632,13 +632,8 @@ func (w *Watcher[T]) observe(u *unstructured.Unstructured, l *listing) {
 	}
 	initial := l != nil && l.initial
 	// The deletes kept for earlier objects of this name go first.
-	for _, e := range t.earlierOf(m.key) {
-		if e.reemit(initial) {
-			w.emitEarlier(m.key, e, l != nil, prio)
-			if l != nil {
-				l.ev.Deleted++
-			}
-		}
+	if n := w.emitEarlierOf(m.key, initial, l != nil, prio); l != nil {
+		l.ev.Deleted += n
 	}
 	var typ opkit.Type
 	switch {
@@ -701,11 +696,7 @@ func (w *Watcher[T]) deleted(u *unstructured.Unstructured) {
 	key := opkit.Key{Namespace: u.GetNamespace(), Name: u.GetName()}
 	uid, rv := string(u.GetUID()), u.GetResourceVersion()
 	// The deletes kept for earlier objects of this name go first.
-	for _, e := range w.track.earlierOf(key) {
-		if e.reemit(false) {
-			w.emitEarlier(key, e, false, w.cfg.Priority)
-		}
-	}
+	w.emitEarlierOf(key, false, false, w.cfg.Priority)
 	obj, err := typed.FromUnstructured[T](u)
 	if err != nil {
 		w.s.metrics.Error(ReasonDecode)
@@ -732,6 +723,19 @@ func (w *Watcher[T]) emitDelete(key opkit.Key, uid, rv string, obj T, finalState
 	case !w.cfg.RetainDeletes:
 		w.track.settle(key, uid, rv)
 	}
+}
+
+// emitEarlierOf emits the kept deletes of earlier objects of key that are
+// due again (see entry.reemit; initial: in a Run's first list), oldest
+// first, and returns how many it emitted.
+func (w *Watcher[T]) emitEarlierOf(key opkit.Key, initial, inList bool, prio int) (n int) {
+	for _, e := range w.track.earlierOf(key) {
+		if e.reemit(initial) {
+			w.emitEarlier(key, e, inList, prio)
+			n++
+		}
+	}
+	return n
 }
 
 // emitEarlier emits the delete kept for e, an earlier object of key (see
