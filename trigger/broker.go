@@ -169,7 +169,8 @@ const (
 	// shape (syntax error, wrong types, unknown fields, trailing data).
 	TermMalformed TermReason = "Malformed"
 	// TermInvalid: well-formed, but the namespace or name is invalid for
-	// the resource (not DNS-1123, missing, or present when it must not be),
+	// the resource (not a name the API server accepts, see MaxNameLen;
+	// missing, or present when it must not be),
 	// or the reason is too long.
 	TermInvalid TermReason = "Invalid"
 )

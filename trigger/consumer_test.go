@@ -139,7 +139,7 @@ func TestConsumerSettlesEachKindOfMessage(t *testing.T) {
 			{`{"namespace":"ns","Name":"a"}`, "Term:Malformed"},                   // names match exactly
 			{`{"namespace":"ns","name":"a","name":"b"}`, "Term:Malformed"},        // once
 			{`{"namespace":"ns","name":"a","reason":null,"x"}`, "Term:Malformed"}, // and are followed by a value
-			{`{"namespace":"ns","name":"UPPER"}`, "Term:Invalid"},
+			{`{"namespace":"ns","name":"a/b"}`, "Term:Invalid"},
 			{`{"name":"a"}`, "Term:Invalid"},
 			{`{"namespace":"ns","name":""}`, "Term:Invalid"},
 			{`{"namespace":"ns","name":"a","reason":"` + strings.Repeat("r", trigger.MaxReasonLen+1) + `"}`, "Term:Invalid"},

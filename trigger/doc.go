@@ -14,9 +14,11 @@
 // Guarantees:
 //
 //   - Enqueue never blocks and tells "scheduled" (true), "dropped" (false;
-//     [Trigger.Submit] gives the queue's reason, a queue.Outcome) and "bad
-//     input" (an error wrapping [ErrInvalid]) apart. Source APIServer is
-//     refused: it is reserved for the watch stream.
+//     [Trigger.Submit] gives the queue's reason, a queue.Outcome) and "not
+//     scheduled" (an error: bad input wraps [ErrInvalid], an object the
+//     controller does not handle [ErrOutOfScope], a context already ended
+//     its error) apart. Source APIServer is refused: it is reserved for the
+//     watch stream.
 //   - Triggers outrank watch events (0) and relists (-1) in the queue
 //     ([DefaultPriority], 100), so they are not stuck behind a relist backlog.
 //   - The HTTP handler and the consumer never trust a payload: they re-fetch
@@ -56,7 +58,7 @@
 // # HTTP status codes
 //
 //	202 scheduled; JSON [Accepted] {key, namespace, name, uid, resourceVersion, delay, outcome}
-//	400 invalid namespace/name (DNS-1123), a path with empty, "." or ".." segments,
+//	400 invalid namespace (DNS-1123 label) or name (see [MaxNameLen]), a path with empty, "." or ".." segments,
 //	    invalid delay, reason, query parameter or JSON body
 //	    (the path is checked before authentication, the rest after it)
 //	401 missing, invalid or wrong-audience bearer token (WWW-Authenticate: Bearer,

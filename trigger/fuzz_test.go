@@ -38,8 +38,7 @@ func validTrigger(u *url.URL) bool {
 	}
 	ns, err1 := url.PathUnescape(segs[0])
 	name, err2 := url.PathUnescape(segs[1])
-	if err1 != nil || err2 != nil ||
-		len(validation.IsDNS1123Label(ns)) > 0 || len(validation.IsDNS1123Subdomain(name)) > 0 {
+	if err1 != nil || err2 != nil || len(validation.IsDNS1123Label(ns)) > 0 || !validName(name) {
 		return false
 	}
 	q, err := url.ParseQuery(u.RawQuery)
@@ -59,6 +58,21 @@ func validTrigger(u *url.URL) bool {
 	}
 	if v, ok := q["reason"]; ok && (len(v[0]) > trigger.MaxReasonLen || !utf8.ValidString(v[0])) {
 		return false
+	}
+	return true
+}
+
+// validName is the oracle's rule for names: what the API server takes as
+// a name of some resource (a path segment: not "." or "..", no "/" or
+// "%"), at most 253 bytes of UTF-8 text without control characters.
+func validName(name string) bool {
+	if name == "" || name == "." || name == ".." || len(name) > 253 || !utf8.ValidString(name) {
+		return false
+	}
+	for _, r := range name {
+		if r == '/' || r == '%' || r < 0x20 || (r >= 0x7f && r < 0xa0) {
+			return false
+		}
 	}
 	return true
 }
@@ -83,7 +97,13 @@ func FuzzHandlerPath(f *testing.F) {
 		{"ns/a/", ""},
 		{"a", ""},
 		{"ns/a%00", ""},
+		{"ns/a%C2%85", ""},
+		{"ns/a%ff", ""},
+		{"ns/system:aggregate-to-admin", ""},
+		{"ns/Upper_Case", ""},
+		{"ns/a%25", ""},
 		{"ns/" + strings.Repeat("a", 253), ""},
+		{"ns/" + strings.Repeat("a", 254), ""},
 		{"ns/a", "delay=1s&delay=1s"},
 		{"ns/a", "x"},
 	} {

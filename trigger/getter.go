@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
+	"k8s.io/apimachinery/pkg/api/validation/path"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/dynamic"
 
@@ -33,10 +36,20 @@ func getterFor[T opkit.Object](get Getter[T], dyn dynamic.Interface, res opkit.R
 	return typed.New[T](dyn, res).Get, nil
 }
 
-// validateKey checks a namespace and name taken from outside (a URL, a
-// message) against the resource's scope: the namespace must be a DNS-1123
-// label for namespaced resources and empty for cluster-scoped ones, the
-// name a DNS-1123 subdomain. Errors wrap ErrInvalid.
+// MaxNameLen is the longest object name a trigger accepts, in bytes: the
+// longest a DNS-1123 subdomain, which most resources' names are, may be.
+const MaxNameLen = validation.DNS1123SubdomainMaxLength
+
+// validateKey checks a namespace and name against the resource's scope
+// and against what the API server accepts as a name: the namespace must
+// be a DNS-1123 label for namespaced resources and empty for
+// cluster-scoped ones; the name must be non-empty, at most MaxNameLen
+// bytes, UTF-8 text without control characters, and a valid path segment
+// (not "." or "..", no "/" or "%"), the rule the API server applies to
+// every resource's names. Stricter rules of
+// a resource (most want a DNS-1123 subdomain; RBAC roles take names such
+// as "system:aggregate-to-admin") are left to the API server, which
+// answers NotFound for a name it could not hold. Errors wrap ErrInvalid.
 func validateKey(res opkit.Resource, key opkit.Key) error {
 	if res.Namespaced {
 		if key.Namespace == "" {
@@ -48,11 +61,26 @@ func validateKey(res opkit.Resource, key opkit.Key) error {
 	} else if key.Namespace != "" {
 		return invalid("%s is cluster-scoped: no namespace may be given (got %q)", res.Resource, key.Namespace)
 	}
-	if key.Name == "" {
+	return CheckName(key.Name)
+}
+
+// CheckName reports, with an error wrapping [ErrInvalid], whether name is
+// not one a trigger accepts: it must be non-empty, at most [MaxNameLen]
+// bytes of UTF-8 text without control characters, and a valid path
+// segment (not "." or "..", no "/" or "%"). A producer can check a name
+// with it before sending a trigger.
+func CheckName(name string) error {
+	if name == "" {
 		return invalid("a name is required")
 	}
-	if errs := validation.IsDNS1123Subdomain(key.Name); len(errs) > 0 {
-		return invalid("name %q: %s", key.Name, strings.Join(errs, "; "))
+	if len(name) > MaxNameLen {
+		return invalid("name %.40q...: longer than %d bytes", name, MaxNameLen)
+	}
+	if errs := path.IsValidPathSegmentName(name); len(errs) > 0 {
+		return invalid("name %q: %s", name, strings.Join(errs, "; "))
+	}
+	if !utf8.ValidString(name) || strings.IndexFunc(name, unicode.IsControl) >= 0 {
+		return invalid("name %q: must be UTF-8 text without control characters", name)
 	}
 	return nil
 }

@@ -187,7 +187,7 @@ func TestHandlerAuthenticatesBeforeReadingQueryOrBody(t *testing.T) {
 		t.Fatalf("authorizer called %d times, %d body bytes read; want 3 and none", calls, body.n)
 	}
 	// The path still comes first: authorization is about its key.
-	wantStatus(t, post(e, "/reconcile/ns/UPPER"), http.StatusBadRequest, "BadRequest")
+	wantStatus(t, post(e, "/reconcile/ns/a%25b"), http.StatusBadRequest, "BadRequest")
 	if calls != 3 {
 		t.Fatalf("authorizer asked about an invalid key")
 	}
@@ -246,7 +246,9 @@ func TestHandler400(t *testing.T) {
 	e := newHandlerEnv(t, nil)
 	for _, target := range []string{
 		"/reconcile/Bad_NS/a",
-		"/reconcile/ns/UPPER",
+		"/reconcile/ns/a%25b",
+		"/reconcile/ns/a%2Fb",
+		"/reconcile/ns/a%01",
 		"/reconcile/ns/" + strings.Repeat("a", 254),
 		"/reconcile/" + strings.Repeat("n", 64) + "/a",
 		"/reconcile/ns%2Fx/a",

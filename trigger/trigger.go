@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"reflect"
 	"strings"
 	"time"
@@ -78,7 +79,8 @@ type Config[T opkit.Object] struct {
 	// Priority is the queue priority of triggered entries. Zero means
 	// DefaultPriority (100). Because zero means "default", a trigger cannot
 	// be configured to rank exactly with watch events; use 1 to rank just
-	// above them or a negative value to rank below.
+	// above them or a negative value to rank below. It must fit in an
+	// int32, the queue's range.
 	Priority int
 	// Metrics receives counts of outcomes; nil means no metrics.
 	Metrics Metrics
@@ -101,7 +103,7 @@ type Trigger[T opkit.Object] struct {
 
 // New validates cfg and returns a Trigger bound to cfg.Queue.
 func New[T opkit.Object](cfg Config[T]) (*Trigger[T], error) {
-	if cfg.Queue == nil {
+	if isNil(cfg.Queue) {
 		return nil, errors.New("trigger: Config.Queue is required")
 	}
 	if err := cfg.Resource.Validate(); err != nil {
@@ -112,6 +114,9 @@ func New[T opkit.Object](cfg Config[T]) (*Trigger[T], error) {
 	}
 	if errs := validation.IsDNS1123Label(cfg.Namespace); cfg.Namespace != "" && len(errs) > 0 {
 		return nil, fmt.Errorf("trigger: Config.Namespace %q: %s", cfg.Namespace, strings.Join(errs, "; "))
+	}
+	if cfg.Priority < math.MinInt32 || cfg.Priority > math.MaxInt32 {
+		return nil, fmt.Errorf("trigger: Config.Priority %d is outside the queue's priority range (int32)", cfg.Priority)
 	}
 	t := &Trigger[T]{
 		q:        cfg.Queue,
@@ -190,9 +195,10 @@ type Request[T opkit.Object] struct {
 //     replica is not the leader, or leadership is changing) or the queue is
 //     shut down. The drop is logged and counted; use [Trigger.Submit] to
 //     learn which of the two it was.
-//   - error: bad input, wrapping [ErrInvalid] (nil object, missing name,
-//     namespace present for a cluster-scoped resource or missing for a
-//     namespaced one, negative delay or retries, invalid type or source,
+//   - error: bad input, wrapping [ErrInvalid] (nil object, missing or
+//     invalid name or namespace (see [MaxNameLen]), namespace present for a
+//     cluster-scoped resource or missing for a namespaced one, negative
+//     delay, retries negative or beyond int32, invalid type or source,
 //     source APIServer, an object of another kind); an object in a
 //     namespace the controller does not handle, or a Deleted trigger whose
 //     object's labels the watch's selector does not match (wrapping
@@ -273,6 +279,9 @@ func (t *Trigger[T]) validate(req Request[T]) error {
 	if err := CheckReason(req.Reason); err != nil {
 		return err
 	}
+	if req.Retries > math.MaxInt32 {
+		return invalid("retries %d out of range (at most %d)", req.Retries, math.MaxInt32)
+	}
 	obj := req.Object
 	if obj.GetName() == "" {
 		return invalid("object has no name")
@@ -283,6 +292,11 @@ func (t *Trigger[T]) validate(req Request[T]) error {
 	}
 	if !t.res.Namespaced && ns != "" {
 		return invalid("%s is cluster-scoped but object %q has namespace %q", t.res.Resource, obj.GetName(), ns)
+	}
+	// The key must be one the worker can read back (or, for a Deleted
+	// trigger, one an object could have had), as for keys from outside.
+	if err := validateKey(t.res, opkit.KeyOf(obj)); err != nil {
+		return err
 	}
 	if err := t.CheckScope(opkit.KeyOf(obj)); err != nil {
 		return err
@@ -295,11 +309,12 @@ func (t *Trigger[T]) validate(req Request[T]) error {
 	if ok := obj.GetObjectKind(); ok != nil {
 		gvk := ok.GroupVersionKind()
 		// Kind and group must match when set; the version may differ
-		// (the same object served through another version).
+		// (the same object served through another version). The group is
+		// set only with apiVersion: a kind alone says nothing about it.
 		if gvk.Kind != "" && gvk.Kind != t.res.Kind {
 			return invalid("object %s is a %s, not a %s", opkit.KeyOf(obj), gvk.Kind, t.res.Kind)
 		}
-		if (gvk.Version != "" || gvk.Kind != "") && gvk.Group != t.res.Group {
+		if gvk.Version != "" && gvk.Group != t.res.Group {
 			return invalid("object %s is in API group %q, not %q", opkit.KeyOf(obj), gvk.Group, t.res.Group)
 		}
 	}

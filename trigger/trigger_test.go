@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -28,6 +29,9 @@ func TestNewValidatesConfig(t *testing.T) {
 		{"no queue", trigger.Config[*corev1.ConfigMap]{Resource: configMaps}},
 		{"no resource", trigger.Config[*corev1.ConfigMap]{Queue: q}},
 		{"no kind", trigger.Config[*corev1.ConfigMap]{Queue: q, Resource: opkit.Resource{GroupVersionResource: configMaps.GroupVersionResource}}},
+		{"nil *queue.Queue", trigger.Config[*corev1.ConfigMap]{Queue: (*queue.Queue[opkit.Key, opkit.Event[*corev1.ConfigMap]])(nil), Resource: configMaps}},
+		{"priority above int32", trigger.Config[*corev1.ConfigMap]{Queue: q, Resource: configMaps, Priority: math.MaxInt32 + 1}},
+		{"priority below int32", trigger.Config[*corev1.ConfigMap]{Queue: q, Resource: configMaps, Priority: math.MinInt32 - 1}},
 	} {
 		if _, err := trigger.New(tc.cfg); err == nil {
 			t.Errorf("%s: New succeeded, want an error", tc.name)
@@ -65,6 +69,16 @@ func TestEnqueueRejectsBadInput(t *testing.T) {
 		{"no namespace for a namespaced resource", ctx, cm("", "a"), opkit.Modified, opkit.Operator, 0, 0, trigger.ErrInvalid},
 		{"negative delay", ctx, cm("ns", "a"), opkit.Modified, opkit.Operator, -time.Second, 0, trigger.ErrInvalid},
 		{"negative retries", ctx, cm("ns", "a"), opkit.Modified, opkit.Operator, 0, -1, trigger.ErrInvalid},
+		{"retries beyond int32", ctx, cm("ns", "a"), opkit.Modified, opkit.Operator, 0, math.MaxInt32 + 1, trigger.ErrInvalid},
+		// Keys no object can have: the worker could not read them back, and
+		// a Deleted one would reach the reconciler as is.
+		{"name with a slash", ctx, cm("ns", "a/b"), opkit.Modified, opkit.Operator, 0, 0, trigger.ErrInvalid},
+		{"name climbing out", ctx, cm("ns", "../secrets/x"), opkit.Deleted, opkit.Operator, 0, 0, trigger.ErrInvalid},
+		{"name ..", ctx, cm("ns", ".."), opkit.Modified, opkit.Operator, 0, 0, trigger.ErrInvalid},
+		{"name with a percent sign", ctx, cm("ns", "a%2Fb"), opkit.Modified, opkit.Operator, 0, 0, trigger.ErrInvalid},
+		{"name too long", ctx, cm("ns", strings.Repeat("a", trigger.MaxNameLen+1)), opkit.Modified, opkit.Operator, 0, 0, trigger.ErrInvalid},
+		{"namespace not a DNS-1123 label", ctx, cm("Bad_NS", "a"), opkit.Modified, opkit.Operator, 0, 0, trigger.ErrInvalid},
+		{"namespace with a slash", ctx, cm("a/b", "a"), opkit.Modified, opkit.Operator, 0, 0, trigger.ErrInvalid},
 		{"zero type", ctx, cm("ns", "a"), 0, opkit.Operator, 0, 0, trigger.ErrInvalid},
 		{"unknown type", ctx, cm("ns", "a"), opkit.Type(9), opkit.Operator, 0, 0, trigger.ErrInvalid},
 		{"zero source", ctx, cm("ns", "a"), opkit.Modified, 0, 0, 0, trigger.ErrInvalid},
@@ -106,6 +120,31 @@ func TestEnqueueRejectsNamespaceForClusterScoped(t *testing.T) {
 	w.Namespace = ""
 	if ok, err := tr.Enqueue(context.Background(), w, opkit.Modified, opkit.Operator, 0, 0); !ok || err != nil {
 		t.Fatalf("Enqueue = (%v, %v), want (true, nil)", ok, err)
+	}
+	// A kind without apiVersion says nothing about the group: the kind is
+	// checked, the group is not.
+	w.TypeMeta = metav1.TypeMeta{Kind: widgets.Kind}
+	if ok, err := tr.Enqueue(context.Background(), w, opkit.Modified, opkit.Operator, 0, 0); !ok || err != nil {
+		t.Fatalf("Enqueue with kind %q and no apiVersion = (%v, %v), want (true, nil)", w.Kind, ok, err)
+	}
+	w.TypeMeta = metav1.TypeMeta{APIVersion: "v1", Kind: widgets.Kind}
+	if ok, err := tr.Enqueue(context.Background(), w, opkit.Modified, opkit.Operator, 0, 0); ok || !errors.Is(err, trigger.ErrInvalid) {
+		t.Fatalf("Enqueue with apiVersion v1 (core group) = (%v, %v), want ErrInvalid", ok, err)
+	}
+}
+
+// Names the API server holds for some resource are accepted although
+// they are not DNS-1123 subdomains (RBAC roles, for one); the API server
+// answers for the rest.
+func TestEnqueueAcceptsPathSegmentNames(t *testing.T) {
+	for _, name := range []string{"system:aggregate-to-admin", "Upper_Case", "a.b", strings.Repeat("a", trigger.MaxNameLen)} {
+		tr, q := newCMTrigger(t, nil)
+		if ok, err := tr.Enqueue(context.Background(), cm("ns", name), opkit.Modified, opkit.Operator, 0, 0); !ok || err != nil {
+			t.Errorf("Enqueue(ns/%.30s) = (%v, %v), want (true, nil)", name, ok, err)
+		}
+		if q.Len() != 1 {
+			t.Errorf("queue holds %d entries, want 1", q.Len())
+		}
 	}
 }
 

@@ -501,7 +501,8 @@ func TestConfigValidation(t *testing.T) {
 func TestPublishRefusesWhatTheConsumerWouldRefuse(t *testing.T) {
 	for _, p := range []natsbroker.Pointer{
 		{Namespace: "ns"},
-		{Namespace: "ns", Name: "UPPER"},
+		{Namespace: "ns", Name: "a/b"},
+		{Namespace: "ns", Name: "a%b"},
 		{Namespace: "Bad_NS", Name: "a"},
 		{Namespace: "ns", Name: "a", Reason: strings.Repeat("r", trigger.MaxReasonLen+1)},
 		{Namespace: "ns", Name: "a", Reason: "\xff"},

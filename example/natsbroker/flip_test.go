@@ -419,7 +419,7 @@ func testFlipOverNATS(t *testing.T, pause bool) {
 			if i%2 == 0 {
 				fm.kind, fm.data = kindMalformed, fmt.Sprintf(`{"namespace":"ns","name":"obj-1","reason":%q,"priority":9}`, fm.reason) // unknown field
 			} else {
-				fm.kind, fm.data = kindInvalid, fmt.Sprintf(`{"namespace":"ns","name":"Not_A_DNS_Name_%d"}`, i)
+				fm.kind, fm.data = kindInvalid, fmt.Sprintf(`{"namespace":"ns","name":"not/a/name-%d"}`, i)
 			}
 		case r == 2 || r == 3:
 			fm.kind, fm.key = kindMissing, opkit.Key{Namespace: "ns", Name: fmt.Sprintf("gone-%d", rng.IntN(20))}

@@ -65,8 +65,8 @@ func encodePointer(p Pointer) ([]byte, error) {
 	bad := func(format string, args ...any) ([]byte, error) {
 		return nil, fmt.Errorf("%w: "+format, append([]any{ErrInvalidPointer}, args...)...)
 	}
-	if errs := validation.IsDNS1123Subdomain(p.Name); len(errs) > 0 {
-		return bad("name %q: %s", p.Name, strings.Join(errs, "; "))
+	if err := trigger.CheckName(p.Name); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidPointer, err)
 	}
 	if errs := validation.IsDNS1123Label(p.Namespace); p.Namespace != "" && len(errs) > 0 {
 		return bad("namespace %q: %s", p.Namespace, strings.Join(errs, "; "))
