@@ -16,7 +16,10 @@
 //     take only entries at or above the trigger priority, so a trigger
 //     starts at once even when every other worker is busy with a relist.
 //   - Every outcome is defined: see the decision table on [Reconciler].
-//   - A panic is an error (stack logged), never a crashed process.
+//   - A panic in the Reconciler is an error (stack logged and counted,
+//     retried like any other), never a crashed process. Other callbacks
+//     (Watch.OnSync, term work, Metrics, a trigger's Getter) run
+//     unguarded: a panic there crashes the process as in any Go program.
 //   - Shutdown stops the intake, lets in-flight reconciles finish up to a
 //     deadline, then cancels them; Run returns only when every goroutine it
 //     started has returned.

@@ -102,7 +102,11 @@ func Done() Result { return Result{} }
 
 // RequeueAfter is the result "reconcile this key again after d" (polling an
 // external system, waiting for something that sends no event). A d of zero
-// or less requeues at once, behind the entries already due.
+// or less requeues at once, behind the entries already due, with no
+// backoff: a reconciler that computes d from a deadline (time.Until) must
+// stop requeueing once it has passed, or it loops as fast as it runs.
+// To be retried with backoff, return an error instead. (In
+// controller-runtime a RequeueAfter of zero means no requeue at all.)
 func RequeueAfter(d time.Duration) Result {
 	return Result{after: max(d, 0), requeue: true}
 }
