@@ -24,6 +24,12 @@ die() { printf '[controlplane] ERROR: %s\n' "$*" >&2; exit 1; }
 if [[ -n "${XDG_CACHE_HOME:-}" && "$XDG_CACHE_HOME" != /* ]]; then
   die "XDG_CACHE_HOME=$XDG_CACHE_HOME is relative; Go (and the tests) ignore it: make it absolute"
 fi
+if [[ -z "${XDG_CACHE_HOME:-}" && -z "${HOME:-}" ]]; then
+  die "neither XDG_CACHE_HOME nor HOME is set: there is no user cache dir to build in"
+fi
+if [[ -n "${OPKIT_CONTROLPLANE_BIN:-}" && "$OPKIT_CONTROLPLANE_BIN" != /* ]]; then
+  die "OPKIT_CONTROLPLANE_BIN=$OPKIT_CONTROLPLANE_BIN is relative; tests run in their own package directories: make it absolute"
+fi
 cache_root="${XDG_CACHE_HOME:-$HOME/.cache}/opkit"
 bindir="${OPKIT_CONTROLPLANE_BIN:-$cache_root/k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_nats-${NATS_VERSION}/bin}"
 workdir="$cache_root/build"
@@ -124,7 +130,10 @@ build_nats() {
   mkdir -p "$gobin"
   CGO_ENABLED=0 GOBIN="$gobin" go install -trimpath -ldflags "-s -w" "github.com/nats-io/nats-server/v2@$NATS_VERSION" \
     || die "go install of nats-server failed"
-  mv "$gobin/nats-server" "$out"
+  # via a temporary name beside the final one: across file systems mv
+  # copies, and an interrupted copy must not look like a cached binary
+  mv "$gobin/nats-server" "$out.tmp"
+  mv "$out.tmp" "$out"
   log "nats-server: built $out"
 }
 
@@ -132,6 +141,17 @@ cmd="${1:-build}"
 case "$cmd" in
   build)
     mkdir -p "$bindir" "$workdir"
+    # One build at a time per cache (make test and make demo in two
+    # terminals, two clones): they share the build modules. Each binary is
+    # checked again once the lock is held, so a waiting run reuses what
+    # the other built.
+    if command -v flock >/dev/null; then
+      exec 9>"$workdir/build.lock"
+      if ! flock -n 9; then
+        log "another build holds $workdir/build.lock: waiting for it"
+        flock 9
+      fi
+    fi
     build_etcd
     build_kube_apiserver
     build_nats

@@ -50,14 +50,16 @@ var (
 
 // DefaultBinDir returns where hack/controlplane.sh caches the binaries:
 // $OPKIT_CONTROLPLANE_BIN if set, else
-// <user cache dir>/opkit/k8s-<v>_etcd-<v>_nats-<v>/bin.
+// <user cache dir>/opkit/k8s-<v>_etcd-<v>_nats-<v>/bin. It returns "" when
+// there is no user cache dir (neither XDG_CACHE_HOME nor HOME is set), as
+// the script then refuses to build; [CheckBinaries] says so.
 func DefaultBinDir() string {
 	if d := os.Getenv(BinDirEnv); d != "" {
 		return d
 	}
 	cache, err := os.UserCacheDir()
 	if err != nil {
-		cache = filepath.Join(os.TempDir(), "opkit-cache")
+		return ""
 	}
 	return filepath.Join(cache, "opkit",
 		fmt.Sprintf("k8s-%s_etcd-%s_nats-%s", KubernetesVersion, EtcdVersion, NATSVersion), "bin")
@@ -66,7 +68,16 @@ func DefaultBinDir() string {
 // CheckBinaries returns an error wrapping ErrBinariesMissing unless dir holds
 // executable kube-apiserver, etcd and nats-server binaries (the last for the
 // example's end-to-end test and demo). Its message tells how to build them.
+// dir must be absolute: a relative one would be read from each test
+// package's own directory, not where the script built it.
 func CheckBinaries(dir string) error {
+	switch {
+	case dir == "":
+		return fmt.Errorf("%w: no user cache dir (set HOME or XDG_CACHE_HOME, or %s)", ErrBinariesMissing, BinDirEnv)
+	case !filepath.IsAbs(dir):
+		return fmt.Errorf("%w: bin dir %q is relative; tests run in their package's directory: give %s as an absolute path",
+			ErrBinariesMissing, dir, BinDirEnv)
+	}
 	var missing []string
 	for _, b := range []string{"kube-apiserver", "etcd", "nats-server"} {
 		st, err := os.Stat(filepath.Join(dir, b))

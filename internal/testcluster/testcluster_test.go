@@ -138,6 +138,44 @@ func TestNewWithoutBinariesSaysHowToBuildThem(t *testing.T) {
 	}
 }
 
+// A bin dir the tests would read from somewhere else than where the
+// script built, or no cache dir at all, is refused with a reason, not
+// reported as binaries to build.
+func TestCheckBinariesRefusesRelativeOrMissingDir(t *testing.T) {
+	for _, tc := range []struct{ dir, want string }{
+		{"bin", "relative"},
+		{"./bin", "relative"},
+		{"", "no user cache dir"},
+	} {
+		err := CheckBinaries(tc.dir)
+		if !errors.Is(err, ErrBinariesMissing) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("CheckBinaries(%q) = %v, want ErrBinariesMissing saying %q", tc.dir, err, tc.want)
+		}
+	}
+	t.Setenv(BinDirEnv, "")
+	t.Setenv("XDG_CACHE_HOME", "")
+	t.Setenv("HOME", "")
+	if got := DefaultBinDir(); got != "" {
+		t.Errorf("DefaultBinDir without HOME or XDG_CACHE_HOME = %q, want \"\" (the script builds nowhere then)", got)
+	}
+}
+
+// The script builds the versions the package starts: its defaults and the
+// package's constants must agree, or tests would run binaries the script
+// never builds.
+func TestScriptVersionsMatchTheConstants(t *testing.T) {
+	script, err := os.ReadFile(filepath.Join("..", "..", "hack", "controlplane.sh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]string{"K8S_VERSION": KubernetesVersion, "ETCD_VERSION": EtcdVersion, "NATS_VERSION": NATSVersion} {
+		line := name + `="${` + name + `:-` + want + `}"`
+		if !strings.Contains(string(script), line) {
+			t.Errorf("hack/controlplane.sh does not default %s to %s (want the line %s)", name, want, line)
+		}
+	}
+}
+
 func TestTailFileReturnsLastLines(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "log")
 	if err := os.WriteFile(path, []byte("a\nb\nc\nd\n"), 0o600); err != nil {

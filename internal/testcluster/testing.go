@@ -96,8 +96,11 @@ func runMain(m *testing.M) int {
 		select {
 		case s := <-sigs:
 			fmt.Fprintf(os.Stderr, "testcluster: %v: stopping every control plane of this test binary\n", s)
-			stopShared(false)
+			// stopAll first: it does not wait for the shared cluster's
+			// lock, which Shared holds while that cluster starts (up to
+			// ReadyTimeout per attempt), and it stops a starting cluster.
 			stopAll()
+			stopShared(false)
 			os.Exit(1)
 		case <-done:
 		}
