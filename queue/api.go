@@ -108,8 +108,7 @@ type Item[K comparable, V any] struct {
 	Value V
 	// Priority is the highest priority merged into the entry.
 	Priority int
-	// Retries is the retry count of the payload's add, or with
-	// Config.KeepHighestRetries the highest merged into the entry.
+	// Retries is the retry count of the payload's add.
 	Retries int
 	// Enqueued is when the entry (the earliest add merged into it) was
 	// accepted; Due is when it became due. Both come from the queue's clock,

@@ -60,9 +60,7 @@
 //     bounded by its context, until every in-flight entry is Done. No
 //     goroutine of the queue exists, before or after shutdown.
 //   - Retries. The retry count (AddOptions.Retries) travels with the entry
-//     and comes back in Item.Retries; [Backoff] turns it into a delay. It
-//     goes with the payload a merge keeps, or with
-//     [Config.KeepHighestRetries] the highest merged wins. The
+//     and comes back in Item.Retries; [Backoff] turns it into a delay. The
 //     queue keeps no per-key failure history: what it holds for a key
 //     ends at Done, apart from a bounded cache of finished keys (below).
 //   - Observability without dependencies. [Metrics] receives adds, merges,

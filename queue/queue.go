@@ -22,18 +22,6 @@ type Config[V any] struct {
 	// it must be quick and must not call the queue.
 	Merge func(pending *V, incoming V) Merge
 
-	// KeepHighestRetries makes a merged entry keep the highest retry count
-	// merged into it, whichever payload the merge keeps, as it keeps the
-	// highest priority: the count then says how often the key failed since
-	// it last succeeded, not how often the newest payload did. Without it
-	// (the default) the retry count goes with the payload: MergeReplace
-	// takes the incoming add's, MergeKeep keeps the held one's. A worker
-	// that retries with Retries+1 and is never told of a success other
-	// than by not retrying wants it on, so that an event merged into a
-	// pending retry does not restart the backoff (reconcile's controller
-	// sets it). Entries kept apart by MergeSequence keep their own counts.
-	KeepHighestRetries bool
-
 	// Metrics receives the queue's measurements. nil means none, at no cost
 	// on the hot path. Metrics implies Timestamps.
 	Metrics Metrics
@@ -107,7 +95,6 @@ const (
 type Queue[K comparable, V any] struct {
 	mu      sync.Mutex
 	merge   func(pending *V, incoming V) Merge
-	keepHi  bool // Config.KeepHighestRetries
 	metrics Metrics
 	stamps  bool // Config.Timestamps or Metrics: adds read the clock
 	epoch   time.Time
@@ -164,7 +151,6 @@ const anyPriority int32 = math.MinInt32
 func New[K comparable, V any](cfg Config[V]) *Queue[K, V] {
 	return &Queue[K, V]{
 		merge:   cfg.Merge,
-		keepHi:  cfg.KeepHighestRetries,
 		metrics: cfg.Metrics,
 		stamps:  cfg.Timestamps || cfg.Metrics != nil,
 		epoch:   time.Now(),
@@ -390,10 +376,6 @@ func (q *Queue[K, V]) mergeInto(t int32, value V, replace bool, delay time.Durat
 	}
 	if replace {
 		s.val = value
-		if !q.keepHi || retries > s.retries {
-			s.retries = retries
-		}
-	} else if q.keepHi && retries > s.retries {
 		s.retries = retries
 	}
 	oldPrio := s.prio

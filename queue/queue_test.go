@@ -212,66 +212,6 @@ func TestMergeKeepStoresTheInPlaceUpdate(t *testing.T) {
 	q.Done("a")
 }
 
-// With KeepHighestRetries the entry keeps the highest retry count merged
-// into it whichever payload wins, pending or parked; without it the count
-// goes with the payload. MergeSequence keeps each entry's own count.
-func TestKeepHighestRetries(t *testing.T) {
-	// the merge rule is the value's parity: odd values are kept, an even
-	// incoming one replaces, 1000 and above is a separate entry
-	byParity := func(pending *int, incoming int) queue.Merge {
-		switch {
-		case incoming >= 1000:
-			return queue.MergeSequence
-		case incoming%2 == 0:
-			return queue.MergeReplace
-		}
-		return queue.MergeKeep
-	}
-	type add struct{ v, retries int }
-	for _, tc := range []struct {
-		name   string
-		keep   bool
-		parked bool // the adds go behind an in-flight entry of the key
-		adds   []add
-		want   []add // handed out, in order
-	}{
-		{"replace by a lower count, off", false, false, []add{{2, 5}, {4, 0}}, []add{{4, 0}}},
-		{"replace by a lower count, on", true, false, []add{{2, 5}, {4, 0}}, []add{{4, 5}}},
-		{"replace by a higher count, on", true, false, []add{{2, 1}, {4, 3}}, []add{{4, 3}}},
-		{"keep, higher incoming count, off", false, false, []add{{1, 0}, {3, 6}}, []add{{1, 0}}},
-		{"keep, higher incoming count, on", true, false, []add{{1, 0}, {3, 6}}, []add{{1, 6}}},
-		{"keep, lower incoming count, on", true, false, []add{{1, 6}, {3, 2}}, []add{{1, 6}}},
-		{"parked: keep takes the higher count, on", true, true, []add{{1, 0}, {3, 6}}, []add{{1, 6}}},
-		{"parked: replace keeps the higher count, on", true, true, []add{{1, 4}, {2, 0}}, []add{{2, 4}}},
-		{"parked: replace, off", false, true, []add{{1, 4}, {2, 0}}, []add{{2, 0}}},
-		{"sequence keeps counts apart, on", true, false, []add{{1, 7}, {1001, 0}}, []add{{1, 7}, {1001, 0}}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			q := newQ(t, queue.Config[int]{Merge: byParity, KeepHighestRetries: tc.keep})
-			if tc.parked {
-				mustAdd(t, q, "a", -1, queue.AddOptions{Retries: 99}, queue.Queued)
-				mustGet(t, q)
-			}
-			for _, a := range tc.adds {
-				q.Add("a", a.v, queue.AddOptions{Retries: a.retries})
-			}
-			if tc.parked {
-				q.Done("a")
-			}
-			for _, w := range tc.want {
-				it := mustGet(t, q)
-				if it.Value != w.v || it.Retries != w.retries {
-					t.Fatalf("got value %d with retries %d, want %d with %d", it.Value, it.Retries, w.v, w.retries)
-				}
-				q.Done("a")
-			}
-			if _, ok := tryGet(t, q); ok {
-				t.Fatal("an extra entry was handed out")
-			}
-		})
-	}
-}
-
 // Semantics 2: exclusive while in flight.
 
 func TestKeyInFlightIsNotHandedOutAgainUntilDone(t *testing.T) {

@@ -78,14 +78,9 @@ type Config[T opkit.Object] struct {
 	// Entries the watcher produces at or above TriggerPriority (if
 	// Watch.Priority is set that high) use the reserved workers too.
 	ReservedWorkers int
-	// MaxRetries is how many retries a failing key gets before the
+	// MaxRetries is how many retries a failing request gets before the
 	// controller gives up on it; default DefaultMaxRetries (20); negative
-	// means retry forever. Retries count the key's failed reconciles since
-	// its last success: a watch event or trigger that arrives meanwhile is
-	// reconciled at once but does not reset the count, so an object that
-	// keeps changing while it keeps failing still backs off and is still
-	// given up on. A key given up on waits for its next event (there is no
-	// periodic resync); the next event starts again from 0.
+	// means retry forever.
 	MaxRetries int
 	// Backoff is the retry delay policy; the zero value is
 	// queue.DefaultBackoff (5ms doubling to 5m, 10% jitter).
@@ -269,9 +264,7 @@ func NewController[T opkit.Object](cfg Config[T]) (*Controller[T], error) {
 		c.metrics = noMetrics{}
 	}
 	// Timestamps: needsRefetch reads Item.Enqueued and Item.Due.
-	// KeepHighestRetries: a retry's count survives the events merged into
-	// it; only a success (no re-add) ends it.
-	c.queue = queue.New[opkit.Key](queue.Config[opkit.Event[T]]{Merge: MergeEvents[T], KeepHighestRetries: true, Metrics: cfg.QueueMetrics, Timestamps: true})
+	c.queue = queue.New[opkit.Key](queue.Config[opkit.Event[T]]{Merge: MergeEvents[T], Metrics: cfg.QueueMetrics, Timestamps: true})
 
 	wcfg := cfg.Watch
 	wcfg.Client, wcfg.Resource, wcfg.Queue = cfg.Dynamic, cfg.Resource, c.queue
@@ -521,7 +514,7 @@ func (c *Controller[T]) needsRefetch(item queue.Item[opkit.Key, opkit.Event[T]])
 	if ev.Type == opkit.Deleted {
 		return false
 	}
-	if c.cfg.FreshFor < 0 || ev.Retried || isNil(ev.Object) {
+	if c.cfg.FreshFor < 0 || item.Retries > 0 || isNil(ev.Object) {
 		return true
 	}
 	if ev.Source != opkit.APIServer {
@@ -549,10 +542,9 @@ func (c *Controller[T]) process(ctx context.Context, item queue.Item[opkit.Key, 
 		Key: item.Key, Object: ev.Object, Type: ev.Type, Source: ev.Source,
 		Retries: item.Retries, Reason: ev.Reason, Requeued: ev.Requeued, FinalStateUnknown: ev.FinalStateUnknown,
 	}
-	if ev.Source == opkit.Operator && !readd(ev) && c.cfg.RecordTriggerEvents && !isNil(ev.Object) {
+	if ev.Source == opkit.Operator && !ev.Requeued && item.Retries == 0 && c.cfg.RecordTriggerEvents && !isNil(ev.Object) {
 		// Before the re-fetch: a trigger whose first read fails is retried
-		// (Retried) and would go unrecorded. A trigger merged into a
-		// failing key's retry carries its count but is recorded.
+		// with Retries 1 and would go unrecorded.
 		note := "reconcile requested by an external trigger"
 		if ev.Reason != "" {
 			note += ": " + ev.Reason

@@ -41,9 +41,9 @@ import (
 //	                                         arrives in that order)
 //	new        re-add, not Deleted           MergeKeep: the new event arrived while
 //	                                         the re-added one was being reconciled;
-//	                                         it keeps its payload and its reconcile,
-//	                                         whose result decides again whether to
-//	                                         retry or requeue
+//	                                         it keeps its payload, its retry count
+//	                                         and its reconcile, whose result decides
+//	                                         again whether to retry or requeue
 //	new watch  re-added Deleted, same UID    MergeKeep: the object came back into the
 //	event                                    watch after the delete ran
 //	new        re-added Deleted, a UID       MergeSequence: the new event first, then
@@ -62,10 +62,7 @@ import (
 // reconciled without a re-fetch (see Config.FreshFor) sees the state the
 // merged event brought. A later trigger replaces a pending watch event
 // (newest wins), and a watch event replaces a re-added trigger (whose
-// request was served). Whichever payload stays, the controller's queue
-// keeps the highest retry count merged (queue.Config.KeepHighestRetries):
-// a retry's count is the key's failures since its last success, and an
-// event merged into it does not reset it. A
+// request was served: its retry count does not pass to the new event). A
 // delete is the last word on its UID except for a watch with a label
 // selector, which reports an object that stops matching as deleted and one
 // that matches again as added, with the same UID: only a watch event can

@@ -88,17 +88,13 @@ func triggeredNotes(t *testing.T, e *env) []string {
 	return notes
 }
 
-// A trigger that arrives while the previous one's reconcile runs is
-// reconciled after it, whatever that reconcile asks for; a failure of the
-// first stays counted in the key's retries.
 func TestReaddDoesNotReplaceANewerEvent(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		outcome func() (reconcile.Result, error) // of the first trigger's reconcile
-		retries [2]int                           // of the second trigger's two reconciles
 	}{
-		{"retry after a failure", func() (reconcile.Result, error) { return reconcile.Done(), errors.New("first fails") }, [2]int{1, 2}},
-		{"requeue after a success", func() (reconcile.Result, error) { return reconcile.RequeueAfter(time.Hour), nil }, [2]int{0, 1}},
+		{"retry after a failure", func() (reconcile.Result, error) { return reconcile.Done(), errors.New("first fails") }},
+		{"requeue after a success", func() (reconcile.Result, error) { return reconcile.RequeueAfter(time.Hour), nil }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -118,7 +114,7 @@ func TestReaddDoesNotReplaceANewerEvent(t *testing.T) {
 					}
 					return reconcile.Done(), nil
 				}
-				e := start(t, rec, func(c *reconcile.Config[*Widget]) { c.MaxRetries = 2; c.RecordTriggerEvents = true }, widget("a"))
+				e := start(t, rec, func(c *reconcile.Config[*Widget]) { c.MaxRetries = 1; c.RecordTriggerEvents = true }, widget("a"))
 				synctest.Wait()
 				submit(t, e, widget("a"), "first")
 				synctest.Wait() // the first trigger is in flight
@@ -129,12 +125,11 @@ func TestReaddDoesNotReplaceANewerEvent(t *testing.T) {
 
 				calls := rec.snapshot()
 				second := withReason(calls, "second")
-				if len(second) != 2 || second[0].retries != tc.retries[0] || second[0].req.Requeued || second[1].retries != tc.retries[1] {
-					t.Errorf("want the second trigger reconciled with retries %d, then retried once (retries %d); reconciles:%s",
-						tc.retries[0], tc.retries[1], describeCalls(calls))
+				if len(second) != 2 || second[0].retries != 0 || second[0].req.Requeued || second[1].retries != 1 {
+					t.Errorf("want the second trigger reconciled with retries 0, then retried once (retries 1); reconciles:%s", describeCalls(calls))
 				}
 				if n := e.metrics.get(reconcile.OutcomeGaveUp); n != 0 {
-					t.Errorf("%d keys given up; the key's failures stayed within MaxRetries", n)
+					t.Errorf("%d keys given up; the second trigger's one failure had a retry left", n)
 				}
 				notes := triggeredNotes(t, e)
 				slices.Sort(notes)
@@ -147,8 +142,7 @@ func TestReaddDoesNotReplaceANewerEvent(t *testing.T) {
 }
 
 // Without triggers: a spec change parked behind a failing reconcile is
-// reconciled (not replaced by the failed attempt's retry), with the
-// failure counted.
+// reconciled with its own retries, not as the failed attempt's last one.
 func TestRetryDoesNotReplaceAParkedWatchEvent(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		gate := make(chan struct{})
@@ -163,7 +157,7 @@ func TestRetryDoesNotReplaceAParkedWatchEvent(t *testing.T) {
 			}
 			return reconcile.Done(), nil
 		}
-		e := start(t, rec, func(c *reconcile.Config[*Widget]) { c.MaxRetries = 2 }, widget("a"))
+		e := start(t, rec, func(c *reconcile.Config[*Widget]) { c.MaxRetries = 1 }, widget("a"))
 		synctest.Wait() // the list's Added is in flight
 		updateSpec(t, e, 2)
 		synctest.Wait() // the watch's Modified is parked
@@ -171,18 +165,17 @@ func TestRetryDoesNotReplaceAParkedWatchEvent(t *testing.T) {
 		time.Sleep(time.Hour)
 		synctest.Wait()
 		calls := rec.snapshot()
-		if len(calls) != 3 || calls[1].req.Type != opkit.Modified || calls[1].retries != 1 || calls[1].req.Object.Spec.Size != 2 ||
-			calls[2].retries != 2 || calls[2].req.Object.Spec.Size != 2 || e.metrics.get(reconcile.OutcomeGaveUp) != 0 {
-			t.Errorf("want the spec change reconciled with retries 1, then retried (retries 2), nothing given up (%d); reconciles:%s",
+		if len(calls) != 3 || calls[1].req.Type != opkit.Modified || calls[1].retries != 0 || calls[1].req.Object.Spec.Size != 2 ||
+			calls[2].retries != 1 || calls[2].req.Object.Spec.Size != 2 || e.metrics.get(reconcile.OutcomeGaveUp) != 0 {
+			t.Errorf("want the spec change reconciled with retries 0, then retried (retries 1), nothing given up (%d); reconciles:%s",
 				e.metrics.get(reconcile.OutcomeGaveUp), describeCalls(calls))
 		}
 	})
 }
 
-// A watch event that merges into a pending retry (a trigger's or its
-// own) is reconciled at once as a watch event, and the failure stays
-// counted: its retries are the retry's.
-func TestWatchEventMergedIntoARetryKeepsTheFailureCount(t *testing.T) {
+// A watch event that merges into a trigger's pending retry is a new event:
+// it starts at retry 0 whatever the trigger's count was.
+func TestWatchEventMergedIntoARetryStartsAtRetryZero(t *testing.T) {
 	for _, src := range []opkit.Source{opkit.Operator, opkit.APIServer} {
 		t.Run(src.String(), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -199,7 +192,7 @@ func TestWatchEventMergedIntoARetryKeepsTheFailureCount(t *testing.T) {
 					return reconcile.Done(), nil
 				}
 				e := start(t, rec, func(c *reconcile.Config[*Widget]) {
-					c.MaxRetries = 2
+					c.MaxRetries = 1
 					c.Backoff.Base, c.Backoff.Cap = time.Hour, time.Hour // the retry waits
 				}, widget("a"))
 				synctest.Wait()
@@ -213,8 +206,8 @@ func TestWatchEventMergedIntoARetryKeepsTheFailureCount(t *testing.T) {
 				synctest.Wait()
 				calls := rec.snapshot()
 				last := calls[len(calls)-1]
-				if last.req.Source != opkit.APIServer || last.retries != 1 || last.req.Object.Spec.Size != 2 || last.at.Sub(calls[0].at) > 3*time.Minute {
-					t.Errorf("want the spec change reconciled at once as a watch event with retries 1; reconciles:%s", describeCalls(calls))
+				if last.req.Source != opkit.APIServer || last.retries != 0 || last.req.Object.Spec.Size != 2 {
+					t.Errorf("want the spec change reconciled at once as a watch event with retries 0; reconciles:%s", describeCalls(calls))
 				}
 			})
 		})
@@ -252,38 +245,6 @@ func TestRetryDoesNotReplaceATriggersObject(t *testing.T) {
 		ci := withReason(calls, "ci")
 		if len(ci) != 1 || ci[0].req.Object.ResourceVersion != read.ResourceVersion || ci[0].req.Object.Spec.Size != 7 {
 			t.Errorf("want the trigger reconciled once with the object it read (rv %s, size 7); reconciles:%s", read.ResourceVersion, describeCalls(calls))
-		}
-	})
-}
-
-// An object that keeps changing (another writer, every 30s) while its
-// reconcile keeps failing still backs off and is still given up on: each
-// change is reconciled at once, but with the key's failure count, so the
-// retries climb to MaxRetries instead of restarting from 0 at each event.
-func TestChangesWhileFailingDoNotRestartTheBackoff(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		rec := &recorder{do: func(context.Context, int, reconcile.Request[*Widget]) (reconcile.Result, error) {
-			return reconcile.Done(), errors.New("dependency down")
-		}}
-		e := start(t, rec, func(c *reconcile.Config[*Widget]) { c.Backoff.Jitter = -1 }, widget("a")) // 5ms doubling to 5m, MaxRetries 20
-		const events = 120                                                                            // an hour
-		for i := range events {
-			time.Sleep(30 * time.Second)
-			updateSpec(t, e, i+2)
-		}
-		synctest.Wait()
-		calls := rec.snapshot()
-		most := 0
-		for _, c := range calls {
-			most = max(most, c.retries)
-		}
-		t.Logf("%d changes in an hour: %d reconciles, highest retry count %d, given up %d times",
-			events, len(calls), most, e.metrics.get(reconcile.OutcomeGaveUp))
-		if most != reconcile.DefaultMaxRetries || e.metrics.get(reconcile.OutcomeGaveUp) == 0 {
-			t.Errorf("highest retry count %d, given up %d times; want %d and at least once", most, e.metrics.get(reconcile.OutcomeGaveUp), reconcile.DefaultMaxRetries)
-		}
-		if last := calls[len(calls)-1]; last.req.Object.Spec.Size != events+1 {
-			t.Errorf("last reconcile saw size %d, want the last change (%d)", last.req.Object.Spec.Size, events+1)
 		}
 	})
 }

@@ -36,13 +36,9 @@ import (
 // A new event for the key (a watch event or a trigger) always gets its own
 // reconcile, whatever the previous outcome: dropping a key only stops the
 // retries of the failed attempt. One that arrives while the key is being
-// reconciled runs after it, and the retry or requeue that reconcile asks
-// for gives way to it (MergeEvents): the new reconcile decides again. A
-// failure stays counted, though: Retries counts the key's failures since
-// its last success, and a new event merged into a pending retry runs at
-// once with that count, so an object that keeps changing while it keeps
-// failing still backs off and is still given up on after MaxRetries (as
-// controller-runtime's per-item backoff, which only a success forgets).
+// reconciled runs after it with its own retry count, and the retry or
+// requeue that reconcile asks for gives way to it (MergeEvents): the new
+// reconcile decides again.
 type Reconciler[T opkit.Object] interface {
 	Reconcile(ctx context.Context, req Request[T]) (Result, error)
 }
@@ -72,9 +68,7 @@ type Request[T opkit.Object] struct {
 	Type opkit.Type
 	// Source is APIServer for the watch stream, Operator for triggers.
 	Source opkit.Source
-	// Retries counts the key's failed reconciles since its last success
-	// (0 when there is none). A new event that arrives while a retry is
-	// pending (or while the failing attempt runs) takes over that count.
+	// Retries counts the failed attempts before this one (0 on the first).
 	Retries int
 	// Reason is the reason an external trigger gave, if any.
 	Reason string
