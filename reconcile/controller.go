@@ -80,7 +80,15 @@ type Config[T opkit.Object] struct {
 	ReservedWorkers int
 	// MaxRetries is how many retries a failing request gets before the
 	// controller gives up on it; default DefaultMaxRetries (20); negative
-	// means retry forever.
+	// means retry forever. The count belongs to the request: a new event
+	// for the key (a watch event or a trigger) merged into a pending retry
+	// is reconciled at once and starts again from retry 0 and the shortest
+	// backoff. An object that keeps changing while its reconcile keeps
+	// failing is therefore retried from the start after each change and
+	// never given up on; one whose failing reconcile itself writes a
+	// changing status loops at the speed of the API server. Write status
+	// only when it changes, or set Watch.SkipStatusOnly. A key
+	// given up on waits for its next event: there is no periodic resync.
 	MaxRetries int
 	// Backoff is the retry delay policy; the zero value is
 	// queue.DefaultBackoff (5ms doubling to 5m, 10% jitter).

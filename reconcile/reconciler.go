@@ -68,7 +68,9 @@ type Request[T opkit.Object] struct {
 	Type opkit.Type
 	// Source is APIServer for the watch stream, Operator for triggers.
 	Source opkit.Source
-	// Retries counts the failed attempts before this one (0 on the first).
+	// Retries counts the failed attempts of this request before this one
+	// (0 on the first). A new event for the key starts a new request: see
+	// Config.MaxRetries.
 	Retries int
 	// Reason is the reason an external trigger gave, if any.
 	Reason string
