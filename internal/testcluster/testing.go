@@ -80,9 +80,8 @@ func Main(m *testing.M) {
 }
 
 func runMain(m *testing.M) int {
-	dir := DefaultBinDir()
-	if err := CheckBinaries(dir); err != nil {
-		fmt.Fprintf(os.Stderr, "control plane binaries missing in %s: run `make test` or hack/controlplane.sh build\n", dir)
+	if err := CheckBinaries(DefaultBinDir()); err != nil {
+		fmt.Fprintf(os.Stderr, "testcluster: %v\n", err) // says where and how to build
 		return 1
 	}
 	shared.mu.Lock()
