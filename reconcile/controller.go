@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 
 	"github.com/opkit/opkit"
@@ -27,7 +28,8 @@ const (
 	DefaultConcurrency = 4
 	// DefaultMaxRetries is how many times a failed reconcile is retried
 	// before the controller gives up on it: with the queue's default
-	// backoff (5ms doubling, capped at 5m) about 25 minutes of retries.
+	// backoff (5ms doubling, capped at 5m) about 25 minutes of retries, or
+	// more when the key was already failing before the request began.
 	DefaultMaxRetries = 20
 	// DefaultTimeout bounds one reconcile call.
 	DefaultTimeout = 5 * time.Minute
@@ -82,16 +84,24 @@ type Config[T opkit.Object] struct {
 	// controller gives up on it; default DefaultMaxRetries (20); negative
 	// means retry forever. The count belongs to the request: a new event
 	// for the key (a watch event or a trigger) merged into a pending retry
-	// is reconciled at once and starts again from retry 0 and the shortest
-	// backoff. An object that keeps changing while its reconcile keeps
-	// failing is therefore retried from the start after each change and
-	// never given up on; one whose failing reconcile itself writes a
-	// changing status loops at the speed of the API server. Write status
-	// only when it changes, or set Watch.SkipStatusOnly. A key
-	// given up on waits for its next event: there is no periodic resync.
+	// is reconciled at once and starts again from retry 0 (the delay keeps
+	// growing: see Backoff). An object that keeps changing while its
+	// reconcile keeps failing is therefore never given up on, but is
+	// reconciled about once per change once the delay outgrows the time
+	// between changes. A failing reconcile that itself writes a changing
+	// status makes its own events and loops at the speed of the API
+	// server: write status only when it changes, or set
+	// Watch.SkipStatusOnly. A key given up on waits for its next event:
+	// there is no periodic resync.
 	MaxRetries int
 	// Backoff is the retry delay policy; the zero value is
-	// queue.DefaultBackoff (5ms doubling to 5m, 10% jitter).
+	// queue.DefaultBackoff (5ms doubling to 5m, 10% jitter). The delay
+	// grows with the key's consecutive failures since its last success,
+	// not with the request's retries: a new event merged into a pending
+	// retry is reconciled at once, but when that fails too its retry waits
+	// longer than the last one, as with controller-runtime's per-item rate
+	// limiter. A recreated object (another UID) starts again from the
+	// shortest delay.
 	Backoff queue.Backoff
 	// Timeout bounds each reconcile call (its context's deadline); default
 	// DefaultTimeout (5m); negative means none.
@@ -197,6 +207,8 @@ type Controller[T opkit.Object] struct {
 	// drainMargin is how long before the elector's WorkDeadline a leader's
 	// shutdown drain ends: its RetryPeriod.
 	drainMargin time.Duration
+
+	fails failures // consecutive failures per key, for the backoff
 
 	mu        sync.Mutex
 	running   bool
@@ -424,6 +436,9 @@ func (c *Controller[T]) runTerm(runCtx, termCtx context.Context, work []Runnable
 			log = log.With("term", term)
 		}
 	}
+	// The queue a term starts with holds nothing of the last term's
+	// retries: their failure streaks go with them.
+	c.fails.reset()
 	// Intake side: the watcher, term work and workers' Get stop with it.
 	intakeCtx, stopIntake := context.WithCancel(termCtx)
 	defer stopIntake()
@@ -568,6 +583,7 @@ func (c *Controller[T]) process(ctx context.Context, item queue.Item[opkit.Key, 
 		case typed.Gone(err, item.Key.Name):
 			log.Debug("object gone before its reconcile: skipped")
 			c.metrics.Skipped(SkipGone)
+			c.fails.forget(item.Key)
 			return
 		case err != nil:
 			// Not the reconciler's fault, but retried the same way.
@@ -587,6 +603,7 @@ func (c *Controller[T]) process(ctx context.Context, item queue.Item[opkit.Key, 
 		// and a Deleted trigger was judged when it was submitted.
 		log.Info("object does not match the watch's label selector: skipped", "selector", c.sel.String())
 		c.metrics.Skipped(SkipOutOfScope)
+		c.fails.forget(item.Key)
 		return
 	}
 	start := time.Now()
@@ -641,6 +658,9 @@ func (c *Controller[T]) afterReconcile(ctx context.Context, item queue.Item[opki
 			c.watch.Settle(item.Key, ev.Object.GetUID(), ev.Object.GetResourceVersion())
 		}
 	}
+	if err == nil || IsTerminal(err) || ctx.Err() == nil && c.cfg.MaxRetries >= 0 && item.Retries >= c.cfg.MaxRetries {
+		c.fails.forget(item.Key) // succeeded, or no retry follows
+	}
 	switch {
 	case err == nil && !requeue:
 		settle()
@@ -676,7 +696,13 @@ func (c *Controller[T]) afterReconcile(ctx context.Context, item queue.Item[opki
 	default:
 		c.metrics.Reconciled(OutcomeRetry, took)
 		retries := item.Retries + 1
-		delay := c.cfg.Backoff.Delay(retries)
+		var uid types.UID
+		if !isNil(req.Object) {
+			uid = req.Object.GetUID()
+		}
+		// The key's streak, not the request's retries: a new event that
+		// took over a pending retry does not restart the backoff.
+		delay := c.cfg.Backoff.Delay(max(retries, c.fails.fail(item.Key, uid)))
 		if requeue {
 			delay = max(delay, after)
 		}

@@ -23,11 +23,12 @@ import (
 //	--------------------------------  -----------------------------------------------
 //	Done(), nil                       nothing more; the key waits for the next event
 //	RequeueAfter(d), nil              reconciles the key again after d; retry count reset to 0
-//	Done(), err                       retries after the queue's backoff for Retries+1;
-//	                                  after MaxRetries failures: logs, counts, records a
+//	Done(), err                       retries after Config.Backoff's delay for the key's
+//	                                  consecutive failures (at least Retries+1);
+//	                                  after MaxRetries retries: logs, counts, records a
 //	                                  Warning Event on the object, and drops the key
 //	RequeueAfter(d), err              as above, but waits at least d: the delay is a
-//	                                  floor for the backoff, max(d, backoff(Retries+1))
+//	                                  floor for the backoff delay
 //	any result, TerminalError(err)    no retry (the result's delay is ignored): logs,
 //	                                  counts, records a Warning Event, drops the key
 //	panic                             turned into an error (stack logged) and retried
@@ -38,7 +39,8 @@ import (
 // retries of the failed attempt. One that arrives while the key is being
 // reconciled runs after it with its own retry count, and the retry or
 // requeue that reconcile asks for gives way to it (MergeEvents): the new
-// reconcile decides again.
+// reconcile decides again. The backoff delay does not start again with
+// it: it follows the key's consecutive failures (see Config.Backoff).
 type Reconciler[T opkit.Object] interface {
 	Reconcile(ctx context.Context, req Request[T]) (Result, error)
 }
