@@ -155,3 +155,53 @@ func TestARecreatedObjectStartsTheBackoffAgain(t *testing.T) {
 		}
 	})
 }
+
+// A delete backs off on its own retries: when the old object's cleanup
+// fails once, the new object of its name (which waits behind the delete)
+// is not held up by the old object's long streak.
+func TestADeleteDoesNotTakeTheStreak(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var deletes atomic.Int32
+		rec := &recorder{do: func(_ context.Context, _ int, req reconcile.Request[*Widget]) (reconcile.Result, error) {
+			switch {
+			case req.Type == opkit.Deleted:
+				if deletes.Add(1) == 1 {
+					return reconcile.Done(), errors.New("cleanup: dependency down")
+				}
+			case req.Object.UID != "uid-new":
+				return reconcile.Done(), errors.New("dependency down")
+			}
+			return reconcile.Done(), nil
+		}}
+		e := start(t, rec, func(c *reconcile.Config[*Widget]) {
+			c.Backoff = queue.Backoff{Base: 5 * time.Millisecond, Cap: 5 * time.Minute, Jitter: -1}
+		}, widget("a"))
+		time.Sleep(15 * time.Minute) // the streak reaches the 5m cap
+		synctest.Wait()
+		res := e.dyn.Resource(widgets.GroupVersionResource).Namespace("ns")
+		if err := res.Delete(context.Background(), "a", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		u, err := typed.ToUnstructured(widget("a", func(w *Widget) { w.UID, w.ResourceVersion = types.UID("uid-new"), "100" }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		created := time.Now()
+		if _, err := res.Create(context.Background(), u, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Minute)
+		synctest.Wait()
+		calls := rec.snapshot()
+		for _, c := range calls {
+			if c.req.Object.UID == "uid-new" {
+				if w := c.at.Sub(created); w != 5*time.Millisecond {
+					t.Errorf("the new object was reconciled %v after its creation, want 5ms (behind the delete's first retry); reconciles:%s", w, describeCalls(calls[len(calls)-5:]))
+				}
+				return
+			}
+		}
+		t.Fatalf("the new object was never reconciled; reconciles:%s", describeCalls(calls))
+	})
+}

@@ -29,7 +29,8 @@ const (
 	// DefaultMaxRetries is how many times a failed reconcile is retried
 	// before the controller gives up on it: with the queue's default
 	// backoff (5ms doubling, capped at 5m) about 25 minutes of retries, or
-	// more when the key was already failing before the request began.
+	// more (up to MaxRetries times the cap) when the key was already
+	// failing before the request began (see Config.Backoff).
 	DefaultMaxRetries = 20
 	// DefaultTimeout bounds one reconcile call.
 	DefaultTimeout = 5 * time.Minute
@@ -101,7 +102,8 @@ type Config[T opkit.Object] struct {
 	// retry is reconciled at once, but when that fails too its retry waits
 	// longer than the last one, as with controller-runtime's per-item rate
 	// limiter. A recreated object (another UID) starts again from the
-	// shortest delay.
+	// shortest delay, and a delete backs off on its own retries alone (a
+	// new object of the name waits behind it).
 	Backoff queue.Backoff
 	// Timeout bounds each reconcile call (its context's deadline); default
 	// DefaultTimeout (5m); negative means none.
@@ -436,9 +438,6 @@ func (c *Controller[T]) runTerm(runCtx, termCtx context.Context, work []Runnable
 			log = log.With("term", term)
 		}
 	}
-	// The queue a term starts with holds nothing of the last term's
-	// retries: their failure streaks go with them.
-	c.fails.reset()
 	// Intake side: the watcher, term work and workers' Get stop with it.
 	intakeCtx, stopIntake := context.WithCancel(termCtx)
 	defer stopIntake()
@@ -510,6 +509,9 @@ func (c *Controller[T]) runTerm(runCtx, termCtx context.Context, work []Runnable
 	workers.Wait()
 	cancelWork()
 	wg.Wait()
+	// Retries this term could not add (the intake closed) and reconciles
+	// it interrupted leave streaks no entry stands for.
+	c.fails.reset()
 	return failed()
 }
 
@@ -696,13 +698,21 @@ func (c *Controller[T]) afterReconcile(ctx context.Context, item queue.Item[opki
 	default:
 		c.metrics.Reconciled(OutcomeRetry, took)
 		retries := item.Retries + 1
-		var uid types.UID
-		if !isNil(req.Object) {
-			uid = req.Object.GetUID()
-		}
 		// The key's streak, not the request's retries: a new event that
-		// took over a pending retry does not restart the backoff.
-		delay := c.cfg.Backoff.Delay(max(retries, c.fails.fail(item.Key, uid)))
+		// took over a pending retry does not restart the backoff. A delete
+		// backs off on its own retries: the object is gone, and a new
+		// object of its name waits behind it (MergeSequence).
+		streak := retries
+		if ev.Type == opkit.Deleted {
+			c.fails.forget(item.Key)
+		} else {
+			var uid types.UID
+			if !isNil(req.Object) {
+				uid = req.Object.GetUID()
+			}
+			streak = max(retries, c.fails.fail(item.Key, uid))
+		}
+		delay := c.cfg.Backoff.Delay(streak)
 		if requeue {
 			delay = max(delay, after)
 		}

@@ -14,9 +14,9 @@ import (
 // into a pending retry (which starts a new request, retry 0) does not
 // restart the backoff, as controller-runtime's per-item rate limiter does
 // not. An entry lives only while its key is failing: any other outcome
-// removes it, and each term starts with none (the queue it came with was
-// cleared), so the map holds at most the keys with a retry pending or in
-// flight.
+// removes it, and the map is emptied when a term ends (its queue is
+// cleared), so it holds at most the keys with a retry pending or in
+// flight. Deletes keep no streak.
 type failures struct {
 	mu sync.Mutex
 	m  map[opkit.Key]failure
