@@ -25,7 +25,9 @@ type Queue interface {
 	Get() (key int, ok bool)
 	Done(key int)
 	// Len is the number of entries waiting to be handed out (for
-	// controller-runtime: only those already due).
+	// controller-runtime: only those already due). It returns once the
+	// queue has taken in every add that returned before it was called
+	// (controller-runtime's flushes its add buffer; see flushAdds).
 	Len() int
 	ShutDown()
 }
@@ -86,8 +88,11 @@ type ClientGo struct {
 	Q workqueue.TypedRateLimitingInterface[int]
 }
 
-// NewClientGo returns client-go's rate-limiting queue with its default
-// (no-op) metrics.
+// NewClientGo returns client-go's rate-limiting queue with no metrics. They
+// are off only because Name is empty: this binary imports controller-runtime
+// (for priorityqueue), whose internal metrics package's init installs a
+// Prometheus provider with workqueue.SetProvider for every queue created
+// afterwards, so a named client-go queue here would record into Prometheus.
 func NewClientGo() Queue {
 	return &ClientGo{Q: workqueue.NewTypedRateLimitingQueueWithConfig(
 		workqueue.DefaultTypedControllerRateLimiter[int](),
@@ -117,12 +122,13 @@ type PriorityQueue struct {
 	prios [3]int // -1, 0, 1 .. so that Add passes a pointer without allocating
 }
 
-// NewPriorityQueue returns controller-runtime's priorityqueue with no-op
-// metrics (its default registers Prometheus collectors).
+// NewPriorityQueue returns controller-runtime's priorityqueue with no
+// metrics. Its metrics are off only for an empty name (as client-go's): a
+// named queue keeps its clock reads, add-time maps and unfinished-work
+// goroutine whatever the MetricProvider, so the empty name is what gives it
+// the same no-op metrics client-go's queue runs with.
 func NewPriorityQueue() Queue {
-	p := &PriorityQueue{Q: priorityqueue.New("bench", func(o *priorityqueue.Opts[int]) {
-		o.MetricProvider = noopProvider{}
-	})}
+	p := &PriorityQueue{Q: priorityqueue.New[int]("")}
 	p.prios = [3]int{-1, 0, 1}
 	return p
 }
@@ -145,28 +151,6 @@ func (p *PriorityQueue) Get() (int, bool) {
 func (p *PriorityQueue) Done(key int) { p.Q.Done(key) }
 func (p *PriorityQueue) ShutDown()    { p.Q.ShutDown() }
 func (p *PriorityQueue) Len() int     { return p.Q.Len() }
-
-// noopProvider is a workqueue.MetricsProvider that records nothing.
-type noopProvider struct{}
-
-type noopMetric struct{}
-
-func (noopMetric) Inc()            {}
-func (noopMetric) Dec()            {}
-func (noopMetric) Set(float64)     {}
-func (noopMetric) Observe(float64) {}
-
-func (noopProvider) NewDepthMetric(string) workqueue.GaugeMetric            { return noopMetric{} }
-func (noopProvider) NewAddsMetric(string) workqueue.CounterMetric           { return noopMetric{} }
-func (noopProvider) NewLatencyMetric(string) workqueue.HistogramMetric      { return noopMetric{} }
-func (noopProvider) NewWorkDurationMetric(string) workqueue.HistogramMetric { return noopMetric{} }
-func (noopProvider) NewRetriesMetric(string) workqueue.CounterMetric        { return noopMetric{} }
-func (noopProvider) NewUnfinishedWorkSecondsMetric(string) workqueue.SettableGaugeMetric {
-	return noopMetric{}
-}
-func (noopProvider) NewLongestRunningProcessorSecondsMetric(string) workqueue.SettableGaugeMetric {
-	return noopMetric{}
-}
 
 // CountingMetrics is a cheap but real queue.Metrics: atomic counters and
 // sums, as an exporter would keep before a scrape.
