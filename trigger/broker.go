@@ -40,6 +40,16 @@ type Message interface {
 	Term(ctx context.Context, reason string) error
 }
 
+// DeadLetterer is optionally implemented by a Message whose broker
+// enforces a delivery limit in Nack: on the last allowed delivery its Nack
+// dead-letters the message instead of handing it back. After a Nack that
+// returned nil, DeadLettered reports whether it did; the Consumer then
+// counts the message as terminated (TermMaxDeliveries), not nacked, so
+// that a trigger that dies this way shows in the metrics.
+type DeadLetterer interface {
+	DeadLettered() bool
+}
+
 // Lag is optionally implemented by a Broker that can report its backlog
 // (messages not yet delivered to or acknowledged by this consumer group).
 type Lag interface {
@@ -165,6 +175,10 @@ const (
 
 	// TermTooLarge: the message is larger than the configured limit.
 	TermTooLarge TermReason = "TooLarge"
+	// TermMaxDeliveries: the broker dead-lettered the message on a Nack,
+	// because it had been delivered as often as the broker allows (see
+	// DeadLetterer).
+	TermMaxDeliveries TermReason = "MaxDeliveries"
 	// TermMalformed: the message is not a JSON object of the expected
 	// shape (syntax error, wrong types, unknown fields, trailing data).
 	TermMalformed TermReason = "Malformed"

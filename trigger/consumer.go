@@ -102,6 +102,7 @@ type Consumer[T opkit.Object] struct {
 	mu      sync.Mutex
 	recvErr error // last Receive failure, cleared by a successful Receive
 	ackErr  error // last Ack/Nack/Term failure, cleared by a successful one
+	lagErr  error // last Lag failure, cleared by a successful one
 }
 
 // NewConsumer validates cfg and returns a Consumer; call Run to start it.
@@ -193,6 +194,7 @@ func (c *Consumer[T]) Run(ctx context.Context) error {
 	defer c.running.Store(false)
 	c.setErr(&c.recvErr, nil)
 	c.setErr(&c.ackErr, nil)
+	c.setErr(&c.lagErr, nil)
 
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -330,7 +332,9 @@ func (c *Consumer[T]) pause(ctx context.Context) bool {
 
 // Check reports the consumer's readiness: ErrNotRunning when Run is not
 // running, the last broker failure (its kind named in the message; find it
-// with errors.As on *BrokerError) while the broker is failing, else nil.
+// with errors.As on *BrokerError) while the broker is failing (receiving,
+// settling, or reporting its lag: while Lag fails, the lag metric keeps
+// its last value), else nil.
 // A paused consumer (see ConsumerConfig.Paused) uses no broker and is
 // ready.
 func (c *Consumer[T]) Check() error {
@@ -342,7 +346,7 @@ func (c *Consumer[T]) Check() error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, err := range []error{c.recvErr, c.ackErr} {
+	for _, err := range []error{c.recvErr, c.ackErr, c.lagErr} {
 		if err != nil {
 			return fmt.Errorf("trigger: consumer: broker %s: %w", KindOf(err), err)
 		}
@@ -474,7 +478,13 @@ func (c *Consumer[T]) nack(ctx context.Context, msg Message, r NackReason, delay
 	defer cancel()
 	err := msg.Nack(bctx, delay)
 	if err == nil {
-		c.metrics.Nacked(r)
+		if dl, ok := msg.(DeadLetterer); ok && dl.DeadLettered() {
+			c.metrics.Terminated(TermMaxDeliveries)
+			c.log.LogAttrs(ctx, slog.LevelWarn, "trigger consumer: message dead-lettered by the broker on its last delivery",
+				slog.String("nackReason", string(r)), slog.Int("deliveries", msg.Deliveries()))
+		} else {
+			c.metrics.Nacked(r)
+		}
 	}
 	c.settled(ctx, "nack", err, start)
 }
@@ -498,8 +508,11 @@ func (c *Consumer[T]) pollLag(ctx context.Context, lb Lag) {
 		cancel()
 		switch {
 		case err == nil:
+			c.setErr(&c.lagErr, nil)
 			c.metrics.Lag(n)
 		case ctx.Err() == nil:
+			// The Lag gauge keeps its last value: Check says it is stale.
+			c.setErr(&c.lagErr, fmt.Errorf("lag: %w", err))
 			kind := KindOf(err)
 			c.metrics.BrokerError(kind)
 			c.log.LogAttrs(ctx, slog.LevelWarn, "trigger consumer: lag unavailable",

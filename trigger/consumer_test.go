@@ -645,13 +645,51 @@ func TestConsumerReportsLag(t *testing.T) {
 		e.b.FailLag(&trigger.BrokerError{Kind: trigger.BrokerPermission, Op: "lag"})
 		time.Sleep(10 * time.Second)
 		synctest.Wait()
+		// The gauge keeps its last value: Check says it is stale.
+		var be *trigger.BrokerError
+		if err := e.c.Check(); !errors.As(err, &be) || be.Kind != trigger.BrokerPermission || !strings.Contains(err.Error(), "lag") {
+			t.Errorf("Check while Lag fails = %v, want the lag's Permission error", err)
+		}
+		e.b.FailLag(nil)
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		if err := e.c.Check(); err != nil {
+			t.Errorf("Check once Lag works again = %v, want nil", err)
+		}
 		close(e.objs.block)
 		stop()
-		if len(e.m.lag) != 2 || (e.m.lag[0] != 3 && e.m.lag[0] != 4) || e.m.lag[1] != 3 {
-			t.Errorf("lag reports = %v, want [3 or 4, 3]", e.m.lag)
+		if len(e.m.lag) != 3 || (e.m.lag[0] != 3 && e.m.lag[0] != 4) || e.m.lag[1] != 3 || e.m.lag[2] != 3 {
+			t.Errorf("lag reports = %v, want [3 or 4, 3, 3]", e.m.lag)
 		}
 		if e.m.brokerErrs[trigger.BrokerPermission] != 1 {
 			t.Errorf("broker errors = %v", e.m.brokerErrs)
+		}
+	})
+}
+
+// A broker that dead-letters on a Nack (its delivery limit) says so, and
+// the consumer counts a terminated message, not a nack: a trigger that
+// dies this way shows in the metrics.
+func TestConsumerCountsADeadLetterOnNackAsTerminated(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newConsumerEnv(t, func(c *trigger.ConsumerConfig[*corev1.ConfigMap]) {
+			c.RetryBase, c.RetryCap = time.Second, time.Second
+		})
+		e.b.MaxDeliver = 3
+		e.objs.fail = func(opkit.Key) error { return apierrors.NewInternalError(errors.New("etcd leader changed")) }
+		id := e.b.Publish([]byte(`{"namespace":"ns","name":"a"}`))
+		stop := e.run(t)
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		stop()
+		if got := ops(e.b.EventsFor(id)); got != "Nack@1s,Nack@1s,Nack@1s" {
+			t.Errorf("settlements = %q", got)
+		}
+		if dl := e.b.DeadLetters(); len(dl) != 1 || dl[0].Reason != string(trigger.TermMaxDeliveries) {
+			t.Fatalf("dead letters = %+v, want one (MaxDeliveries)", dl)
+		}
+		if e.m.nacked[trigger.NackAPIError] != 2 || e.m.terminated[trigger.TermMaxDeliveries] != 1 {
+			t.Errorf("nacked %v, terminated %v; want 2 APIError nacks and 1 MaxDeliveries", e.m.nacked, e.m.terminated)
 		}
 	})
 }

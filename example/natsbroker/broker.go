@@ -48,7 +48,7 @@ const connectionCheckInterval = time.Second
 
 // ReasonMaxDeliveries is the dead-letter reason of a message nacked on its
 // last allowed delivery.
-const ReasonMaxDeliveries = "MaxDeliveries"
+const ReasonMaxDeliveries = string(trigger.TermMaxDeliveries)
 
 // Config configures a [Broker]. The zero value of every field but URL (or
 // Conn) means its documented default.
@@ -528,10 +528,15 @@ func (b *Broker) classify(err error) trigger.BrokerErrorKind {
 
 // message is one JetStream delivery.
 type message struct {
-	b   *Broker
-	msg jetstream.Msg
-	md  *jetstream.MsgMetadata
+	b    *Broker
+	msg  jetstream.Msg
+	md   *jetstream.MsgMetadata
+	dead bool // Nack dead-lettered it (set by the receiving goroutine, read after Nack returns)
 }
+
+// DeadLettered reports whether Nack dead-lettered the message because it
+// was on its last allowed delivery (trigger.DeadLetterer).
+func (m *message) DeadLettered() bool { return m.dead }
 
 func (m *message) Data() []byte { return m.msg.Data() }
 
@@ -552,7 +557,9 @@ func (m *message) Ack(ctx context.Context) error {
 // receiver died) is redelivered after AckWait, not stranded.
 func (m *message) Nack(ctx context.Context, delay time.Duration) error {
 	if m.Deliveries() >= m.b.cfg.MaxDeliver {
-		return m.deadLetter(ctx, ReasonMaxDeliveries, "nack")
+		err := m.deadLetter(ctx, ReasonMaxDeliveries, "nack")
+		m.dead = err == nil
+		return err
 	}
 	if err := m.msg.NakWithDelay(delay); err != nil {
 		return &trigger.BrokerError{Kind: m.b.classify(err), Op: "nack", Err: err}

@@ -197,12 +197,25 @@ func lastDelivery(t *testing.T, b *natsbroker.Broker) trigger.Message {
 	return m
 }
 
+// The last delivery's Nack dead-letters and says so (trigger.DeadLetterer),
+// so that the consumer counts it as terminated; an earlier Nack does not.
 func TestNackOnLastDeliveryDeadLetters(t *testing.T) {
 	srv := startServer(t)
 	b := open(t, srv.URL(), func(c *natsbroker.Config) { c.MaxDeliver = 2 })
-	m := lastDelivery(t, b)
+	publish(t, b, "x")
+	first := receive(t, b)
+	if err := first.Nack(ctx5(t), time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if dl, ok := first.(trigger.DeadLetterer); !ok || dl.DeadLettered() {
+		t.Fatalf("first delivery: DeadLetterer %v, dead-lettered %v; want an implementation saying no", ok, ok && dl.DeadLettered())
+	}
+	m := receive(t, b)
 	if err := m.Nack(ctx5(t), time.Millisecond); err != nil {
 		t.Fatal(err)
+	}
+	if !m.(trigger.DeadLetterer).DeadLettered() {
+		t.Error("the last delivery's Nack dead-lettered it but DeadLettered says no")
 	}
 	dl := deadLetters(t, b)
 	if len(dl) != 1 || dl[0].Header.Get(natsbroker.HeaderTermReason) != natsbroker.ReasonMaxDeliveries {

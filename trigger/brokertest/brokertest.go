@@ -77,7 +77,8 @@ type entry struct {
 // is not usable; call New.
 type Broker struct {
 	// MaxDeliver, when positive, dead-letters a message (reason
-	// "MaxDeliver") when a Nack would exceed this many deliveries. Set it
+	// trigger.TermMaxDeliveries) when a Nack would exceed this many
+	// deliveries, and its Message reports it (trigger.DeadLetterer). Set it
 	// before use.
 	MaxDeliver int
 	// AckWait is how long a delivery whose Ack, Nack or Term failed (see
@@ -256,9 +257,17 @@ type message struct {
 	e        *entry
 	delivery int
 	settled  bool // guarded by b.mu
+	dead     bool // its Nack dead-lettered it; guarded by b.mu
 }
 
-func (m *message) Data() []byte    { return slices.Clone(m.e.data) }
+func (m *message) Data() []byte { return slices.Clone(m.e.data) }
+
+// DeadLettered reports whether Nack dead-lettered the message (MaxDeliver).
+func (m *message) DeadLettered() bool {
+	m.b.mu.Lock()
+	defer m.b.mu.Unlock()
+	return m.dead
+}
 func (m *message) Deliveries() int { return m.delivery }
 
 // settle runs f under the lock if the delivery is still open.
@@ -306,7 +315,8 @@ func (m *message) Nack(ctx context.Context, delay time.Duration) error {
 		b.events = append(b.events, Event{ID: m.e.id, Op: OpNack, Delivery: m.delivery, Delay: delay})
 		if b.MaxDeliver > 0 && m.e.deliveries >= b.MaxDeliver {
 			m.e.state = done
-			b.dead = append(b.dead, DeadLetter{ID: m.e.id, Data: slices.Clone(m.e.data), Reason: "MaxDeliver"})
+			b.dead = append(b.dead, DeadLetter{ID: m.e.id, Data: slices.Clone(m.e.data), Reason: string(trigger.TermMaxDeliveries)})
+			m.dead = true
 			return
 		}
 		if delay <= 0 {
