@@ -165,6 +165,43 @@ func (c componentsCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
+// QueueStats returns a collector that reports, at every scrape, the
+// queue's in-flight work from stats (a Queue's Stats method): entries in
+// flight and parked behind them, how long the oldest in-flight entry has
+// run, and the sum over all of them. A reconcile that hangs shows here
+// while it hangs; the work-duration histograms see it only once it ends.
+// The queue must have been created with metrics (reconcile.Config's
+// QueueMetrics) for the durations to be measured.
+func QueueStats(stats func() queue.Stats) prometheus.Collector {
+	d := func(name, help string) *prometheus.Desc {
+		return prometheus.NewDesc(Namespace+"_queue_"+name, help, nil, nil)
+	}
+	return queueStatsCollector{stats: stats, descs: [4]*prometheus.Desc{
+		d("in_flight", "Entries handed out to workers and not yet done."),
+		d("parked", "Entries waiting behind an in-flight entry of the same key."),
+		d("longest_running_seconds", "How long the oldest in-flight entry has been in flight."),
+		d("unfinished_work_seconds", "Time in flight summed over all in-flight entries."),
+	}}
+}
+
+type queueStatsCollector struct {
+	stats func() queue.Stats
+	descs [4]*prometheus.Desc
+}
+
+func (c queueStatsCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.descs {
+		ch <- d
+	}
+}
+
+func (c queueStatsCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.stats()
+	for i, v := range []float64{float64(st.InFlight), float64(st.Parked), st.LongestRunning.Seconds(), st.UnfinishedWork.Seconds()} {
+		ch <- prometheus.MustNewConstMetric(c.descs[i], prometheus.GaugeValue, v)
+	}
+}
+
 // Queue returns the adapter for queue.Metrics.
 func (m *Metrics) Queue() queue.Metrics { return queueMetrics{m} }
 

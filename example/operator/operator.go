@@ -388,6 +388,9 @@ func Assemble(o Options, d Deps) (*Operator, error) {
 		})); err != nil {
 			return nil, err
 		}
+		if err := d.Registry.Register(metrics.QueueStats(ctrl.Queue().Stats)); err != nil {
+			return nil, err
+		}
 	}
 
 	if o.MetricsBindAddress != "0" && d.Gatherer != nil {
