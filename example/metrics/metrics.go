@@ -114,7 +114,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		consNacked:     cv("trigger_consumer", "nacked_total", "Messages handed back for redelivery, by reason.", "reason"),
 		consTerminated: cv("trigger_consumer", "terminated_total", "Messages dead-lettered, by reason.", "reason"),
 		consProcessed:  h("trigger_consumer", "processing_seconds", "Time from receipt to ack, nack or term."),
-		consLag:        g("trigger_consumer", "lag", "Broker backlog: messages not yet delivered or acknowledged."),
+		consLag:        g("trigger_consumer", "lag", "Broker backlog: messages not yet delivered or acknowledged (every replica reports the same shared backlog: aggregate with max, not sum)."),
 		consBrokerErrs: cv("trigger_consumer", "broker_errors_total", "Failed broker calls, by kind (Disconnected, Permission, Quota, NotFound, Unknown).", "kind"),
 
 		recReconciled: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: Namespace, Subsystem: "reconcile", Name: "duration_seconds",

@@ -36,7 +36,7 @@ func TestAdaptersFeedCollectors(t *testing.T) {
 	m.Controller().Reconciled(reconcile.OutcomeDone, time.Millisecond)
 
 	want := `
-# HELP opkit_trigger_consumer_lag Broker backlog: messages not yet delivered or acknowledged.
+# HELP opkit_trigger_consumer_lag Broker backlog: messages not yet delivered or acknowledged (every replica reports the same shared backlog: aggregate with max, not sum).
 # TYPE opkit_trigger_consumer_lag gauge
 opkit_trigger_consumer_lag 7
 # HELP opkit_trigger_consumer_broker_errors_total Failed broker calls, by kind (Disconnected, Permission, Quota, NotFound, Unknown).
