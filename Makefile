@@ -1,6 +1,6 @@
 # opkit's developer and CI entry points. The README opens with the two that
 # matter: `make demo` and `make test`. Everything works on a machine that has
-# only Go (and make): the control plane is built from the Go module proxy by
+# only Go, make and gcc (-race needs cgo): the control plane is built from the Go module proxy by
 # hack/controlplane.sh and cached under the user cache dir.
 
 SHELL := bash

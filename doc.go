@@ -60,8 +60,9 @@
 // With leader election, only the replica holding the Lease runs the watcher
 // and the workers; on every other replica the queue's intake is suspended and
 // Enqueue returns false, which the HTTP endpoint answers with 503 and the
-// leader's identity, and the consumer answers with a negative acknowledgement
-// so that the broker redelivers the message.
+// leader's identity; the consumer takes no message there, so triggers wait
+// in the broker for the leader (one that arrives as leadership moves is
+// negatively acknowledged, and the broker redelivers it).
 //
 // # A minimal operator
 //

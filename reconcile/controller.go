@@ -85,7 +85,8 @@ type Config[T opkit.Object] struct {
 	// controller gives up on it; default DefaultMaxRetries (20); negative
 	// means retry forever. The count belongs to the request: a new event
 	// for the key (a watch event or a trigger) merged into a pending retry
-	// is reconciled at once and starts again from retry 0 (the delay keeps
+	// is reconciled at once and starts again from retry 0 (a pending
+	// delete keeps its own entry and count: see MergeEvents; the delay keeps
 	// growing: see Backoff). An object that keeps changing while its
 	// reconcile keeps failing is therefore never given up on, but is
 	// reconciled about once per change once the delay outgrows the time
@@ -95,8 +96,9 @@ type Config[T opkit.Object] struct {
 	// Watch.SkipStatusOnly. A key given up on waits for its next event:
 	// there is no periodic resync.
 	MaxRetries int
-	// Backoff is the retry delay policy; the zero value is
-	// queue.DefaultBackoff (5ms doubling to 5m, 10% jitter). The delay
+	// Backoff is the retry delay policy; the zero value means the queue's
+	// defaults (queue.DefaultBackoffBase 5ms doubling to
+	// queue.DefaultBackoffCap 5m, queue.DefaultBackoffJitter 10%). The delay
 	// grows with the key's consecutive failures since its last success,
 	// not with the request's retries: a new event merged into a pending
 	// retry is reconciled at once, but when that fails too its retry waits

@@ -18,8 +18,10 @@
 //   - Every outcome is defined: see the decision table on [Reconciler].
 //   - A panic in the Reconciler is an error (stack logged and counted,
 //     retried like any other), never a crashed process. Other callbacks
-//     (Watch.OnSync, term work, Metrics, a trigger's Getter) run
-//     unguarded: a panic there crashes the process as in any Go program.
+//     (Watch.OnSync, term work, Metrics, a trigger's Getter) are not
+//     recovered by opkit: a panic there crashes the process as in any Go
+//     program, except on the HTTP handler's goroutines, where net/http
+//     recovers it and drops the connection.
 //   - Shutdown stops the intake, lets in-flight reconciles finish up to a
 //     deadline, then cancels them; Run returns only when every goroutine it
 //     started has returned.

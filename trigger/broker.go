@@ -33,7 +33,8 @@ type Message interface {
 	Deliveries() int
 	// Ack acknowledges the message: the broker forgets it.
 	Ack(ctx context.Context) error
-	// Nack hands the message back for redelivery after delay.
+	// Nack hands the message back for redelivery after delay (a broker
+	// with a delivery limit may dead-letter it instead: see DeadLetterer).
 	Nack(ctx context.Context, delay time.Duration) error
 	// Term dead-letters the message: it is never redelivered. reason says
 	// why (it is one of the TermReason values).
@@ -182,9 +183,10 @@ const (
 	// TermMalformed: the message is not a JSON object of the expected
 	// shape (syntax error, wrong types, unknown fields, trailing data).
 	TermMalformed TermReason = "Malformed"
-	// TermInvalid: well-formed, but the namespace or name is invalid for
-	// the resource (not a name the API server accepts, see MaxNameLen;
-	// missing, or present when it must not be),
-	// or the reason is too long.
+	// TermInvalid: well-formed, but the namespace is not a DNS-1123 label,
+	// the name is one no object can have (see CheckName), either is
+	// missing or present when it must not be, or the reason is too long.
+	// A name the resource's own rules refuse (Foo_Bar for most) passes and
+	// is acknowledged as not found.
 	TermInvalid TermReason = "Invalid"
 )

@@ -58,7 +58,7 @@
 // # HTTP status codes
 //
 //	202 scheduled; JSON [Accepted] {key, namespace, name, uid, resourceVersion, delay, outcome}
-//	400 invalid namespace (DNS-1123 label) or name (see [MaxNameLen]), a path with empty, "." or ".." segments,
+//	400 invalid namespace (DNS-1123 label) or name (see [CheckName]), a path with empty, "." or ".." segments,
 //	    invalid delay, reason, query parameter or JSON body
 //	    (the path is checked before authentication, the rest after it)
 //	401 missing, invalid or wrong-audience bearer token (WWW-Authenticate: Bearer,
@@ -96,6 +96,8 @@
 //	API server error              Nack, delay RetryBase*2^(deliveries-1) up to RetryCap
 //	enqueue dropped               Nack after DroppedDelay (never Ack)
 //	scheduled                     Ack
+//	a Nack the broker turns into  counted as terminated (TermMaxDeliveries), not as a
+//	a dead letter (DeadLetterer)  nack, logged as a warning
 //
 // Before each receive the consumer asks ConsumerConfig.Paused (by default
 // the queue's Suspended or ShuttingDown): while it is paused it receives nothing and a

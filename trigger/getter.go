@@ -44,9 +44,9 @@ const MaxNameLen = validation.DNS1123SubdomainMaxLength
 // and against what the API server accepts as a name: the namespace must
 // be a DNS-1123 label for namespaced resources and empty for
 // cluster-scoped ones; the name must be non-empty, at most MaxNameLen
-// bytes, UTF-8 text without control characters, and a valid path segment
-// (not "." or "..", no "/" or "%"), the rule the API server applies to
-// every resource's names. Stricter rules of
+// bytes, UTF-8 text without control characters (opkit's limits), and a
+// valid path segment (not "." or "..", no "/" or "%": the rule the API
+// server applies to every resource's names). Stricter rules of
 // a resource (most want a DNS-1123 subdomain; RBAC roles take names such
 // as "system:aggregate-to-admin") are left to the API server, which
 // answers NotFound for a name it could not hold. Errors wrap ErrInvalid.

@@ -196,7 +196,7 @@ type Request[T opkit.Object] struct {
 //     shut down. The drop is logged and counted; use [Trigger.Submit] to
 //     learn which of the two it was.
 //   - error: bad input, wrapping [ErrInvalid] (nil object, missing or
-//     invalid name or namespace (see [MaxNameLen]), namespace present for a
+//     invalid name or namespace (see [CheckName]), namespace present for a
 //     cluster-scoped resource or missing for a namespaced one, negative
 //     delay, retries negative or beyond int32, invalid type or source,
 //     source APIServer, an object of another kind); an object in a

@@ -73,7 +73,7 @@ func DefaultBinDir() string {
 func CheckBinaries(dir string) error {
 	switch {
 	case dir == "":
-		return fmt.Errorf("%w: no user cache dir (set HOME or XDG_CACHE_HOME, or %s)", ErrBinariesMissing, BinDirEnv)
+		return fmt.Errorf("%w: no user cache dir (set HOME, or an absolute XDG_CACHE_HOME, or %s)", ErrBinariesMissing, BinDirEnv)
 	case !filepath.IsAbs(dir):
 		return fmt.Errorf("%w: bin dir %q is relative; tests run in their package's directory: give %s as an absolute path",
 			ErrBinariesMissing, dir, BinDirEnv)

@@ -1,7 +1,7 @@
 // Package brokertest is an in-memory message broker implementing
-// trigger.Broker and trigger.Lag, for tests of trigger.Consumer and of
-// code built on it. It records every ack, nack and term so that tests can
-// assert what happened to each message.
+// trigger.Broker and trigger.Lag (its messages trigger.DeadLetterer), for
+// tests of trigger.Consumer and of code built on it. It records every ack,
+// nack and term so that tests can assert what happened to each message.
 //
 // A Broker owns no goroutines of its own; a delayed Nack schedules the
 // redelivery with time.AfterFunc (so it follows testing/synctest's fake
@@ -50,7 +50,8 @@ type DeadLetter struct {
 	ID uint64
 	// Data is the message body.
 	Data []byte
-	// Reason is the reason given to Term.
+	// Reason is the reason given to Term, or trigger.TermMaxDeliveries for
+	// a Nack past MaxDeliver.
 	Reason string
 }
 
