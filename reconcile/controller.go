@@ -94,7 +94,9 @@ type Config[T opkit.Object] struct {
 	// status makes its own events and loops at the speed of the API
 	// server: write status only when it changes, or set
 	// Watch.SkipStatusOnly. A key given up on waits for its next event:
-	// there is no periodic resync.
+	// there is no periodic resync. For controller-runtime's behaviour
+	// (retry until it works) set MaxRetries negative; to look at an object
+	// again periodically (drift from external state), return RequeueAfter.
 	MaxRetries int
 	// Backoff is the retry delay policy; the zero value means the queue's
 	// defaults (queue.DefaultBackoffBase 5ms doubling to
