@@ -18,6 +18,12 @@ import (
 // ErrNotRunning is returned by [Consumer.Check] when Run is not running.
 var ErrNotRunning = errors.New("trigger: consumer is not running")
 
+// ErrLagUnavailable is wrapped by Check's error while the broker's Lag
+// fails (the lag metric then keeps its last value) and nothing worse is
+// wrong. Messages may still flow: a readiness check that should not take
+// a replica out of service for it can let it pass with errors.Is.
+var ErrLagUnavailable = errors.New("trigger: broker lag unavailable")
+
 // ConsumerConfig configures a Consumer. The zero value of every optional
 // field means its documented default.
 type ConsumerConfig[T opkit.Object] struct {
@@ -334,7 +340,7 @@ func (c *Consumer[T]) pause(ctx context.Context) bool {
 // running, the last broker failure (its kind named in the message; find it
 // with errors.As on *BrokerError) while the broker is failing (receiving,
 // settling, or reporting its lag: while Lag fails, the lag metric keeps
-// its last value), else nil.
+// its last value, and the error wraps [ErrLagUnavailable]), else nil.
 // A paused consumer (see ConsumerConfig.Paused) uses no broker and is
 // ready.
 func (c *Consumer[T]) Check() error {
@@ -512,7 +518,7 @@ func (c *Consumer[T]) pollLag(ctx context.Context, lb Lag) {
 			c.metrics.Lag(n)
 		case ctx.Err() == nil:
 			// The Lag gauge keeps its last value: Check says it is stale.
-			c.setErr(&c.lagErr, fmt.Errorf("lag: %w", err))
+			c.setErr(&c.lagErr, fmt.Errorf("%w: %w", ErrLagUnavailable, err))
 			kind := KindOf(err)
 			c.metrics.BrokerError(kind)
 			c.log.LogAttrs(ctx, slog.LevelWarn, "trigger consumer: lag unavailable",
