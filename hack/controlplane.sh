@@ -140,7 +140,8 @@ build_nats() {
 cmd="${1:-build}"
 case "$cmd" in
   build)
-    [[ -n "$(go env GOMODCACHE)" ]] || die "Go has no module cache (GOMODCACHE is empty: set HOME, GOPATH or GOMODCACHE)"
+    modcache=$(go env GOMODCACHE) || die "go env failed"
+    [[ -n "$modcache" ]] || die "Go has no module cache (GOMODCACHE is empty: set HOME, GOPATH or GOMODCACHE)"
     mkdir -p "$bindir" "$workdir"
     # One build at a time per cache (make test and make demo in two
     # terminals, two clones): they share the build modules. Each binary is

@@ -205,3 +205,27 @@ func TestADeleteDoesNotTakeTheStreak(t *testing.T) {
 		t.Fatalf("the new object was never reconciled; reconciles:%s", describeCalls(calls))
 	})
 }
+
+// A key given up on ends its streak: its next event's failure waits the
+// shortest delay, not the delay the given-up request had reached.
+func TestGivingUpEndsTheStreak(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var down atomic.Bool
+		down.Store(true)
+		rec := failing(&down)
+		e := start(t, rec, func(c *reconcile.Config[*Widget]) { c.MaxRetries = 3 }, widget("a"))
+		time.Sleep(time.Minute) // fails at 0, 1, 3, 7s: given up
+		synctest.Wait()
+		if e.metrics.get(reconcile.OutcomeGaveUp) != 1 {
+			t.Fatalf("given up %d times, want 1", e.metrics.get(reconcile.OutcomeGaveUp))
+		}
+		n := len(rec.snapshot())
+		updateSpec(t, e, 2)
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		calls := rec.snapshot()
+		if got := fmt.Sprint(gapsAfter(calls, n)); got != "[1s 2s 4s]" {
+			t.Errorf("after giving up, the next event's retry gaps %s, want [1s 2s 4s]; reconciles:%s", got, describeCalls(calls))
+		}
+	})
+}

@@ -589,7 +589,7 @@ func (c *Controller[T]) process(ctx context.Context, item queue.Item[opkit.Key, 
 		case typed.Gone(err, item.Key.Name):
 			log.Debug("object gone before its reconcile: skipped")
 			c.metrics.Skipped(SkipGone)
-			c.fails.forget(item.Key)
+			c.fails.forget(item.Key, "") // no object of the name is left
 			return
 		case err != nil:
 			// Not the reconciler's fault, but retried the same way.
@@ -609,7 +609,7 @@ func (c *Controller[T]) process(ctx context.Context, item queue.Item[opkit.Key, 
 		// and a Deleted trigger was judged when it was submitted.
 		log.Info("object does not match the watch's label selector: skipped", "selector", c.sel.String())
 		c.metrics.Skipped(SkipOutOfScope)
-		c.fails.forget(item.Key)
+		c.fails.forget(item.Key, types.UID(uidOf(req.Object)))
 		return
 	}
 	start := time.Now()
@@ -665,7 +665,7 @@ func (c *Controller[T]) afterReconcile(ctx context.Context, item queue.Item[opki
 		}
 	}
 	if err == nil || IsTerminal(err) || ctx.Err() == nil && c.cfg.MaxRetries >= 0 && item.Retries >= c.cfg.MaxRetries {
-		c.fails.forget(item.Key) // succeeded, or no retry follows
+		c.fails.forget(item.Key, types.UID(uidOf(req.Object))) // succeeded, or no retry follows
 	}
 	switch {
 	case err == nil && !requeue:
@@ -707,13 +707,10 @@ func (c *Controller[T]) afterReconcile(ctx context.Context, item queue.Item[opki
 		// backs off on its own retries: the object is gone, and a new
 		// object of its name waits behind it (MergeSequence).
 		streak := retries
+		uid := types.UID(uidOf(req.Object))
 		if ev.Type == opkit.Deleted {
-			c.fails.forget(item.Key)
+			c.fails.forget(item.Key, uid)
 		} else {
-			var uid types.UID
-			if !isNil(req.Object) {
-				uid = req.Object.GetUID()
-			}
 			streak = max(retries, c.fails.fail(item.Key, uid))
 		}
 		delay := c.cfg.Backoff.Delay(streak)

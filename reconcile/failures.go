@@ -49,11 +49,13 @@ func (f *failures) fail(key opkit.Key, uid types.UID) int {
 	return e.n
 }
 
-// forget ends key's failure streak: it succeeded, was given up on, or no
-// longer needs a reconcile.
-func (f *failures) forget(key opkit.Key) {
+// forget ends the failure streak of key's object uid: it succeeded, was
+// given up on, or no longer needs a reconcile. A streak of another object
+// of the name (a recreated one, failing while the old one's delete is
+// retried) stays; an unknown uid ("") on either side ends any.
+func (f *failures) forget(key opkit.Key, uid types.UID) {
 	f.mu.Lock()
-	if len(f.m) > 0 {
+	if e, ok := f.m[key]; ok && (uid == "" || e.uid == "" || e.uid == uid) {
 		delete(f.m, key)
 	}
 	f.mu.Unlock()

@@ -30,9 +30,17 @@ func TestFailuresCountAStreakPerObject(t *testing.T) {
 			t.Fatalf("fail(%v, %q) = %d, want %d", step.key, step.uid, got, step.want)
 		}
 	}
-	f.forget(a)
+	f.forget(a, "u1") // another object's success: u2's streak stays
+	if got := f.fail(a, "u2"); got != 3 {
+		t.Errorf("after forgetting u1: %d, want u2's streak to go on (3)", got)
+	}
+	f.forget(a, "u2")
 	if got := f.fail(a, "u2"); got != 1 {
 		t.Errorf("after forget: %d, want 1", got)
+	}
+	f.forget(a, "") // unknown: ends any
+	if got := f.fail(a, "u2"); got != 1 {
+		t.Errorf("after forgetting an unknown object: %d, want 1", got)
 	}
 	if f.len() != 2 {
 		t.Errorf("%d keys failing, want 2", f.len())
@@ -41,5 +49,5 @@ func TestFailuresCountAStreakPerObject(t *testing.T) {
 	if f.len() != 0 {
 		t.Errorf("%d keys failing after reset, want 0", f.len())
 	}
-	f.forget(b) // forgetting an unknown key is fine
+	f.forget(b, "u9") // forgetting a key with no streak is fine
 }

@@ -360,3 +360,44 @@ func firstDeleteOutlivesTheTerm(t *testing.T, objs ...*Widget) (rec *recorder, e
 		synctest.Wait()
 	}
 }
+
+// A failing key's streak ends with the term: the next term's list
+// reconciles it with the shortest delay again, not with the delay the
+// last term had reached (its retry went with the cleared queue).
+func TestTheFailureStreakEndsWithTheTerm(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		kube := kfake.NewClientset()
+		var failRenew atomic.Bool
+		kube.PrependReactor("update", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
+			if failRenew.Load() {
+				return true, nil, apierrors.NewInternalError(errors.New("etcd unavailable"))
+			}
+			return false, nil, nil
+		})
+		rec := &recorder{do: func(context.Context, int, reconcile.Request[*Widget]) (reconcile.Result, error) {
+			return reconcile.Done(), errors.New("dependency down")
+		}}
+		e := start(t, rec, func(c *reconcile.Config[*Widget]) {
+			c.Leader = &leader.Config{Client: kube, Namespace: "ns", Name: "widgets", Identity: "me"}
+		}, widget("a"))
+		time.Sleep(40 * time.Second) // fails at 0, 1, 3, 7, 15, 31s: the next delay 32s
+		synctest.Wait()
+		failRenew.Store(true) // the term ends at RenewDeadline
+		time.Sleep(20 * time.Second)
+		synctest.Wait()
+		if e.ctrl.Elector().IsLeader() {
+			t.Fatal("still leading with every renewal failing")
+		}
+		n := len(rec.snapshot())
+		failRenew.Store(false) // the next campaign succeeds
+		time.Sleep(30 * time.Second)
+		synctest.Wait()
+		calls := rec.snapshot()
+		if len(calls) < n+3 {
+			t.Fatalf("%d reconciles in the next term, want at least 3; reconciles:%s", len(calls)-n, describeCalls(calls))
+		}
+		if got := fmt.Sprint(gapsAfter(calls[n:n+3], 0)); got != "[1s 2s]" {
+			t.Errorf("the next term's retry gaps %s, want [1s 2s]; reconciles:%s", got, describeCalls(calls[n:]))
+		}
+	})
+}

@@ -46,7 +46,9 @@ type Message interface {
 // dead-letters the message instead of handing it back. After a Nack that
 // returned nil, DeadLettered reports whether it did; the Consumer then
 // counts the message as terminated (TermMaxDeliveries), not nacked, so
-// that a trigger that dies this way shows in the metrics.
+// that a trigger that dies this way shows in the metrics. Dead letters a
+// broker makes outside a Nack (say, while handing back prefetched
+// messages) are the broker's to report.
 type DeadLetterer interface {
 	DeadLettered() bool
 }
