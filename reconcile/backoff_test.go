@@ -38,6 +38,17 @@ func gapsAfter(calls []call, i int) []time.Duration {
 	return gaps
 }
 
+// gapsAfterAChange changes ns/a's spec and returns the gaps between the
+// reconciles of the 10s that follow, and every reconcile so far.
+func gapsAfterAChange(t *testing.T, e *env) (string, []call) {
+	n := len(e.rec.snapshot())
+	updateSpec(t, e, 2)
+	time.Sleep(10 * time.Second)
+	synctest.Wait()
+	calls := e.rec.snapshot()
+	return fmt.Sprint(gapsAfter(calls, n)), calls
+}
+
 // An object that keeps changing (another writer, every 30s) while its
 // reconcile keeps failing: each change is reconciled at once, but the
 // backoff does not start again from its shortest delay at each change, so
@@ -101,12 +112,7 @@ func TestASuccessStartsTheBackoffAgain(t *testing.T) {
 		time.Sleep(10 * time.Second) // the retry at 15s succeeds
 		synctest.Wait()
 		down.Store(true)
-		n := len(rec.snapshot())
-		updateSpec(t, e, 2)
-		time.Sleep(10 * time.Second)
-		synctest.Wait()
-		calls := rec.snapshot()
-		if got := fmt.Sprint(gapsAfter(calls, n)); got != "[1s 2s 4s]" {
+		if got, calls := gapsAfterAChange(t, e); got != "[1s 2s 4s]" {
 			t.Errorf("after a success, retry gaps %s, want [1s 2s 4s]; reconciles:%s", got, describeCalls(calls))
 		}
 	})
@@ -219,12 +225,7 @@ func TestGivingUpEndsTheStreak(t *testing.T) {
 		if e.metrics.get(reconcile.OutcomeGaveUp) != 1 {
 			t.Fatalf("given up %d times, want 1", e.metrics.get(reconcile.OutcomeGaveUp))
 		}
-		n := len(rec.snapshot())
-		updateSpec(t, e, 2)
-		time.Sleep(10 * time.Second)
-		synctest.Wait()
-		calls := rec.snapshot()
-		if got := fmt.Sprint(gapsAfter(calls, n)); got != "[1s 2s 4s]" {
+		if got, calls := gapsAfterAChange(t, e); got != "[1s 2s 4s]" {
 			t.Errorf("after giving up, the next event's retry gaps %s, want [1s 2s 4s]; reconciles:%s", got, describeCalls(calls))
 		}
 	})

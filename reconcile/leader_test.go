@@ -329,14 +329,7 @@ func TestARecreatedObjectsInterruptedDeleteIsReconciledInTheNextTerm(t *testing.
 // nextTerm ends the term (every Lease renewal fails until the deadline),
 // then lets the next campaign win and waits for the new term's work.
 func firstDeleteOutlivesTheTerm(t *testing.T, objs ...*Widget) (rec *recorder, e *env, nextTerm func()) {
-	kube := kfake.NewClientset()
-	var failRenew atomic.Bool
-	kube.PrependReactor("update", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
-		if failRenew.Load() {
-			return true, nil, apierrors.NewInternalError(errors.New("etcd unavailable"))
-		}
-		return false, nil, nil
-	})
+	elect, endTerm, nextCampaign := electedWithTermEnd(t)
 	var deletes atomic.Int32
 	rec = &recorder{do: func(ctx context.Context, _ int, req reconcile.Request[*Widget]) (reconcile.Result, error) {
 		if req.Type == opkit.Deleted && deletes.Add(1) == 1 {
@@ -345,20 +338,44 @@ func firstDeleteOutlivesTheTerm(t *testing.T, objs ...*Widget) (rec *recorder, e
 		}
 		return reconcile.Done(), nil
 	}}
-	e = start(t, rec, func(c *reconcile.Config[*Widget]) {
-		c.Leader = &leader.Config{Client: kube, Namespace: "ns", Name: "widgets", Identity: "me"}
-	}, objs...)
+	e = start(t, rec, elect, objs...)
 	return rec, e, func() {
+		endTerm(e)
+		nextCampaign()
+	}
+}
+
+// electedWithTermEnd returns a Config modifier that makes the controller
+// leader-elected on a fake Lease, endTerm, which ends the current term
+// (every renewal fails until the deadline) and checks it ended, and
+// nextCampaign, which lets the next campaign win and waits for the new
+// term's work.
+func electedWithTermEnd(t *testing.T) (elect func(*reconcile.Config[*Widget]), endTerm func(*env), nextCampaign func()) {
+	kube := kfake.NewClientset()
+	var failRenew atomic.Bool
+	kube.PrependReactor("update", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if failRenew.Load() {
+			return true, nil, apierrors.NewInternalError(errors.New("etcd unavailable"))
+		}
+		return false, nil, nil
+	})
+	elect = func(c *reconcile.Config[*Widget]) {
+		c.Leader = &leader.Config{Client: kube, Namespace: "ns", Name: "widgets", Identity: "me"}
+	}
+	endTerm = func(e *env) {
 		failRenew.Store(true) // the term ends at RenewDeadline
 		time.Sleep(20 * time.Second)
 		synctest.Wait()
 		if e.ctrl.Elector().IsLeader() {
 			t.Fatalf("still leading with every renewal failing")
 		}
+	}
+	nextCampaign = func() {
 		failRenew.Store(false) // the next campaign succeeds
 		time.Sleep(30 * time.Second)
 		synctest.Wait()
 	}
+	return elect, endTerm, nextCampaign
 }
 
 // A failing key's streak ends with the term: the next term's list
@@ -366,32 +383,16 @@ func firstDeleteOutlivesTheTerm(t *testing.T, objs ...*Widget) (rec *recorder, e
 // last term had reached (its retry went with the cleared queue).
 func TestTheFailureStreakEndsWithTheTerm(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		kube := kfake.NewClientset()
-		var failRenew atomic.Bool
-		kube.PrependReactor("update", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
-			if failRenew.Load() {
-				return true, nil, apierrors.NewInternalError(errors.New("etcd unavailable"))
-			}
-			return false, nil, nil
-		})
+		elect, endTerm, nextCampaign := electedWithTermEnd(t)
 		rec := &recorder{do: func(context.Context, int, reconcile.Request[*Widget]) (reconcile.Result, error) {
 			return reconcile.Done(), errors.New("dependency down")
 		}}
-		e := start(t, rec, func(c *reconcile.Config[*Widget]) {
-			c.Leader = &leader.Config{Client: kube, Namespace: "ns", Name: "widgets", Identity: "me"}
-		}, widget("a"))
+		e := start(t, rec, elect, widget("a"))
 		time.Sleep(40 * time.Second) // fails at 0, 1, 3, 7, 15, 31s: the next delay 32s
 		synctest.Wait()
-		failRenew.Store(true) // the term ends at RenewDeadline
-		time.Sleep(20 * time.Second)
-		synctest.Wait()
-		if e.ctrl.Elector().IsLeader() {
-			t.Fatal("still leading with every renewal failing")
-		}
+		endTerm(e)
 		n := len(rec.snapshot())
-		failRenew.Store(false) // the next campaign succeeds
-		time.Sleep(30 * time.Second)
-		synctest.Wait()
+		nextCampaign()
 		calls := rec.snapshot()
 		if len(calls) < n+3 {
 			t.Fatalf("%d reconciles in the next term, want at least 3; reconciles:%s", len(calls)-n, describeCalls(calls))
