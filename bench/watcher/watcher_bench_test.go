@@ -319,22 +319,13 @@ func BenchmarkInitialSync(b *testing.B) {
 				if strip {
 					inf.SetTransform(stripManagedFields)
 				}
-				var n atomic.Int64
-				inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: func(any) { n.Add(1) }})
 				stop := make(chan struct{})
-				factory.Start(stop)
-				for !inf.HasSynced() {
-					time.Sleep(time.Millisecond)
-				}
-				// Handlers run asynchronously; wait for them to drain.
-				for n.Load() < objects {
-					time.Sleep(time.Millisecond)
-				}
+				n := syncCounted(inf, func() { factory.Start(stop) })
 				return func() {
 					runtime.KeepAlive(inf)
 					close(stop)
 					factory.Shutdown()
-				}, n.Load()
+				}, n
 			})
 		})
 	}
@@ -348,26 +339,35 @@ func BenchmarkInitialSync(b *testing.B) {
 			if err := inf.SetTransform(stripManagedFields); err != nil {
 				b.Fatal(err)
 			}
-			var n atomic.Int64
-			inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: func(any) { n.Add(1) }})
 			stop := make(chan struct{})
 			ran := make(chan struct{})
-			go func() {
-				defer close(ran)
-				inf.Run(stop)
-			}()
-			for !inf.HasSynced() {
-				time.Sleep(time.Millisecond)
-			}
-			// Handlers run asynchronously; wait for them to drain.
-			for n.Load() < objects {
-				time.Sleep(time.Millisecond)
-			}
+			n := syncCounted(inf, func() {
+				go func() {
+					defer close(ran)
+					inf.Run(stop)
+				}()
+			})
 			return func() {
 				runtime.KeepAlive(inf)
 				close(stop)
 				<-ran
-			}, n.Load()
+			}, n
 		})
 	})
+}
+
+// syncCounted adds a handler counting inf's Adds, starts inf with start,
+// and returns once it has synced and its handler has seen every object
+// (handlers run asynchronously), with the count.
+func syncCounted(inf cache.SharedIndexInformer, start func()) int64 {
+	var n atomic.Int64
+	inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: func(any) { n.Add(1) }})
+	start()
+	for !inf.HasSynced() {
+		time.Sleep(time.Millisecond)
+	}
+	for n.Load() < objects {
+		time.Sleep(time.Millisecond)
+	}
+	return n.Load()
 }
