@@ -664,15 +664,17 @@ func (c *Controller[T]) afterReconcile(ctx context.Context, item queue.Item[opki
 			c.watch.Settle(item.Key, ev.Object.GetUID(), ev.Object.GetResourceVersion())
 		}
 	}
-	if err == nil || IsTerminal(err) || ctx.Err() == nil && c.cfg.MaxRetries >= 0 && item.Retries >= c.cfg.MaxRetries {
-		c.fails.forget(item.Key, types.UID(uidOf(req.Object))) // succeeded, or no retry follows
-	}
+	// The object's failure streak ends with any outcome but a retry (and
+	// an interruption, which the end of the term deals with).
+	uid := types.UID(uidOf(req.Object))
 	switch {
 	case err == nil && !requeue:
+		c.fails.forget(item.Key, uid)
 		settle()
 		c.metrics.Reconciled(OutcomeDone, took)
 		log.Debug("reconciled", "took", took)
 	case err == nil:
+		c.fails.forget(item.Key, uid)
 		c.metrics.Reconciled(OutcomeRequeue, took)
 		log.Debug("reconciled; requeued", "after", after, "took", took)
 		if ev.Type != opkit.Deleted {
@@ -690,11 +692,13 @@ func (c *Controller[T]) afterReconcile(ctx context.Context, item queue.Item[opki
 		c.metrics.Reconciled(OutcomeInterrupted, took)
 		log.Info("reconcile interrupted by shutdown or the end of the term", "err", err)
 	case IsTerminal(err):
+		c.fails.forget(item.Key, uid)
 		settle()
 		c.metrics.Reconciled(OutcomeTerminal, took)
 		log.Error("reconcile failed with a terminal error: not retried", "err", err)
 		c.record(ctx, req.Object, "ReconcileTerminalError", err, log)
 	case c.cfg.MaxRetries >= 0 && item.Retries >= c.cfg.MaxRetries:
+		c.fails.forget(item.Key, uid)
 		settle()
 		c.metrics.Reconciled(OutcomeGaveUp, took)
 		log.Error("reconcile failed on its last retry: dropped", "err", err, "maxRetries", c.cfg.MaxRetries)
@@ -707,7 +711,6 @@ func (c *Controller[T]) afterReconcile(ctx context.Context, item queue.Item[opki
 		// backs off on its own retries: the object is gone, and a new
 		// object of its name waits behind it (MergeSequence).
 		streak := retries
-		uid := types.UID(uidOf(req.Object))
 		if ev.Type == opkit.Deleted {
 			c.fails.forget(item.Key, uid)
 		} else {

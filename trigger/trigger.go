@@ -283,18 +283,9 @@ func (t *Trigger[T]) validate(req Request[T]) error {
 		return invalid("retries %d out of range (at most %d)", req.Retries, math.MaxInt32)
 	}
 	obj := req.Object
-	if obj.GetName() == "" {
-		return invalid("object has no name")
-	}
-	ns := obj.GetNamespace()
-	if t.res.Namespaced && ns == "" {
-		return invalid("%s is namespaced but object %q has no namespace", t.res.Resource, obj.GetName())
-	}
-	if !t.res.Namespaced && ns != "" {
-		return invalid("%s is cluster-scoped but object %q has namespace %q", t.res.Resource, obj.GetName(), ns)
-	}
-	// The key must be one the worker can read back (or, for a Deleted
-	// trigger, one an object could have had), as for keys from outside.
+	// The key must fit the resource's scope and be one the worker can read
+	// back (or, for a Deleted trigger, one an object could have had), as
+	// for keys from outside.
 	if err := validateKey(t.res, opkit.KeyOf(obj)); err != nil {
 		return err
 	}
