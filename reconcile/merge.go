@@ -46,9 +46,13 @@ import (
 //	                                         again whether to retry or requeue
 //	new watch  re-added Deleted, same UID    MergeKeep: the object came back into the
 //	event                                    watch after the delete ran
-//	new        re-added Deleted, a UID       MergeSequence: the new event first, then
-//	           unknown on either side        the delete, as for another UID (a Deleted
-//	                                         trigger of only namespace and name)
+//	new        re-added Deleted              MergeSequence: the new event first, then
+//	trigger,                                 the delete, as for another UID: a trigger
+//	or a UID                                 may stand for an object that still exists
+//	unknown                                  (back in the label selector, or deleting
+//	                                         with finalizers after a Deleted trigger),
+//	                                         and the delete may be real (a Deleted
+//	                                         trigger of only namespace and name, too)
 //	new        watch Added/Modified, same    MergeKeep: the external trigger keeps its
 //	trigger    UID (or a UID unknown)        source, type, reason and retry count, and
 //	(Operator)                               takes the watch event's object (marked
@@ -67,11 +71,14 @@ import (
 // selector, which reports an object that stops matching as deleted and one
 // that matches again as added, with the same UID: only a watch event can
 // say so, so a re-added (retried or requeued) delete gives way to a watch
-// event and replaces anything else of its UID. The rows are read top down:
-// the first that fits decides. A re-added delete also replaces a trigger
-// that took the watch event's
-// object (the trigger rule): the controller cannot tell that trigger from
-// one that read the object just before it was really deleted.
+// event of its UID, and follows a trigger, which it neither drops nor is
+// dropped for: the controller cannot tell a trigger for an object that is
+// back or still there from one that read the object just before it was
+// really deleted (whose reconcile then finds it gone). The cost: when an
+// object back in the label selector had its return merged into a trigger
+// (the trigger rule), the retried delete runs after the trigger's
+// reconcile and is the last word until the object changes again. The rows
+// are read top down: the first that fits decides.
 func MergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T]) queue.Merge {
 	pu, iu := uidOf(pending.Object), uidOf(incoming.Object)
 	sameUID := pu != "" && pu == iu
@@ -87,12 +94,13 @@ func MergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T
 			if incoming.Type != opkit.Deleted || pending.Source == opkit.APIServer && sameUID {
 				return queue.MergeKeep
 			}
-			if pu == "" || iu == "" {
-				// A re-added delete of an object it cannot tell from the
-				// new event's (a Deleted trigger of only namespace and
-				// name): after the new event, as the delete of another UID.
-				return queue.MergeSequence
-			}
+			// A re-added delete behind a newer event the watch did not
+			// deliver (a trigger, whatever its UID): after the new event.
+			// The trigger may stand for an object that still exists (one
+			// back in the label selector, or deleting with finalizers
+			// after a Deleted trigger), and the delete may be real;
+			// neither is dropped.
+			return queue.MergeSequence
 		}
 		if pending.Source == opkit.Operator && !readd(*pending) && incoming.Source == opkit.APIServer &&
 			incoming.Type != opkit.Deleted && !otherUID {

@@ -248,3 +248,98 @@ func TestRetryDoesNotReplaceATriggersObject(t *testing.T) {
 		}
 	})
 }
+
+// A trigger accepted while a delete of the same object is reconciled is
+// not swallowed by that delete's retry or requeue: the object may still
+// exist (deleting with finalizers after a Deleted trigger, or back in the
+// watch's label selector), so both run, the trigger first.
+func TestARetriedDeleteDoesNotSwallowAParkedTrigger(t *testing.T) {
+	shard := func(n string) func(*Widget) { return func(w *Widget) { w.Labels = map[string]string{"shard": n} } }
+	for _, tc := range []struct {
+		name     string
+		selector bool // the delete is the object leaving the selector; else a Deleted trigger
+		outcome  func() (reconcile.Result, error)
+		back     string // with selector: "watchThenTrigger" or "triggerThenWatch"
+	}{
+		{"Deleted trigger retried", false, func() (reconcile.Result, error) { return reconcile.Done(), errors.New("cleanup failed") }, ""},
+		{"Deleted trigger requeued", false, func() (reconcile.Result, error) { return reconcile.RequeueAfter(time.Minute), nil }, ""},
+		{"selector leave retried, back in the watch first", true, func() (reconcile.Result, error) { return reconcile.Done(), errors.New("cleanup failed") }, "watchThenTrigger"},
+		{"selector leave retried, trigger first", true, func() (reconcile.Result, error) { return reconcile.Done(), errors.New("cleanup failed") }, "triggerThenWatch"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				gate := make(chan struct{})
+				first := true
+				rec := &recorder{do: func(_ context.Context, _ int, req reconcile.Request[*Widget]) (reconcile.Result, error) {
+					if req.Type == opkit.Deleted && first {
+						first = false
+						<-gate
+						return tc.outcome()
+					}
+					return reconcile.Done(), nil
+				}}
+				e, fw := startWithFakeWatch(t, rec, func(c *reconcile.Config[*Widget]) {
+					if tc.selector {
+						c.Watch.LabelSelector = "shard=1"
+					}
+				}, widget("a", shard("1")))
+				synctest.Wait()
+				back := widget("a", shard("1"), func(w *Widget) { w.ResourceVersion = "4" })
+				ub, err := typed.ToUnstructured(back)
+				if err != nil {
+					t.Fatal(err)
+				}
+				// The object as the reconciles will read it (the watch
+				// delivers only what the test pushes).
+				if err := e.dyn.Tracker().Update(widgets.GroupVersionResource, ub, "ns"); err != nil {
+					t.Fatal(err)
+				}
+				ci := func() {
+					o, err := e.ctrl.Trigger().Submit(context.Background(), trigger.Request[*Widget]{Object: back, Type: opkit.Modified, Source: opkit.Operator, Reason: "ci", Fetched: true})
+					if err != nil || !o.Accepted() {
+						t.Fatalf("Submit: %v %v", o, err)
+					}
+				}
+				if tc.selector {
+					left, err := typed.ToUnstructured(widget("a", shard("2"), func(w *Widget) { w.ResourceVersion = "3" }))
+					if err != nil {
+						t.Fatal(err)
+					}
+					fw.Delete(left) // left the selector: its Deleted is in flight, blocked
+					synctest.Wait()
+					if tc.back == "watchThenTrigger" {
+						fw.Add(ub)
+						synctest.Wait()
+						ci()
+					} else {
+						ci()
+						fw.Add(ub)
+						synctest.Wait()
+					}
+				} else {
+					if o, err := e.ctrl.Trigger().Submit(context.Background(), trigger.Request[*Widget]{Object: widget("a", shard("1")), Type: opkit.Deleted, Source: opkit.Operator, Reason: "teardown"}); err != nil || !o.Accepted() {
+						t.Fatal(o, err)
+					}
+					synctest.Wait() // in flight, blocked
+					ci()
+				}
+				close(gate) // the delete's retry or requeue merges into the parked trigger
+				time.Sleep(2 * time.Hour)
+				synctest.Wait()
+				calls := rec.snapshot()
+				if got := withReason(calls, "ci"); len(got) != 1 || got[0].req.Type != opkit.Modified || got[0].req.Object.ResourceVersion != "4" {
+					t.Errorf("want the accepted ci trigger reconciled once with the object as it is now; reconciles:%s", describeCalls(calls))
+				}
+				deletes := 0
+				for _, c := range calls {
+					if c.req.Type == opkit.Deleted {
+						deletes++
+					}
+				}
+				if deletes != 2 {
+					t.Errorf("%d Deleted reconciles, want 2 (the delete and its retry or requeue); reconciles:%s", deletes, describeCalls(calls))
+				}
+			})
+		})
+	}
+}

@@ -112,7 +112,7 @@
 // reconcile, the newer reason); a trigger that arrives while the object
 // is being reconciled gets a reconcile of its own after that one, which
 // the controller's retry or requeue of the running one does not replace
-// (except the retry of a delete that failed: the object is gone).
+// (the retry or requeue of a delete runs after it).
 // A delay is an upper bound, not a promise of "not before": entries for a
 // key merge to the earliest due time, so another event for the object in
 // the meantime reconciles it sooner, once, and nothing runs again at the
