@@ -27,20 +27,24 @@ type entry struct {
 	// epoch is the number of the latest (re)list that saw the object; after
 	// a complete list, entries with an older epoch have vanished.
 	epoch uint32
+	// queuedIn is, for a tombstone whose delete the queue accepted, the Run
+	// that handed it over (tracker.run); 0 while the queue has not taken
+	// it. Only a later Run's first list emits it again: its queue may have
+	// lost it (cleared at the end of a leader's term).
+	queuedIn uint16
 	// deleted marks a tombstone: the object is gone, but its delete is kept
 	// until it is settled (see Watcher.Settle), or, when the queue did not
 	// accept it, until a list emits it again.
 	deleted bool
-	// queued is true for a tombstone whose delete the queue accepted
-	// during the current Run: only a Run's first list emits it again.
-	queued bool
 }
 
-// reemit reports whether a list (initial: a Run's first) or a recreation
-// of the object emits the delete of e again: any vanished live object's,
-// and a tombstone's unless the queue took it in this Run.
-func (e entry) reemit(initial bool) bool {
-	return initial || !e.deleted || !e.queued
+// reemit reports whether a list (initial: a Run's first; run: the current
+// Run) or a recreation of the object emits the delete of e again: any
+// vanished live object's, and a tombstone's unless the queue took it in
+// this Run. A delete the queue took during this Run's first list (a
+// streamed list takes changes as they come) is not sent twice.
+func (e entry) reemit(initial bool, run uint16) bool {
+	return !e.deleted || e.queuedIn == 0 || initial && e.queuedIn != run
 }
 
 // meta is what the watcher reads from an object's metadata.
@@ -123,9 +127,14 @@ type tracker struct {
 	// and created again must not take its predecessor's delete with it.
 	earlier  map[opkit.Key][]entry
 	nEarlier int
-	// namespaces interns namespace strings so that keys share them.
+	// namespaces interns namespace strings so that keys share them;
+	// namespaces no key uses any more are dropped by pruneNamespaces.
 	namespaces map[string]string
+	nsKept     int // namespaces in use at the last prune
 	epoch      uint32
+	// run numbers the Runs (never 0; it wraps, which is harmless: a
+	// tombstone a Run's first list re-emits takes that Run's number).
+	run uint16
 }
 
 func newTracker() *tracker {
@@ -134,6 +143,43 @@ func newTracker() *tracker {
 		earlier:    make(map[opkit.Key][]entry),
 		namespaces: make(map[string]string),
 	}
+}
+
+// pruneNamespaces drops the interned namespaces no tracked key uses any
+// more, once the table has doubled since the last prune, so that a cluster
+// that keeps creating and deleting namespaces does not grow it for ever.
+// Only Run's goroutine calls it (it alone touches the table); it costs a
+// pass over the keys, paid for by the list that calls it.
+func (t *tracker) pruneNamespaces() {
+	if len(t.namespaces) <= 2*max(t.nsKept, 16) {
+		return
+	}
+	used := make(map[string]struct{}, t.nsKept)
+	t.mu.RLock()
+	for k := range t.entries {
+		used[k.Namespace] = struct{}{}
+	}
+	for k := range t.earlier {
+		used[k.Namespace] = struct{}{}
+	}
+	t.mu.RUnlock()
+	for ns := range t.namespaces {
+		if _, ok := used[ns]; !ok {
+			delete(t.namespaces, ns)
+		}
+	}
+	t.nsKept = len(t.namespaces)
+}
+
+// nextRun numbers a new Run; only Run's goroutine calls it, before the
+// Run touches the tracker.
+func (t *tracker) nextRun() {
+	t.mu.Lock()
+	t.run++
+	if t.run == 0 {
+		t.run = 1
+	}
+	t.mu.Unlock()
 }
 
 // canonical returns a key whose strings do not alias the decoded object,
@@ -236,7 +282,10 @@ func (t *tracker) reemitted(key opkit.Key, uid, rv string, accepted, retain, inL
 			t.dropEarlier(key, i)
 			return
 		}
-		es[i].queued = accepted
+		es[i].queuedIn = 0
+		if accepted {
+			es[i].queuedIn = t.run
+		}
 		if inList {
 			es[i].epoch = t.epoch
 		}
@@ -272,7 +321,7 @@ func (t *tracker) hold(key opkit.Key, uid, rv string) {
 	if e.epoch == t.epoch {
 		e.epoch = t.epoch - 1
 	}
-	t.entries[t.canonical(key)] = entry{uid: uid, rv: rv, epoch: e.epoch, deleted: true, queued: true}
+	t.entries[t.canonical(key)] = entry{uid: uid, rv: rv, epoch: e.epoch, deleted: true, queuedIn: t.run}
 	t.mu.Unlock()
 }
 
@@ -281,7 +330,7 @@ func (t *tracker) hold(key opkit.Key, uid, rv string) {
 func (t *tracker) unqueued(key opkit.Key, uid string) {
 	t.mu.Lock()
 	if e, ok := t.entries[key]; ok && e.deleted && e.uid == uid {
-		e.queued = false
+		e.queuedIn = 0
 		t.entries[key] = e
 	}
 	t.mu.Unlock()
@@ -324,13 +373,13 @@ func (t *tracker) vanished(initial bool) []keyed {
 	t.mu.RLock()
 	for k, es := range t.earlier {
 		for _, e := range es {
-			if e.epoch != t.epoch && e.reemit(initial) {
+			if e.epoch != t.epoch && e.reemit(initial, t.run) {
 				out = append(out, keyed{k, e, true})
 			}
 		}
 	}
 	for k, e := range t.entries {
-		if e.epoch != t.epoch && e.reemit(initial) {
+		if e.epoch != t.epoch && e.reemit(initial, t.run) {
 			out = append(out, keyed{k, e, false})
 		}
 	}

@@ -189,6 +189,7 @@ func (w *Watcher[T]) Run(ctx context.Context) error {
 		w.mu.Unlock()
 	}()
 
+	w.track.nextRun()
 	r := &run[T]{
 		w:         w,
 		watchList: w.cfg.WatchList == WatchListAuto && !watchlist.DoesClientNotSupportWatchListSemantics(w.cfg.Client),
@@ -426,6 +427,7 @@ func (r *run[T]) finishList(l *listing, rv string) {
 		l.ev.Deleted++
 	}
 	w.s.metrics.Tracked(w.track.count())
+	w.track.pruneNamespaces()
 	w.setErr(nil)
 	w.setSynced()
 	l.ev.Phase, l.ev.ResourceVersion = SyncFinished, rv
@@ -642,13 +644,13 @@ func (w *Watcher[T]) observe(u *unstructured.Unstructured, l *listing) {
 		// held delete the queue took in this Run is not sent again. The
 		// delete is kept, behind the new object, for as long as it would
 		// have been kept as the key's tombstone.
-		if old.reemit(initial) {
+		if old.reemit(initial, t.run) {
 			if l != nil {
 				old.epoch = t.epoch
 			}
 			// In place before the queue sees the delete, so that a
 			// Settle that follows at once finds it.
-			old.queued = true
+			old.queuedIn = t.run
 			if t.displace(m.key, old) {
 				w.emitEarlier(m.key, old, l != nil, prio)
 				if l != nil {
@@ -730,7 +732,7 @@ func (w *Watcher[T]) emitDelete(key opkit.Key, uid, rv string, obj T, finalState
 // first, and returns how many it emitted.
 func (w *Watcher[T]) emitEarlierOf(key opkit.Key, initial, inList bool, prio int) (n int) {
 	for _, e := range w.track.earlierOf(key) {
-		if e.reemit(initial) {
+		if e.reemit(initial, w.track.run) {
 			w.emitEarlier(key, e, inList, prio)
 			n++
 		}

@@ -1439,3 +1439,56 @@ func TestSettleOfOneDeleteKeepsALaterDeleteOfTheSameObject(t *testing.T) {
 		t.Errorf("the next Run did not emit the second delete of b (rv 5) again; it was never settled")
 	})
 }
+
+// A Run's first list by WatchList takes changes as they come: a delete
+// that arrives before the end marker (a server that sends it late) is
+// emitted once in the Run, as after a paged list, not a second time by
+// the end of the list or by the name's recreation; the next Run's first
+// list emits it again while it is not settled.
+func TestWatchListDeleteBeforeTheEndMarkerIsEmittedOnce(t *testing.T) {
+	for _, recreate := range []bool{false, true} {
+		t.Run(fmt.Sprintf("recreated=%v", recreate), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				ws := &watches{}
+				c := newFake(widget("ns", "a", "ua", "1", 1))
+				ws.install(c)
+				q := &recorder{}
+				cfg := config(c, q)
+				cfg.Client = streaming{c}
+				cfg.WatchList = watcher.WatchListAuto
+				cfg.RetainDeletes = true
+				w := mustNew(t, cfg)
+				stop := start(t, w)
+				synctest.Wait()
+				fw := ws.last(t)
+				fw.Add(widget("ns", "a", "ua", "1", 1))
+				fw.Delete(widget("ns", "a", "ua", "2", 1)) // deleted after the snapshot
+				if recreate {
+					fw.Add(widget("ns", "a", "ua2", "3", 1))
+				}
+				fw.Action(watch.Bookmark, bookmark("3", map[string]string{metav1.InitialEventsAnnotationKey: "true"}))
+				synctest.Wait()
+				deletesOfUA := func(recs []record) (n int) {
+					for _, r := range recs {
+						if r.Type == opkit.Deleted && r.UID == "ua" {
+							n++
+						}
+					}
+					return n
+				}
+				if recs := q.take(); deletesOfUA(recs) != 1 {
+					t.Errorf("ua's delete emitted %d times in the Run, want 1: %v", deletesOfUA(recs), recs)
+				}
+				stop()
+				stop = start(t, w) // the next Run (the next term): not settled, so emitted again
+				defer stop()
+				synctest.Wait()
+				ws.last(t).Action(watch.Bookmark, bookmark("4", map[string]string{metav1.InitialEventsAnnotationKey: "true"}))
+				synctest.Wait()
+				if recs := q.take(); deletesOfUA(recs) != 1 {
+					t.Errorf("the next Run emitted ua's unsettled delete %d times, want 1: %v", deletesOfUA(recs), recs)
+				}
+			})
+		})
+	}
+}
