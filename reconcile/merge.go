@@ -25,6 +25,10 @@ import (
 //	                                         reconcile; the change follows it
 //	Deleted    re-add of unknown UID (a      MergeSequence: after the delete (the
 //	           requeue carries no object)    requeue re-reads the object)
+//	Deleted    new trigger                   MergeSequence: the object may still
+//	trigger,                                 exist (deleting, with finalizers); the
+//	pending                                  trigger's reconcile follows the delete
+//	or retried
 //	Deleted    same UID (or a UID unknown)   MergeKeep: a delete is never turned into
 //	                                         something else; the watch's own Deleted
 //	                                         carrying the full final state replaces a
@@ -32,7 +36,10 @@ import (
 //	                                         the delete, and a Deleted trigger takes
 //	                                         the object of the watch's Deleted, first
 //	                                         delivered or retried (its watcher settles
-//	                                         a delete by resourceVersion)
+//	                                         a delete by resourceVersion); a retried
+//	                                         watch Deleted takes the object of a later
+//	                                         one (the object came back and left
+//	                                         again: the watcher holds the later)
 //	Deleted    another UID (recreated)       MergeSequence: the delete is delivered
 //	                                         first, then the new object's event
 //	other      Deleted of another UID        MergeSequence: the pending event of the
@@ -127,6 +134,11 @@ func MergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T
 		if readd(incoming) && iu == "" { // a requeue carries no object
 			return queue.MergeSequence
 		}
+		if incoming.Source == opkit.Operator && !readd(incoming) && pending.Source == opkit.Operator {
+			// A trigger after a Deleted trigger, pending or retried: the
+			// object may still exist (deleting, with finalizers).
+			return queue.MergeSequence
+		}
 	}
 	// Both are deletes of one object. The watch's (first delivered or
 	// retried) is what its watcher holds until the reconcile settles it by
@@ -141,6 +153,13 @@ func MergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T
 		if !readd(incoming) && pending.FinalStateUnknown && !incoming.FinalStateUnknown {
 			return queue.MergeReplace
 		}
+		if !readd(incoming) && readd(*pending) && rvOf(incoming.Object) != rvOf(pending.Object) {
+			// A later delete of the object (it came back into the watch
+			// and left again) behind the retry of the earlier one: the
+			// watcher holds the later tombstone now.
+			pending.Object, pending.FinalStateUnknown = incoming.Object, incoming.FinalStateUnknown
+			return queue.MergeKeep
+		}
 	}
 	return queue.MergeKeep
 }
@@ -148,6 +167,14 @@ func MergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T
 // readd reports whether ev was added back by the controller after a
 // reconcile of it.
 func readd[T opkit.Object](ev opkit.Event[T]) bool { return ev.Requeued || ev.Retried }
+
+// rvOf returns obj's resourceVersion, or "" for a nil object.
+func rvOf[T opkit.Object](obj T) string {
+	if isNil(obj) {
+		return ""
+	}
+	return obj.GetResourceVersion()
+}
 
 // uidOf returns obj's UID, or "" for a nil object.
 func uidOf[T opkit.Object](obj T) string {

@@ -101,6 +101,10 @@ func TestMergeEventsNeverTurnsAPendingDeleteIntoSomethingElse(t *testing.T) {
 		{"watch event then retried delete of another uid: both", ev(opkit.Added, "u2"), retried(ev(opkit.Deleted, "u1")), queue.MergeSequence},
 		{"recreated, then the old object's delete retried: both, retried too", ev(opkit.Added, "u2"), retried(ev(opkit.Deleted, "u1")), queue.MergeSequence},
 		{"retried event then retry: newest wins", retried(ev(opkit.Modified, "u1")), retried(ev(opkit.Modified, "u1")), queue.MergeReplace},
+		{"Deleted trigger then a trigger, same uid: both, the delete first", deletedTrigger("u1"), trig("u1"), queue.MergeSequence},
+		{"retried Deleted trigger then a trigger: both, the delete first", retried(deletedTrigger("u1")), trig("u1"), queue.MergeSequence},
+		{"Deleted trigger then a trigger without uid: both", deletedTrigger("u1"), trig(""), queue.MergeSequence},
+		{"retried watch delete then the same delete again: keep", retried(ev(opkit.Deleted, "u1")), ev(opkit.Deleted, "u1"), queue.MergeKeep},
 	} {
 		pending := tc.pending
 		if got := reconcile.MergeEvents(&pending, tc.incoming); got != tc.want {
@@ -112,6 +116,25 @@ func TestMergeEventsNeverTurnsAPendingDeleteIntoSomethingElse(t *testing.T) {
 			(tc.pending.Type == opkit.Deleted && tc.incoming.Type == opkit.Deleted || !tc.incoming.Retried && !tc.incoming.Requeued)
 		if tc.want == queue.MergeKeep && !takesObject && pending != tc.pending {
 			t.Errorf("%s: the kept event changed: %+v", tc.name, pending)
+		}
+	}
+}
+
+// A later watch delete of the same object (it came back into the watch and
+// left again) behind the retry of its earlier delete: the retry stays, but
+// carries the later delete's object, the one its watcher now holds until
+// that delete is settled (by resourceVersion).
+func TestMergeEventsARetriedDeleteTakesALaterDeleteOfItsObject(t *testing.T) {
+	for _, final := range []bool{false, true} {
+		pending := retried(ev(opkit.Deleted, "u1"))
+		pending.Object.ResourceVersion = "3"
+		later := ev(opkit.Deleted, "u1")
+		later.Object.ResourceVersion, later.FinalStateUnknown = "5", final
+		if got := reconcile.MergeEvents(&pending, later); got != queue.MergeKeep {
+			t.Fatalf("got %v, want MergeKeep", got)
+		}
+		if pending.Object.ResourceVersion != "5" || pending.FinalStateUnknown != final || !pending.Retried {
+			t.Errorf("kept %+v (rv %s), want the retry carrying the later delete (rv 5, final state unknown %v)", pending, pending.Object.ResourceVersion, final)
 		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/watch"
 	clienttesting "k8s.io/client-go/testing"
 
@@ -342,4 +343,105 @@ func TestARetriedDeleteDoesNotSwallowAParkedTrigger(t *testing.T) {
 			})
 		})
 	}
+}
+
+// Triggers for an object a Deleted trigger is tearing down (it still
+// exists, with finalizers) are reconciled each, whether they arrive while
+// an earlier trigger runs or while the delete's retry waits.
+func TestTriggersAfterAFailedDeletedTriggerAreEachReconciled(t *testing.T) {
+	for _, during := range []string{"ci reconciling", "delete retry pending"} {
+		t.Run(during, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				gate, ciGate := make(chan struct{}), make(chan struct{})
+				firstDel := true
+				rec := &recorder{do: func(_ context.Context, _ int, req reconcile.Request[*Widget]) (reconcile.Result, error) {
+					switch {
+					case req.Type == opkit.Deleted && firstDel:
+						firstDel = false
+						<-gate
+						return reconcile.Done(), errors.New("cleanup failed")
+					case req.Reason == "ci" && during == "ci reconciling":
+						<-ciGate
+					}
+					return reconcile.Done(), nil
+				}}
+				e, _ := startWithFakeWatch(t, rec, func(c *reconcile.Config[*Widget]) {
+					c.Backoff.Base, c.Backoff.Cap = time.Minute, time.Minute
+				}, widget("a"))
+				synctest.Wait()
+				if o, err := e.ctrl.Trigger().Submit(context.Background(), trigger.Request[*Widget]{Object: widget("a"), Type: opkit.Deleted, Source: opkit.Operator, Reason: "teardown"}); err != nil || !o.Accepted() {
+					t.Fatal(o, err)
+				}
+				synctest.Wait() // the Deleted trigger is in flight
+				submit(t, e, widget("a"), "ci")
+				close(gate) // it fails: its retry goes behind ci
+				synctest.Wait()
+				if during == "delete retry pending" {
+					time.Sleep(time.Second) // ci done; the retry waits a minute
+					synctest.Wait()
+				}
+				submit(t, e, widget("a"), "ci2")
+				close(ciGate)
+				time.Sleep(time.Hour)
+				synctest.Wait()
+				calls := rec.snapshot()
+				if len(withReason(calls, "ci")) != 1 || len(withReason(calls, "ci2")) != 1 {
+					t.Errorf("want ci and ci2 reconciled once each; reconciles:%s", describeCalls(calls))
+				}
+			})
+		})
+	}
+}
+
+// With a label selector: the object leaves (a delete whose reconcile
+// fails), comes back, gets a trigger, and leaves again while the first
+// delete's retry waits behind the trigger. The retry carries the later
+// delete, so its reconcile settles the tombstone the watcher holds.
+func TestALaterSelectorExitBehindARetriedDeleteIsSettled(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		shard := func(n string) func(*Widget) { return func(w *Widget) { w.Labels = map[string]string{"shard": n} } }
+		rv := func(v string) func(*Widget) { return func(w *Widget) { w.ResourceVersion = v } }
+		gate := make(chan struct{})
+		first := true
+		rec := &recorder{do: func(_ context.Context, _ int, req reconcile.Request[*Widget]) (reconcile.Result, error) {
+			if req.Type == opkit.Deleted && first {
+				first = false
+				<-gate
+				return reconcile.Done(), errors.New("cleanup failed")
+			}
+			return reconcile.Done(), nil
+		}}
+		wm := &trackedMetrics{}
+		e, fw := startWithFakeWatch(t, rec, func(c *reconcile.Config[*Widget]) {
+			c.Watch.Metrics, c.Watch.LabelSelector = wm, "shard=1"
+		}, widget("a", shard("1")))
+		synctest.Wait()
+		unstr := func(w *Widget) *unstructured.Unstructured {
+			u, err := typed.ToUnstructured(w)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return u
+		}
+		fw.Delete(unstr(widget("a", shard("2"), rv("3"))))
+		synctest.Wait() // in flight, blocked
+		fw.Add(unstr(widget("a", shard("1"), rv("4"))))
+		synctest.Wait()
+		submit(t, e, widget("a", shard("1"), rv("4")), "ci")
+		close(gate) // the retry (rv 3) goes behind ci
+		synctest.Wait()
+		left2 := unstr(widget("a", shard("2"), rv("5")))
+		fw.Delete(left2) // merges into the parked retry
+		if err := e.dyn.Tracker().Update(widgets.GroupVersionResource, left2, "ns"); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		fw.Add(unstr(widget("z", shard("1")))) // a watch event, so that the metric reports again
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if n := wm.get(); n != 1 {
+			t.Errorf("watcher tracks %d keys, want 1 (z): a's delete at rv 5 was never settled; reconciles:%s", n, describeCalls(rec.snapshot()))
+		}
+	})
 }
