@@ -250,6 +250,23 @@ func TestRetryDoesNotReplaceATriggersObject(t *testing.T) {
 	})
 }
 
+// blockFirstDelete returns a reconciler whose first Deleted request waits
+// until gate is closed and then returns outcome; every other request
+// succeeds.
+func blockFirstDelete(outcome func() (reconcile.Result, error)) (rec *recorder, gate chan struct{}) {
+	gate = make(chan struct{})
+	first := true
+	rec = &recorder{do: func(_ context.Context, _ int, req reconcile.Request[*Widget]) (reconcile.Result, error) {
+		if req.Type == opkit.Deleted && first {
+			first = false
+			<-gate
+			return outcome()
+		}
+		return reconcile.Done(), nil
+	}}
+	return rec, gate
+}
+
 // A trigger accepted while a delete of the same object is reconciled is
 // not swallowed by that delete's retry or requeue: the object may still
 // exist (deleting with finalizers after a Deleted trigger, or back in the
@@ -269,16 +286,7 @@ func TestARetriedDeleteDoesNotSwallowAParkedTrigger(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				gate := make(chan struct{})
-				first := true
-				rec := &recorder{do: func(_ context.Context, _ int, req reconcile.Request[*Widget]) (reconcile.Result, error) {
-					if req.Type == opkit.Deleted && first {
-						first = false
-						<-gate
-						return tc.outcome()
-					}
-					return reconcile.Done(), nil
-				}}
+				rec, gate := blockFirstDelete(tc.outcome)
 				e, fw := startWithFakeWatch(t, rec, func(c *reconcile.Config[*Widget]) {
 					if tc.selector {
 						c.Watch.LabelSelector = "shard=1"
@@ -401,16 +409,7 @@ func TestALaterSelectorExitBehindARetriedDeleteIsSettled(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		shard := func(n string) func(*Widget) { return func(w *Widget) { w.Labels = map[string]string{"shard": n} } }
 		rv := func(v string) func(*Widget) { return func(w *Widget) { w.ResourceVersion = v } }
-		gate := make(chan struct{})
-		first := true
-		rec := &recorder{do: func(_ context.Context, _ int, req reconcile.Request[*Widget]) (reconcile.Result, error) {
-			if req.Type == opkit.Deleted && first {
-				first = false
-				<-gate
-				return reconcile.Done(), errors.New("cleanup failed")
-			}
-			return reconcile.Done(), nil
-		}}
+		rec, gate := blockFirstDelete(func() (reconcile.Result, error) { return reconcile.Done(), errors.New("cleanup failed") })
 		wm := &trackedMetrics{}
 		e, fw := startWithFakeWatch(t, rec, func(c *reconcile.Config[*Widget]) {
 			c.Watch.Metrics, c.Watch.LabelSelector = wm, "shard=1"
