@@ -25,10 +25,6 @@ import (
 //	                                         reconcile; the change follows it
 //	Deleted    re-add of unknown UID (a      MergeSequence: after the delete (the
 //	           requeue carries no object)    requeue re-reads the object)
-//	Deleted    new trigger                   MergeSequence: the object may still
-//	trigger,                                 exist (deleting, with finalizers); the
-//	pending                                  trigger's reconcile follows the delete
-//	or retried
 //	Deleted    same UID (or a UID unknown)   MergeKeep: a delete is never turned into
 //	                                         something else; the watch's own Deleted
 //	                                         carrying the full final state replaces a
@@ -82,10 +78,18 @@ import (
 // dropped for: the controller cannot tell a trigger for an object that is
 // back or still there from one that read the object just before it was
 // really deleted (whose reconcile then finds it gone). The cost: when an
-// object back in the label selector had its return merged into a trigger
-// (the trigger rule), the retried delete runs after the trigger's
-// reconcile and is the last word until the object changes again. The rows
-// are read top down: the first that fits decides.
+// object back in the label selector had its return, or a trigger that
+// replaced it, merged into a trigger, the retried delete runs after the
+// trigger's reconcile and is the last word until the object changes
+// again. The other way round, a trigger that arrives while a delete of
+// its object is pending (a retried one too) merges into the delete, which
+// stays and runs at once (MergeKeep): the trigger gets no reconcile of
+// its own, even when the delete was a Deleted trigger of an object that
+// still exists (deleting, with finalizers). Sequencing it behind the
+// delete instead would make it wait out the delete's backoff or requeue,
+// and would let alternating Deleted triggers and triggers grow the key's
+// chain without bound. The rows are read top down: the first that fits
+// decides.
 func MergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T]) queue.Merge {
 	pu, iu := uidOf(pending.Object), uidOf(incoming.Object)
 	sameUID := pu != "" && pu == iu
@@ -134,11 +138,6 @@ func MergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T
 		if readd(incoming) && iu == "" { // a requeue carries no object
 			return queue.MergeSequence
 		}
-		if incoming.Source == opkit.Operator && !readd(incoming) && pending.Source == opkit.Operator {
-			// A trigger after a Deleted trigger, pending or retried: the
-			// object may still exist (deleting, with finalizers).
-			return queue.MergeSequence
-		}
 	}
 	// Both are deletes of one object. The watch's (first delivered or
 	// retried) is what its watcher holds until the reconcile settles it by
@@ -153,7 +152,7 @@ func MergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T
 		if !readd(incoming) && pending.FinalStateUnknown && !incoming.FinalStateUnknown {
 			return queue.MergeReplace
 		}
-		if !readd(incoming) && readd(*pending) && rvOf(incoming.Object) != rvOf(pending.Object) {
+		if sameUID && !readd(incoming) && readd(*pending) && rvOf(incoming.Object) != rvOf(pending.Object) {
 			// A later delete of the object (it came back into the watch
 			// and left again) behind the retry of the earlier one: the
 			// watcher holds the later tombstone now.

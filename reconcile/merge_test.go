@@ -101,10 +101,9 @@ func TestMergeEventsNeverTurnsAPendingDeleteIntoSomethingElse(t *testing.T) {
 		{"watch event then retried delete of another uid: both", ev(opkit.Added, "u2"), retried(ev(opkit.Deleted, "u1")), queue.MergeSequence},
 		{"recreated, then the old object's delete retried: both, retried too", ev(opkit.Added, "u2"), retried(ev(opkit.Deleted, "u1")), queue.MergeSequence},
 		{"retried event then retry: newest wins", retried(ev(opkit.Modified, "u1")), retried(ev(opkit.Modified, "u1")), queue.MergeReplace},
-		{"Deleted trigger then a trigger, same uid: both, the delete first", deletedTrigger("u1"), trig("u1"), queue.MergeSequence},
-		{"retried Deleted trigger then a trigger: both, the delete first", retried(deletedTrigger("u1")), trig("u1"), queue.MergeSequence},
-		{"Deleted trigger then a trigger without uid: both", deletedTrigger("u1"), trig(""), queue.MergeSequence},
 		{"retried watch delete then the same delete again: keep", retried(ev(opkit.Deleted, "u1")), ev(opkit.Deleted, "u1"), queue.MergeKeep},
+		{"Deleted trigger then a trigger, same uid: keep the delete", deletedTrigger("u1"), trig("u1"), queue.MergeKeep},
+		{"retried Deleted trigger then a trigger: keep the delete", retried(deletedTrigger("u1")), trig("u1"), queue.MergeKeep},
 	} {
 		pending := tc.pending
 		if got := reconcile.MergeEvents(&pending, tc.incoming); got != tc.want {
@@ -136,6 +135,14 @@ func TestMergeEventsARetriedDeleteTakesALaterDeleteOfItsObject(t *testing.T) {
 		if pending.Object.ResourceVersion != "5" || pending.FinalStateUnknown != final || !pending.Retried {
 			t.Errorf("kept %+v (rv %s), want the retry carrying the later delete (rv 5, final state unknown %v)", pending, pending.Object.ResourceVersion, final)
 		}
+	}
+	// A delete it cannot tell is of the same object leaves it as it is.
+	pending := retried(ev(opkit.Deleted, "u1"))
+	pending.Object.ResourceVersion = "3"
+	unknown := ev(opkit.Deleted, "")
+	unknown.Object.ResourceVersion = "7"
+	if got := reconcile.MergeEvents(&pending, unknown); got != queue.MergeKeep || pending.Object.ResourceVersion != "3" || pending.Object.UID != "u1" {
+		t.Errorf("a delete of unknown uid: got %v, kept uid %s rv %s; want MergeKeep of the retry unchanged", got, pending.Object.UID, pending.Object.ResourceVersion)
 	}
 }
 

@@ -353,54 +353,6 @@ func TestARetriedDeleteDoesNotSwallowAParkedTrigger(t *testing.T) {
 	}
 }
 
-// Triggers for an object a Deleted trigger is tearing down (it still
-// exists, with finalizers) are reconciled each, whether they arrive while
-// an earlier trigger runs or while the delete's retry waits.
-func TestTriggersAfterAFailedDeletedTriggerAreEachReconciled(t *testing.T) {
-	for _, during := range []string{"ci reconciling", "delete retry pending"} {
-		t.Run(during, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				gate, ciGate := make(chan struct{}), make(chan struct{})
-				firstDel := true
-				rec := &recorder{do: func(_ context.Context, _ int, req reconcile.Request[*Widget]) (reconcile.Result, error) {
-					switch {
-					case req.Type == opkit.Deleted && firstDel:
-						firstDel = false
-						<-gate
-						return reconcile.Done(), errors.New("cleanup failed")
-					case req.Reason == "ci" && during == "ci reconciling":
-						<-ciGate
-					}
-					return reconcile.Done(), nil
-				}}
-				e, _ := startWithFakeWatch(t, rec, func(c *reconcile.Config[*Widget]) {
-					c.Backoff.Base, c.Backoff.Cap = time.Minute, time.Minute
-				}, widget("a"))
-				synctest.Wait()
-				if o, err := e.ctrl.Trigger().Submit(context.Background(), trigger.Request[*Widget]{Object: widget("a"), Type: opkit.Deleted, Source: opkit.Operator, Reason: "teardown"}); err != nil || !o.Accepted() {
-					t.Fatal(o, err)
-				}
-				synctest.Wait() // the Deleted trigger is in flight
-				submit(t, e, widget("a"), "ci")
-				close(gate) // it fails: its retry goes behind ci
-				synctest.Wait()
-				if during == "delete retry pending" {
-					time.Sleep(time.Second) // ci done; the retry waits a minute
-					synctest.Wait()
-				}
-				submit(t, e, widget("a"), "ci2")
-				close(ciGate)
-				time.Sleep(time.Hour)
-				synctest.Wait()
-				calls := rec.snapshot()
-				if len(withReason(calls, "ci")) != 1 || len(withReason(calls, "ci2")) != 1 {
-					t.Errorf("want ci and ci2 reconciled once each; reconciles:%s", describeCalls(calls))
-				}
-			})
-		})
-	}
-}
-
 // With a label selector: the object leaves (a delete whose reconcile
 // fails), comes back, gets a trigger, and leaves again while the first
 // delete's retry waits behind the trigger. The retry carries the later

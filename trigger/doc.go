@@ -112,7 +112,9 @@
 // reconcile, the newer reason); a trigger that arrives while the object
 // is being reconciled gets a reconcile of its own after that one, which
 // the controller's retry or requeue of the running one does not replace
-// (the retry or requeue of a delete runs after it).
+// (the retry or requeue of a delete runs after it); a trigger for an
+// object whose delete is waiting (pending, or retried) merges into that
+// delete, which runs at once (see reconcile.MergeEvents).
 // A delay is an upper bound, not a promise of "not before": entries for a
 // key merge to the earliest due time, so another event for the object in
 // the meantime reconciles it sooner, once, and nothing runs again at the
