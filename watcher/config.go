@@ -45,17 +45,19 @@ type WatchListMode uint8
 
 const (
 	// WatchListAuto (the zero value) tries a streaming WatchList first and
-	// falls back to a paginated list when the server refuses it (400, 405,
-	// 406, 415 or 422 on the request; or an initial-events phase that does
-	// not finish within IdleTimeout, however many events keep coming, as
-	// with a server that ignores sendInitialEvents and streams on; a 403
-	// is a permission error, retried slowly like any other, see the
-	// package doc). Changes (Modified, Deleted) before the end of the
-	// initial events are taken as they come: some servers send the end
-	// marker late. A
-	// refusal turns WatchList off for the rest of the Run. Clients that
-	// declare they cannot serve WatchList semantics (client-go's fakes) are
-	// listed directly.
+	// falls back to a paginated list when the server refuses it: 400, 405,
+	// 406, 415 or 422, on the request or as an error event before the end
+	// of the initial events; an initial-events phase that does not finish
+	// within IdleTimeout, however many events keep coming, as with a
+	// server that ignores sendInitialEvents and streams on; or three
+	// streams in a row that end (or fail) before their end marker, as
+	// behind a proxy that cuts long streams (these count as failures and
+	// are backed off). A 403 is a permission error, retried slowly like
+	// any other, see the package doc. Changes (Modified, Deleted) before
+	// the end of the initial events are taken as they come: some servers
+	// send the end marker late. A fallback turns WatchList off for the
+	// rest of the Run. Clients that declare they cannot serve WatchList
+	// semantics (client-go's fakes) are listed directly.
 	WatchListAuto WatchListMode = iota
 	// WatchListOff always uses a paginated list.
 	WatchListOff
@@ -206,8 +208,8 @@ type SyncEvent struct {
 	// Streaming is true when the list is a WatchList stream.
 	Streaming bool
 	// Counts of entries emitted (set on SyncFinished): Added, Modified and
-	// Deleted (tombstones); Unchanged counts listed objects that produced
-	// no entry.
+	// Deleted (tombstones, and the deletes a WatchList streams before its
+	// end marker); Unchanged counts listed objects that produced no entry.
 	Added, Modified, Deleted, Unchanged int
 	// ResourceVersion the watch continues from (set on SyncFinished).
 	ResourceVersion string

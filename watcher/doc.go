@@ -31,7 +31,8 @@
 //   - Where the server supports it, the initial sync is a streaming
 //     WatchList (sendInitialEvents=true, resourceVersionMatch=NotOlderThan,
 //     ending at the "k8s.io/initial-events-end" bookmark), falling back to a
-//     paginated list when the server refuses it. See [WatchListMode].
+//     paginated list when the server refuses it or its streams keep
+//     ending before their initial events do. See [WatchListMode].
 //
 // # Errors
 //

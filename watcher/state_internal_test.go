@@ -1,10 +1,20 @@
 package watcher
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
 	"testing"
+	"testing/synctest"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	dynfake "k8s.io/client-go/dynamic/fake"
+
+	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/queue"
 )
 
 // The tracker interns namespaces; those no tracked key uses any more are
@@ -40,4 +50,65 @@ func TestNamespacesOfObjectsLongGoneAreNotKept(t *testing.T) {
 			t.Errorf("namespace %q of a tracked key is not interned", k.Namespace)
 		}
 	}
+}
+
+// queueFunc is a queue.Adder that accepts every entry.
+type queueFunc struct{}
+
+func (queueFunc) Add(opkit.Key, opkit.Event[*corev1.ConfigMap], queue.AddOptions) queue.Outcome {
+	return queue.Queued
+}
+
+// The end of a list is what drops the namespaces no key uses any more:
+// namespaces that came and went with watch events stay interned until the
+// next list, which prunes them.
+func TestTheEndOfAListPrunesNamespaces(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		gvr := schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
+		cm := func(ns string) *unstructured.Unstructured {
+			return &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "ConfigMap",
+				"metadata": map[string]any{"namespace": ns, "name": "x", "uid": "u-" + ns}}}
+		}
+		c := dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+			map[schema.GroupVersionResource]string{gvr: "ConfigMapList"}, cm("kept"))
+		w, err := New(Config[*corev1.ConfigMap]{
+			Client:    c,
+			Resource:  opkit.Resource{GroupVersionResource: gvr, Kind: "ConfigMap", Namespaced: true},
+			Queue:     queueFunc{},
+			WatchList: WatchListOff,
+			Logger:    slog.New(slog.DiscardHandler),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		run := func(during func()) {
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { w.Run(ctx); close(done) }()
+			synctest.Wait()
+			during()
+			synctest.Wait()
+			cancel()
+			<-done // the tracker is Run's: read it once Run has returned
+		}
+		run(func() { // a namespace per CI run, each gone again, seen by the watch only
+			for i := range 100 {
+				ns := fmt.Sprintf("ci-%d", i)
+				if err := c.Tracker().Create(gvr, cm(ns), ns); err != nil {
+					t.Fatal(err)
+				}
+				if err := c.Tracker().Delete(gvr, ns, "x"); err != nil {
+					t.Fatal(err)
+				}
+				synctest.Wait() // the fake watch buffers only so many events
+			}
+		})
+		if n := len(w.track.namespaces); n != 101 {
+			t.Fatalf("%d namespaces interned after the watch, want 101 (not pruned yet)", n)
+		}
+		run(func() {}) // the next Run's list
+		if n := len(w.track.namespaces); n != 1 {
+			t.Errorf("%d namespaces interned after a list, want 1 (the one in use)", n)
+		}
+	})
 }

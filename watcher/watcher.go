@@ -119,7 +119,9 @@ func (w *Watcher[T]) Synced() bool {
 }
 
 // Check is a health check: nil while a Run is active, its first list is
-// done and the latest list or watch call succeeded. Otherwise it says why:
+// done and the latest list or watch call succeeded (a watch the server
+// closed before it stayed open for [Backoff.Reset] counts as failed until
+// the next one opens). Otherwise it says why:
 // ErrNotRunning, ErrNotSynced and/or ErrDisconnected wrapping the API error
 // (so errors.Is and apierrors.IsForbidden work on the result).
 func (w *Watcher[T]) Check() error {
@@ -204,7 +206,17 @@ type run[T opkit.Object] struct {
 	watchList bool // try WatchList for the next (re)list
 	failures  int  // consecutive failed calls, for backoff
 	listed    bool // a list of this Run has completed (finishList): later ones are relists
+	// unfinished counts the WatchList streams in a row that ended before
+	// their end marker; at maxUnfinished the Run lists by pages instead.
+	unfinished int
 }
+
+// maxUnfinished is how many WatchList streams in a row may end before
+// their end marker (closed, expired or failed, for whatever reason: a
+// proxy that cuts long streams, a server that cannot finish them) before
+// the Run gives up on WatchList and lists by pages, as it does at once when
+// the server refuses WatchList.
+const maxUnfinished = 3
 
 // outcome is how a watch (or a list) ended.
 type outcome struct {
@@ -294,7 +306,7 @@ func (r *run[T]) loop(ctx context.Context) {
 			w.log.Debug("watch closed; resuming", "resourceVersion", rv)
 			// A server that keeps closing watches at once is not hammered.
 			if short {
-				r.failures++
+				r.closedEarly(started)
 				if !r.wait(ctx, out) {
 					return
 				}
@@ -316,6 +328,15 @@ func (r *run[T]) afterWatch(started time.Time) (short bool) {
 		return false
 	}
 	return true
+}
+
+// closedEarly records a watch the server closed before it stayed open for
+// Backoff.Reset: a failure for the backoff, and for Check until the next
+// watch opens, so that a watch that keeps closing at once (and may deliver
+// nothing) does not look healthy.
+func (r *run[T]) closedEarly(started time.Time) {
+	r.failures++
+	r.w.setErr(fmt.Errorf("watch %s: closed after %v", r.w.name, time.Since(started)))
 }
 
 func (r *run[T]) watchOptions(rv string) metav1.ListOptions {
@@ -476,6 +497,14 @@ func (r *run[T]) streamList(ctx context.Context, initial bool, reason Reason) (r
 	w := r.w
 	send := true
 	opts := r.watchOptions("")
+	// The server must not end the stream before its initial phase's own
+	// deadline (IdleTimeout, see consume): a stream it ends first is
+	// retried as a WatchList, so with an IdleTimeout above the watch
+	// timeout a server that never sends the end marker would be streamed
+	// from again and again, never falling back.
+	if least := int64((w.s.idle + time.Minute) / time.Second); *opts.TimeoutSeconds < least {
+		opts.TimeoutSeconds = &least
+	}
 	opts.SendInitialEvents = &send
 	opts.ResourceVersionMatch = metav1.ResourceVersionMatchNotOlderThan
 	started := time.Now()
@@ -509,12 +538,19 @@ func (r *run[T]) streamList(ctx context.Context, initial bool, reason Reason) (r
 			r.watchList = false
 			return "", false, outcome{reason: ReasonExpired}
 		}
+		r.unfinished++
+		if r.unfinished >= maxUnfinished {
+			w.log.Warn("WatchList streams keep ending before their initial events; using paginated lists", "streams", r.unfinished)
+			r.watchList = false
+		}
 		if out.reason == ReasonClosed || out.reason == ReasonExpired {
 			r.failures++
+			w.setErr(fmt.Errorf("list (WatchList) %s: the stream ended before its initial events did", w.name))
 			return "", false, outcome{reason: ReasonError}
 		}
 		return "", false, out
 	}
+	r.unfinished = 0
 	// Synced; the stream then ran as a plain watch and has ended.
 	w.s.metrics.WatchRestart(out.reason)
 	short := r.afterWatch(started)
@@ -526,7 +562,7 @@ func (r *run[T]) streamList(ctx context.Context, initial bool, reason Reason) (r
 		w.log.Warn("watch idle; restarting", "idleTimeout", w.s.idle, "resourceVersion", rv)
 	case ReasonClosed:
 		if short {
-			r.failures++
+			r.closedEarly(started)
 			r.wait(ctx, out)
 		}
 	default:
@@ -595,7 +631,9 @@ func (r *run[T]) consume(ctx context.Context, wi watch.Interface, rv *string, l 
 				if !isU {
 					continue
 				}
-				w.deleted(u)
+				if n := w.deleted(u); l != nil {
+					l.ev.Deleted += n
+				}
 				*rv = u.GetResourceVersion()
 			case watch.Bookmark:
 				u, isU := ev.Object.(*unstructured.Unstructured)
@@ -605,6 +643,10 @@ func (r *run[T]) consume(ctx context.Context, wi watch.Interface, rv *string, l 
 				*rv = u.GetResourceVersion()
 				if l != nil && l.ev.Phase != SyncFinished && u.GetAnnotations()[metav1.InitialEventsAnnotationKey] == "true" {
 					initialEnd = nil
+					// The end marker proves the stream alive (the bookmarks
+					// before it did not count): the watch it goes on as
+					// gets a full IdleTimeout from here.
+					idle.Reset(w.s.idle)
 					r.finishList(l, *rv)
 					l.ev.Phase = SyncFinished
 					l = nil
@@ -614,6 +656,12 @@ func (r *run[T]) consume(ctx context.Context, wi watch.Interface, rv *string, l 
 				if classify(err) == ReasonExpired {
 					w.s.metrics.Error(ReasonExpired)
 					return outcome{reason: ReasonExpired, err: err}
+				}
+				if l != nil && refusesWatchList(err) {
+					// Not a failure (no backoff, no Check error):
+					// streamList falls back to a paginated list at once,
+					// as when the request itself is refused.
+					return outcome{reason: ReasonError, err: err}
 				}
 				return r.failure("watch", err)
 			}
@@ -693,12 +741,14 @@ func (w *Watcher[T]) observe(u *unstructured.Unstructured, l *listing) {
 	}
 }
 
-// deleted handles a Deleted watch event.
-func (w *Watcher[T]) deleted(u *unstructured.Unstructured) {
+// deleted handles a Deleted watch event and returns how many Deleted
+// entries it emitted (earlier objects' included), for a list in progress
+// to count.
+func (w *Watcher[T]) deleted(u *unstructured.Unstructured) int {
 	key := opkit.Key{Namespace: u.GetNamespace(), Name: u.GetName()}
 	uid, rv := string(u.GetUID()), u.GetResourceVersion()
 	// The deletes kept for earlier objects of this name go first.
-	w.emitEarlierOf(key, false, false, w.cfg.Priority)
+	n := w.emitEarlierOf(key, false, false, w.cfg.Priority)
 	obj, err := typed.FromUnstructured[T](u)
 	if err != nil {
 		w.s.metrics.Error(ReasonDecode)
@@ -708,6 +758,7 @@ func (w *Watcher[T]) deleted(u *unstructured.Unstructured) {
 		w.emitDelete(key, uid, rv, obj, false, w.cfg.Priority)
 	}
 	w.s.metrics.Tracked(w.track.count())
+	return n + 1
 }
 
 // emitDelete hands the Deleted entry of the object key (uid, last

@@ -1124,6 +1124,12 @@ func streamingRun(t *testing.T) (ws *watches, lists func() int, q *recorder, syn
 // streamingRunOn is streamingRun over a fake cluster holding objs, whose
 // watch requests ws serves.
 func streamingRunOn(t *testing.T, ws *watches, objs ...runtime.Object) (c *dynfake.FakeDynamicClient, lists func() int, q *recorder, syncs *syncLog, w *watcher.Watcher[*Widget], stop func()) {
+	return streamingRunWith(t, ws, nil, objs...)
+}
+
+// streamingRunWith is streamingRunOn with the Config edited by edit (if
+// not nil) before the watcher is built.
+func streamingRunWith(t *testing.T, ws *watches, edit func(*watcher.Config[*Widget]), objs ...runtime.Object) (c *dynfake.FakeDynamicClient, lists func() int, q *recorder, syncs *syncLog, w *watcher.Watcher[*Widget], stop func()) {
 	c = newFake(objs...)
 	ws.install(c)
 	lists = countLists(c)
@@ -1132,6 +1138,9 @@ func streamingRunOn(t *testing.T, ws *watches, objs ...runtime.Object) (c *dynfa
 	cfg.Client = streaming{c}
 	cfg.WatchList = watcher.WatchListAuto
 	cfg.OnSync = syncs.add
+	if edit != nil {
+		edit(&cfg)
+	}
 	w = mustNew(t, cfg)
 	stop = start(t, w)
 	synctest.Wait()
@@ -1491,4 +1500,184 @@ func TestWatchListDeleteBeforeTheEndMarkerIsEmittedOnce(t *testing.T) {
 			})
 		})
 	}
+}
+
+// A delete a WatchList streams before its end marker is an entry of the
+// list, like the changes before it: the list's SyncFinished counts it.
+func TestWatchListCountsADeleteBeforeTheEndMarker(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ws, _, q, syncs, _, stop := streamingRun(t)
+		defer stop()
+		fw := ws.last(t)
+		fw.Add(widget("ns", "a", "ua", "1", 1))
+		fw.Add(widget("ns", "b", "ub", "2", 1))
+		fw.Delete(widget("ns", "b", "ub", "3", 1)) // deleted after the snapshot
+		fw.Action(watch.Bookmark, bookmark("3", map[string]string{metav1.InitialEventsAnnotationKey: "true"}))
+		synctest.Wait()
+		if recs := q.take(); len(recs) != 3 || recs[2].Type != opkit.Deleted {
+			t.Fatalf("entries = %v, want a, b and b's delete", recs)
+		}
+		ev := syncs.take()
+		if len(ev) != 2 || ev[1].Phase != watcher.SyncFinished || ev[1].Added != 2 || ev[1].Deleted != 1 {
+			t.Fatalf("sync events = %+v, want SyncFinished with Added 2, Deleted 1", ev)
+		}
+	})
+}
+
+// The end marker is a bookmark the stream delivered: the watch the stream
+// goes on as gets a full IdleTimeout from it, however long before it the
+// last object came.
+func TestWatchListEndMarkerKeepsTheWatchAlive(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ws, _, _, _, w, stop := streamingRun(t)
+		defer stop()
+		fw := ws.last(t)
+		fw.Add(widget("ns", "a", "ua", "1", 1))
+		time.Sleep(watcher.DefaultIdleTimeout - time.Minute) // a server that sends the marker late
+		fw.Action(watch.Bookmark, bookmark("3", map[string]string{metav1.InitialEventsAnnotationKey: "true"}))
+		synctest.Wait()
+		if !w.Synced() {
+			t.Fatal("not synced after the end marker")
+		}
+		time.Sleep(watcher.DefaultIdleTimeout - time.Second)
+		synctest.Wait()
+		if fw.IsStopped() || len(ws.rvs()) != 1 {
+			t.Fatalf("stream stopped=%v, %d watches, %v after the end marker; want it kept for IdleTimeout",
+				fw.IsStopped(), len(ws.rvs()), watcher.DefaultIdleTimeout-time.Second)
+		}
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		if rvs := ws.rvs(); !fw.IsStopped() || len(rvs) != 2 || rvs[1] != "3" {
+			t.Fatalf("stream stopped=%v, watch RVs %v; want the silent watch restarted from 3", fw.IsStopped(), rvs)
+		}
+	})
+}
+
+// A server that refuses WatchList with an error event on the stream (not
+// on the request) has not failed: the fallback list follows at once, and
+// the backoff of a later failure starts from Base, as after a refusal of
+// the request.
+func TestWatchListRefusedByAnErrorEventIsNotAFailure(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ws := &watches{}
+		m := newMetrics()
+		_, lists, _, _, w, stop := streamingRunWith(t, ws, func(c *watcher.Config[*Widget]) {
+			c.Metrics = m
+			c.Backoff = watcher.Backoff{Base: time.Second, Cap: 8 * time.Second}
+		}, widget("ns", "a", "ua", "1", 1))
+		defer stop()
+		ws.last(t).Error(&metav1.Status{Status: metav1.StatusFailure, Code: 400, Reason: metav1.StatusReasonBadRequest,
+			Message: "sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled"})
+		synctest.Wait()
+		if !w.Synced() || lists() != 1 || len(ws.rvs()) != 2 {
+			t.Fatalf("Synced=%v lists=%d watches=%d; want a fallback list and a watch", w.Synced(), lists(), len(ws.rvs()))
+		}
+		if n := m.get(func(m *metrics) int { return len(m.errors) }); n != 0 {
+			t.Errorf("errors = %v, want none for a refusal", m.errors)
+		}
+		ws.last(t).Stop() // the first failure: wait within [Base/2, Base]
+		synctest.Wait()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if n := len(ws.rvs()); n != 3 {
+			t.Fatalf("%d watches a Base (1s) after the first failure, want the watch reopened (3)", n)
+		}
+	})
+}
+
+// The server ends every watch after its timeoutSeconds. One that ignores
+// sendInitialEvents (and never sends the end marker) must still be given
+// up on after IdleTimeout when IdleTimeout is longer than the watch
+// timeout, not streamed again and again.
+func TestWatchListWithALongIdleTimeoutFallsBackFromAServerThatNeverEndsItsInitialEvents(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newFake(widget("ns", "a", "ua", "1", 1))
+		lists := countLists(c)
+		done := make(chan struct{})
+		defer close(done)
+		c.PrependWatchReactor("widgets", func(a k8stesting.Action) (bool, watch.Interface, error) {
+			opts := a.(k8stesting.WatchActionImpl).ListOptions
+			fw := watch.NewRaceFreeFake()
+			fw.Add(widget("ns", "a", "ua", "1", 1)) // a replay, as for any watch from ""
+			go func() {
+				select {
+				case <-time.After(time.Duration(*opts.TimeoutSeconds) * time.Second):
+				case <-done:
+				}
+				fw.Stop()
+			}()
+			return true, fw, nil
+		})
+		cfg := config(c, &recorder{})
+		cfg.Client = streaming{c}
+		cfg.WatchList = watcher.WatchListAuto
+		cfg.IdleTimeout = 15 * time.Minute
+		w := mustNew(t, cfg)
+		stop := start(t, w)
+		defer stop()
+		time.Sleep(time.Hour)
+		synctest.Wait()
+		if !w.Synced() || lists() == 0 {
+			t.Fatalf("after an hour: Synced=%v lists=%d; want a fallback to a paginated list", w.Synced(), lists())
+		}
+	})
+}
+
+// A watch the server keeps closing at once delivers nothing: Check must
+// not call that healthy.
+func TestCheckReportsAWatchClosedAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := runAB(t, false)
+		defer r.stop()
+		if err := r.w.Check(); err != nil {
+			t.Fatalf("Check with the watch open = %v", err)
+		}
+		r.ws.last(t).Stop()
+		synctest.Wait()
+		if err := r.w.Check(); !errors.Is(err, watcher.ErrDisconnected) || errors.Is(err, watcher.ErrNotSynced) {
+			t.Fatalf("Check after a watch closed at once = %v, want ErrDisconnected", err)
+		}
+		time.Sleep(watcher.DefaultBackoffBase)
+		synctest.Wait()
+		if n := len(r.ws.rvs()); n != 2 {
+			t.Fatalf("%d watches, want the watch reopened", n)
+		}
+		if err := r.w.Check(); err != nil {
+			t.Fatalf("Check with the watch open again = %v", err)
+		}
+	})
+}
+
+// WatchList streams that keep ending before their end marker (a proxy
+// that cuts long streams, say) are given up on after three: the Run lists
+// by pages, and until then Check says the list is not getting through.
+func TestWatchListStreamsThatKeepEndingEarlyFallBackToPages(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ws := &watches{}
+		_, lists, _, _, w, stop := streamingRunOn(t, ws, widget("ns", "a", "ua", "1", 1))
+		defer stop()
+		for i := range 3 {
+			fw := ws.last(t)
+			fw.Add(widget("ns", "a", "ua", "1", 1))
+			fw.Stop() // cut before the end marker
+			synctest.Wait()
+			if err := w.Check(); !errors.Is(err, watcher.ErrDisconnected) {
+				t.Fatalf("Check after stream %d ended early = %v, want ErrDisconnected", i+1, err)
+			}
+			if lists() != 0 || w.Synced() {
+				t.Fatalf("after stream %d ended early: lists=%d Synced=%v, want WatchList tried again", i+1, lists(), w.Synced())
+			}
+			time.Sleep(watcher.DefaultBackoffCap)
+			synctest.Wait()
+		}
+		if lists() != 1 || !w.Synced() {
+			t.Fatalf("after 3 streams ended early: lists=%d Synced=%v, want a paginated list", lists(), w.Synced())
+		}
+		if n := len(ws.rvs()); n != 4 {
+			t.Fatalf("%d watch requests, want 3 streams and the watch after the list", n)
+		}
+		if err := w.Check(); err != nil {
+			t.Fatalf("Check once listed and watching = %v", err)
+		}
+	})
 }
