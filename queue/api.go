@@ -75,6 +75,12 @@ const (
 	// MergeSequence: both are delivered, the held one first; the incoming
 	// one is handed out only after the held one is Done.
 	MergeSequence
+	// MergePrecede: both are delivered, the incoming one first; the held
+	// one waits behind it, keeping its own due time, priority and retry
+	// count. The queue then asks about the entry held before it, if any
+	// (see [Config.Merge]). It is for a held entry that waits (a retry's
+	// backoff, say) and that the incoming one must not wait for.
+	MergePrecede
 )
 
 // Adder is the intake side of the queue: what producers (the watcher, the

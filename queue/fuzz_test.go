@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -65,6 +66,8 @@ func (m *model) cap(now time.Time) time.Time {
 // model can replay it.
 func fuzzMerge(_ *int, incoming int) queue.Merge {
 	switch {
+	case incoming%11 == 0:
+		return queue.MergePrecede
 	case incoming%7 == 0:
 		return queue.MergeSequence
 	case incoming%5 == 0:
@@ -99,26 +102,59 @@ func (m *model) add(k, v int, o queue.AddOptions, now time.Time) queue.Outcome {
 		mk.held = append(mk.held, e) // parked behind the entry in flight
 		return queue.Merged
 	}
-	t := mk.held[len(mk.held)-1]
-	switch fuzzMerge(&t.val, v) {
-	case queue.MergeSequence:
-		mk.held = append(mk.held, e)
-		return queue.Merged
-	case queue.MergeReplace:
-		t.val, t.retries = v, o.Retries
+	// The merge function is asked about the last held entry, then, while
+	// it answers MergePrecede, about each one before it.
+	i := len(mk.held) - 1
+	mode := fuzzMerge(&mk.held[i].val, v)
+	for mode == queue.MergePrecede && i > 0 {
+		i--
+		mode = fuzzMerge(&mk.held[i].val, v)
 	}
-	pending := mk.inflight == nil && t == mk.held[0]
+	switch mode {
+	case queue.MergePrecede: // in front of every held entry
+		mk.held = slices.Insert(mk.held, 0, e)
+		if mk.inflight == nil {
+			m.pend(e, now) // the old pending entry is parked behind it
+		}
+		return queue.Merged
+	case queue.MergeSequence:
+		mk.held = slices.Insert(mk.held, i+1, e)
+		return queue.Merged
+	}
+	m.mergeInto(mk, i, e, mode == queue.MergeReplace, now)
+	// Held neighbours the merge function would combine are combined.
+	for ; i > 0; i-- {
+		x := mk.held[i]
+		mode := fuzzMerge(&mk.held[i-1].val, x.val)
+		if mode != queue.MergeReplace && mode != queue.MergeKeep {
+			break
+		}
+		m.mergeInto(mk, i-1, x, mode == queue.MergeReplace, now)
+		mk.held = slices.Delete(mk.held, i, i+1)
+	}
+	return queue.Merged
+}
+
+// mergeInto merges e (an add, or a held entry folded into the one before
+// it) into held entry i of mk: e's value and retry count if replace, the
+// earliest due time (a due pending entry keeps its own) and the highest
+// priority.
+func (m *model) mergeInto(mk *modelKey, i int, e *modelEntry, replace bool, now time.Time) {
+	t := mk.held[i]
+	if replace {
+		t.val, t.retries = e.val, e.retries
+	}
+	pending := mk.inflight == nil && i == 0
 	wasDue := !t.due.After(now)
-	if due.Before(t.due) {
-		t.due = due
+	if !(pending && wasDue) && e.due.Before(t.due) {
+		t.due = e.due
 	}
 	// A pending entry joins the due entries of its priority now if this
 	// add makes it due, or raises the priority of a due one.
-	if pending && (!wasDue && !t.due.After(now) || wasDue && o.Priority > t.prio) {
+	if pending && (!wasDue && !t.due.After(now) || wasDue && e.prio > t.prio) {
 		m.pend(t, now)
 	}
-	t.prio = max(t.prio, o.Priority)
-	return queue.Merged
+	t.prio = max(t.prio, e.prio)
 }
 
 func (m *model) held() int {

@@ -12,12 +12,20 @@ import (
 // newest payload wins on merge, no metrics, no timestamps.
 type Config[V any] struct {
 	// Merge decides how an add combines with the payload already held for
-	// its key (pending, or parked behind an in-flight entry). It may update
-	// *pending in place: the change stays with MergeKeep (the kept payload
-	// can take part of the incoming one: reconcile.MergeEvents keeps a
-	// trigger's source and reason but takes a watch event's newer object)
-	// and with MergeSequence (the held entry keeps it), and is overwritten
-	// by MergeReplace. pending is valid only during the call. nil means
+	// its key (pending, or parked behind an in-flight entry): the last
+	// entry held for the key, and, after that one answered MergePrecede,
+	// each held entry before it in turn until one answers otherwise. It
+	// may update *pending in place: the change stays with MergeKeep (the
+	// kept payload can take part of the incoming one: reconcile.MergeEvents
+	// keeps a trigger's source and reason but takes a watch event's newer
+	// object), MergeSequence and MergePrecede (the held entry keeps it),
+	// and is overwritten by MergeReplace. After a merge into an entry held
+	// behind another entry that is not in flight, the queue also asks
+	// about that other entry with the merged payload as incoming, on a
+	// copy kept only with MergeKeep, and combines the two on MergeReplace
+	// or MergeKeep: held neighbours that one add would merge are merged,
+	// so that a key's chain does not grow with adds that alternate between
+	// two kinds. pending is valid only during the call. nil means
 	// MergeReplace for every add. It is called with the queue's lock held:
 	// it must be quick and must not call the queue.
 	Merge func(pending *V, incoming V) Merge
@@ -295,30 +303,45 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 			q.insertAt(pos, h, i) // after schedule: a rebuild keeps only slots in use
 		}
 	} else {
-		t := q.tail(head)
+		at := q.tail(head)    // what the add merges into, or goes behind
 		mode := MergeSequence // behind an in-flight entry: park a new one
-		if q.sl(t).state() != stInFlight {
+		if q.sl(at).state() != stInFlight {
 			mode = MergeReplace
 			if q.merge != nil {
-				mode = q.merge(&q.sl(t).val, value)
+				mode = q.merge(&q.sl(at).val, value)
 			}
 		}
-		if mode == MergeSequence {
+		if mode == MergePrecede {
+			at, mode = q.precede(head, at, value)
+		}
+		switch mode {
+		case MergeSequence, MergePrecede:
 			if !haveNow {
 				now = q.addTime()
 			}
-			due := dueAt(now, opts.Delay)
 			i := q.alloc()
 			s := q.sl(i)
-			s.key, s.val, s.due, s.prio, s.retries, s.next = key, value, due, prio, retries, none
+			s.key, s.val, s.due, s.prio, s.retries = key, value, dueAt(now, opts.Delay), prio, retries
 			if q.stamps {
 				*q.enq(i) = now
 			}
-			s.setState(stParked)
-			q.nParked++
-			q.sl(t).next = i
-		} else {
-			q.mergeInto(t, value, mode == MergeReplace, opts.Delay, prio, retries, now, haveNow)
+			if mode == MergeSequence {
+				// Right behind at, in front of what followed it.
+				as := q.sl(at)
+				s.next, as.next = as.next, i
+				s.setState(stParked)
+				q.nParked++
+			} else {
+				// In front of the whole chain, whose head was pending: the
+				// add is pending now and the old head waits behind it.
+				q.park(head, hs)
+				s.next = head
+				q.setAt(pos, i)
+				q.schedule(i, s, now)
+			}
+		default:
+			q.mergeInto(at, value, mode == MergeReplace, opts.Delay, prio, retries, now, haveNow)
+			q.foldBack(head, at)
 		}
 	}
 	q.mu.Unlock()
@@ -329,6 +352,95 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 		}
 	}
 	return out
+}
+
+// precede finds the place of an add that the merge function put in front
+// of entry t of the chain that starts at head: walking back from t, it asks
+// the merge function about each held entry before t until one answers
+// other than MergePrecede, and returns that entry with the answer (merge
+// into it, or go right behind it). An in-flight entry counts as answering
+// MergeSequence. If every held entry up to the head answers MergePrecede,
+// it returns (head, MergePrecede): the add goes in front of the head.
+func (q *Queue[K, V]) precede(head, t int32, value V) (int32, Merge) {
+	for t != head {
+		p := q.pred(head, t)
+		ps := q.sl(p)
+		if ps.state() == stInFlight {
+			return p, MergeSequence
+		}
+		if m := q.merge(&ps.val, value); m != MergePrecede {
+			return p, m
+		}
+		t = p
+	}
+	return head, MergePrecede
+}
+
+// pred returns the entry before t in the chain that starts at head (t is
+// not head).
+func (q *Queue[K, V]) pred(head, t int32) int32 {
+	p := head
+	for q.sl(p).next != t {
+		p = q.sl(p).next
+	}
+	return p
+}
+
+// park takes the pending entry i (slot s) out of the ready rings or the
+// delay heap (their elements for it go stale) and makes it parked.
+func (q *Queue[K, V]) park(i int32, s *slot[K, V]) {
+	switch s.state() {
+	case stReady:
+		q.nReady--
+		q.readyStale++
+	case stDelayed:
+		q.nDelayed--
+		q.delayStale++
+	}
+	if m := q.metrics; m != nil {
+		m.Depth(int(s.prio), -1)
+	}
+	s.setState(stParked)
+	q.nParked++
+}
+
+// foldBack combines held entry x, just merged into, with the held entries
+// before it for as long as the merge function, asked about the entry
+// before x and x's payload, says they combine (MergeReplace or MergeKeep):
+// a chain never holds two neighbours that one add would have merged. It
+// asks about a copy of the earlier entry's payload, kept only with
+// MergeKeep. The combined entry has the earliest due time, the highest
+// priority and the earliest add time of the two.
+func (q *Queue[K, V]) foldBack(head, x int32) {
+	for q.merge != nil && x != head {
+		p := q.pred(head, x)
+		ps, xs := q.sl(p), q.sl(x)
+		if ps.state() == stInFlight {
+			return
+		}
+		v := ps.val
+		mode := q.merge(&v, xs.val)
+		if mode != MergeReplace && mode != MergeKeep {
+			return
+		}
+		if mode == MergeKeep {
+			ps.val = v
+		} else {
+			ps.val, ps.retries = xs.val, xs.retries
+		}
+		now := q.clock()
+		if q.nDelayed > 0 && q.promote(now) {
+			q.passOn()
+		}
+		q.mergeAt(p, ps, xs.due, xs.prio, now)
+		if q.stamps {
+			*q.enq(p) = min(*q.enq(p), *q.enq(x))
+		}
+		ps.next = xs.next
+		q.release(x) // x had an entry before it: it was parked
+		q.nParked--
+		x = p
+	}
 }
 
 // tail returns the last entry of the chain that starts at head: what an
@@ -378,6 +490,14 @@ func (q *Queue[K, V]) mergeInto(t int32, value V, replace bool, delay time.Durat
 		s.val = value
 		s.retries = retries
 	}
+	q.mergeAt(t, s, due, prio, now)
+}
+
+// mergeAt merges due time due and priority prio into held entry t (slot
+// s), moving it between the delay heap and the ready rings as needed. A
+// ready entry keeps its due time; now is the clock if due may be earlier
+// than s.due.
+func (q *Queue[K, V]) mergeAt(t int32, s *slot[K, V], due int64, prio int32, now int64) {
 	oldPrio := s.prio
 	if prio > s.prio {
 		s.prio = prio

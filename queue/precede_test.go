@@ -1,0 +1,132 @@
+package queue_test
+
+import (
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/opkit/opkit/queue"
+)
+
+// retryMerge is shaped like reconcile's rule for a delete waiting for its
+// retry: an event of another object goes in front of it (MergePrecede);
+// events of one object merge (newest wins); a delete is kept.
+func retryMerge(pending *event, incoming event) queue.Merge {
+	switch {
+	case pending.typ == "RetryDelete" && incoming.uid != pending.uid:
+		return queue.MergePrecede
+	case pending.typ == "RetryDelete":
+		return queue.MergeKeep
+	case incoming.uid != pending.uid:
+		return queue.MergeSequence
+	}
+	return queue.MergeReplace
+}
+
+// An entry that waits (a retry's backoff) does not hold up what goes in
+// front of it: the incoming entry is handed out at once, and the waiting
+// one follows at its own due time, not earlier.
+func TestMergePrecedePutsTheAddInFrontOfAWaitingEntry(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := queue.New[string, event](queue.Config[event]{Merge: retryMerge})
+		mustAdd(t, q, "ns/x", event{"RetryDelete", "u1", 1}, queue.AddOptions{Delay: time.Hour}, queue.Queued)
+		mustAdd(t, q, "ns/x", event{"Added", "u2", 2}, queue.AddOptions{}, queue.Merged)
+		if st := q.Stats(); st.Ready != 1 || st.Delayed != 0 || st.Parked != 1 {
+			t.Fatalf("stats %+v, want the add pending and the retry parked behind it", st)
+		}
+		it := mustGet(t, q)
+		if it.Value != (event{"Added", "u2", 2}) {
+			t.Fatalf("first = %+v, want the new object's event at once", it.Value)
+		}
+		q.Done("ns/x")
+		if it, ok := tryGet(t, q); ok {
+			t.Fatalf("Get = %+v before the retry's due time", it.Value)
+		}
+		time.Sleep(time.Hour)
+		if it := mustGet(t, q); it.Value != (event{"RetryDelete", "u1", 1}) {
+			t.Fatalf("second = %+v, want the retry at its due time", it.Value)
+		}
+	})
+}
+
+// The queue asks about the entries before the one that answered
+// MergePrecede: a second event of the new object merges into the first
+// instead of going in front of the retry again.
+func TestMergePrecedeMergesWithTheEntryBefore(t *testing.T) {
+	q := queue.New[string, event](queue.Config[event]{Merge: retryMerge})
+	mustAdd(t, q, "ns/x", event{"RetryDelete", "u1", 1}, queue.AddOptions{Delay: time.Hour}, queue.Queued)
+	for n := 2; n < 100; n++ {
+		mustAdd(t, q, "ns/x", event{"Modified", "u2", n}, queue.AddOptions{}, queue.Merged)
+	}
+	if st := q.Stats(); st.Ready != 1 || st.Delayed != 0 || st.Parked != 1 {
+		t.Fatalf("stats %+v after 98 events of the new object, want one entry in front of the retry", st)
+	}
+	if it := mustGet(t, q); it.Value != (event{"Modified", "u2", 99}) {
+		t.Fatalf("first = %+v, want the newest event of u2", it.Value)
+	}
+}
+
+// Behind an entry in flight, a preceding add goes right behind it: in
+// front of the waiting entry, never in front of (or with) the one in
+// flight.
+func TestMergePrecedeBehindAnEntryInFlight(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := queue.New[string, event](queue.Config[event]{Merge: retryMerge})
+		mustAdd(t, q, "ns/x", event{"Modified", "u2", 1}, queue.AddOptions{}, queue.Queued)
+		mustGet(t, q) // u2's event in flight
+		mustAdd(t, q, "ns/x", event{"RetryDelete", "u1", 2}, queue.AddOptions{Delay: time.Hour}, queue.Merged)
+		mustAdd(t, q, "ns/x", event{"Modified", "u2", 3}, queue.AddOptions{}, queue.Merged)
+		if st := q.Stats(); st.InFlight != 1 || st.Parked != 2 {
+			t.Fatalf("stats %+v, want one in flight and two parked", st)
+		}
+		q.Done("ns/x")
+		if it := mustGet(t, q); it.Value != (event{"Modified", "u2", 3}) {
+			t.Fatalf("after Done: %+v, want u2's new event before the retry", it.Value)
+		}
+		q.Done("ns/x")
+		if _, ok := tryGet(t, q); ok {
+			t.Fatal("the retry was handed out before its due time")
+		}
+		time.Sleep(time.Hour)
+		if it := mustGet(t, q); it.Value != (event{"RetryDelete", "u1", 2}) {
+			t.Fatalf("last = %+v, want the retry", it.Value)
+		}
+	})
+}
+
+// Held neighbours that one add would merge are merged: adds that alternate
+// between two kinds, where each kind is sequenced behind the other one way
+// and replaces it the other way, do not grow the key's chain.
+func TestHeldNeighboursThatCombineAreCombined(t *testing.T) {
+	// A "Deleted" trigger keeps its reconcile before a change that follows
+	// it (sequenced), a later "Deleted" replaces a change, and two deletes
+	// merge.
+	merge := func(pending *event, incoming event) queue.Merge {
+		switch {
+		case pending.typ == "Deleted" && incoming.typ != "Deleted":
+			return queue.MergeSequence
+		case pending.typ == "Deleted":
+			return queue.MergeKeep
+		}
+		return queue.MergeReplace
+	}
+	q := queue.New[string, event](queue.Config[event]{Merge: merge, Timestamps: true})
+	mustAdd(t, q, "ns/x", event{"Modified", "u1", 0}, queue.AddOptions{}, queue.Queued)
+	mustGet(t, q) // in flight
+	for n := 1; n <= 200; n += 2 {
+		mustAdd(t, q, "ns/x", event{"Deleted", "u1", n}, queue.AddOptions{}, queue.Merged)
+		mustAdd(t, q, "ns/x", event{"Modified", "u1", n + 1}, queue.AddOptions{Priority: n}, queue.Merged)
+	}
+	if st := q.Stats(); st.Parked != 2 {
+		t.Fatalf("%d entries parked after 100 (Deleted, Modified) pairs, want 2", st.Parked)
+	}
+	q.Done("ns/x")
+	first := mustGet(t, q)
+	if first.Value != (event{"Deleted", "u1", 1}) || first.Priority != 197 {
+		t.Fatalf("first = %+v (priority %d), want the first delete with the highest priority folded into it (197)", first.Value, first.Priority)
+	}
+	q.Done("ns/x")
+	if it := mustGet(t, q); it.Value != (event{"Modified", "u1", 200}) || it.Priority != 199 {
+		t.Fatalf("second = %+v (priority %d), want the last change (priority 199)", it.Value, it.Priority)
+	}
+}
