@@ -163,8 +163,9 @@ func TestARecreatedObjectStartsTheBackoffAgain(t *testing.T) {
 }
 
 // A delete backs off on its own retries: when the old object's cleanup
-// fails once, the new object of its name (which waits behind the delete)
-// is not held up by the old object's long streak.
+// fails once, its retry waits the first step of the backoff, not the old
+// object's long streak; and the new object of its name does not wait for
+// that retry at all.
 func TestADeleteDoesNotTakeTheStreak(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var deletes atomic.Int32
@@ -200,15 +201,25 @@ func TestADeleteDoesNotTakeTheStreak(t *testing.T) {
 		time.Sleep(10 * time.Minute)
 		synctest.Wait()
 		calls := rec.snapshot()
+		var deleted []time.Time
+		reconciledNew := false
 		for _, c := range calls {
-			if c.req.Object.UID == "uid-new" {
-				if w := c.at.Sub(created); w != 5*time.Millisecond {
-					t.Errorf("the new object was reconciled %v after its creation, want 5ms (behind the delete's first retry); reconciles:%s", w, describeCalls(calls[len(calls)-5:]))
+			switch {
+			case c.req.Type == opkit.Deleted:
+				deleted = append(deleted, c.at)
+			case c.req.Object.UID == "uid-new" && !reconciledNew:
+				reconciledNew = true
+				if w := c.at.Sub(created); w != 0 {
+					t.Errorf("the new object was reconciled %v after its creation, want at once (in front of the delete's retry); reconciles:%s", w, describeCalls(calls[len(calls)-5:]))
 				}
-				return
 			}
 		}
-		t.Fatalf("the new object was never reconciled; reconciles:%s", describeCalls(calls))
+		if !reconciledNew {
+			t.Fatalf("the new object was never reconciled; reconciles:%s", describeCalls(calls))
+		}
+		if len(deleted) != 2 || deleted[1].Sub(deleted[0]) != 5*time.Millisecond {
+			t.Fatalf("delete reconciled at %v, want twice, 5ms apart (the first step of the backoff); reconciles:%s", deleted, describeCalls(calls[len(calls)-5:]))
+		}
 	})
 }
 

@@ -107,7 +107,8 @@ type Config[T opkit.Object] struct {
 	// longer than the last one, as with controller-runtime's per-item rate
 	// limiter. A recreated object (another UID) starts again from the
 	// shortest delay, and a delete backs off on its own retries alone (a
-	// new object of the name waits behind it).
+	// new object of the name does not wait for them: its events go in
+	// front of the delete's retry, see MergeEvents).
 	Backoff queue.Backoff
 	// Timeout bounds each reconcile call (its context's deadline); default
 	// DefaultTimeout (5m); negative means none.
@@ -708,8 +709,8 @@ func (c *Controller[T]) afterReconcile(ctx context.Context, item queue.Item[opki
 		retries := item.Retries + 1
 		// The key's streak, not the request's retries: a new event that
 		// took over a pending retry does not restart the backoff. A delete
-		// backs off on its own retries: the object is gone, and a new
-		// object of its name waits behind it (MergeSequence).
+		// backs off on its own retries: the object is gone (a new object
+		// of its name goes in front of the retry: MergeEvents).
 		streak := retries
 		if ev.Type == opkit.Deleted {
 			c.fails.forget(item.Key, uid)

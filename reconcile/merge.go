@@ -13,18 +13,25 @@ import (
 //
 //	pending    incoming                      merge
 //	---------  ----------------------------  ------------------------------------------
-//	watch      watch event, same UID         MergeReplace: the object came back into
+//	watch      new watch event, same UID     MergeReplace: the object came back into
 //	Deleted                                  the watch (a label selector it left and
 //	                                         matches again; the watcher reports it as
 //	                                         Added) before the delete was handed out;
 //	                                         it is in scope now, and one entry stands
 //	                                         for any number of flaps
+//	re-added   an event of another UID (a    MergePrecede: the delete ran and waits
+//	Deleted    recreated object), or not     for its retry or requeue, maybe an hour:
+//	           Deleted (a trigger, a         nothing new waits for it. The event goes
+//	           change, a retry or requeue    in front, and the delete follows at its
+//	           of a reconcile that ran       own time, the last word about its object
+//	           meanwhile)
 //	Deleted    watch event, same UID (or     MergeSequence: an external Deleted
 //	trigger    the trigger's unknown)        trigger of an object that still exists
 //	                                         (e.g. deleting, with finalizers) keeps its
 //	                                         reconcile; the change follows it
-//	Deleted    re-add of unknown UID (a      MergeSequence: after the delete (the
-//	           requeue carries no object)    requeue re-reads the object)
+//	Deleted    re-add, not Deleted, of       MergeSequence: after the delete (the
+//	           unknown UID (a requeue        requeue re-reads the object)
+//	           carries no object)
 //	Deleted    same UID (or a UID unknown)   MergeKeep: a delete is never turned into
 //	                                         something else; the watch's own Deleted
 //	                                         carrying the full final state replaces a
@@ -38,10 +45,14 @@ import (
 //	                                         again: the watcher holds the later)
 //	Deleted    another UID (recreated)       MergeSequence: the delete is delivered
 //	                                         first, then the new object's event
-//	other      Deleted of another UID        MergeSequence: the pending event of the
-//	                                         newer object stays and the old object's
-//	                                         delete follows it (only a retried delete
-//	                                         arrives in that order)
+//	other      re-added Deleted of another   MergeSequence: the pending event of the
+//	           UID                           other object stays and the retried delete
+//	                                         follows it, at its own time
+//	other      new Deleted of another UID    MergePrecede: the delete goes first, as
+//	                                         before a recreation (a late tombstone of
+//	                                         an earlier object, or a Deleted trigger
+//	                                         with its UID); the queue merges it into
+//	                                         a delete of that object held before
 //	new        re-add, not Deleted           MergeKeep: the new event arrived while
 //	                                         the re-added one was being reconciled;
 //	                                         it keeps its payload, its retry count
@@ -82,13 +93,17 @@ import (
 // replaced it, merged into a trigger, the retried delete runs after the
 // trigger's reconcile and is the last word until the object changes
 // again. The other way round, a trigger that arrives while a delete of
-// its object is pending (a retried one too) merges into the delete, which
-// stays and runs at once (MergeKeep): the trigger gets no reconcile of
-// its own, even when the delete was a Deleted trigger of an object that
-// still exists (deleting, with finalizers). Sequencing it behind the
-// delete instead would make it wait out the delete's backoff or requeue,
-// and would let alternating Deleted triggers and triggers grow the key's
-// chain without bound. The rows are read top down: the first that fits
+// its object has not run yet (pending, or parked behind a reconcile in
+// flight) merges into the delete, which stays (MergeKeep): the trigger
+// gets no reconcile of its own, even when the delete was a Deleted
+// trigger of an object that still exists (deleting, with finalizers).
+// Sequencing it behind the delete instead would make it wait out the
+// delete's reconcile, backoff or requeue. A delete that ran and waits for
+// its retry or requeue holds up nothing: triggers, changes and events of
+// another object go in front of it (MergePrecede). The queue asks the
+// rule about held neighbours too and merges those it would merge, so a
+// key's chain stays short whatever the events alternate between (see
+// queue.Config.Merge). The rows are read top down: the first that fits
 // decides.
 func MergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T]) queue.Merge {
 	pu, iu := uidOf(pending.Object), uidOf(incoming.Object)
@@ -96,7 +111,15 @@ func MergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T
 	otherUID := pu != "" && iu != "" && pu != iu // both known, and not the same object
 	if pending.Type != opkit.Deleted {
 		if incoming.Type == opkit.Deleted && otherUID {
-			return queue.MergeSequence
+			if readd(incoming) {
+				// The older object's retried delete follows the newer
+				// object's event rather than hold it up for its backoff.
+				return queue.MergeSequence
+			}
+			// A delete of another object goes in front, as a delete goes
+			// before a recreation; the queue merges it with a delete of
+			// that object held before, if any.
+			return queue.MergePrecede
 		}
 		if readd(incoming) && !readd(*pending) {
 			// pending arrived while incoming's reconcile ran: it is newer. A
@@ -124,18 +147,30 @@ func MergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T
 		return queue.MergeReplace
 	}
 	if otherUID {
+		if readd(*pending) {
+			// The delete ran and waits for its retry or requeue, which may
+			// be an hour away: another object of the name (recreated) must
+			// not wait for it. Its event goes in front; the delete keeps its
+			// own due time behind it.
+			return queue.MergePrecede
+		}
 		return queue.MergeSequence
 	}
 	if incoming.Type != opkit.Deleted {
-		if incoming.Source == opkit.APIServer && !readd(incoming) {
-			switch {
-			case pending.Source == opkit.Operator: // after a Deleted trigger, whose UID may be unknown
-				return queue.MergeSequence
-			case sameUID:
-				return queue.MergeReplace // back in the watch
-			}
-		}
-		if readd(incoming) && iu == "" { // a requeue carries no object
+		watchEvent := incoming.Source == opkit.APIServer && !readd(incoming)
+		switch {
+		case watchEvent && pending.Source == opkit.APIServer && sameUID:
+			return queue.MergeReplace // back in the watch
+		case readd(*pending):
+			// The delete ran and waits for its retry or requeue, maybe an
+			// hour: nothing new waits for it. The event (a trigger, a
+			// change after a Deleted trigger, a retry of a reconcile that
+			// ran meanwhile) goes in front; the delete follows at its own
+			// time, the last word as after any trigger.
+			return queue.MergePrecede
+		case watchEvent && pending.Source == opkit.Operator: // after a Deleted trigger, whose UID may be unknown
+			return queue.MergeSequence
+		case readd(incoming) && iu == "": // a requeue carries no object
 			return queue.MergeSequence
 		}
 	}

@@ -55,7 +55,11 @@ func TestMergeEventsNeverTurnsAPendingDeleteIntoSomethingElse(t *testing.T) {
 		{"added then modified: newest wins", ev(opkit.Added, "u1"), ev(opkit.Modified, "u1"), queue.MergeReplace},
 		{"modified then deleted: the delete wins", ev(opkit.Modified, "u1"), ev(opkit.Deleted, "u1"), queue.MergeReplace},
 		{"modified then recreated: newest wins", ev(opkit.Modified, "u1"), ev(opkit.Added, "u2"), queue.MergeReplace},
-		{"recreated, then the old object's delete retried: both", ev(opkit.Added, "u2"), ev(opkit.Deleted, "u1"), queue.MergeSequence},
+		{"recreated, then a late delete of the old object: both, the delete first", ev(opkit.Added, "u2"), ev(opkit.Deleted, "u1"), queue.MergePrecede},
+		{"trigger, then a Deleted trigger of another uid: both, the delete first", trig("u2"), deletedTrigger("u1"), queue.MergePrecede},
+		{"retried delete, then a recreated object's event: both, the new object first", retried(ev(opkit.Deleted, "u1")), ev(opkit.Added, "u2"), queue.MergePrecede},
+		{"requeued delete, then a trigger for a recreated object: both, the trigger first", requeued(ev(opkit.Deleted, "u1")), trig("u2"), queue.MergePrecede},
+		{"retried delete, then another object's retry: both, the retry first", retried(ev(opkit.Deleted, "u1")), retried(ev(opkit.Modified, "u2")), queue.MergePrecede},
 		// Only a watch with a label selector reports the same UID after a
 		// delete: the object left the selector and matches again, before
 		// the delete was handed out. It is in scope now.
@@ -103,7 +107,13 @@ func TestMergeEventsNeverTurnsAPendingDeleteIntoSomethingElse(t *testing.T) {
 		{"retried event then retry: newest wins", retried(ev(opkit.Modified, "u1")), retried(ev(opkit.Modified, "u1")), queue.MergeReplace},
 		{"retried watch delete then the same delete again: keep", retried(ev(opkit.Deleted, "u1")), ev(opkit.Deleted, "u1"), queue.MergeKeep},
 		{"Deleted trigger then a trigger, same uid: keep the delete", deletedTrigger("u1"), trig("u1"), queue.MergeKeep},
-		{"retried Deleted trigger then a trigger: keep the delete", retried(deletedTrigger("u1")), trig("u1"), queue.MergeKeep},
+		{"Deleted trigger then a trigger, no uid: keep the delete", deletedTrigger(""), trig("u1"), queue.MergeKeep},
+		{"retried Deleted trigger then a trigger: both, the trigger first (the delete waits for its retry)", retried(deletedTrigger("u1")), trig("u1"), queue.MergePrecede},
+		{"requeued watch delete then a trigger: both, the trigger first", requeued(ev(opkit.Deleted, "u1")), trig("u1"), queue.MergePrecede},
+		{"retried Deleted trigger then a watch change: both, the change first", retried(deletedTrigger("u1")), ev(opkit.Modified, "u1"), queue.MergePrecede},
+		{"retried watch delete then the object back in the watch: the object", retried(ev(opkit.Deleted, "u1")), ev(opkit.Added, "u1"), queue.MergeReplace},
+		{"retried delete then a retry of a trigger that ran meanwhile: both, the retry first", retried(ev(opkit.Deleted, "u1")), retried(trig("u1")), queue.MergePrecede},
+		{"retried delete then an objectless requeue: both, the requeue first", retried(ev(opkit.Deleted, "u1")), requeued(opkit.Event[*corev1.ConfigMap]{Type: opkit.Modified, Source: opkit.Operator}), queue.MergePrecede},
 	} {
 		pending := tc.pending
 		if got := reconcile.MergeEvents(&pending, tc.incoming); got != tc.want {
@@ -219,7 +229,7 @@ func TestMergeEventsSequencesThroughTheQueue(t *testing.T) {
 			q.Add(k, retried(it.Value), queue.AddOptions{Retries: 1})
 			q.Done(k)
 		}, []string{"Added u1"}},
-		{"a requeue behind an old object's retried delete: both", func(t *testing.T, q *queue.Queue[opkit.Key, opkit.Event[*corev1.ConfigMap]]) {
+		{"a requeue behind an old object's retried delete: both, the requeue first", func(t *testing.T, q *queue.Queue[opkit.Key, opkit.Event[*corev1.ConfigMap]]) {
 			q.Add(k, ev(opkit.Deleted, "u1"), queue.AddOptions{})
 			del, _ := q.Get(context.Background())
 			q.Add(k, ev(opkit.Added, "u2"), queue.AddOptions{}) // recreated, parked
@@ -230,7 +240,7 @@ func TestMergeEventsSequencesThroughTheQueue(t *testing.T) {
 			rq.Object = nil
 			q.Add(k, requeued(rq), queue.AddOptions{})
 			q.Done(k)
-		}, []string{"Deleted u1", "Added (requeued)"}},
+		}, []string{"Added (requeued)", "Deleted u1"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			q := queue.New[opkit.Key](queue.Config[opkit.Event[*corev1.ConfigMap]]{Merge: reconcile.MergeEvents[*corev1.ConfigMap]})

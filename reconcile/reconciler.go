@@ -34,9 +34,11 @@ import (
 //	panic                             turned into an error (stack logged) and retried
 //	                                  like any other error
 //
-// A new event for the key (a watch event or a trigger) always gets its own
+// A new event for the key (a watch event or a trigger) gets its own
 // reconcile, whatever the previous outcome: dropping a key only stops the
-// retries of the failed attempt. One that arrives while the key is being
+// retries of the failed attempt. (It may share that reconcile with other
+// events merged into one, and a trigger merges into a delete of its object
+// that is waiting: see MergeEvents.) One that arrives while the key is being
 // reconciled runs after it with its own retry count, and the retry or
 // requeue that reconcile asks for gives way to it (MergeEvents): the new
 // reconcile decides again. The backoff delay does not start again with

@@ -113,8 +113,11 @@
 // is being reconciled gets a reconcile of its own after that one, which
 // the controller's retry or requeue of the running one does not replace
 // (the retry or requeue of a delete runs after it); a trigger for an
-// object whose delete is waiting (pending, or retried) merges into that
-// delete, which runs at once (see reconcile.MergeEvents).
+// object whose delete has not run yet (pending, or parked behind the
+// running reconcile) merges into that delete, and the trigger's source,
+// reason and type give way to the delete's; a trigger never waits for a
+// delete's retry or requeue: it runs in front of it (see
+// reconcile.MergeEvents).
 // A delay is an upper bound, not a promise of "not before": entries for a
 // key merge to the earliest due time, so another event for the object in
 // the meantime reconciles it sooner, once, and nothing runs again at the
@@ -128,7 +131,8 @@
 // a new term starts the watcher with a full list, which reconciles every
 // existing object (source APIServer, so the trigger's reason is not
 // carried). No object is left unreconciled after a trigger; only the
-// attribution can be lost in a failover (or to a newer trigger, above). Callers that need the reason to
+// attribution can be lost: in a failover, to a newer trigger, or to a
+// waiting delete (above). Callers that need the reason to
 // survive a crash must make it part of the object (a field or an
 // annotation) rather than of the trigger. The example module's
 // TestFlipLosesNoTriggerOverNATS checks this against a real JetStream

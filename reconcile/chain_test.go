@@ -1,0 +1,179 @@
+package reconcile_test
+
+import (
+	"context"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/internal/typed"
+	"github.com/opkit/opkit/queue"
+	"github.com/opkit/opkit/reconcile"
+	"github.com/opkit/opkit/trigger"
+)
+
+// While one reconcile of a key runs, events that alternate between two
+// kinds (a Deleted trigger sequenced before a change, a change replaced by
+// the next Deleted trigger) do not grow the key's chain: held neighbours
+// that one add would merge are merged. Every kind is still delivered, in
+// the order it must be.
+func TestAlternatingEventsKeepAKeysChainShort(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		inFlight opkit.Event[*corev1.ConfigMap]
+		a, b     opkit.Event[*corev1.ConfigMap]
+		// want is the types and UIDs delivered after the one in flight.
+		want []opkit.Event[*corev1.ConfigMap]
+	}{
+		{"Deleted triggers and watch changes of an object that still exists",
+			ev(opkit.Modified, "u1"), deletedTrigger("u1"), ev(opkit.Modified, "u1"),
+			[]opkit.Event[*corev1.ConfigMap]{deletedTrigger("u1"), ev(opkit.Modified, "u1")}},
+		{"stale Deleted triggers (an older object) and triggers for the current one",
+			ev(opkit.Modified, "u2"), deletedTrigger("u1"), trig("u2"),
+			[]opkit.Event[*corev1.ConfigMap]{deletedTrigger("u1"), trig("u2")}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			k := opkit.Key{Namespace: "ns", Name: "a"}
+			q := queue.New[opkit.Key](queue.Config[opkit.Event[*corev1.ConfigMap]]{Merge: reconcile.MergeEvents[*corev1.ConfigMap]})
+			q.Add(k, tc.inFlight, queue.AddOptions{})
+			if _, err := q.Get(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			for range 100 {
+				q.Add(k, tc.a, queue.AddOptions{})
+				q.Add(k, tc.b, queue.AddOptions{})
+			}
+			if st := q.Stats(); st.Parked != len(tc.want) {
+				t.Fatalf("%d entries parked for 100 pairs, want %d", st.Parked, len(tc.want))
+			}
+			for i, want := range tc.want {
+				q.Done(k)
+				it, err := q.Get(context.Background())
+				if err != nil {
+					t.Fatal(err)
+				}
+				if it.Value.Type != want.Type || it.Value.Source != want.Source || it.Value.Object.UID != want.Object.UID {
+					t.Fatalf("delivery %d: %s %s of %s, want %s %s of %s", i, it.Value.Source, it.Value.Type, it.Value.Object.UID,
+						want.Source, want.Type, want.Object.UID)
+				}
+			}
+		})
+	}
+}
+
+// The same through the controller: teardown triggers (Type Deleted) for
+// an object that is deleting with finalizers, while its spec keeps
+// changing and one reconcile of it runs. Every Deleted trigger and change
+// is served, by one Deleted reconcile and one change after it, not one
+// reconcile each.
+func TestTeardownTriggersBetweenChangesAreServedOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec, gate := blockFirstDelete(func() (reconcile.Result, error) { return reconcile.Done(), nil })
+		e := start(t, rec, nil, widget("a"))
+		synctest.Wait()
+		teardown := func() {
+			t.Helper()
+			o, err := e.ctrl.Trigger().Submit(context.Background(), trigger.Request[*Widget]{Object: widget("a"), Type: opkit.Deleted, Source: opkit.Operator, Reason: "teardown"})
+			if err != nil || !o.Accepted() {
+				t.Fatalf("Submit: %v %v", o, err)
+			}
+		}
+		teardown()
+		synctest.Wait() // in flight, held at the gate
+		const n = 50
+		for i := range n {
+			teardown()
+			updateSpec(t, e, i+2)
+			synctest.Wait()
+		}
+		if parked := e.ctrl.Queue().Stats().Parked; parked != 2 {
+			t.Fatalf("%d entries parked behind the reconcile in flight for %d (teardown, spec change) pairs, want 2", parked, n)
+		}
+		before := len(rec.snapshot())
+		close(gate)
+		time.Sleep(time.Hour)
+		synctest.Wait()
+		calls := rec.snapshot()[before:]
+		if len(calls) != 2 || calls[0].req.Type != opkit.Deleted || calls[0].req.Reason != "teardown" ||
+			calls[1].req.Type == opkit.Deleted || calls[1].req.Object.Spec.Size != n+1 {
+			t.Fatalf("after the gate, want a teardown reconcile, then the last change (size %d); reconciles:%s", n+1, describeCalls(calls))
+		}
+	})
+}
+
+// A delete that polls an external cleanup (RequeueAfter an hour) does not
+// hold up a new object of its name: the new object's event, a trigger for
+// it and its later changes are reconciled at once, in front of the old
+// object's requeue, which still runs at its own time.
+func TestARecreatedObjectDoesNotWaitForTheOldDeletesRequeue(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &recorder{do: func(_ context.Context, _ int, req reconcile.Request[*Widget]) (reconcile.Result, error) {
+			if req.Type == opkit.Deleted {
+				return reconcile.RequeueAfter(time.Hour), nil // the cleanup is still running
+			}
+			return reconcile.Done(), nil
+		}}
+		e := start(t, rec, nil, widget("a"))
+		synctest.Wait()
+		res := e.dyn.Resource(widgets.GroupVersionResource).Namespace("ns")
+		if err := res.Delete(context.Background(), "a", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait() // the delete ran and asked for a requeue in an hour
+		deletedAt := time.Now()
+		time.Sleep(time.Minute)
+		b := widget("a", func(w *Widget) { w.UID = "uid-a2"; w.ResourceVersion = "7" })
+		u, err := typed.ToUnstructured(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := res.Create(context.Background(), u, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		submit(t, e, b, "ci")
+		synctest.Wait()
+		// Half-way between the watcher's idle restarts (every IdleTimeout,
+		// 5m, of silence): the fake's watch does not replay from a
+		// resourceVersion, so a change made as one closes would be lost.
+		time.Sleep(2*time.Minute + 30*time.Second)
+		updateSpec(t, e, 9)
+		synctest.Wait()
+		time.Sleep(time.Hour)
+		synctest.Wait()
+
+		calls := rec.snapshot()
+		var added, ci, change, requeue time.Time
+		for _, c := range calls {
+			switch {
+			case c.req.Type == opkit.Deleted && c.req.Requeued && requeue.IsZero():
+				requeue = c.at
+			case c.req.Object.UID != "uid-a2":
+			case c.req.Reason == "ci":
+				ci = c.at
+			case c.req.Object.Spec.Size == 9:
+				change = c.at
+			case added.IsZero():
+				added = c.at
+			}
+		}
+		created := deletedAt.Add(time.Minute)
+		switch {
+		case !added.Equal(created):
+			t.Errorf("the new object was first reconciled at %v, want at its creation %v", added, created)
+		case !ci.Equal(created):
+			t.Errorf("the trigger for the new object was reconciled at %v, want at once (%v)", ci, created)
+		case !change.Equal(created.Add(2*time.Minute + 30*time.Second)):
+			t.Errorf("the new object's change was reconciled at %v, want at once (%v)", change, created.Add(2*time.Minute+30*time.Second))
+		case !requeue.Equal(deletedAt.Add(time.Hour)):
+			t.Errorf("the old delete's requeue ran at %v, want at its own time %v", requeue, deletedAt.Add(time.Hour))
+		}
+		if t.Failed() {
+			t.Logf("reconciles:%s", describeCalls(calls))
+		}
+	})
+}
