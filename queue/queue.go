@@ -341,7 +341,9 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 			}
 		default:
 			q.mergeInto(at, value, mode == MergeReplace, opts.Delay, prio, retries, now, haveNow)
-			q.foldBack(head, at)
+			if at != head {
+				q.foldBack(head, at)
+			}
 		}
 	}
 	q.mu.Unlock()
@@ -498,6 +500,9 @@ func (q *Queue[K, V]) mergeInto(t int32, value V, replace bool, delay time.Durat
 // ready entry keeps its due time; now is the clock if due may be earlier
 // than s.due.
 func (q *Queue[K, V]) mergeAt(t int32, s *slot[K, V], due int64, prio int32, now int64) {
+	if prio <= s.prio && (due >= s.due || s.state() == stReady) {
+		return // nothing to merge: the common case of a burst of adds
+	}
 	oldPrio := s.prio
 	if prio > s.prio {
 		s.prio = prio
