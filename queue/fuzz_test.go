@@ -103,12 +103,23 @@ func (m *model) add(k, v int, o queue.AddOptions, now time.Time) queue.Outcome {
 		return queue.Merged
 	}
 	// The merge function is asked about the last held entry, then, while
-	// it answers MergePrecede, about each one before it.
+	// it answers MergePrecede, about each one before it. An add that would
+	// go in front of a due entry goes right behind the last one instead.
 	i := len(mk.held) - 1
 	mode := fuzzMerge(&mk.held[i].val, v)
-	for mode == queue.MergePrecede && i > 0 {
+	lastDue := -1
+	for mode == queue.MergePrecede {
+		if lastDue < 0 && !mk.held[i].due.After(now) {
+			lastDue = i
+		}
+		if i == 0 {
+			break
+		}
 		i--
 		mode = fuzzMerge(&mk.held[i].val, v)
+	}
+	if lastDue >= 0 && (mode == queue.MergePrecede || mode == queue.MergeSequence) {
+		i, mode = lastDue, queue.MergeSequence
 	}
 	switch mode {
 	case queue.MergePrecede: // in front of every held entry
@@ -260,6 +271,8 @@ func FuzzQueueAgainstModel(f *testing.F) {
 	f.Add([]byte{1, 1, 0, 3, 0, 0, 1, 1, 3, 2, 1, 8, 5, 1, 0, 3, 0, 0, 10, 0, 0, 3, 0, 0})
 	f.Add([]byte{0, 1, 8, 0, 2, 0, 4, 0, 3, 4, 0, 3, 3, 0, 0, 5, 1, 0, 0, 1, 9, 9, 0, 7, 4, 0, 3})
 	f.Add([]byte{0, 1, 0, 0, 2, 9, 9, 0, 5, 3, 0, 0, 1, 2, 0, 5, 1, 0, 3, 0, 0, 0}) // no timestamps
+	// MergePrecede after a delayed entry of another key fell due unnoticed
+	f.Add([]byte{0, 0, 5, 0, 1, 4, 0, 2, 0, 0, 2, 0, 0, 2, 0, 0, 2, 0, 0, 2, 0, 0, 3, 0, 0, 3, 0, 0, 3, 0, 9, 0, 4, 0, 1, 4, 3, 0, 0})
 	f.Fuzz(func(t *testing.T, ops []byte) {
 		synctest.Test(t, func(t *testing.T) {
 			runModel(t, ops)

@@ -1,6 +1,7 @@
 package queue_test
 
 import (
+	"slices"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -128,5 +129,74 @@ func TestHeldNeighboursThatCombineAreCombined(t *testing.T) {
 	q.Done("ns/x")
 	if it := mustGet(t, q); it.Value != (event{"Modified", "u1", 200}) || it.Priority != 199 {
 		t.Fatalf("second = %+v (priority %d), want the last change (priority 199)", it.Value, it.Priority)
+	}
+}
+
+// precMerge puts a value starting with 'P' in front of a held one; any
+// other value replaces it.
+func precMerge(_ *string, incoming string) queue.Merge {
+	if incoming[0] == 'P' {
+		return queue.MergePrecede
+	}
+	return queue.MergeReplace
+}
+
+// An add never goes in front of an entry that is due: MergePrecede is for
+// entries that wait, and an add that keeps coming would hold a due one
+// back for ever.
+func TestMergePrecedeNeverGoesInFrontOfADueEntry(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := queue.New[string, string](queue.Config[string]{Merge: precMerge})
+		mustAdd(t, q, "b", "X", queue.AddOptions{}, queue.Queued)
+		mustGet(t, q) // X in flight
+		mustAdd(t, q, "b", "W", queue.AddOptions{Delay: time.Minute}, queue.Merged)
+		mustAdd(t, q, "b", "P1", queue.AddOptions{}, queue.Merged) // W waits: in front of it
+		time.Sleep(time.Minute)
+		mustAdd(t, q, "b", "P2", queue.AddOptions{}, queue.Merged) // W is due: behind it
+		var got []string
+		for range 3 {
+			q.Done("b")
+			got = append(got, mustGet(t, q).Value)
+		}
+		if want := []string{"P1", "W", "P2"}; !slices.Equal(got, want) {
+			t.Fatalf("handed out %q, want %q", got, want)
+		}
+	})
+}
+
+// An add that goes in front of a waiting entry, or merges into the entry
+// before it, comes after the delayed entries of other keys that fell due
+// before it (first come first served from when each could be handed out).
+func TestMergePrecedeComesAfterWhatFellDueBefore(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		add  queue.AddOptions
+		held func(t *testing.T, q *queue.Queue[string, string])
+	}{
+		{"in front of the waiting head", queue.AddOptions{Priority: 1}, func(t *testing.T, q *queue.Queue[string, string]) {
+			mustAdd(t, q, "b", "W", queue.AddOptions{Delay: time.Hour}, queue.Queued)
+		}},
+		{"merged into the entry before, raising it", queue.AddOptions{Priority: 1}, func(t *testing.T, q *queue.Queue[string, string]) {
+			mustAdd(t, q, "b", "W", queue.AddOptions{Delay: time.Hour}, queue.Queued)
+			mustAdd(t, q, "b", "P0", queue.AddOptions{}, queue.Merged) // [P0 ready, W parked]
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				q := queue.New[string, string](queue.Config[string]{Merge: func(p *string, in string) queue.Merge {
+					if (*p)[0] == 'W' {
+						return queue.MergePrecede
+					}
+					return queue.MergeReplace
+				}})
+				tc.held(t, q)
+				mustAdd(t, q, "a", "A", queue.AddOptions{Delay: 100 * time.Millisecond, Priority: 1}, queue.Queued)
+				time.Sleep(200 * time.Millisecond) // a falls due at 100ms; no Get notices
+				mustAdd(t, q, "b", "P", tc.add, queue.Merged)
+				if it := mustGet(t, q); it.Key != "a" {
+					t.Fatalf("first = %s/%s, want a (due at 100ms, before the add at 200ms)", it.Key, it.Value)
+				}
+			})
+		})
 	}
 }

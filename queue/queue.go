@@ -312,7 +312,15 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 			}
 		}
 		if mode == MergePrecede {
-			at, mode = q.precede(head, at, value)
+			// What fell due goes first (see touchesReady), and precede
+			// needs the time: an add never goes in front of a due entry.
+			if !haveNow {
+				now, haveNow = q.clock(), true
+			}
+			if q.nDelayed > 0 && q.promote(now) {
+				q.passOn()
+			}
+			at, mode = q.precede(head, at, value, now)
 		}
 		switch mode {
 		case MergeSequence, MergePrecede:
@@ -362,20 +370,37 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 // other than MergePrecede, and returns that entry with the answer (merge
 // into it, or go right behind it). An in-flight entry counts as answering
 // MergeSequence. If every held entry up to the head answers MergePrecede,
-// it returns (head, MergePrecede): the add goes in front of the head.
-func (q *Queue[K, V]) precede(head, t int32, value V) (int32, Merge) {
-	for t != head {
+// the add goes in front of the head: (head, MergePrecede). But an add is
+// never put in front of an entry that is due at now: it goes right behind
+// the last such entry instead. MergePrecede is for entries that wait, and
+// an add that went in front of a due one again and again (a periodic
+// requeue of another entry) would hold it back for ever.
+func (q *Queue[K, V]) precede(head, t int32, value V, now int64) (at int32, m Merge) {
+	lastDue := none
+	for {
+		if lastDue == none && q.sl(t).due <= now {
+			lastDue = t
+		}
+		if t == head {
+			at, m = head, MergePrecede
+			break
+		}
 		p := q.pred(head, t)
 		ps := q.sl(p)
 		if ps.state() == stInFlight {
-			return p, MergeSequence
+			at, m = p, MergeSequence
+			break
 		}
-		if m := q.merge(&ps.val, value); m != MergePrecede {
-			return p, m
+		if m = q.merge(&ps.val, value); m != MergePrecede {
+			at = p
+			break
 		}
 		t = p
 	}
-	return head, MergePrecede
+	if lastDue != none && (m == MergeSequence || m == MergePrecede) {
+		return lastDue, MergeSequence
+	}
+	return at, m
 }
 
 // pred returns the entry before t in the chain that starts at head (t is

@@ -119,22 +119,7 @@ func TestARecreatedObjectDoesNotWaitForTheOldDeletesRequeue(t *testing.T) {
 		}}
 		e := start(t, rec, nil, widget("a"))
 		synctest.Wait()
-		res := e.dyn.Resource(widgets.GroupVersionResource).Namespace("ns")
-		if err := res.Delete(context.Background(), "a", metav1.DeleteOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		synctest.Wait() // the delete ran and asked for a requeue in an hour
-		deletedAt := time.Now()
-		time.Sleep(time.Minute)
-		b := widget("a", func(w *Widget) { w.UID = "uid-a2"; w.ResourceVersion = "7" })
-		u, err := typed.ToUnstructured(b)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := res.Create(context.Background(), u, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		synctest.Wait()
+		deletedAt, b := recreateA(t, e)
 		submit(t, e, b, "ci")
 		synctest.Wait()
 		// Half-way between the watcher's idle restarts (every IdleTimeout,
@@ -176,4 +161,118 @@ func TestARecreatedObjectDoesNotWaitForTheOldDeletesRequeue(t *testing.T) {
 			t.Logf("reconciles:%s", describeCalls(calls))
 		}
 	})
+}
+
+// A new object of the name that requeues itself every 10 minutes does not
+// hold back the old object's delete for ever: once the delete's requeue is
+// due, nothing goes in front of it.
+func TestAPeriodicRequeueDoesNotStarveAWaitingDelete(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &recorder{do: func(_ context.Context, _ int, req reconcile.Request[*Widget]) (reconcile.Result, error) {
+			if req.Type == opkit.Deleted {
+				return reconcile.RequeueAfter(time.Hour), nil
+			}
+			return reconcile.RequeueAfter(10 * time.Minute), nil // periodic resync
+		}}
+		e := start(t, rec, nil, widget("a"))
+		synctest.Wait()
+		deletedAt, _ := recreateA(t, e)
+		time.Sleep(4 * time.Hour)
+		synctest.Wait()
+		var requeues, resyncs []time.Time
+		for _, c := range rec.snapshot() {
+			switch {
+			case c.req.Type == opkit.Deleted && c.req.Requeued:
+				requeues = append(requeues, c.at)
+			case c.req.Object.UID == "uid-a2":
+				resyncs = append(resyncs, c.at)
+			}
+		}
+		// The delete's requeue comes due behind the new object's next
+		// resync (due a minute later, already pending): it runs then, and
+		// hourly after that.
+		for i, at := range requeues {
+			if want := deletedAt.Add(time.Duration(i+1)*time.Hour + time.Minute); !at.Equal(want) {
+				t.Fatalf("the old delete's requeue %d ran at %v, want %v; all: %v", i, at, want, requeues)
+			}
+		}
+		if len(requeues) != 4 {
+			t.Fatalf("the old delete's requeue ran %d times in 4h, want 4: %v", len(requeues), requeues)
+		}
+		// And the new object's resync is never lost or held up.
+		for i := 1; i < len(resyncs); i++ {
+			if d := resyncs[i].Sub(resyncs[i-1]); d != 10*time.Minute {
+				t.Fatalf("the new object's resyncs %d and %d are %v apart, want 10m: %v", i-1, i, d, resyncs)
+			}
+		}
+	})
+}
+
+// A teardown trigger that ran and asked for a requeue, a change of its
+// object that went in front of it, then the object's real delete from the
+// watch, all while the only worker is busy: the real delete is reconciled
+// (it merged into the waiting teardown, which then stands for a new delete
+// and is not taken over by the change before it).
+func TestTheRealDeleteBehindAWaitingTeardownIsReconciled(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		gate := make(chan struct{})
+		rec := &recorder{do: func(_ context.Context, _ int, req reconcile.Request[*Widget]) (reconcile.Result, error) {
+			switch {
+			case req.Key.Name == "b" && req.Reason == "block":
+				<-gate
+			case req.Type == opkit.Deleted && req.Source == opkit.Operator:
+				return reconcile.RequeueAfter(time.Hour), nil // teardown in progress
+			}
+			return reconcile.Done(), nil
+		}}
+		e := start(t, rec, func(c *reconcile.Config[*Widget]) { c.Concurrency = 1 }, widget("a"), widget("b"))
+		synctest.Wait()
+		if o, err := e.ctrl.Trigger().Submit(context.Background(), trigger.Request[*Widget]{Object: widget("a"), Type: opkit.Deleted, Source: opkit.Operator, Reason: "teardown"}); err != nil || !o.Accepted() {
+			t.Fatal(o, err)
+		}
+		synctest.Wait() // teardown ran, requeued in 1h
+		submit(t, e, widget("b"), "block")
+		synctest.Wait() // the only worker is busy with b
+		updateSpec(t, e, 5)
+		synctest.Wait()
+		if err := e.dyn.Resource(widgets.GroupVersionResource).Namespace("ns").Delete(context.Background(), "a", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		before := len(rec.snapshot())
+		close(gate)
+		time.Sleep(3 * time.Hour)
+		synctest.Wait()
+		calls := rec.snapshot()[before:]
+		for _, c := range calls {
+			if c.req.Key.Name == "a" && c.req.Type == opkit.Deleted {
+				return
+			}
+		}
+		t.Fatalf("no Deleted reconcile of a after its real delete; reconciles:%s", describeCalls(calls))
+	})
+}
+
+// recreateA deletes object a, lets its Deleted reconcile run, and a minute
+// later creates a new object a (UID uid-a2); it returns when the delete ran
+// and the new object.
+func recreateA(t *testing.T, e *env) (deletedAt time.Time, b *Widget) {
+	t.Helper()
+	res := e.dyn.Resource(widgets.GroupVersionResource).Namespace("ns")
+	if err := res.Delete(context.Background(), "a", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	synctest.Wait() // the delete ran (and asked for whatever it asks for)
+	deletedAt = time.Now()
+	time.Sleep(time.Minute)
+	b = widget("a", func(w *Widget) { w.UID = "uid-a2"; w.ResourceVersion = "7" })
+	u, err := typed.ToUnstructured(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := res.Create(context.Background(), u, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	synctest.Wait()
+	return deletedAt, b
 }

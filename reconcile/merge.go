@@ -13,8 +13,8 @@ import (
 //
 //	pending    incoming                      merge
 //	---------  ----------------------------  ------------------------------------------
-//	watch      new watch event, same UID     MergeReplace: the object came back into
-//	Deleted                                  the watch (a label selector it left and
+//	watch      new watch event, not Deleted, MergeReplace: the object came back into
+//	Deleted    same UID                      the watch (a label selector it left and
 //	                                         matches again; the watcher reports it as
 //	                                         Added) before the delete was handed out;
 //	                                         it is in scope now, and one entry stands
@@ -106,6 +106,19 @@ import (
 // queue.Config.Merge). The rows are read top down: the first that fits
 // decides.
 func MergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T]) queue.Merge {
+	m := mergeEvents(pending, incoming)
+	if m == queue.MergeKeep && pending.Type == opkit.Deleted && incoming.Type == opkit.Deleted && readd(*pending) && !readd(incoming) {
+		// A new delete of the object merged into its delete waiting for a
+		// retry or requeue: the entry stands for the new delete now, not
+		// for a re-add that newer events may take over (the queue asks
+		// the rule again about the entry held before it).
+		pending.Retried, pending.Requeued = false, false
+	}
+	return m
+}
+
+// mergeEvents is MergeEvents before its last step.
+func mergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T]) queue.Merge {
 	pu, iu := uidOf(pending.Object), uidOf(incoming.Object)
 	sameUID := pu != "" && pu == iu
 	otherUID := pu != "" && iu != "" && pu != iu // both known, and not the same object
@@ -120,6 +133,11 @@ func MergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T
 			// before a recreation; the queue merges it with a delete of
 			// that object held before, if any.
 			return queue.MergePrecede
+		}
+		if incoming.Type == opkit.Deleted && readd(incoming) && readd(*pending) && !sameUID {
+			// Two re-adds, one a delete, that cannot be told to be of one
+			// object (a requeue carries no object): both, the delete last.
+			return queue.MergeSequence
 		}
 		if readd(incoming) && !readd(*pending) {
 			// pending arrived while incoming's reconcile ran: it is newer. A
