@@ -48,6 +48,9 @@ import (
 //	other      re-added Deleted of another   MergeSequence: the pending event of the
 //	           UID                           other object stays and the retried delete
 //	                                         follows it, at its own time
+//	re-added   re-added Deleted, UID not     MergeSequence: both, the delete last (a
+//	           known to be the same          requeue carries no object: it may be
+//	                                         another object's)
 //	other      new Deleted of another UID    MergePrecede: the delete goes first, as
 //	                                         before a recreation (a late tombstone of
 //	                                         an earlier object, or a Deleted trigger
@@ -100,7 +103,10 @@ import (
 // Sequencing it behind the delete instead would make it wait out the
 // delete's reconcile, backoff or requeue. A delete that ran and waits for
 // its retry or requeue holds up nothing: triggers, changes and events of
-// another object go in front of it (MergePrecede). The queue asks the
+// another object go in front of it (MergePrecede) until it is due; then
+// the queue puts them behind it, so that events that keep coming cannot
+// hold it back for ever. A new delete of its object merged into it makes
+// it that new delete (no longer a re-add). The queue asks the
 // rule about held neighbours too and merges those it would merge, so a
 // key's chain stays short whatever the events alternate between (see
 // queue.Config.Merge). The rows are read top down: the first that fits
