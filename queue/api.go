@@ -79,9 +79,10 @@ const (
 	// one waits behind it, keeping its own due time, priority and retry
 	// count. The queue then asks about the entry held before it, if any
 	// (see [Config.Merge]). It is for a held entry that waits (a retry's
-	// backoff, say) and that the incoming one must not wait for: a held
-	// entry that is due already counts as answering MergeSequence, so that
-	// adds that keep coming cannot hold it back for ever.
+	// backoff, say) and that the incoming one must not wait for. An add
+	// never goes in front of a held entry due no later than itself (it goes
+	// right behind it instead): a held entry is never held back past its
+	// due time, however many adds keep coming.
 	MergePrecede
 )
 

@@ -104,12 +104,13 @@ func (m *model) add(k, v int, o queue.AddOptions, now time.Time) queue.Outcome {
 	}
 	// The merge function is asked about the last held entry, then, while
 	// it answers MergePrecede, about each one before it. An add that would
-	// go in front of a due entry goes right behind the last one instead.
+	// go in front of an entry due no later than itself goes right behind
+	// the last such entry instead.
 	i := len(mk.held) - 1
 	mode := fuzzMerge(&mk.held[i].val, v)
 	lastDue := -1
 	for mode == queue.MergePrecede {
-		if lastDue < 0 && !mk.held[i].due.After(now) {
+		if lastDue < 0 && !mk.held[i].due.After(due) {
 			lastDue = i
 		}
 		if i == 0 {

@@ -1,6 +1,7 @@
 package queue_test
 
 import (
+	"context"
 	"slices"
 	"testing"
 	"testing/synctest"
@@ -199,4 +200,28 @@ func TestMergePrecedeComesAfterWhatFellDueBefore(t *testing.T) {
 			})
 		})
 	}
+}
+
+// An add due later than a waiting entry goes behind it: MergePrecede
+// never holds a held entry back past its own due time.
+func TestMergePrecedeNeverHoldsAnEntryPastItsDueTime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := queue.New[string, event](queue.Config[event]{Merge: retryMerge})
+		start := time.Now()
+		mustAdd(t, q, "ns/x", event{"RetryDelete", "u1", 1}, queue.AddOptions{Delay: 10 * time.Second}, queue.Queued)
+		mustAdd(t, q, "ns/x", event{"Added", "u2", 2}, queue.AddOptions{Delay: time.Hour}, queue.Merged)
+		for _, want := range []struct {
+			v     event
+			after time.Duration
+		}{{event{"RetryDelete", "u1", 1}, 10 * time.Second}, {event{"Added", "u2", 2}, time.Hour}} {
+			it, err := q.Get(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if it.Value != want.v || time.Since(start) != want.after {
+				t.Fatalf("handed out %+v after %v, want %+v after %v", it.Value, time.Since(start), want.v, want.after)
+			}
+			q.Done("ns/x")
+		}
+	})
 }

@@ -313,14 +313,15 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 		}
 		if mode == MergePrecede {
 			// What fell due goes first (see touchesReady), and precede
-			// needs the time: an add never goes in front of a due entry.
+			// needs the add's due time: an add never goes in front of an
+			// entry due no later than itself.
 			if !haveNow {
 				now, haveNow = q.clock(), true
 			}
 			if q.nDelayed > 0 && q.promote(now) {
 				q.passOn()
 			}
-			at, mode = q.precede(head, at, value, now)
+			at, mode = q.precede(head, at, value, dueAt(now, opts.Delay))
 		}
 		switch mode {
 		case MergeSequence, MergePrecede:
@@ -370,15 +371,16 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 // other than MergePrecede, and returns that entry with the answer (merge
 // into it, or go right behind it). An in-flight entry counts as answering
 // MergeSequence. If every held entry up to the head answers MergePrecede,
-// the add goes in front of the head: (head, MergePrecede). But an add is
-// never put in front of an entry that is due at now: it goes right behind
-// the last such entry instead. MergePrecede is for entries that wait, and
-// an add that went in front of a due one again and again (a periodic
-// requeue of another entry) would hold it back for ever.
-func (q *Queue[K, V]) precede(head, t int32, value V, now int64) (at int32, m Merge) {
-	lastDue := none
+// the add goes in front of the head: (head, MergePrecede). But an add
+// (due at due) is never put in front of an entry due no later than itself:
+// it goes right behind the last such entry instead. MergePrecede is for
+// entries that wait longer than the add; one that went in front of an
+// entry due sooner would hold it back past its due time, and adds that
+// kept coming (a periodic requeue of another entry) would hold it for ever.
+func (q *Queue[K, V]) precede(head, t int32, value V, due int64) (at int32, m Merge) {
+	lastDue := none // the last entry walked over that is due no later than the add
 	for {
-		if lastDue == none && q.sl(t).due <= now {
+		if lastDue == none && q.sl(t).due <= due {
 			lastDue = t
 		}
 		if t == head {

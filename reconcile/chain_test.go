@@ -2,6 +2,8 @@ package reconcile_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -188,11 +190,9 @@ func TestAPeriodicRequeueDoesNotStarveAWaitingDelete(t *testing.T) {
 				resyncs = append(resyncs, c.at)
 			}
 		}
-		// The delete's requeue comes due behind the new object's next
-		// resync (due a minute later, already pending): it runs then, and
-		// hourly after that.
+		// The delete's requeue runs at its own time, hourly.
 		for i, at := range requeues {
-			if want := deletedAt.Add(time.Duration(i+1)*time.Hour + time.Minute); !at.Equal(want) {
+			if want := deletedAt.Add(time.Duration(i+1) * time.Hour); !at.Equal(want) {
 				t.Fatalf("the old delete's requeue %d ran at %v, want %v; all: %v", i, at, want, requeues)
 			}
 		}
@@ -275,4 +275,161 @@ func recreateA(t *testing.T, e *env) (deletedAt time.Time, b *Widget) {
 	}
 	synctest.Wait()
 	return deletedAt, b
+}
+
+// Every mix of two objects' events (a stale Deleted trigger and a late
+// tombstone of the old object; triggers, changes, Deleted triggers and
+// objectless triggers of the new one), repeated while one reconcile runs,
+// keeps the key's chain short: at most 4 entries behind the one in flight
+// for any pattern of three repeated 50 times (4 is what the rule reaches;
+// before the neighbour merging, some patterns grew by one or two entries
+// per round).
+func TestChainsOfTwoObjectsStayShort(t *testing.T) {
+	objectless := func(e opkit.Event[*corev1.ConfigMap]) opkit.Event[*corev1.ConfigMap] {
+		e.Object = nil
+		return e
+	}
+	kinds := []opkit.Event[*corev1.ConfigMap]{
+		deletedTrigger("u1"), ev(opkit.Deleted, "u1"),
+		trig("u2"), ev(opkit.Modified, "u2"), deletedTrigger("u2"), objectless(trig("u2")), objectless(deletedTrigger("u2")),
+	}
+	for _, inFlight := range []opkit.Event[*corev1.ConfigMap]{ev(opkit.Modified, "u2"), retried(ev(opkit.Deleted, "u1"))} {
+		for _, a := range kinds {
+			for _, b := range kinds {
+				for _, c := range kinds {
+					k := opkit.Key{Namespace: "ns", Name: "a"}
+					q := queue.New[opkit.Key](queue.Config[opkit.Event[*corev1.ConfigMap]]{Merge: reconcile.MergeEvents[*corev1.ConfigMap]})
+					q.Add(k, inFlight, queue.AddOptions{})
+					if _, err := q.Get(context.Background()); err != nil {
+						t.Fatal(err)
+					}
+					for range 50 {
+						for _, e := range []opkit.Event[*corev1.ConfigMap]{a, b, c} {
+							if !q.Add(k, e, queue.AddOptions{}).Accepted() {
+								t.Fatal("add dropped")
+							}
+						}
+					}
+					if p := q.Stats().Parked; p > 4 {
+						t.Errorf("in flight %s; %s, %s, %s 50 times: %d entries parked, want at most 4",
+							describeEvent(inFlight), describeEvent(a), describeEvent(b), describeEvent(c), p)
+					}
+				}
+			}
+		}
+	}
+}
+
+// describeEvent is an event's source, type and UID.
+func describeEvent(e opkit.Event[*corev1.ConfigMap]) string {
+	uid := "no object"
+	if e.Object != nil {
+		uid = string(e.Object.UID)
+	}
+	return fmt.Sprintf("%s %s %s", e.Source, e.Type, uid)
+}
+
+// Nothing holds a waiting delete past its own due time: an add due later
+// (a delayed trigger, a longer requeue) goes behind it, not in front.
+func TestADelayedEventDoesNotHoldBackAWaitingDelete(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		k := opkit.Key{Namespace: "ns", Name: "a"}
+		q := queue.New[opkit.Key](queue.Config[opkit.Event[*corev1.ConfigMap]]{Merge: reconcile.MergeEvents[*corev1.ConfigMap]})
+		start := time.Now()
+		q.Add(k, retried(ev(opkit.Deleted, "u1")), queue.AddOptions{Delay: 10 * time.Second, Retries: 3})
+		q.Add(k, trig("u2"), queue.AddOptions{Delay: time.Hour})
+		for _, want := range []struct {
+			typ   opkit.Type
+			after time.Duration
+		}{{opkit.Deleted, 10 * time.Second}, {opkit.Modified, time.Hour}} {
+			it, err := q.Get(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if it.Value.Type != want.typ || time.Since(start) != want.after {
+				t.Fatalf("handed out %s after %v, want %s after %v", it.Value.Type, time.Since(start), want.typ, want.after)
+			}
+			q.Done(k)
+		}
+	})
+}
+
+// The old object's delete polls its cleanup every 10 minutes while the new
+// object of its name resyncs hourly: the delete keeps its own cadence.
+func TestADeleteRequeueKeepsItsCadenceBesideANewObjectsResync(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &recorder{do: func(_ context.Context, _ int, req reconcile.Request[*Widget]) (reconcile.Result, error) {
+			if req.Type == opkit.Deleted {
+				return reconcile.RequeueAfter(10 * time.Minute), nil
+			}
+			return reconcile.RequeueAfter(time.Hour), nil
+		}}
+		e := start(t, rec, nil, widget("a"))
+		synctest.Wait()
+		deletedAt, _ := recreateA(t, e)
+		time.Sleep(4 * time.Hour)
+		synctest.Wait()
+		var requeues []time.Duration
+		for _, c := range rec.snapshot() {
+			if c.req.Type == opkit.Deleted && c.req.Requeued {
+				requeues = append(requeues, c.at.Sub(deletedAt))
+			}
+		}
+		if len(requeues) != 24 {
+			t.Fatalf("the delete's 10m requeue ran %d times in 4h1m, want 24: %v", len(requeues), requeues)
+		}
+		for i, d := range requeues {
+			if want := time.Duration(i+1) * 10 * time.Minute; d != want {
+				t.Fatalf("requeue %d ran %v after the delete, want %v: %v", i, d, want, requeues)
+			}
+		}
+	})
+}
+
+// A requeue carries no object, so a delete behind it may be another
+// object's: neither is lost to the other, directly or when held
+// neighbours are merged.
+func TestARequeueIsNotLostToADeleteOfAnotherObject(t *testing.T) {
+	requeue := ev(opkit.Added, "u2")
+	requeue.Object, requeue.Requeued = nil, true // as afterReconcile adds it
+	for _, tc := range []struct {
+		name  string
+		add   func(q *queue.Queue[opkit.Key, opkit.Event[*corev1.ConfigMap]], k opkit.Key)
+		first string // the delete, handed out first
+	}{
+		{"a stale Deleted trigger behind the requeue", func(q *queue.Queue[opkit.Key, opkit.Event[*corev1.ConfigMap]], k opkit.Key) {
+			q.Add(k, requeue, queue.AddOptions{Delay: 10 * time.Minute})
+			q.Add(k, deletedTrigger("u1"), queue.AddOptions{})
+		}, "Operator Deleted u1"},
+		{"a new delete merged into a retried one held next to the requeue", func(q *queue.Queue[opkit.Key, opkit.Event[*corev1.ConfigMap]], k opkit.Key) {
+			q.Add(k, ev(opkit.Modified, "u2"), queue.AddOptions{})
+			if _, err := q.Get(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			q.Add(k, requeue, queue.AddOptions{Delay: 10 * time.Minute})
+			q.Add(k, retried(ev(opkit.Deleted, "u1")), queue.AddOptions{Delay: time.Minute, Retries: 1})
+			q.Add(k, deletedTrigger("u1"), queue.AddOptions{})
+			q.Done(k)
+		}, "APIServer Deleted u1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				k := opkit.Key{Namespace: "ns", Name: "a"}
+				q := queue.New[opkit.Key](queue.Config[opkit.Event[*corev1.ConfigMap]]{Merge: reconcile.MergeEvents[*corev1.ConfigMap]})
+				tc.add(q, k)
+				var got []string
+				for q.Len() > 0 {
+					it, err := q.Get(context.Background())
+					if err != nil {
+						t.Fatal(err)
+					}
+					got = append(got, describeEvent(it.Value))
+					q.Done(k)
+				}
+				if want := []string{tc.first, "APIServer Added no object"}; !slices.Equal(got, want) {
+					t.Fatalf("handed out %q, want %q", got, want)
+				}
+			})
+		})
+	}
 }

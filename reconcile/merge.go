@@ -15,19 +15,26 @@ import (
 //	---------  ----------------------------  ------------------------------------------
 //	watch      new watch event, not Deleted, MergeReplace: the object came back into
 //	Deleted    same UID                      the watch (a label selector it left and
-//	                                         matches again; the watcher reports it as
-//	                                         Added) before the delete was handed out;
-//	                                         it is in scope now, and one entry stands
-//	                                         for any number of flaps
-//	re-added   an event of another UID (a    MergePrecede: the delete ran and waits
-//	Deleted    recreated object), or not     for its retry or requeue, maybe an hour:
-//	           Deleted (a trigger, a         nothing new waits for it. The event goes
-//	           change, a retry or requeue    in front, and the delete follows at its
-//	           of a reconcile that ran       own time, the last word about its object
+//	(re-added                                matches again; the watcher reports it as
+//	too)                                     Added); it is in scope now, and one entry
+//	                                         stands for any number of flaps
+//	re-added   another UID (a recreated      MergePrecede: the delete ran and waits
+//	Deleted    object)                       for its retry or requeue, maybe an hour;
+//	                                         another object's event does not wait
+//	                                         for it
+//	Deleted    new Deleted of another UID    MergePrecede: the queue merges it into a
+//	                                         delete of that object held before, so
+//	                                         deletes of two objects that alternate
+//	                                         do not grow the chain
+//	Deleted    another UID (recreated)       MergeSequence: the delete is delivered
+//	                                         first, then the new object's event
+//	re-added   not Deleted (a trigger, a     MergePrecede: nothing new waits for the
+//	Deleted    change, a retry or requeue    delete's retry or requeue; the delete
+//	           of a reconcile that ran       follows, the last word about its object
 //	           meanwhile)
-//	Deleted    watch event, same UID (or     MergeSequence: an external Deleted
-//	trigger    the trigger's unknown)        trigger of an object that still exists
-//	                                         (e.g. deleting, with finalizers) keeps its
+//	Deleted    watch event, not Deleted,     MergeSequence: an external Deleted
+//	trigger    same UID (or the trigger's    trigger of an object that still exists
+//	           unknown)                      (e.g. deleting, with finalizers) keeps its
 //	                                         reconcile; the change follows it
 //	Deleted    re-add, not Deleted, of       MergeSequence: after the delete (the
 //	           unknown UID (a requeue        requeue re-reads the object)
@@ -42,20 +49,22 @@ import (
 //	                                         a delete by resourceVersion); a retried
 //	                                         watch Deleted takes the object of a later
 //	                                         one (the object came back and left
-//	                                         again: the watcher holds the later)
-//	Deleted    another UID (recreated)       MergeSequence: the delete is delivered
-//	                                         first, then the new object's event
+//	                                         again: the watcher holds the later). A
+//	                                         new delete kept in a re-added one makes
+//	                                         it that new delete (Retried and Requeued
+//	                                         cleared; the retry count stays)
 //	other      re-added Deleted of another   MergeSequence: the pending event of the
 //	           UID                           other object stays and the retried delete
 //	                                         follows it, at its own time
-//	re-added   re-added Deleted, UID not     MergeSequence: both, the delete last (a
-//	           known to be the same          requeue carries no object: it may be
-//	                                         another object's)
-//	other      new Deleted of another UID    MergePrecede: the delete goes first, as
-//	                                         before a recreation (a late tombstone of
-//	                                         an earlier object, or a Deleted trigger
-//	                                         with its UID); the queue merges it into
-//	                                         a delete of that object held before
+//	other      new Deleted of another UID    MergePrecede: a late delete of an earlier
+//	                                         object (a tombstone, or a Deleted trigger
+//	                                         with its UID) merges into a delete of it
+//	                                         held before, or else goes in front of an
+//	                                         event that waits longer, behind one due
+//	                                         no later
+//	re-added,  Deleted                       MergePrecede: the delete may be another
+//	no object                                object's; neither replaces the other, and
+//	(requeue)                                the one due first goes first
 //	new        re-add, not Deleted           MergeKeep: the new event arrived while
 //	                                         the re-added one was being reconciled;
 //	                                         it keeps its payload, its retry count
@@ -75,6 +84,11 @@ import (
 //	(Operator)                               takes the watch event's object (marked
 //	                                         Fetched: the watch's own state)
 //	other      anything else                 MergeReplace: the newest state wins
+//
+// MergePrecede puts the incoming event in front of the pending one only
+// while the pending one is due later: the queue never puts an add in
+// front of an entry due no later than itself (it goes right behind it),
+// so nothing waits past its own due time for what went in front of it.
 //
 // Due time and priority merge inside the queue whatever the rule (earliest
 // due, highest priority). A pending external trigger is not overwritten by a
@@ -103,14 +117,16 @@ import (
 // Sequencing it behind the delete instead would make it wait out the
 // delete's reconcile, backoff or requeue. A delete that ran and waits for
 // its retry or requeue holds up nothing: triggers, changes and events of
-// another object go in front of it (MergePrecede) until it is due; then
-// the queue puts them behind it, so that events that keep coming cannot
-// hold it back for ever. A new delete of its object merged into it makes
-// it that new delete (no longer a re-add). The queue asks the
-// rule about held neighbours too and merges those it would merge, so a
-// key's chain stays short whatever the events alternate between (see
-// queue.Config.Merge). The rows are read top down: the first that fits
-// decides.
+// another object go in front of it (MergePrecede) while it is due later
+// than they are, and behind it otherwise, so that events that keep coming
+// cannot hold it back. A new delete of its object merged into it makes it
+// that new delete (no longer a re-add). So after a recreation the old
+// object's delete may be retried after the new object's reconcile: a
+// reconciler cleans up what belonged to the deleted object by its UID,
+// not by its name. The queue asks the rule about held neighbours too and
+// merges those it would merge, so a key's chain stays short (for any mix
+// of two objects' events, a few entries). The rows are read top down: the
+// first that fits decides.
 func MergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T]) queue.Merge {
 	m := mergeEvents(pending, incoming)
 	if m == queue.MergeKeep && pending.Type == opkit.Deleted && incoming.Type == opkit.Deleted && readd(*pending) && !readd(incoming) {
@@ -140,10 +156,13 @@ func mergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T
 			// that object held before, if any.
 			return queue.MergePrecede
 		}
-		if incoming.Type == opkit.Deleted && readd(incoming) && readd(*pending) && !sameUID {
-			// Two re-adds, one a delete, that cannot be told to be of one
-			// object (a requeue carries no object): both, the delete last.
-			return queue.MergeSequence
+		if incoming.Type == opkit.Deleted && pu == "" && readd(*pending) {
+			// A requeue carries no object: the delete may be another
+			// object's, so neither replaces the other. The delete goes in
+			// front while the requeue waits longer (the queue orders them
+			// by due time); the requeue re-reads its object afterwards,
+			// and finds it gone if it was the deleted one.
+			return queue.MergePrecede
 		}
 		if readd(incoming) && !readd(*pending) {
 			// pending arrived while incoming's reconcile ran: it is newer. A
@@ -171,11 +190,15 @@ func mergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T
 		return queue.MergeReplace
 	}
 	if otherUID {
-		if readd(*pending) {
+		if readd(*pending) || incoming.Type == opkit.Deleted && !readd(incoming) {
 			// The delete ran and waits for its retry or requeue, which may
 			// be an hour away: another object of the name (recreated) must
-			// not wait for it. Its event goes in front; the delete keeps its
-			// own due time behind it.
+			// not wait for it. Its event goes in front while the delete
+			// waits longer; the delete keeps its own due time behind it.
+			// A new delete of another object goes in front too, so that
+			// the queue merges it into a delete of that object held
+			// before, if any: deletes of two objects that alternate do not
+			// grow the chain.
 			return queue.MergePrecede
 		}
 		return queue.MergeSequence
