@@ -115,9 +115,9 @@
 // (the retry or requeue of a delete runs after it); a trigger for an
 // object whose delete has not run yet (pending, or parked behind the
 // running reconcile) merges into that delete, and the trigger's source,
-// reason and type give way to the delete's; a trigger never waits for a
-// delete's retry or requeue: it runs in front of it (see
-// reconcile.MergeEvents).
+// reason and type give way to the delete's; a trigger does not wait for a
+// delete's retry or requeue due later than itself: it runs in front of it
+// (see reconcile.MergeEvents).
 // A delay is an upper bound, not a promise of "not before": entries for a
 // key merge to the earliest due time, so another event for the object in
 // the meantime reconciles it sooner, once, and nothing runs again at the
