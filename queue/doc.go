@@ -22,10 +22,9 @@
 //     held one first, e.g. a recreated object with another UID after the
 //     delete of the old one) or MergePrecede (both are delivered, the
 //     incoming one first, e.g. a recreated object's event in front of the
-//     old object's delete waiting for a retry). Held entries next to each
-//     other that the merge function would combine are combined (see
-//     [Config.Merge]). An add returns Queued for a key the queue held
-//     nothing for, Merged otherwise.
+//     old object's delete waiting for a retry; never in front of an entry
+//     due no later than the add). An add returns Queued for a key the
+//     queue held nothing for, Merged otherwise.
 //   - Exclusive while in flight. A key handed out by Get is not handed out
 //     again until Done(key). Adds for it meanwhile are parked, merged among
 //     themselves by the same rules, and become pending at Done.

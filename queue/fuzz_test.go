@@ -134,21 +134,10 @@ func (m *model) add(k, v int, o queue.AddOptions, now time.Time) queue.Outcome {
 		return queue.Merged
 	}
 	m.mergeInto(mk, i, e, mode == queue.MergeReplace, now)
-	// Held neighbours the merge function would combine are combined.
-	for ; i > 0; i-- {
-		x := mk.held[i]
-		mode := fuzzMerge(&mk.held[i-1].val, x.val)
-		if mode != queue.MergeReplace && mode != queue.MergeKeep {
-			break
-		}
-		m.mergeInto(mk, i-1, x, mode == queue.MergeReplace, now)
-		mk.held = slices.Delete(mk.held, i, i+1)
-	}
 	return queue.Merged
 }
 
-// mergeInto merges e (an add, or a held entry folded into the one before
-// it) into held entry i of mk: e's value and retry count if replace, the
+// mergeInto merges e (an add) into held entry i of mk: e's value and retry count if replace, the
 // earliest due time (a due pending entry keeps its own) and the highest
 // priority.
 func (m *model) mergeInto(mk *modelKey, i int, e *modelEntry, replace bool, now time.Time) {

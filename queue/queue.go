@@ -19,13 +19,13 @@ type Config[V any] struct {
 	// kept payload can take part of the incoming one: reconcile.MergeEvents
 	// keeps a trigger's source and reason but takes a watch event's newer
 	// object), MergeSequence and MergePrecede (the held entry keeps it),
-	// and is overwritten by MergeReplace. After a merge into an entry held
-	// behind another entry that is not in flight, the queue also asks
-	// about that other entry with the merged payload as incoming, on a
-	// copy kept only with MergeKeep, and combines the two on MergeReplace
-	// or MergeKeep: held neighbours that one add would merge are merged,
-	// so that a key's chain does not grow with adds that alternate between
-	// two kinds. pending is valid only during the call. nil means
+	// and is overwritten by MergeReplace. The walk for MergePrecede stops
+	// at an entry in flight, and an add never goes in front of an entry
+	// due no later than itself (see [MergePrecede]); answering
+	// MergePrecede is how a rule lets an add merge into an entry held
+	// before the last one (a repeated request into its twin), so that a
+	// key's chain does not grow with adds that alternate between two
+	// kinds. pending is valid only during the call. nil means
 	// MergeReplace for every add. It is called with the queue's lock held:
 	// it must be quick and must not call the queue.
 	Merge func(pending *V, incoming V) Merge
@@ -350,9 +350,6 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 			}
 		default:
 			q.mergeInto(at, value, mode == MergeReplace, opts.Delay, prio, retries, now, haveNow)
-			if at != head {
-				q.foldBack(head, at)
-			}
 		}
 	}
 	q.mu.Unlock()
@@ -431,45 +428,6 @@ func (q *Queue[K, V]) park(i int32, s *slot[K, V]) {
 	}
 	s.setState(stParked)
 	q.nParked++
-}
-
-// foldBack combines held entry x, just merged into, with the held entries
-// before it for as long as the merge function, asked about the entry
-// before x and x's payload, says they combine (MergeReplace or MergeKeep):
-// a chain never holds two neighbours that one add would have merged. It
-// asks about a copy of the earlier entry's payload, kept only with
-// MergeKeep. The combined entry has the earliest due time, the highest
-// priority and the earliest add time of the two.
-func (q *Queue[K, V]) foldBack(head, x int32) {
-	for q.merge != nil && x != head {
-		p := q.pred(head, x)
-		ps, xs := q.sl(p), q.sl(x)
-		if ps.state() == stInFlight {
-			return
-		}
-		v := ps.val
-		mode := q.merge(&v, xs.val)
-		if mode != MergeReplace && mode != MergeKeep {
-			return
-		}
-		if mode == MergeKeep {
-			ps.val = v
-		} else {
-			ps.val, ps.retries = xs.val, xs.retries
-		}
-		now := q.clock()
-		if q.nDelayed > 0 && q.promote(now) {
-			q.passOn()
-		}
-		q.mergeAt(p, ps, xs.due, xs.prio, now)
-		if q.stamps {
-			*q.enq(p) = min(*q.enq(p), *q.enq(x))
-		}
-		ps.next = xs.next
-		q.release(x) // x had an entry before it: it was parked
-		q.nParked--
-		x = p
-	}
 }
 
 // tail returns the last entry of the chain that starts at head: what an

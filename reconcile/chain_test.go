@@ -19,10 +19,10 @@ import (
 )
 
 // While one reconcile of a key runs, events that alternate between two
-// kinds (a Deleted trigger sequenced before a change, a change replaced by
-// the next Deleted trigger) do not grow the key's chain: held neighbours
-// that one add would merge are merged. Every kind is still delivered, in
-// the order it must be.
+// kinds (a Deleted trigger and a change sequenced behind it, then the next
+// Deleted trigger) do not grow the key's chain: the repeated Deleted
+// trigger is merged into its twin held earlier (MergePrecede walks back
+// to it). Every kind is still delivered, in the order it must be.
 func TestAlternatingEventsKeepAKeysChainShort(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
@@ -282,8 +282,8 @@ func recreateA(t *testing.T, e *env) (deletedAt time.Time, b *Widget) {
 // objectless triggers of the new one), repeated while one reconcile runs,
 // keeps the key's chain short: at most 4 entries behind the one in flight
 // for any pattern of three repeated 50 times (4 is what the rule reaches;
-// before the neighbour merging, some patterns grew by one or two entries
-// per round).
+// before MergePrecede, some patterns grew by one or two entries per
+// round).
 func TestChainsOfTwoObjectsStayShort(t *testing.T) {
 	objectless := func(e opkit.Event[*corev1.ConfigMap]) opkit.Event[*corev1.ConfigMap] {
 		e.Object = nil
@@ -387,8 +387,8 @@ func TestADeleteRequeueKeepsItsCadenceBesideANewObjectsResync(t *testing.T) {
 }
 
 // A requeue carries no object, so a delete behind it may be another
-// object's: neither is lost to the other, directly or when held
-// neighbours are merged.
+// object's: neither is lost to the other, whether the delete meets the
+// requeue or a retried delete of its object held before it.
 func TestARequeueIsNotLostToADeleteOfAnotherObject(t *testing.T) {
 	requeue := ev(opkit.Added, "u2")
 	requeue.Object, requeue.Requeued = nil, true // as afterReconcile adds it
@@ -417,19 +417,100 @@ func TestARequeueIsNotLostToADeleteOfAnotherObject(t *testing.T) {
 				k := opkit.Key{Namespace: "ns", Name: "a"}
 				q := queue.New[opkit.Key](queue.Config[opkit.Event[*corev1.ConfigMap]]{Merge: reconcile.MergeEvents[*corev1.ConfigMap]})
 				tc.add(q, k)
-				var got []string
-				for q.Len() > 0 {
-					it, err := q.Get(context.Background())
-					if err != nil {
-						t.Fatal(err)
-					}
-					got = append(got, describeEvent(it.Value))
-					q.Done(k)
-				}
-				if want := []string{tc.first, "APIServer Added no object"}; !slices.Equal(got, want) {
+				if got, want := drain(t, q, k), []string{tc.first, "APIServer Added no object"}; !slices.Equal(got, want) {
 					t.Fatalf("handed out %q, want %q", got, want)
 				}
 			})
+		})
+	}
+}
+
+// drain hands out and finishes everything q holds for k, in order, and
+// returns each entry's source, type and UID.
+func drain(t *testing.T, q *queue.Queue[opkit.Key, opkit.Event[*corev1.ConfigMap]], k opkit.Key) []string {
+	t.Helper()
+	var got []string
+	for q.Len() > 0 {
+		it, err := q.Get(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, describeEvent(it.Value))
+		q.Done(k)
+	}
+	return got
+}
+
+// A trigger that does not carry the new object's UID (read just before
+// the old object was deleted, or of only namespace and name) is not folded
+// into the old object's delete: the new object is still reconciled after
+// the delete, by its Added or by the trigger.
+func TestATriggerWithoutTheNewUIDDoesNotEndInTheOldDelete(t *testing.T) {
+	noUID := func(e opkit.Event[*corev1.ConfigMap]) opkit.Event[*corev1.ConfigMap] {
+		e.Object.UID = ""
+		return e
+	}
+	for _, tc := range []struct {
+		name string
+		late opkit.Event[*corev1.ConfigMap]
+	}{
+		{"a stale trigger of the old object", trig("u1")},
+		{"a trigger without UID", noUID(trig("x"))},
+		{"a Deleted trigger without UID", noUID(deletedTrigger("x"))},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				k := opkit.Key{Namespace: "ns", Name: "a"}
+				q := queue.New[opkit.Key](queue.Config[opkit.Event[*corev1.ConfigMap]]{Merge: reconcile.MergeEvents[*corev1.ConfigMap]})
+				q.Add(k, ev(opkit.Deleted, "u1"), queue.AddOptions{})
+				q.Add(k, ev(opkit.Added, "u2"), queue.AddOptions{})
+				q.Add(k, tc.late, queue.AddOptions{})
+				got := drain(t, q, k)
+				if len(got) < 2 || got[0] != "APIServer Deleted u1" {
+					t.Fatalf("handed out %q, want u1's delete and then a reconcile that reaches u2", got)
+				}
+			})
+		})
+	}
+}
+
+// A trigger without UID behind a stale Deleted trigger of the old object
+// (the new object exists) runs after it instead of merging into it.
+func TestATriggerWithoutUIDBehindAStaleDeleteIsReconciled(t *testing.T) {
+	k := opkit.Key{Namespace: "ns", Name: "a"}
+	q := queue.New[opkit.Key](queue.Config[opkit.Event[*corev1.ConfigMap]]{Merge: reconcile.MergeEvents[*corev1.ConfigMap]})
+	q.Add(k, deletedTrigger("u1"), queue.AddOptions{})
+	anon := trig("x")
+	anon.Object.UID = ""
+	q.Add(k, anon, queue.AddOptions{})
+	if got, want := drain(t, q, k), []string{"Operator Deleted u1", "Operator Modified "}; !slices.Equal(got, want) {
+		t.Fatalf("handed out %q, want %q", got, want)
+	}
+}
+
+// The watch's real delete of an object, arriving while Deleted triggers of
+// only namespace and name and a change of the object wait, is handed out
+// with the object (its watcher settles it by UID and resourceVersion).
+func TestTheWatchDeleteKeepsItsObjectAmongNamelessDeletedTriggers(t *testing.T) {
+	for _, final := range []bool{true, false} {
+		synctest.Test(t, func(t *testing.T) {
+			k := opkit.Key{Namespace: "ns", Name: "a"}
+			q := queue.New[opkit.Key](queue.Config[opkit.Event[*corev1.ConfigMap]]{Merge: reconcile.MergeEvents[*corev1.ConfigMap]})
+			dt := deletedTrigger("")
+			q.Add(k, dt, queue.AddOptions{})
+			if _, err := q.Get(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			q.Add(k, dt, queue.AddOptions{})
+			q.Add(k, ev(opkit.Modified, "u1"), queue.AddOptions{})
+			q.Add(k, retried(dt), queue.AddOptions{Delay: 2 * time.Second, Retries: 1})
+			q.Done(k)
+			del := ev(opkit.Deleted, "u1")
+			del.FinalStateUnknown = final
+			q.Add(k, del, queue.AddOptions{})
+			if got := drain(t, q, k); !slices.Contains(got, "APIServer Deleted u1") && !slices.Contains(got, "Operator Deleted u1") {
+				t.Fatalf("tombstone %v: handed out %q, no delete carrying u1's object", final, got)
+			}
 		})
 	}
 }

@@ -39,6 +39,8 @@ import (
 //	Deleted    re-add, not Deleted, of       MergeSequence: after the delete (the
 //	           unknown UID (a requeue        requeue re-reads the object)
 //	           carries no object)
+//	Deleted,   new event, not Deleted,       MergeSequence: it may be for a new object
+//	UID known  without a UID                 of the name; after the delete
 //	Deleted    same UID (or a UID unknown)   MergeKeep: a delete is never turned into
 //	                                         something else; the watch's own Deleted
 //	                                         carrying the full final state replaces a
@@ -62,9 +64,18 @@ import (
 //	                                         held before, or else goes in front of an
 //	                                         event that waits longer, behind one due
 //	                                         no later
-//	re-added,  Deleted                       MergePrecede: the delete may be another
-//	no object                                object's; neither replaces the other, and
-//	(requeue)                                the one due first goes first
+//	no object  Deleted with a UID, or a      MergePrecede: the delete may be another
+//	(a         re-added one                  object's; neither replaces the other, and
+//	requeue,                                 the one due first goes first
+//	or a
+//	trigger
+//	of only
+//	the name)
+//	other      new Deleted trigger (same     MergePrecede: a teardown of an object
+//	           UID or unknown)               that may still exist; the pending event
+//	                                         keeps its reconcile, and the queue merges
+//	                                         the teardown into a Deleted trigger held
+//	                                         before, if any, or puts it behind
 //	new        re-add, not Deleted           MergeKeep: the new event arrived while
 //	                                         the re-added one was being reconciled;
 //	                                         it keeps its payload, its retry count
@@ -123,10 +134,12 @@ import (
 // that new delete (no longer a re-add). So after a recreation the old
 // object's delete may be retried after the new object's reconcile: a
 // reconciler cleans up what belonged to the deleted object by its UID,
-// not by its name. The queue asks the rule about held neighbours too and
-// merges those it would merge, so a key's chain stays short (for any mix
-// of two objects' events, a few entries). The rows are read top down: the
-// first that fits decides.
+// not by its name. Where a chain could grow with events that alternate
+// (teardown triggers and changes, deletes of two objects), the rule
+// answers MergePrecede, and the queue's walk back merges the repeated
+// event into its twin held earlier: a key's chain stays short (for any
+// mix of two objects' events, a few entries). The rows are read top down:
+// the first that fits decides.
 func MergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T]) queue.Merge {
 	m := mergeEvents(pending, incoming)
 	if m == queue.MergeKeep && pending.Type == opkit.Deleted && incoming.Type == opkit.Deleted && readd(*pending) && !readd(incoming) {
@@ -156,12 +169,13 @@ func mergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T
 			// that object held before, if any.
 			return queue.MergePrecede
 		}
-		if incoming.Type == opkit.Deleted && pu == "" && readd(*pending) {
-			// A requeue carries no object: the delete may be another
+		if incoming.Type == opkit.Deleted && pu == "" && (readd(*pending) || iu != "") {
+			// The pending event carries no object (a requeue, or a trigger
+			// of only namespace and name): the delete may be another
 			// object's, so neither replaces the other. The delete goes in
-			// front while the requeue waits longer (the queue orders them
-			// by due time); the requeue re-reads its object afterwards,
-			// and finds it gone if it was the deleted one.
+			// front while the pending event waits longer (the queue orders
+			// them by due time); that event re-reads its object, and finds
+			// it gone if it was the deleted one.
 			return queue.MergePrecede
 		}
 		if readd(incoming) && !readd(*pending) {
@@ -186,6 +200,14 @@ func mergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T
 				pending.Fetched = true // the watch's object: as fresh as the watch
 			}
 			return queue.MergeKeep
+		}
+		if incoming.Type == opkit.Deleted && incoming.Source == opkit.Operator && !readd(incoming) {
+			// A Deleted trigger (a teardown) of an object that may still
+			// exist: the pending event keeps its reconcile unless a Deleted
+			// trigger held before it takes this one (the queue walks back
+			// and merges it there), so teardowns alternating with changes
+			// do not grow the chain; otherwise it follows the event.
+			return queue.MergePrecede
 		}
 		return queue.MergeReplace
 	}
@@ -218,6 +240,11 @@ func mergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T
 		case watchEvent && pending.Source == opkit.Operator: // after a Deleted trigger, whose UID may be unknown
 			return queue.MergeSequence
 		case readd(incoming) && iu == "": // a requeue carries no object
+			return queue.MergeSequence
+		case iu == "" && pu != "":
+			// A trigger that does not say which object it is for (no UID)
+			// may be for a new object of the name: after the delete,
+			// which it neither replaces nor merges into.
 			return queue.MergeSequence
 		}
 	}
