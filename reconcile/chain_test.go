@@ -514,3 +514,90 @@ func TestTheWatchDeleteKeepsItsObjectAmongNamelessDeletedTriggers(t *testing.T) 
 		})
 	}
 }
+
+// When deletes of one object merge, the entry carries the latest delete
+// the watch delivered: its watcher holds that one (by UID and
+// resourceVersion) until the reconcile settles it, so an older one would
+// leave it held for ever, and re-emitted at the next term.
+func TestAMergedDeleteCarriesTheDeleteTheWatcherHolds(t *testing.T) {
+	watch := func(typ opkit.Type, uid string, rv int) cmEv {
+		return cmEv{Object: simObj(uid, rv), Type: typ, Source: opkit.APIServer}
+	}
+	trigger := func(typ opkit.Type, uid string, rv int) cmEv {
+		return cmEv{Object: simObj(uid, rv), Type: typ, Source: opkit.Operator, Reason: "r"}
+	}
+	type step func(t *testing.T, q *queue.Queue[opkit.Key, cmEv], k opkit.Key)
+	add := func(e cmEv, o queue.AddOptions) step {
+		return func(_ *testing.T, q *queue.Queue[opkit.Key, cmEv], k opkit.Key) { q.Add(k, e, o) }
+	}
+	var inFlight []cmEv // hand-outs so far, for failAgain
+	get := func(t *testing.T, q *queue.Queue[opkit.Key, cmEv], _ opkit.Key) {
+		it, err := q.Get(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		inFlight = append(inFlight, it.Value)
+	}
+	fail := func(t *testing.T, q *queue.Queue[opkit.Key, cmEv], k opkit.Key) { // the last hand-out failed
+		e := inFlight[len(inFlight)-1]
+		e.Retried = true
+		q.Add(k, e, queue.AddOptions{Retries: 1})
+		q.Done(k)
+	}
+	for _, tc := range []struct {
+		name  string
+		steps []step
+		want  string // uid@rv a handed-out delete must carry
+	}{
+		{"a later watch delete walked back to an earlier pending one", []step{
+			add(watch(opkit.Deleted, "b", 3), queue.AddOptions{}), // leaves the selector
+			add(trigger(opkit.Modified, "a", 0), queue.AddOptions{}),
+			add(watch(opkit.Added, "b", 4), queue.AddOptions{}), // back
+			add(trigger(opkit.Modified, "", 0), queue.AddOptions{}),
+			add(watch(opkit.Deleted, "b", 5), queue.AddOptions{}), // leaves again
+		}, "b@5"},
+		{"a retried older delete against a Deleted trigger that took the later one", []step{
+			add(watch(opkit.Deleted, "a", 1), queue.AddOptions{}), get,
+			add(watch(opkit.Added, "a", 3), queue.AddOptions{}),
+			add(trigger(opkit.Deleted, "a", 9), queue.AddOptions{}),
+			add(watch(opkit.Deleted, "a", 4), queue.AddOptions{}),
+			fail,
+		}, "a@4"},
+		{"a retried nameless Deleted trigger that carries the watch's delete", []step{
+			add(trigger(opkit.Deleted, "", 0), queue.AddOptions{}),
+			add(watch(opkit.Deleted, "a", 5), queue.AddOptions{}), get,
+			add(trigger(opkit.Deleted, "", 0), queue.AddOptions{}),
+			fail,
+		}, "a@5"},
+		{"two retried deletes of one object", []step{
+			add(watch(opkit.Deleted, "a", 2), queue.AddOptions{}), get,
+			add(watch(opkit.Added, "a", 3), queue.AddOptions{}),
+			add(watch(opkit.Deleted, "a", 4), queue.AddOptions{}),
+			add(watch(opkit.Added, "b", 5), queue.AddOptions{}),
+			fail, get, fail,
+		}, "a@4"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			inFlight = nil
+			k := opkit.Key{Namespace: "ns", Name: "a"}
+			q := queue.New[opkit.Key](queue.Config[cmEv]{Merge: reconcile.MergeEvents[*corev1.ConfigMap]})
+			for _, s := range tc.steps {
+				s(t, q, k)
+			}
+			var deletes []string
+			for q.Len() > 0 {
+				it, err := q.Get(context.Background())
+				if err != nil {
+					t.Fatal(err)
+				}
+				if it.Value.Type == opkit.Deleted {
+					deletes = append(deletes, uidS(it.Value.Object)+"@"+it.Value.Object.ResourceVersion)
+				}
+				q.Done(k)
+			}
+			if !slices.Contains(deletes, tc.want) {
+				t.Fatalf("deletes handed out %v, none carries %s (the one the watcher holds)", deletes, tc.want)
+			}
+		})
+	}
+}

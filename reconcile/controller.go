@@ -85,7 +85,8 @@ type Config[T opkit.Object] struct {
 	// controller gives up on it; default DefaultMaxRetries (20); negative
 	// means retry forever. The count belongs to the request: a new event
 	// for the key (a watch event or a trigger) merged into a pending retry
-	// is reconciled at once and starts again from retry 0 (a pending
+	// is reconciled at its own due time (at once, unless it was delayed),
+	// not the retry's, and starts again from retry 0 (a pending
 	// delete keeps its own entry and count: see MergeEvents; the delay keeps
 	// growing: see Backoff). An object that keeps changing while its
 	// reconcile keeps failing is therefore never given up on, but is
@@ -661,7 +662,11 @@ func (c *Controller[T]) afterReconcile(ctx context.Context, item queue.Item[opki
 	// brings it back if the queue loses it while it is retried, requeued
 	// or interrupted.
 	settle := func() {
-		if ev.Type == opkit.Deleted && !isNil(ev.Object) {
+		// Only the watch's deletes: a Deleted trigger's object is its
+		// caller's snapshot, and settling by it could drop a tombstone
+		// whose own entry the end of a term then clears (a trigger that
+		// met the watch's delete became it: MergeEvents).
+		if ev.Type == opkit.Deleted && ev.Source == opkit.APIServer && !isNil(ev.Object) {
 			c.watch.Settle(item.Key, ev.Object.GetUID(), ev.Object.GetResourceVersion())
 		}
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/opkit/opkit/internal/typed"
 	"github.com/opkit/opkit/leader"
 	"github.com/opkit/opkit/reconcile"
+	"github.com/opkit/opkit/trigger"
 )
 
 type syncBuffer struct {
@@ -400,5 +401,44 @@ func TestTheFailureStreakEndsWithTheTerm(t *testing.T) {
 		if got := fmt.Sprint(gapsAfter(calls[n:n+3], 0)); got != "[1s 2s]" {
 			t.Errorf("the next term's retry gaps %s, want [1s 2s]; reconciles:%s", got, describeCalls(calls[n:]))
 		}
+	})
+}
+
+// A Deleted trigger's reconcile does not settle the watcher's delete of
+// its object: when the watch's delete waited behind it and the end of the
+// term cleared it, the trigger's reconcile finishing after that (it did
+// not watch its context) must not make the watcher forget the delete,
+// which the next term's list then delivers.
+func TestADeletedTriggerDoesNotSettleTheWatchDelete(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		elect, endTerm, nextCampaign := electedWithTermEnd(t)
+		gate := make(chan struct{})
+		rec := &recorder{do: func(_ context.Context, _ int, req reconcile.Request[*Widget]) (reconcile.Result, error) {
+			if req.Type == opkit.Deleted && req.Source == opkit.Operator {
+				<-gate // a teardown that ignores its context
+			}
+			return reconcile.Done(), nil
+		}}
+		e := start(t, rec, elect, widget("a"))
+		synctest.Wait()
+		if o, err := e.ctrl.Trigger().Submit(context.Background(), trigger.Request[*Widget]{Object: widget("a"), Type: opkit.Deleted, Source: opkit.Operator, Reason: "teardown"}); err != nil || !o.Accepted() {
+			t.Fatalf("Submit: %v %v", o, err)
+		}
+		synctest.Wait() // the teardown is in flight, held at the gate
+		if err := e.dyn.Resource(widgets.GroupVersionResource).Namespace("ns").Delete(context.Background(), "a", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait() // the watch's delete waits behind the teardown
+		endTerm(e)      // and is cleared with the term
+		close(gate)     // the teardown finishes
+		synctest.Wait()
+		n := len(rec.snapshot())
+		nextCampaign()
+		for _, c := range rec.snapshot()[n:] {
+			if c.req.Type == opkit.Deleted && c.req.Source == opkit.APIServer && c.req.Object.UID == widget("a").UID {
+				return
+			}
+		}
+		t.Fatalf("the next term did not deliver the watch's delete of a; reconciles:%s", describeCalls(rec.snapshot()))
 	})
 }

@@ -1,6 +1,8 @@
 package reconcile
 
 import (
+	"strconv"
+
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/queue"
 )
@@ -45,13 +47,13 @@ import (
 //	                                         something else; the watch's own Deleted
 //	                                         carrying the full final state replaces a
 //	                                         tombstone (MergeReplace) since both are
-//	                                         the delete, and a Deleted trigger takes
-//	                                         the object of the watch's Deleted, first
-//	                                         delivered or retried (its watcher settles
-//	                                         a delete by resourceVersion); a retried
-//	                                         watch Deleted takes the object of a later
-//	                                         one (the object came back and left
-//	                                         again: the watcher holds the later). A
+//	                                         the delete. The entry carries the latest
+//	                                         delete the watch delivered, which its
+//	                                         watcher holds until the reconcile settles
+//	                                         it by UID and resourceVersion (see
+//	                                         takesDelete); a Deleted trigger that
+//	                                         takes the watch's delete becomes it
+//	                                         (source APIServer, its reason kept). A
 //	                                         new delete kept in a re-added one makes
 //	                                         it that new delete (Retried and Requeued
 //	                                         cleared; the retry count stays)
@@ -64,9 +66,9 @@ import (
 //	                                         held before, or else goes in front of an
 //	                                         event that waits longer, behind one due
 //	                                         no later
-//	no object  Deleted with a UID, or a      MergePrecede: the delete may be another
-//	(a         re-added one                  object's; neither replaces the other, and
-//	requeue,                                 the one due first goes first
+//	no object  Deleted with a UID; any       MergePrecede: the delete may be another
+//	(a         Deleted when the pending one  object's; neither replaces the other, and
+//	requeue,   is a re-add                   the one due first goes first
 //	or a
 //	trigger
 //	of only
@@ -248,28 +250,73 @@ func mergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T
 			return queue.MergeSequence
 		}
 	}
-	// Both are deletes of one object. The watch's (first delivered or
-	// retried) is what its watcher holds until the reconcile settles it by
-	// resourceVersion, so the entry must carry the watch's object.
-	if incoming.Type == opkit.Deleted && incoming.Source == opkit.APIServer {
-		if pending.Source == opkit.Operator {
-			// A Deleted trigger keeps who asked and why, and takes the
-			// watch's delete.
-			pending.Object, pending.FinalStateUnknown = incoming.Object, incoming.FinalStateUnknown
-			return queue.MergeKeep
+	// Both are deletes of one object (or of a UID unknown). One entry
+	// stands for both, and it must carry the latest delete of the object
+	// the watch delivered: its watcher holds that one until the reconcile
+	// settles it by UID and resourceVersion.
+	if incoming.Type == opkit.Deleted {
+		if incoming.Source == opkit.APIServer && pending.Source == opkit.APIServer && !readd(incoming) &&
+			pending.FinalStateUnknown && !incoming.FinalStateUnknown {
+			return queue.MergeReplace // the full final state for a tombstone
 		}
-		if !readd(incoming) && pending.FinalStateUnknown && !incoming.FinalStateUnknown {
-			return queue.MergeReplace
-		}
-		if sameUID && !readd(incoming) && readd(*pending) && rvOf(incoming.Object) != rvOf(pending.Object) {
-			// A later delete of the object (it came back into the watch
-			// and left again) behind the retry of the earlier one: the
-			// watcher holds the later tombstone now.
+		if takesDelete(*pending, incoming) {
 			pending.Object, pending.FinalStateUnknown = incoming.Object, incoming.FinalStateUnknown
-			return queue.MergeKeep
+			if incoming.Source == opkit.APIServer {
+				// The entry carries the watch's delete now: it is that
+				// delete (a Deleted trigger keeps its reason), which the
+				// controller settles with the watcher and later merges
+				// compare as the watch's.
+				pending.Source = opkit.APIServer
+			}
 		}
 	}
 	return queue.MergeKeep
+}
+
+// takesDelete reports whether a kept delete takes the object of an
+// incoming delete of the same object: the entry must carry the latest
+// delete the watch delivered, the one its watcher holds. An entry whose
+// source is APIServer carries a watch delete; a Deleted trigger carries
+// its caller's snapshot until it takes one. So: an object with a UID beats
+// one without; a trigger's object never beats a held one with a UID; the
+// watch's delete beats a trigger's snapshot, whatever their
+// resourceVersions (the snapshot may be of a state the watch never saw);
+// of two watch deletes, a new one is the latest, and a re-added one (a
+// retry) wins only if its resourceVersion is later, or, where they do not
+// compare as numbers (the API leaves them opaque; etcd-backed resources
+// use its revisions), if the held one is a re-add too (it ran earlier).
+func takesDelete[T opkit.Object](pending, incoming opkit.Event[T]) bool {
+	switch {
+	case uidOf(incoming.Object) == "":
+		return false
+	case uidOf(pending.Object) == "":
+		return true
+	case incoming.Source != opkit.APIServer:
+		return false
+	case pending.Source != opkit.APIServer:
+		return true
+	case rvOf(incoming.Object) == rvOf(pending.Object):
+		// The same delete: its full final state, newly delivered, beats
+		// a tombstone.
+		return !readd(incoming) && pending.FinalStateUnknown && !incoming.FinalStateUnknown
+	case !readd(incoming):
+		return true
+	}
+	if later, ok := laterRV(incoming.Object, pending.Object); ok {
+		return later
+	}
+	return readd(pending)
+}
+
+// laterRV reports whether a's resourceVersion is later than b's; ok is
+// false unless both are decimal numbers.
+func laterRV[T opkit.Object](a, b T) (later, ok bool) {
+	x, errA := strconv.ParseUint(a.GetResourceVersion(), 10, 64)
+	y, errB := strconv.ParseUint(b.GetResourceVersion(), 10, 64)
+	if errA != nil || errB != nil {
+		return false, false
+	}
+	return x > y, true
 }
 
 // readd reports whether ev was added back by the controller after a

@@ -165,9 +165,10 @@ func TestMergeEventsARetriedDeleteTakesALaterDeleteOfItsObject(t *testing.T) {
 	}
 }
 
-// A watch delete merged into a pending Deleted trigger: the trigger keeps
-// who asked and why, and takes the watch's object, the one its watcher
-// holds until the delete is settled (by resourceVersion).
+// A watch delete merged into a pending Deleted trigger: the entry becomes
+// the watch's delete, carrying its object (the one its watcher holds until
+// the delete is settled by UID and resourceVersion), and keeps the
+// trigger's reason.
 func TestMergeEventsDeletedTriggerTakesTheWatchDelete(t *testing.T) {
 	for _, final := range []bool{false, true} {
 		pending := deletedTrigger("u1")
@@ -177,8 +178,8 @@ func TestMergeEventsDeletedTriggerTakesTheWatchDelete(t *testing.T) {
 		if got := reconcile.MergeEvents(&pending, watched); got != queue.MergeKeep {
 			t.Fatalf("got %v, want MergeKeep", got)
 		}
-		if pending.Source != opkit.Operator || pending.Reason != "deploy" || pending.Object != watched.Object || pending.FinalStateUnknown != final {
-			t.Errorf("kept %+v (rv %s); want the trigger's source and reason with the watch's object (rv 3), final state unknown %v",
+		if pending.Source != opkit.APIServer || pending.Reason != "deploy" || pending.Object != watched.Object || pending.FinalStateUnknown != final {
+			t.Errorf("kept %+v (rv %s); want the watch's delete (source APIServer, rv 3, final state unknown %v) with the trigger's reason",
 				pending, pending.Object.ResourceVersion, final)
 		}
 	}

@@ -40,8 +40,9 @@ import (
 // events merged into one, and a trigger merges into a delete of its object
 // that is waiting: see MergeEvents.) One that arrives while the key is being
 // reconciled runs after it with its own retry count, and the retry or
-// requeue that reconcile asks for gives way to it (MergeEvents): the new
-// reconcile decides again. The backoff delay does not start again with
+// requeue that reconcile asks for gives way to it (MergeEvents; a delete
+// and an objectless requeue keep their own entries, in the order the
+// table there gives): the new reconcile decides again. The backoff delay does not start again with
 // it: it follows the key's consecutive failures (see Config.Backoff).
 type Reconciler[T opkit.Object] interface {
 	Reconcile(ctx context.Context, req Request[T]) (Result, error)

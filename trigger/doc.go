@@ -109,7 +109,9 @@
 // merged by the controller's rule (reconcile.MergeEvents): a watch event
 // for the object while the trigger waits keeps the trigger's source and
 // reason; a second trigger while the first waits replaces it (one
-// reconcile, the newer reason); a trigger that arrives while the object
+// reconcile, the newer reason), except that a Deleted trigger does not
+// replace a pending change of its object (both run, or it merges into a
+// Deleted trigger held before); a trigger that arrives while the object
 // is being reconciled gets a reconcile of its own after that one, which
 // the controller's retry or requeue of the running one does not replace
 // (the retry or requeue of a delete runs after it); a trigger for an
