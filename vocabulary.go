@@ -175,4 +175,9 @@ type Event[T Object] struct {
 	// UID and the last resourceVersion seen (like client-go's
 	// cache.DeletedFinalStateUnknown).
 	FinalStateUnknown bool
+	// Watched marks a Deleted external trigger that took the object of the
+	// watch's Deleted event merged into it (reconcile.MergeEvents): Object
+	// is then the delete its watcher holds until the reconcile settles it,
+	// not the caller's snapshot. Watch events need no mark.
+	Watched bool
 }

@@ -662,11 +662,11 @@ func (c *Controller[T]) afterReconcile(ctx context.Context, item queue.Item[opki
 	// brings it back if the queue loses it while it is retried, requeued
 	// or interrupted.
 	settle := func() {
-		// Only the watch's deletes: a Deleted trigger's object is its
+		// Only the watch's deletes: a Deleted trigger's own object is its
 		// caller's snapshot, and settling by it could drop a tombstone
 		// whose own entry the end of a term then clears (a trigger that
-		// met the watch's delete became it: MergeEvents).
-		if ev.Type == opkit.Deleted && ev.Source == opkit.APIServer && !isNil(ev.Object) {
+		// took the watch's delete is marked Watched: MergeEvents).
+		if ev.Type == opkit.Deleted && (ev.Source == opkit.APIServer || ev.Watched) && !isNil(ev.Object) {
 			c.watch.Settle(item.Key, ev.Object.GetUID(), ev.Object.GetResourceVersion())
 		}
 	}

@@ -890,12 +890,8 @@ func TestControllerDeletedTriggerSurvivesAWatchModified(t *testing.T) {
 		fw.Modify(mod) // the watch delivers a change while the trigger waits
 		time.Sleep(time.Minute)
 		synctest.Wait()
-		var got []string
-		found := false
-		for _, c := range rec.snapshot()[1:] {
-			got = append(got, c.req.Source.String()+" "+c.req.Type.String()+" "+c.req.Reason)
-			found = found || c.req.Source == opkit.Operator && c.req.Type == opkit.Deleted && c.req.Reason == "pipeline"
-		}
+		got := summarize(rec.snapshot()[1:])
+		found := slices.Contains(got, "Operator Deleted pipeline")
 		if !found {
 			t.Errorf("reconciles after the accepted Deleted trigger: %q; want its reconcile", got)
 		}

@@ -51,9 +51,13 @@ import (
 //	                                         delete the watch delivered, which its
 //	                                         watcher holds until the reconcile settles
 //	                                         it by UID and resourceVersion (see
-//	                                         takesDelete); a Deleted trigger that
-//	                                         takes the watch's delete becomes it
-//	                                         (source APIServer, its reason kept). A
+//	                                         takesDelete); a Deleted trigger and the
+//	                                         watch's delete make one entry, the
+//	                                         trigger's (source, reason) carrying
+//	                                         the watch's delete (marked Watched),
+//	                                         whichever came first, so that the
+//	                                         object coming back into the watch
+//	                                         does not drop the teardown. A
 //	                                         new delete kept in a re-added one makes
 //	                                         it that new delete (Retried and Requeued
 //	                                         cleared; the retry count stays)
@@ -255,19 +259,24 @@ func mergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T
 	// the watch delivered: its watcher holds that one until the reconcile
 	// settles it by UID and resourceVersion.
 	if incoming.Type == opkit.Deleted {
+		if incoming.Source == opkit.Operator && !readd(incoming) && pending.Source == opkit.APIServer {
+			// A teardown asked for while the watch's delete of its object
+			// waits: one entry for both, the trigger's (who asked and why)
+			// carrying the watch's delete (Watched), so that the object
+			// coming back into the watch does not drop the teardown.
+			pending.Source, pending.Reason, pending.Watched = opkit.Operator, incoming.Reason, true
+			return queue.MergeKeep
+		}
 		if incoming.Source == opkit.APIServer && pending.Source == opkit.APIServer && !readd(incoming) &&
 			pending.FinalStateUnknown && !incoming.FinalStateUnknown {
 			return queue.MergeReplace // the full final state for a tombstone
 		}
 		if takesDelete(*pending, incoming) {
+			// A Deleted trigger keeps who asked and why; it is marked when
+			// the object it takes is the watch's delete, which the
+			// controller then settles and later merges compare as such.
 			pending.Object, pending.FinalStateUnknown = incoming.Object, incoming.FinalStateUnknown
-			if incoming.Source == opkit.APIServer {
-				// The entry carries the watch's delete now: it is that
-				// delete (a Deleted trigger keeps its reason), which the
-				// controller settles with the watcher and later merges
-				// compare as the watch's.
-				pending.Source = opkit.APIServer
-			}
+			pending.Watched = pending.Source == opkit.Operator && watchDelete(incoming)
 		}
 	}
 	return queue.MergeKeep
@@ -275,9 +284,9 @@ func mergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T
 
 // takesDelete reports whether a kept delete takes the object of an
 // incoming delete of the same object: the entry must carry the latest
-// delete the watch delivered, the one its watcher holds. An entry whose
-// source is APIServer carries a watch delete; a Deleted trigger carries
-// its caller's snapshot until it takes one. So: an object with a UID beats
+// delete the watch delivered, the one its watcher holds. A watch delete
+// carries one; a Deleted trigger carries its caller's snapshot until it
+// takes one (and is marked Watched). So: an object with a UID beats
 // one without; a trigger's object never beats a held one with a UID; the
 // watch's delete beats a trigger's snapshot, whatever their
 // resourceVersions (the snapshot may be of a state the watch never saw);
@@ -291,9 +300,9 @@ func takesDelete[T opkit.Object](pending, incoming opkit.Event[T]) bool {
 		return false
 	case uidOf(pending.Object) == "":
 		return true
-	case incoming.Source != opkit.APIServer:
+	case !watchDelete(incoming):
 		return false
-	case pending.Source != opkit.APIServer:
+	case !watchDelete(pending):
 		return true
 	case rvOf(incoming.Object) == rvOf(pending.Object):
 		// The same delete: its full final state, newly delivered, beats
@@ -306,6 +315,12 @@ func takesDelete[T opkit.Object](pending, incoming opkit.Event[T]) bool {
 		return later
 	}
 	return readd(pending)
+}
+
+// watchDelete reports whether a delete's object is the watch's: a watch
+// event, or a Deleted trigger that took one.
+func watchDelete[T opkit.Object](ev opkit.Event[T]) bool {
+	return ev.Source == opkit.APIServer || ev.Watched
 }
 
 // laterRV reports whether a's resourceVersion is later than b's; ok is

@@ -79,7 +79,7 @@ func TestMergeEventsNeverTurnsAPendingDeleteIntoSomethingElse(t *testing.T) {
 		{"trigger without object then a watch delete: both, the one due first first", nilObj, ev(opkit.Deleted, "u1"), queue.MergePrecede},
 		{"tombstone then full final state: replace", tomb, ev(opkit.Deleted, "u1"), queue.MergeReplace},
 		{"full final state then tombstone: keep", ev(opkit.Deleted, "u1"), tomb, queue.MergeKeep},
-		{"tombstone then a Deleted trigger: the watch's tombstone stays", tomb, deletedTrigger("u1"), queue.MergeKeep},
+		{"tombstone then a Deleted trigger: the tombstone stays, as the trigger's", tomb, deletedTrigger("u1"), queue.MergeKeep},
 		{"tombstone then a retried full delete: the tombstone stays (the watcher holds it)", tomb, retried(ev(opkit.Deleted, "u1")), queue.MergeKeep},
 		{"Deleted trigger then a retried watch delete: the trigger takes its object", deletedTrigger("u1"), retried(ev(opkit.Deleted, "u1")), queue.MergeKeep},
 		{"trigger then watch event: the trigger keeps who asked", trig("u1"), ev(opkit.Modified, "u1"), queue.MergeKeep},
@@ -125,8 +125,14 @@ func TestMergeEventsNeverTurnsAPendingDeleteIntoSomethingElse(t *testing.T) {
 		// trigger that of any watch delete; every other kept event stays.
 		takesObject := tc.pending.Source == opkit.Operator && tc.incoming.Source == opkit.APIServer &&
 			(tc.pending.Type == opkit.Deleted && tc.incoming.Type == opkit.Deleted || !tc.incoming.Retried && !tc.incoming.Requeued)
-		// A new delete merged into a re-added one makes it that new delete.
+		// A new delete merged into a re-added one makes it that new delete,
+		// and a Deleted trigger merged into the watch's delete makes the
+		// entry the trigger's, carrying the watch's delete.
 		want := tc.pending
+		if tc.want == queue.MergeKeep && want.Type == opkit.Deleted && want.Source == opkit.APIServer &&
+			tc.incoming.Type == opkit.Deleted && tc.incoming.Source == opkit.Operator && !tc.incoming.Retried && !tc.incoming.Requeued {
+			want.Source, want.Reason, want.Watched = opkit.Operator, tc.incoming.Reason, true
+		}
 		if tc.want == queue.MergeKeep && want.Type == opkit.Deleted && tc.incoming.Type == opkit.Deleted &&
 			(want.Retried || want.Requeued) && !tc.incoming.Retried && !tc.incoming.Requeued {
 			want.Retried, want.Requeued = false, false
@@ -165,10 +171,10 @@ func TestMergeEventsARetriedDeleteTakesALaterDeleteOfItsObject(t *testing.T) {
 	}
 }
 
-// A watch delete merged into a pending Deleted trigger: the entry becomes
-// the watch's delete, carrying its object (the one its watcher holds until
-// the delete is settled by UID and resourceVersion), and keeps the
-// trigger's reason.
+// A watch delete merged into a pending Deleted trigger: the trigger keeps
+// who asked and why, and takes the watch's object (the one its watcher
+// holds until the delete is settled by UID and resourceVersion), marked
+// Watched.
 func TestMergeEventsDeletedTriggerTakesTheWatchDelete(t *testing.T) {
 	for _, final := range []bool{false, true} {
 		pending := deletedTrigger("u1")
@@ -178,8 +184,8 @@ func TestMergeEventsDeletedTriggerTakesTheWatchDelete(t *testing.T) {
 		if got := reconcile.MergeEvents(&pending, watched); got != queue.MergeKeep {
 			t.Fatalf("got %v, want MergeKeep", got)
 		}
-		if pending.Source != opkit.APIServer || pending.Reason != "deploy" || pending.Object != watched.Object || pending.FinalStateUnknown != final {
-			t.Errorf("kept %+v (rv %s); want the watch's delete (source APIServer, rv 3, final state unknown %v) with the trigger's reason",
+		if pending.Source != opkit.Operator || pending.Reason != "deploy" || pending.Object != watched.Object || pending.FinalStateUnknown != final || !pending.Watched {
+			t.Errorf("kept %+v (rv %s); want the trigger's source and reason with the watch's delete (rv 3, final state unknown %v), marked Watched",
 				pending, pending.Object.ResourceVersion, final)
 		}
 	}

@@ -38,6 +38,7 @@ type simAdd struct {
 	ev       cmEv
 	accepted bool
 	desc     string
+	term     int // the leader term it was added in
 }
 
 // simRec is a hand-out: what the reconcile saw.
@@ -132,8 +133,14 @@ type simTracker struct {
 //     into a delete of its object that has not run yet, as documented);
 //   - (b) every watch delete is handed out afterwards with its object and
 //     reconciled without failing, unless the object came back;
-//   - (c) at most maxSimParked entries are ever parked for the key;
-//   - (d) after the drain the watcher's tracker holds no delete unsettled.
+//   - (c) at most maxSimParked entries are ever parked for the key (two
+//     more with three or four objects of the name: multi);
+//   - (d) after the drain the watcher's tracker holds no delete unsettled;
+//   - (e) every Deleted trigger accepted in the last term is followed by a
+//     Deleted reconcile of its object (its own, or a watch delete it merged
+//     with); the end of a term clears the queue, and the next term's list
+//     reconciles what exists, without the trigger's type (documented in
+//     the trigger package).
 // What it simulates:
 //   - the watcher is modelled by its tracker (hold, displace/earlier,
 //     settle, reemit rules, RetainDeletes), so deletes of earlier objects
@@ -163,7 +170,7 @@ func runHistory(ops []byte, multi, verbose bool) (fail string) {
 	add := func(e cmEv, o queue.AddOptions, what string) queue.Outcome {
 		seq++
 		out := q.Add(k, e, o)
-		adds = append(adds, simAdd{seq: seq, ev: e, accepted: out.Accepted(), desc: what})
+		adds = append(adds, simAdd{seq: seq, ev: e, accepted: out.Accepted(), desc: what, term: tr.run})
 		logf("#%d add %s %s delay=%v retries=%d prio=%d -> %v parked=%d", seq, what, dEv(e), o.Delay, o.Retries, o.Priority, out, q.Stats().Parked)
 		return out
 	}
@@ -342,7 +349,7 @@ func runHistory(ops []byte, multi, verbose bool) (fail string) {
 		}
 		ev.Fetched = false
 		doSettle := func() {
-			if ev.Type == opkit.Deleted && ev.Source == opkit.APIServer && ev.Object != nil { // as the controller settles
+			if ev.Type == opkit.Deleted && (ev.Source == opkit.APIServer || ev.Watched) && ev.Object != nil { // as the controller settles
 				settle(uidS(ev.Object), ev.Object.ResourceVersion)
 			}
 		}
@@ -524,7 +531,7 @@ func runHistory(ops []byte, multi, verbose bool) (fail string) {
 		}
 		return msg
 	}
-	if maxParked > maxSimParked {
+	if limit := maxSimParked + 2*btoi(multi); maxParked > limit {
 		return dump(fmt.Sprintf("(c) %d parked", maxParked))
 	}
 	fu := ""
@@ -565,6 +572,17 @@ func runHistory(ops []byte, multi, verbose bool) (fail string) {
 			}
 			if !ok {
 				return dump(fmt.Sprintf("(b) watch delete #%d %s never handed out afterwards", a.seq, dEv(a.ev)))
+			}
+		}
+		if a.ev.Type == opkit.Deleted && a.ev.Source == opkit.Operator && !a.ev.Retried && !a.ev.Requeued && a.term == tr.run {
+			ok := false
+			for _, r := range recs {
+				if r.seq > a.seq && r.typ == opkit.Deleted && (r.seen == u || u == "") && !r.skip && !r.failed {
+					ok = true
+				}
+			}
+			if !ok {
+				return dump(fmt.Sprintf("(e) Deleted trigger #%d %s never served by a Deleted reconcile", a.seq, dEv(a.ev)))
 			}
 		}
 	}
@@ -652,4 +670,12 @@ func shrink(t *testing.T, ops []byte, run func(ops []byte, verbose bool) string)
 		}
 	}
 	return ops
+}
+
+// btoi is 1 for true.
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
