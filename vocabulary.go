@@ -175,9 +175,11 @@ type Event[T Object] struct {
 	// UID and the last resourceVersion seen (like client-go's
 	// cache.DeletedFinalStateUnknown).
 	FinalStateUnknown bool
-	// Watched marks a Deleted external trigger that took the object of the
-	// watch's Deleted event merged into it (reconcile.MergeEvents): Object
-	// is then the delete its watcher holds until the reconcile settles it,
-	// not the caller's snapshot. Watch events need no mark.
+	// Watched marks a Deleted external trigger that carries the object of
+	// the watch's Deleted event merged with it: Object is then a delete the
+	// watch delivered (which its watcher holds until the reconcile settles
+	// it, unless a later delete of the object replaced it), not the
+	// caller's snapshot. reconcile.MergeEvents sets it; watch events need
+	// no mark, and callers leave it false.
 	Watched bool
 }

@@ -573,7 +573,7 @@ func (c *Controller[T]) process(ctx context.Context, item queue.Item[opkit.Key, 
 		Key: item.Key, Object: ev.Object, Type: ev.Type, Source: ev.Source,
 		Retries: item.Retries, Reason: ev.Reason, Requeued: ev.Requeued, FinalStateUnknown: ev.FinalStateUnknown,
 	}
-	if ev.Source == opkit.Operator && !ev.Requeued && item.Retries == 0 && c.cfg.RecordTriggerEvents && !isNil(ev.Object) {
+	if ev.Source == opkit.Operator && !ev.Requeued && !ev.Retried && c.cfg.RecordTriggerEvents && !isNil(ev.Object) {
 		// Before the re-fetch: a trigger whose first read fails is retried
 		// with Retries 1 and would go unrecorded.
 		note := "reconcile requested by an external trigger"

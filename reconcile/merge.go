@@ -87,8 +87,10 @@ import (
 //	                                         it keeps its payload, its retry count
 //	                                         and its reconcile, whose result decides
 //	                                         again whether to retry or requeue
-//	new watch  re-added Deleted, same UID    MergeKeep: the object came back into the
-//	event                                    watch after the delete ran
+//	new watch  re-added watch Deleted, same  MergeKeep: the object came back into the
+//	event      UID                           watch after the delete ran (a re-added
+//	                                         Deleted trigger follows the event, as
+//	                                         in the row below)
 //	new        re-added Deleted              MergeSequence: the new event first, then
 //	trigger,                                 the delete, as for another UID: a trigger
 //	or a UID                                 may stand for an object that still exists
@@ -186,9 +188,11 @@ func mergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T
 		}
 		if readd(incoming) && !readd(*pending) {
 			// pending arrived while incoming's reconcile ran: it is newer. A
-			// re-added delete gives way to the watch saying the object is
-			// back, and follows an event it cannot tell apart by UID.
-			if incoming.Type != opkit.Deleted || pending.Source == opkit.APIServer && sameUID {
+			// re-added watch delete gives way to the watch saying the object
+			// is back; a re-added teardown (a Deleted trigger, which the
+			// object's return does not answer) and any delete behind an
+			// event it cannot tell apart by UID follow it.
+			if incoming.Type != opkit.Deleted || pending.Source == opkit.APIServer && sameUID && incoming.Source == opkit.APIServer {
 				return queue.MergeKeep
 			}
 			// A re-added delete behind a newer event the watch did not
@@ -259,7 +263,10 @@ func mergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T
 	// the watch delivered: its watcher holds that one until the reconcile
 	// settles it by UID and resourceVersion.
 	if incoming.Type == opkit.Deleted {
-		if incoming.Source == opkit.Operator && !readd(incoming) && pending.Source == opkit.APIServer {
+		if incoming.Source == opkit.Operator && pending.Source == opkit.APIServer {
+			if readd(incoming) && incoming.Watched && takesDelete(*pending, incoming) {
+				pending.Object, pending.FinalStateUnknown = incoming.Object, incoming.FinalStateUnknown
+			}
 			// A teardown asked for while the watch's delete of its object
 			// waits: one entry for both, the trigger's (who asked and why)
 			// carrying the watch's delete (Watched), so that the object

@@ -105,6 +105,8 @@ func TestMergeEventsNeverTurnsAPendingDeleteIntoSomethingElse(t *testing.T) {
 		{"trigger then a requeued Deleted trigger without uid: both, the trigger first", trig("u2"), requeued(deletedTrigger("")), queue.MergeSequence},
 		{"watch event then retried delete, same uid (back in the watch): the watch event stays", ev(opkit.Added, "u1"), retried(ev(opkit.Deleted, "u1")), queue.MergeKeep},
 		{"watch event then retried delete of another uid: both", ev(opkit.Added, "u2"), retried(ev(opkit.Deleted, "u1")), queue.MergeSequence},
+		{"watch event then a retried Deleted trigger, same uid: both, the event first (the teardown stands)", ev(opkit.Added, "u1"), retried(deletedTrigger("u1")), queue.MergeSequence},
+		{"watch delete then a retried Deleted trigger: the trigger's, carrying the watch's delete", ev(opkit.Deleted, "u1"), retried(deletedTrigger("u1")), queue.MergeKeep},
 		{"recreated, then the old object's delete retried: both, retried too", ev(opkit.Added, "u2"), retried(ev(opkit.Deleted, "u1")), queue.MergeSequence},
 		{"retried event then retry: newest wins", retried(ev(opkit.Modified, "u1")), retried(ev(opkit.Modified, "u1")), queue.MergeReplace},
 		{"retried watch delete then the same delete again: keep", retried(ev(opkit.Deleted, "u1")), ev(opkit.Deleted, "u1"), queue.MergeKeep},
@@ -130,7 +132,7 @@ func TestMergeEventsNeverTurnsAPendingDeleteIntoSomethingElse(t *testing.T) {
 		// entry the trigger's, carrying the watch's delete.
 		want := tc.pending
 		if tc.want == queue.MergeKeep && want.Type == opkit.Deleted && want.Source == opkit.APIServer &&
-			tc.incoming.Type == opkit.Deleted && tc.incoming.Source == opkit.Operator && !tc.incoming.Retried && !tc.incoming.Requeued {
+			tc.incoming.Type == opkit.Deleted && tc.incoming.Source == opkit.Operator {
 			want.Source, want.Reason, want.Watched = opkit.Operator, tc.incoming.Reason, true
 		}
 		if tc.want == queue.MergeKeep && want.Type == opkit.Deleted && tc.incoming.Type == opkit.Deleted &&

@@ -44,7 +44,7 @@ type simAdd struct {
 // simRec is a hand-out: what the reconcile saw.
 type simRec struct {
 	seq    int
-	failed bool // the reconcile failed (set by the term simulation)
+	failed bool // the reconcile failed (it is retried)
 	typ    opkit.Type
 	seen   string // UID of the object reconciled ("" none/skip)
 	rv     string
@@ -370,6 +370,7 @@ func runHistory(ops []byte, multi, verbose bool) (fail string) {
 				d = max(d, []time.Duration{0, time.Minute, time.Hour, 10 * time.Second}[(outcome>>5)%4])
 			}
 			ev.Retried = true
+			recs[recIdx].failed = true
 			add(ev, queue.AddOptions{Delay: d, Retries: r, Priority: it.Priority}, "retry")
 		}
 		q.Done(k)

@@ -2,6 +2,7 @@ package reconcile_test
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"testing"
 	"testing/synctest"
@@ -102,4 +103,74 @@ func summarize(calls []call) []string {
 		s = append(s, c.req.Source.String()+" "+c.req.Type.String()+" "+c.req.Reason)
 	}
 	return s
+}
+
+// A teardown runs and fails (or asks for a requeue); meanwhile its object
+// leaves the label selector (the watch's delete waits behind it). The
+// teardown's retry merges with that delete, and the object comes back:
+// the teardown still runs, as it does when nothing waits behind it.
+func TestARetriedTeardownSurvivesASelectorFlap(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		watch bool // the watch's delete waits behind the running teardown
+		readd func(*cmEv)
+	}{
+		{"retried, behind the watch's delete", true, func(e *cmEv) { e.Retried = true }},
+		{"requeued, behind the watch's delete", true, func(e *cmEv) { e.Requeued = true }},
+		{"retried, alone", false, func(e *cmEv) { e.Retried = true }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				k := opkit.Key{Namespace: "ns", Name: "a"}
+				q := queue.New[opkit.Key](queue.Config[cmEv]{Merge: reconcile.MergeEvents[*corev1.ConfigMap]})
+				q.Add(k, deletedTrigger("u1"), queue.AddOptions{})
+				it, err := q.Get(context.Background()) // the teardown runs
+				if err != nil {
+					t.Fatal(err)
+				}
+				if tc.watch {
+					q.Add(k, ev(opkit.Deleted, "u1"), queue.AddOptions{}) // leaves the selector
+				}
+				again := it.Value
+				tc.readd(&again)
+				q.Add(k, again, queue.AddOptions{Retries: 1, Delay: time.Second})
+				q.Done(k)
+				if !tc.watch {
+					q.Add(k, ev(opkit.Deleted, "u1"), queue.AddOptions{}) // leaves the selector now
+				}
+				q.Add(k, ev(opkit.Added, "u1"), queue.AddOptions{}) // back
+				if got := drain(t, q, k); !slices.Contains(got, "Operator Deleted u1") {
+					t.Fatalf("handed out %q, want the teardown (Operator Deleted u1) among them", got)
+				}
+			})
+		})
+	}
+}
+
+// RecordTriggerEvents: a teardown that merges into the watch's delete
+// waiting for its retry runs as the teardown, and is recorded once,
+// although the entry keeps the delete's retry count.
+func TestATeardownMergedIntoARetriedWatchDeleteIsRecorded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &recorder{do: func(_ context.Context, _ int, req reconcile.Request[*Widget]) (reconcile.Result, error) {
+			if req.Type == opkit.Deleted && req.Source == opkit.APIServer {
+				return reconcile.Done(), errors.New("the watch's delete fails once")
+			}
+			return reconcile.Done(), nil
+		}}
+		e, fw := startWithFakeWatch(t, rec, func(c *reconcile.Config[*Widget]) { c.RecordTriggerEvents = true }, widget("a"))
+		synctest.Wait()
+		gone, err := typed.ToUnstructured(widget("a", func(w *Widget) { w.ResourceVersion = "3" }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fw.Delete(gone)
+		synctest.Wait() // the watch's delete ran and failed: its retry waits
+		submitDeleted(t, e)
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if n := len(triggeredNotes(t, e)); n != 1 {
+			t.Errorf("%d Triggered Events, want 1; reconciles %q", n, summarize(rec.snapshot()[1:]))
+		}
+	})
 }

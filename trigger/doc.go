@@ -117,9 +117,12 @@
 // (the retry or requeue of a delete runs after it); a trigger for an
 // object whose delete has not run yet (pending, or parked behind the
 // running reconcile) merges into that delete, and the trigger's source,
-// reason and type give way to the delete's; a trigger does not wait for a
-// delete's retry or requeue due later than itself: it runs in front of it
-// (see reconcile.MergeEvents).
+// reason and type give way to the delete's, except that a Deleted trigger
+// and the watch's delete make one entry that keeps the trigger's source
+// and reason; a trigger does not wait for a delete's retry or requeue due
+// later than itself: it runs in front of it (see reconcile.MergeEvents).
+// A Deleted trigger (a teardown) is not dropped when its object leaves the
+// watch's label selector and comes back.
 // A delay is an upper bound, not a promise of "not before": entries for a
 // key merge to the earliest due time, so another event for the object in
 // the meantime reconciles it sooner, once, and nothing runs again at the
@@ -134,7 +137,11 @@
 // existing object (source APIServer, so the trigger's reason is not
 // carried). No object is left unreconciled after a trigger; only the
 // attribution can be lost: in a failover, to a newer trigger, or to a
-// waiting delete (above). Callers that need the reason to
+// waiting delete (above). A Deleted trigger (a teardown) of an object that
+// still exists loses its type in a failover too: the next term's list
+// reconciles the object as it is, so a caller whose teardown was
+// acknowledged just before a leadership change must ask again (or mark the
+// object, e.g. by deleting it). Callers that need the reason to
 // survive a crash must make it part of the object (a field or an
 // annotation) rather than of the trigger. The example module's
 // TestFlipLosesNoTriggerOverNATS checks this against a real JetStream
