@@ -594,7 +594,12 @@ func (c *Controller[T]) process(ctx context.Context, item queue.Item[opkit.Key, 
 			c.fails.forget(item.Key, "") // no object of the name is left
 			return
 		case err != nil:
-			// Not the reconciler's fault, but retried the same way.
+			// Not the reconciler's fault, but retried the same way. The
+			// retry carries no object: the one it came with may be of
+			// another object of the name (a stale trigger), which must not
+			// decide what the retry merges with; it reads the name again.
+			var none T
+			item.Value.Object, req.Object = none, none
 			c.afterReconcile(ctx, item, req, Done(), fmt.Errorf("re-fetch: %w", typed.Explain(err, c.cfg.Resource, item.Key.Name)), 0, log)
 			return
 		}

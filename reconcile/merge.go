@@ -57,10 +57,8 @@ import (
 //	                                         the watch's delete (marked Watched),
 //	                                         whichever came first, so that the
 //	                                         object coming back into the watch
-//	                                         does not drop the teardown. A
-//	                                         new delete kept in a re-added one makes
-//	                                         it that new delete (Retried and Requeued
-//	                                         cleared; the retry count stays)
+//	                                         does not drop the teardown (the entry
+//	                                         takes the trigger's Retried/Requeued)
 //	other      re-added Deleted of another   MergeSequence: the pending event of the
 //	           UID                           other object stays and the retried delete
 //	                                         follows it, at its own time
@@ -120,8 +118,10 @@ import (
 // delete is the last word on its UID except for a watch with a label
 // selector, which reports an object that stops matching as deleted and one
 // that matches again as added, with the same UID: only a watch event can
-// say so, so a re-added (retried or requeued) delete gives way to a watch
-// event of its UID, and follows a trigger, which it neither drops nor is
+// say so, so a re-added (retried or requeued) watch delete gives way to a
+// watch event of its UID (a re-added teardown, which the object's return
+// does not answer, follows it), and follows a trigger, which it neither
+// drops nor is
 // dropped for: the controller cannot tell a trigger for an object that is
 // back or still there from one that read the object just before it was
 // really deleted (whose reconcile then finds it gone). The cost: when an
@@ -138,8 +138,7 @@ import (
 // its retry or requeue holds up nothing: triggers, changes and events of
 // another object go in front of it (MergePrecede) while it is due later
 // than they are, and behind it otherwise, so that events that keep coming
-// cannot hold it back. A new delete of its object merged into it makes it
-// that new delete (no longer a re-add). So after a recreation the old
+// cannot hold it back. So after a recreation the old
 // object's delete may be retried after the new object's reconcile: a
 // reconciler cleans up what belonged to the deleted object by its UID,
 // not by its name. Where a chain could grow with events that alternate
@@ -149,19 +148,6 @@ import (
 // mix of two objects' events, a few entries). The rows are read top down:
 // the first that fits decides.
 func MergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T]) queue.Merge {
-	m := mergeEvents(pending, incoming)
-	if m == queue.MergeKeep && pending.Type == opkit.Deleted && incoming.Type == opkit.Deleted && readd(*pending) && !readd(incoming) {
-		// A new delete of the object merged into its delete waiting for a
-		// retry or requeue: the entry stands for the new delete now, not
-		// for a re-add that newer events may take over (the queue asks
-		// the rule again about the entry held before it).
-		pending.Retried, pending.Requeued = false, false
-	}
-	return m
-}
-
-// mergeEvents is MergeEvents before its last step.
-func mergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T]) queue.Merge {
 	pu, iu := uidOf(pending.Object), uidOf(incoming.Object)
 	sameUID := pu != "" && pu == iu
 	otherUID := pu != "" && iu != "" && pu != iu // both known, and not the same object
@@ -271,7 +257,10 @@ func mergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T
 			// waits: one entry for both, the trigger's (who asked and why)
 			// carrying the watch's delete (Watched), so that the object
 			// coming back into the watch does not drop the teardown.
+			// The entry is the trigger's, first run or re-add alike (so that
+			// it is recorded as a trigger once: see Config.RecordTriggerEvents).
 			pending.Source, pending.Reason, pending.Watched = opkit.Operator, incoming.Reason, true
+			pending.Retried, pending.Requeued = incoming.Retried, incoming.Requeued
 			return queue.MergeKeep
 		}
 		if incoming.Source == opkit.APIServer && pending.Source == opkit.APIServer && !readd(incoming) &&
@@ -293,8 +282,8 @@ func mergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T
 // incoming delete of the same object: the entry must carry the latest
 // delete the watch delivered, the one its watcher holds. A watch delete
 // carries one; a Deleted trigger carries its caller's snapshot until it
-// takes one (and is marked Watched). So: an object with a UID beats
-// one without; a trigger's object never beats a held one with a UID; the
+// takes one (and is marked Watched). So: an object with a UID beats one
+// without; a trigger's object never beats a held one with a UID; the
 // watch's delete beats a trigger's snapshot, whatever their
 // resourceVersions (the snapshot may be of a state the watch never saw);
 // of two watch deletes, a new one is the latest, and a re-added one (a

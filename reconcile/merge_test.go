@@ -127,17 +127,13 @@ func TestMergeEventsNeverTurnsAPendingDeleteIntoSomethingElse(t *testing.T) {
 		// trigger that of any watch delete; every other kept event stays.
 		takesObject := tc.pending.Source == opkit.Operator && tc.incoming.Source == opkit.APIServer &&
 			(tc.pending.Type == opkit.Deleted && tc.incoming.Type == opkit.Deleted || !tc.incoming.Retried && !tc.incoming.Requeued)
-		// A new delete merged into a re-added one makes it that new delete,
-		// and a Deleted trigger merged into the watch's delete makes the
-		// entry the trigger's, carrying the watch's delete.
+		// A Deleted trigger merged into the watch's delete makes the entry
+		// the trigger's (first run or re-add), carrying the watch's delete.
 		want := tc.pending
 		if tc.want == queue.MergeKeep && want.Type == opkit.Deleted && want.Source == opkit.APIServer &&
 			tc.incoming.Type == opkit.Deleted && tc.incoming.Source == opkit.Operator {
 			want.Source, want.Reason, want.Watched = opkit.Operator, tc.incoming.Reason, true
-		}
-		if tc.want == queue.MergeKeep && want.Type == opkit.Deleted && tc.incoming.Type == opkit.Deleted &&
-			(want.Retried || want.Requeued) && !tc.incoming.Retried && !tc.incoming.Requeued {
-			want.Retried, want.Requeued = false, false
+			want.Retried, want.Requeued = tc.incoming.Retried, tc.incoming.Requeued
 		}
 		if tc.want == queue.MergeKeep && !takesObject && pending != want {
 			t.Errorf("%s: the kept event changed: %+v", tc.name, pending)
@@ -148,8 +144,7 @@ func TestMergeEventsNeverTurnsAPendingDeleteIntoSomethingElse(t *testing.T) {
 // A later watch delete of the same object (it came back into the watch and
 // left again) behind the retry of its earlier delete: the entry stays, but
 // carries the later delete's object, the one its watcher now holds until
-// that delete is settled (by resourceVersion), and stands for that new
-// delete (no longer a retry that newer events may take over).
+// that delete is settled (by resourceVersion).
 func TestMergeEventsARetriedDeleteTakesALaterDeleteOfItsObject(t *testing.T) {
 	for _, final := range []bool{false, true} {
 		pending := retried(ev(opkit.Deleted, "u1"))
@@ -159,8 +154,8 @@ func TestMergeEventsARetriedDeleteTakesALaterDeleteOfItsObject(t *testing.T) {
 		if got := reconcile.MergeEvents(&pending, later); got != queue.MergeKeep {
 			t.Fatalf("got %v, want MergeKeep", got)
 		}
-		if pending.Object.ResourceVersion != "5" || pending.FinalStateUnknown != final || pending.Retried {
-			t.Errorf("kept %+v (rv %s), want the later delete (rv 5, final state unknown %v, not a retry)", pending, pending.Object.ResourceVersion, final)
+		if pending.Object.ResourceVersion != "5" || pending.FinalStateUnknown != final || !pending.Retried {
+			t.Errorf("kept %+v (rv %s), want the retry carrying the later delete (rv 5, final state unknown %v)", pending, pending.Object.ResourceVersion, final)
 		}
 	}
 	// A delete it cannot tell is of the same object leaves it as it is.

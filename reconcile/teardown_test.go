@@ -9,6 +9,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/internal/typed"
@@ -172,5 +175,97 @@ func TestATeardownMergedIntoARetriedWatchDeleteIsRecorded(t *testing.T) {
 		if n := len(triggeredNotes(t, e)); n != 1 {
 			t.Errorf("%d Triggered Events, want 1; reconciles %q", n, summarize(rec.snapshot()[1:]))
 		}
+	})
+}
+
+// RecordTriggerEvents records a teardown once, when its re-add (a retry or
+// requeue) meets the watch's delete of its object: the delete arriving
+// while the re-add waits, or waiting behind the running teardown.
+func TestARetriedTeardownThatMeetsTheWatchDeleteIsRecordedOnce(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		outcome func() (reconcile.Result, error)
+		parked  bool // the watch's delete arrives while the teardown runs
+	}{
+		{"retry, then the delete", func() (reconcile.Result, error) { return reconcile.Done(), errors.New("fails once") }, false},
+		{"requeue, then the delete", func() (reconcile.Result, error) { return reconcile.RequeueAfter(time.Hour), nil }, false},
+		{"retry, the delete parked", func() (reconcile.Result, error) { return reconcile.Done(), errors.New("fails once") }, true},
+		{"requeue, the delete parked", func() (reconcile.Result, error) { return reconcile.RequeueAfter(time.Hour), nil }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				gate := make(chan struct{})
+				if !tc.parked {
+					close(gate)
+				}
+				runs := 0
+				rec := &recorder{do: func(_ context.Context, _ int, req reconcile.Request[*Widget]) (reconcile.Result, error) {
+					if req.Type == opkit.Deleted && req.Source == opkit.Operator {
+						if runs++; runs == 1 {
+							<-gate
+							return tc.outcome()
+						}
+					}
+					return reconcile.Done(), nil
+				}}
+				e, fw := startWithFakeWatch(t, rec, func(c *reconcile.Config[*Widget]) {
+					c.RecordTriggerEvents = true
+					c.Backoff = queue.Backoff{Base: time.Hour, Cap: time.Hour, Jitter: -1}
+				}, widget("a"))
+				synctest.Wait()
+				submitDeleted(t, e) // due in 10s
+				time.Sleep(11 * time.Second)
+				synctest.Wait() // the teardown runs (held at the gate if parked)
+				gone, err := typed.ToUnstructured(widget("a", func(w *Widget) { w.ResourceVersion = "3" }))
+				if err != nil {
+					t.Fatal(err)
+				}
+				fw.Delete(gone)
+				synctest.Wait()
+				if tc.parked {
+					close(gate)
+				}
+				time.Sleep(2 * time.Hour)
+				synctest.Wait()
+				if n := len(triggeredNotes(t, e)); n != 1 {
+					t.Errorf("%d Triggered Events for one trigger, want 1; reconciles %q", n, summarize(rec.snapshot()[1:]))
+				}
+			})
+		})
+	}
+}
+
+// A stale trigger (the object it carries is an earlier one of the name)
+// whose re-fetch fails is retried without that object: the retry reads the
+// name again, instead of merging into a stale Deleted trigger of that
+// earlier object, and so reaches the object that exists.
+func TestAStaleTriggerWhoseReadFailsStillReachesTheObject(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &recorder{}
+		e := start(t, rec, nil, widget("a"))
+		synctest.Wait()
+		n := len(rec.snapshot())
+		failures := 1
+		e.dyn.PrependReactor("get", "widgets", func(clienttesting.Action) (bool, runtime.Object, error) {
+			if failures == 0 {
+				return false, nil, nil
+			}
+			failures--
+			return true, nil, apierrors.NewInternalError(errors.New("etcd leader changed"))
+		})
+		stale := widget("a", func(w *Widget) { w.UID = "uid-old" })
+		for _, typ := range []opkit.Type{opkit.Modified, opkit.Deleted} {
+			if o, err := e.ctrl.Trigger().Submit(context.Background(), trigger.Request[*Widget]{Object: stale, Type: typ, Source: opkit.Operator, Reason: "stale"}); err != nil || !o.Accepted() {
+				t.Fatalf("Submit(%v): %v %v", typ, o, err)
+			}
+		}
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		for _, c := range rec.snapshot()[n:] {
+			if c.req.Type != opkit.Deleted && c.req.Object.UID == widget("a").UID {
+				return
+			}
+		}
+		t.Fatalf("no reconcile of the object that exists after the stale trigger; reconciles:%s", describeCalls(rec.snapshot()[n:]))
 	})
 }
