@@ -281,14 +281,7 @@ func TestControllerRecordsATriggerWhoseFirstReadFails(t *testing.T) {
 		rec := &recorder{}
 		e := start(t, rec, func(c *reconcile.Config[*Widget]) { c.RecordTriggerEvents = true }, widget("a"))
 		synctest.Wait()
-		failures := 1
-		e.dyn.PrependReactor("get", "widgets", func(clienttesting.Action) (bool, runtime.Object, error) {
-			if failures == 0 {
-				return false, nil, nil
-			}
-			failures--
-			return true, nil, apierrors.NewInternalError(errors.New("etcd leader changed"))
-		})
+		failGets(e, 1, apierrors.NewInternalError(errors.New("etcd leader changed")))
 		e.ctrl.Trigger().Enqueue(context.Background(), widget("a"), opkit.Modified, opkit.Operator, 0, 0)
 		time.Sleep(time.Minute)
 		synctest.Wait()
@@ -475,14 +468,7 @@ func TestControllerRetriesARefetchWhileTheResourceIsNotServed(t *testing.T) {
 		e := start(t, rec, nil, widget("a"))
 		synctest.Wait()
 		before := len(rec.snapshot())
-		notServed := 2
-		e.dyn.PrependReactor("get", "widgets", func(clienttesting.Action) (bool, runtime.Object, error) {
-			if notServed == 0 {
-				return false, nil, nil
-			}
-			notServed--
-			return true, nil, apierrors.NewGenericServerResponse(404, "get", schema.GroupResource{}, "", "404 page not found", 0, true)
-		})
+		failGets(e, 2, apierrors.NewGenericServerResponse(404, "get", schema.GroupResource{}, "", "404 page not found", 0, true))
 		if ok, err := e.ctrl.Trigger().Enqueue(context.Background(), widget("a"), opkit.Modified, opkit.Operator, 0, 0); !ok || err != nil {
 			t.Fatalf("Enqueue = %v, %v", ok, err)
 		}
@@ -1062,5 +1048,16 @@ func TestControllerDeletedTriggerTakesARetriedWatchDelete(t *testing.T) {
 		if n := wm.get(); n != 1 {
 			t.Errorf("watcher tracks %d keys (deletes reconciled %q); want 1 (z): the delete the watcher held was settled", n, deletes)
 		}
+	})
+}
+
+// failGets makes the next n GETs of widgets fail with err.
+func failGets(e *env, n int, err error) {
+	e.dyn.PrependReactor("get", "widgets", func(clienttesting.Action) (bool, runtime.Object, error) {
+		if n == 0 {
+			return false, nil, nil
+		}
+		n--
+		return true, nil, err
 	})
 }

@@ -10,8 +10,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/runtime"
-	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/internal/typed"
@@ -245,14 +243,7 @@ func TestAStaleTriggerWhoseReadFailsStillReachesTheObject(t *testing.T) {
 		e := start(t, rec, nil, widget("a"))
 		synctest.Wait()
 		n := len(rec.snapshot())
-		failures := 1
-		e.dyn.PrependReactor("get", "widgets", func(clienttesting.Action) (bool, runtime.Object, error) {
-			if failures == 0 {
-				return false, nil, nil
-			}
-			failures--
-			return true, nil, apierrors.NewInternalError(errors.New("etcd leader changed"))
-		})
+		failGets(e, 1, apierrors.NewInternalError(errors.New("etcd leader changed")))
 		stale := widget("a", func(w *Widget) { w.UID = "uid-old" })
 		for _, typ := range []opkit.Type{opkit.Modified, opkit.Deleted} {
 			if o, err := e.ctrl.Trigger().Submit(context.Background(), trigger.Request[*Widget]{Object: stale, Type: typ, Source: opkit.Operator, Reason: "stale"}); err != nil || !o.Accepted() {
