@@ -597,10 +597,9 @@ func (c *Controller[T]) process(ctx context.Context, item queue.Item[opkit.Key, 
 			// Not the reconciler's fault, but retried the same way. The
 			// retry carries no object: the one it came with may be of
 			// another object of the name (a stale trigger), which must not
-			// decide what the retry merges with; it reads the name again.
-			var none T
-			item.Value.Object, req.Object = none, none
-			c.afterReconcile(ctx, item, req, Done(), fmt.Errorf("re-fetch: %w", typed.Explain(err, c.cfg.Resource, item.Key.Name)), 0, log)
+			// decide what the retry merges with; it reads the name again
+			// (a Warning Event when it is given up on names the key).
+			c.afterReconcile(ctx, item, req, Done(), fmt.Errorf("re-fetch: %w", typed.Explain(err, c.cfg.Resource, item.Key.Name)), 0, true, log)
 			return
 		}
 		req.Object = obj
@@ -621,7 +620,7 @@ func (c *Controller[T]) process(ctx context.Context, item queue.Item[opkit.Key, 
 	}
 	start := time.Now()
 	res, err := c.call(ctx, req, log)
-	c.afterReconcile(ctx, item, req, res, err, time.Since(start), log)
+	c.afterReconcile(ctx, item, req, res, err, time.Since(start), false, log)
 }
 
 // refetch reads the object from the API server, bounded by the
@@ -654,11 +653,17 @@ func (c *Controller[T]) call(ctx context.Context, req Request[T], log *slog.Logg
 	return c.cfg.Reconciler.Reconcile(ctx, req)
 }
 
-// afterReconcile applies the decision table of [Reconciler].
-func (c *Controller[T]) afterReconcile(ctx context.Context, item queue.Item[opkit.Key, opkit.Event[T]], req Request[T], res Result, err error, took time.Duration, log *slog.Logger) {
+// afterReconcile applies the decision table of [Reconciler]. With
+// readAgain (the re-fetch failed), a re-add carries no object and reads
+// the name again.
+func (c *Controller[T]) afterReconcile(ctx context.Context, item queue.Item[opkit.Key, opkit.Event[T]], req Request[T], res Result, err error, took time.Duration, readAgain bool, log *slog.Logger) {
 	ev := item.Value
 	if !isNil(req.Object) {
 		ev.Object = req.Object
+	}
+	if readAgain {
+		var none T
+		ev.Object = none
 	}
 	ev.Fetched = false // a re-add is read again (no object, or a retry) in any case
 	after, requeue := res.Requeue()
@@ -707,13 +712,13 @@ func (c *Controller[T]) afterReconcile(ctx context.Context, item queue.Item[opki
 		settle()
 		c.metrics.Reconciled(OutcomeTerminal, took)
 		log.Error("reconcile failed with a terminal error: not retried", "err", err)
-		c.record(ctx, req.Object, "ReconcileTerminalError", err, log)
+		c.record(ctx, subjectOf(req.Object, item.Key), "ReconcileTerminalError", err, log)
 	case c.cfg.MaxRetries >= 0 && item.Retries >= c.cfg.MaxRetries:
 		c.fails.forget(item.Key, uid)
 		settle()
 		c.metrics.Reconciled(OutcomeGaveUp, took)
 		log.Error("reconcile failed on its last retry: dropped", "err", err, "maxRetries", c.cfg.MaxRetries)
-		c.record(ctx, req.Object, "ReconcileFailed", fmt.Errorf("gave up after %d retries: %w", item.Retries, err), log)
+		c.record(ctx, subjectOf(req.Object, item.Key), "ReconcileFailed", fmt.Errorf("gave up after %d retries: %w", item.Retries, err), log)
 	default:
 		c.metrics.Reconciled(OutcomeRetry, took)
 		retries := item.Retries + 1
@@ -745,6 +750,16 @@ func (c *Controller[T]) add(key opkit.Key, ev opkit.Event[T], opts queue.AddOpti
 
 // record writes a Warning Event about a failure on obj; the recorder's own
 // timeout bounds it even when ctx has ended.
+// subjectOf is what a failure Event is about: the request's object, or,
+// when its read kept failing and it carries none, a reference to the key
+// (the Event then names the object by kind, namespace and name).
+func subjectOf[T opkit.Object](obj T, key opkit.Key) T {
+	if isNil(obj) {
+		return typed.Tombstone[T](key, "", "")
+	}
+	return obj
+}
+
 func (c *Controller[T]) record(ctx context.Context, obj T, reason string, err error, log *slog.Logger) {
 	if c.rec == nil || isNil(obj) {
 		return

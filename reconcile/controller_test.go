@@ -290,13 +290,7 @@ func TestControllerRecordsATriggerWhoseFirstReadFails(t *testing.T) {
 		if len(calls) != 2 || last.req.Source != opkit.Operator || last.retries != 1 {
 			t.Fatalf("%d calls, last %+v; want the trigger reconciled on its retry", len(calls), last.req)
 		}
-		var triggered int
-		for _, ev := range e.events(t) {
-			if ev.Reason == "Triggered" {
-				triggered++
-			}
-		}
-		if triggered != 1 {
+		if triggered := countEvents(t, e, "Triggered"); triggered != 1 {
 			t.Fatalf("%d Triggered Events, want 1", triggered)
 		}
 	})

@@ -71,7 +71,10 @@ import (
 //	no object  Deleted with a UID; any       MergePrecede: the delete may be another
 //	(a         Deleted when the pending one  object's; neither replaces the other, and
 //	requeue,   is a re-add                   the one due first goes first
-//	or a
+//	the retry
+//	of a
+//	failed
+//	read, or a
 //	trigger
 //	of only
 //	the name)
@@ -235,7 +238,7 @@ func MergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T
 			return queue.MergePrecede
 		case watchEvent && pending.Source == opkit.Operator: // after a Deleted trigger, whose UID may be unknown
 			return queue.MergeSequence
-		case readd(incoming) && iu == "": // a requeue carries no object
+		case readd(incoming) && iu == "": // a requeue, or the retry of a failed read, carries no object
 			return queue.MergeSequence
 		case iu == "" && pu != "":
 			// A trigger that does not say which object it is for (no UID)
@@ -262,6 +265,13 @@ func MergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T
 			pending.Source, pending.Reason, pending.Watched = opkit.Operator, incoming.Reason, true
 			pending.Retried, pending.Requeued = incoming.Retried, incoming.Requeued
 			return queue.MergeKeep
+		}
+		if incoming.Source == opkit.Operator && !readd(incoming) && pending.Source == opkit.Operator && readd(*pending) {
+			// A new teardown while the last one waits for its retry or
+			// requeue: the entry runs as the new request (its reason, a
+			// first run, recorded as such), carrying whatever delete it
+			// holds.
+			pending.Reason, pending.Retried, pending.Requeued = incoming.Reason, false, false
 		}
 		if incoming.Source == opkit.APIServer && pending.Source == opkit.APIServer && !readd(incoming) &&
 			pending.FinalStateUnknown && !incoming.FinalStateUnknown {

@@ -44,7 +44,8 @@ type simAdd struct {
 // simRec is a hand-out: what the reconcile saw.
 type simRec struct {
 	seq    int
-	failed bool // the reconcile failed (it is retried)
+	failed bool   // the reconcile failed (it is retried)
+	record string // the trigger reason RecordTriggerEvents records, "" none
 	typ    opkit.Type
 	seen   string // UID of the object reconciled ("" none/skip)
 	rv     string
@@ -136,6 +137,9 @@ type simTracker struct {
 //   - (c) at most maxSimParked entries are ever parked for the key (two
 //     more with three or four objects of the name: multi);
 //   - (d) after the drain the watcher's tracker holds no delete unsettled;
+//   - (f) no trigger is recorded twice (RecordTriggerEvents), and (g)
+//     every Deleted trigger accepted in the last term is recorded, or a
+//     later trigger is (one that took it over);
 //   - (e) every Deleted trigger accepted in the last term is followed by a
 //     Deleted reconcile of its object (its own, or a watch delete it merged
 //     with); the end of a term clears the queue, and the next term's list
@@ -308,6 +312,9 @@ func runHistory(ops []byte, multi, verbose bool) (fail string) {
 			seen = ev.Object
 		}
 		r := simRec{seq: seq, typ: ev.Type, skip: skip, desc: dEv(ev)}
+		if ev.Source == opkit.Operator && !ev.Requeued && !ev.Retried && ev.Object != nil {
+			r.record = ev.Reason // as the controller records a trigger
+		}
 		if !skip {
 			r.seen = uidS(seen)
 			if seen != nil {
@@ -316,7 +323,7 @@ func runHistory(ops []byte, multi, verbose bool) (fail string) {
 		}
 		recs = append(recs, r)
 		recIdx = len(recs) - 1
-		logf("#%d GET %s retries=%d prio=%d seen=%s@%s skip=%v refetched=%v", seq, dEv(ev), it.Retries, it.Priority, r.seen, r.rv, skip, refetched)
+		logf("#%d GET rec=%q %s retries=%d prio=%d seen=%s@%s skip=%v refetched=%v", seq, r.record, dEv(ev), it.Retries, it.Priority, r.seen, r.rv, skip, refetched)
 		return true
 	}
 	backoff := func(r int) time.Duration {
@@ -333,10 +340,12 @@ func runHistory(ops []byte, multi, verbose bool) (fail string) {
 			return
 		}
 		if refetched && outcome%8 == 7 {
-			// The re-fetch failed: retried with the carried object.
+			// The re-fetch failed: retried without an object, reading the
+			// name again.
 			recs[recIdx].skip, recs[recIdx].seen = true, ""
 			ev.Fetched = false
 			ev.Retried = true
+			ev.Object = nil
 			r := it.Retries + 1
 			add(ev, queue.AddOptions{Delay: backoff(r), Retries: r, Priority: it.Priority}, "refetch-failed-retry")
 			q.Done(k)
@@ -458,7 +467,7 @@ func runHistory(ops []byte, multi, verbose bool) (fail string) {
 			case 2:
 				obj = simObj("", 0)
 			}
-			e := cmEv{Object: obj, Type: opkit.Modified, Source: opkit.Operator, Reason: "r", Fetched: arg%3 == 0}
+			e := cmEv{Object: obj, Type: opkit.Modified, Source: opkit.Operator, Reason: fmt.Sprintf("t%d", seq+1), Fetched: arg%3 == 0}
 			if arg&64 != 0 {
 				e.Type = opkit.Added
 			}
@@ -599,6 +608,30 @@ func runHistory(ops []byte, multi, verbose bool) (fail string) {
 			return dump("(d) unsettled at the end:" + s)
 		}
 	}
+	seenRec := map[string]bool{}
+	for _, r := range recs {
+		if r.record == "" {
+			continue
+		}
+		if seenRec[r.record] {
+			return dump(fmt.Sprintf("(f) trigger %s recorded twice", r.record))
+		}
+		seenRec[r.record] = true
+	}
+	for _, a := range adds {
+		if !a.accepted || a.ev.Source != opkit.Operator || a.ev.Type != opkit.Deleted || readdEv(a.ev) || a.term != tr.run {
+			continue
+		}
+		ok := false
+		for _, r := range recs {
+			if r.seq > a.seq && r.record != "" {
+				ok = true
+			}
+		}
+		if !ok {
+			return dump(fmt.Sprintf("(g) Deleted trigger #%d %s never recorded, nor any later trigger", a.seq, dEv(a.ev)))
+		}
+	}
 	return ""
 }
 
@@ -680,3 +713,6 @@ func btoi(b bool) int {
 	}
 	return 0
 }
+
+// readdEv reports whether e is a re-add.
+func readdEv(e cmEv) bool { return e.Retried || e.Requeued }

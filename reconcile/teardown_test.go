@@ -260,3 +260,82 @@ func TestAStaleTriggerWhoseReadFailsStillReachesTheObject(t *testing.T) {
 		t.Fatalf("no reconcile of the object that exists after the stale trigger; reconciles:%s", describeCalls(rec.snapshot()[n:]))
 	})
 }
+
+// A second teardown that arrives while the first one's retry or requeue
+// waits runs as the new request and is recorded: one Triggered Event per
+// accepted trigger.
+func TestASecondTeardownIntoARetriedOneIsRecorded(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		outcome func() (reconcile.Result, error)
+	}{
+		{"retry", func() (reconcile.Result, error) { return reconcile.Done(), errors.New("fails once") }},
+		{"requeue", func() (reconcile.Result, error) { return reconcile.RequeueAfter(time.Hour), nil }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				runs := 0
+				rec := &recorder{do: func(_ context.Context, _ int, req reconcile.Request[*Widget]) (reconcile.Result, error) {
+					if req.Type == opkit.Deleted && req.Source == opkit.Operator {
+						if runs++; runs == 1 {
+							return tc.outcome()
+						}
+					}
+					return reconcile.Done(), nil
+				}}
+				e := start(t, rec, func(c *reconcile.Config[*Widget]) {
+					c.RecordTriggerEvents = true
+					c.Backoff = queue.Backoff{Base: time.Hour, Cap: time.Hour, Jitter: -1}
+				}, widget("a"))
+				synctest.Wait()
+				for i, reason := range []string{"first", "second"} {
+					req := trigger.Request[*Widget]{Object: widget("a"), Type: opkit.Deleted, Source: opkit.Operator, Reason: reason}
+					if o, err := e.ctrl.Trigger().Submit(context.Background(), req); err != nil || !o.Accepted() {
+						t.Fatalf("Submit = %v, %v", o, err)
+					}
+					if i == 0 {
+						time.Sleep(time.Minute)
+						synctest.Wait() // the first ran; its re-add waits an hour
+					}
+				}
+				time.Sleep(2 * time.Hour)
+				synctest.Wait()
+				if notes := triggeredNotes(t, e); len(notes) != 2 {
+					t.Errorf("Triggered Events %q, want one per accepted trigger; reconciles %q", notes, summarize(rec.snapshot()[1:]))
+				}
+			})
+		})
+	}
+}
+
+// Giving up after reads that keep failing records the Warning Event on the
+// object the request came with, although its retries carried none.
+func TestGivingUpAfterFailedReadsRecordsAnEvent(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &recorder{}
+		e := start(t, rec, func(c *reconcile.Config[*Widget]) { c.MaxRetries = 2 }, widget("a"))
+		synctest.Wait()
+		failGets(e, 100, apierrors.NewInternalError(errors.New("etcd leader changed")))
+		e.ctrl.Trigger().Enqueue(context.Background(), widget("a"), opkit.Modified, opkit.Operator, 0, 0)
+		time.Sleep(time.Hour)
+		synctest.Wait()
+		if e.metrics.get(reconcile.OutcomeGaveUp) != 1 {
+			t.Fatalf("outcomes %v, want one given up", e.metrics.outcomes)
+		}
+		if failed := countEvents(t, e, "ReconcileFailed"); failed != 1 {
+			t.Errorf("%d ReconcileFailed Events after giving up, want 1", failed)
+		}
+	})
+}
+
+// countEvents counts the Events recorded with reason.
+func countEvents(t *testing.T, e *env, reason string) int {
+	t.Helper()
+	n := 0
+	for _, ev := range e.events(t) {
+		if ev.Reason == reason {
+			n++
+		}
+	}
+	return n
+}
