@@ -88,8 +88,10 @@ type Config[T opkit.Object] struct {
 	// is reconciled at its own due time (at once, unless it was delayed),
 	// not the retry's, and starts again from retry 0 (a pending
 	// delete keeps its own entry and count: see MergeEvents; the delay keeps
-	// growing: see Backoff). An object that keeps changing while its
-	// reconcile keeps failing is therefore never given up on, but is
+	// growing: see Backoff; a new Deleted trigger merged into a teardown
+	// waiting for its retry runs with that count). An object that keeps
+	// changing while its reconcile keeps failing is therefore never given
+	// up on, but is
 	// reconciled about once per change once the delay outgrows the time
 	// between changes. A failing reconcile that itself writes a changing
 	// status makes its own events and loops at the speed of the API
@@ -683,6 +685,11 @@ func (c *Controller[T]) afterReconcile(ctx context.Context, item queue.Item[opki
 	// The object's failure streak ends with any outcome but a retry (and
 	// an interruption, which the end of the term deals with).
 	uid := types.UID(uidOf(req.Object))
+	if readAgain {
+		// The object it came with may be an earlier one of the name: the
+		// failure counts for the key's streak, whatever object it has.
+		uid = ""
+	}
 	switch {
 	case err == nil && !requeue:
 		c.fails.forget(item.Key, uid)
@@ -748,8 +755,6 @@ func (c *Controller[T]) add(key opkit.Key, ev opkit.Event[T], opts queue.AddOpti
 	}
 }
 
-// record writes a Warning Event about a failure on obj; the recorder's own
-// timeout bounds it even when ctx has ended.
 // subjectOf is what a failure Event is about: the request's object, or,
 // when its read kept failing and it carries none, a reference to the key
 // (the Event then names the object by kind, namespace and name).
@@ -760,6 +765,8 @@ func subjectOf[T opkit.Object](obj T, key opkit.Key) T {
 	return obj
 }
 
+// record writes a Warning Event about a failure on obj; the recorder's own
+// timeout bounds it even when ctx has ended.
 func (c *Controller[T]) record(ctx context.Context, obj T, reason string, err error, log *slog.Logger) {
 	if c.rec == nil || isNil(obj) {
 		return

@@ -58,7 +58,11 @@ import (
 //	                                         whichever came first, so that the
 //	                                         object coming back into the watch
 //	                                         does not drop the teardown (the entry
-//	                                         takes the trigger's Retried/Requeued)
+//	                                         takes the trigger's Retried/Requeued).
+//	                                         A new Deleted trigger kept in a re-added
+//	                                         one runs as the new request (its reason,
+//	                                         a first run), with the retry count the
+//	                                         re-added one had reached
 //	other      re-added Deleted of another   MergeSequence: the pending event of the
 //	           UID                           other object stays and the retried delete
 //	                                         follows it, at its own time

@@ -308,8 +308,8 @@ func TestASecondTeardownIntoARetriedOneIsRecorded(t *testing.T) {
 	}
 }
 
-// Giving up after reads that keep failing records the Warning Event on the
-// object the request came with, although its retries carried none.
+// Giving up after reads that keep failing records the Warning Event,
+// although the retries carried no object: it names the key.
 func TestGivingUpAfterFailedReadsRecordsAnEvent(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rec := &recorder{}
@@ -338,4 +338,35 @@ func countEvents(t *testing.T, e *env, reason string) int {
 		}
 	}
 	return n
+}
+
+// A stale trigger (an earlier object's UID) whose read fails does not
+// restart the key's failure streak: the failure counts for the key, and
+// the next reconciles keep the capped delay the streak had reached.
+func TestAFailedReadOfAStaleTriggerKeepsTheStreak(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &recorder{do: func(context.Context, int, reconcile.Request[*Widget]) (reconcile.Result, error) {
+			return reconcile.Done(), errors.New("always fails")
+		}}
+		e := start(t, rec, func(c *reconcile.Config[*Widget]) { c.MaxRetries = -1 }, widget("a"))
+		time.Sleep(10 * time.Minute) // the streak's delay reaches the cap (1m)
+		synctest.Wait()
+		n := len(rec.snapshot())
+		failGets(e, 1, apierrors.NewInternalError(errors.New("etcd leader changed")))
+		stale := widget("a", func(w *Widget) { w.UID = "uid-old" })
+		if o, err := e.ctrl.Trigger().Submit(context.Background(), trigger.Request[*Widget]{Object: stale, Type: opkit.Modified, Source: opkit.Operator}); err != nil || !o.Accepted() {
+			t.Fatalf("Submit: %v %v", o, err)
+		}
+		time.Sleep(10 * time.Minute)
+		synctest.Wait()
+		calls := rec.snapshot()[n:]
+		if len(calls) < 3 {
+			t.Fatalf("%d reconciles after the stale trigger, want several; reconciles:%s", len(calls), describeCalls(calls))
+		}
+		for i := 1; i < 3; i++ {
+			if gap := calls[i].at.Sub(calls[i-1].at); gap != time.Minute {
+				t.Fatalf("reconciles %d and %d after the stale trigger are %v apart, want the capped 1m; reconciles:%s", i-1, i, gap, describeCalls(calls))
+			}
+		}
+	})
 }
