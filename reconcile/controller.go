@@ -685,10 +685,13 @@ func (c *Controller[T]) afterReconcile(ctx context.Context, item queue.Item[opki
 	// The object's failure streak ends with any outcome but a retry (and
 	// an interruption, which the end of the term deals with).
 	uid := types.UID(uidOf(req.Object))
+	subject := req.Object // what a failure Event is about
 	if readAgain {
 		// The object it came with may be an earlier one of the name: the
-		// failure counts for the key's streak, whatever object it has.
-		uid = ""
+		// failure counts for the key's streak, whatever object it has, and
+		// an Event names the key.
+		var none T
+		uid, subject = "", none
 	}
 	switch {
 	case err == nil && !requeue:
@@ -719,13 +722,13 @@ func (c *Controller[T]) afterReconcile(ctx context.Context, item queue.Item[opki
 		settle()
 		c.metrics.Reconciled(OutcomeTerminal, took)
 		log.Error("reconcile failed with a terminal error: not retried", "err", err)
-		c.record(ctx, subjectOf(req.Object, item.Key), "ReconcileTerminalError", err, log)
+		c.record(ctx, subjectOf(subject, item.Key), "ReconcileTerminalError", err, log)
 	case c.cfg.MaxRetries >= 0 && item.Retries >= c.cfg.MaxRetries:
 		c.fails.forget(item.Key, uid)
 		settle()
 		c.metrics.Reconciled(OutcomeGaveUp, took)
 		log.Error("reconcile failed on its last retry: dropped", "err", err, "maxRetries", c.cfg.MaxRetries)
-		c.record(ctx, subjectOf(req.Object, item.Key), "ReconcileFailed", fmt.Errorf("gave up after %d retries: %w", item.Retries, err), log)
+		c.record(ctx, subjectOf(subject, item.Key), "ReconcileFailed", fmt.Errorf("gave up after %d retries: %w", item.Retries, err), log)
 	default:
 		c.metrics.Reconciled(OutcomeRetry, took)
 		retries := item.Retries + 1
@@ -756,8 +759,9 @@ func (c *Controller[T]) add(key opkit.Key, ev opkit.Event[T], opts queue.AddOpti
 }
 
 // subjectOf is what a failure Event is about: the request's object, or,
-// when its read kept failing and it carries none, a reference to the key
-// (the Event then names the object by kind, namespace and name).
+// when its read failed (the object it came with may be an earlier one of
+// the name), a reference to the key: the Event then names the object by
+// kind, namespace and name.
 func subjectOf[T opkit.Object](obj T, key opkit.Key) T {
 	if isNil(obj) {
 		return typed.Tombstone[T](key, "", "")

@@ -43,6 +43,10 @@ import (
 //	           carries no object)
 //	Deleted,   new event, not Deleted,       MergeSequence: it may be for a new object
 //	UID known  without a UID                 of the name; after the delete
+//	Deleted,   Deleted trigger with a UID    MergeSequence: both run, so that the
+//	no UID                                   name-only one (which may hold a trigger
+//	                                         of the object that has the name) is not
+//	                                         turned into a delete of an earlier one
 //	Deleted    same UID (or a UID unknown)   MergeKeep: a delete is never turned into
 //	                                         something else; the watch's own Deleted
 //	                                         carrying the full final state replaces a
@@ -256,6 +260,13 @@ func MergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T
 	// the watch delivered: its watcher holds that one until the reconcile
 	// settles it by UID and resourceVersion.
 	if incoming.Type == opkit.Deleted {
+		if pu == "" && iu != "" && !watchDelete(incoming) {
+			// A Deleted trigger of only the name (which may have taken in
+			// a trigger of the object that has it) and a Deleted trigger
+			// naming a UID, perhaps an earlier object's: both run, so that
+			// neither turns the other into a delete of another object.
+			return queue.MergeSequence
+		}
 		if incoming.Source == opkit.Operator && pending.Source == opkit.APIServer {
 			if readd(incoming) && incoming.Watched && takesDelete(*pending, incoming) {
 				pending.Object, pending.FinalStateUnknown = incoming.Object, incoming.FinalStateUnknown

@@ -3,6 +3,7 @@ package reconcile_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"testing/synctest"
@@ -367,6 +368,47 @@ func TestAFailedReadOfAStaleTriggerKeepsTheStreak(t *testing.T) {
 			if gap := calls[i].at.Sub(calls[i-1].at); gap != time.Minute {
 				t.Fatalf("reconciles %d and %d after the stale trigger are %v apart, want the capped 1m; reconciles:%s", i-1, i, gap, describeCalls(calls))
 			}
+		}
+	})
+}
+
+// A Deleted trigger of only the name (which took in a trigger of the
+// object that has the name, as a trigger merges into a delete that has not
+// run) is not turned into a delete of an earlier object by a stale Deleted
+// trigger naming that object's UID: both run, each with its own.
+func TestANameOnlyTeardownIsNotTurnedIntoAStaleOne(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		rec := &recorder{do: func(_ context.Context, n int, _ reconcile.Request[*Widget]) (reconcile.Result, error) {
+			if n == 0 {
+				<-release
+			}
+			return reconcile.Done(), nil
+		}}
+		e := start(t, rec, nil, widget("a"))
+		synctest.Wait() // the list's reconcile of a is in flight
+		for _, tc := range []struct {
+			w      *Widget
+			typ    opkit.Type
+			reason string
+		}{
+			{widget("a", func(w *Widget) { w.UID = "" }), opkit.Deleted, "by-name"},
+			{widget("a"), opkit.Modified, "current"},
+			{widget("a", func(w *Widget) { w.UID = "uid-old" }), opkit.Deleted, "stale"},
+		} {
+			if o, err := e.ctrl.Trigger().Submit(context.Background(), trigger.Request[*Widget]{Object: tc.w, Type: tc.typ, Source: opkit.Operator, Reason: tc.reason}); err != nil || !o.Accepted() {
+				t.Fatalf("Submit %s: %v %v", tc.reason, o, err)
+			}
+		}
+		close(release)
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		var got []string
+		for _, c := range rec.snapshot()[1:] {
+			got = append(got, fmt.Sprintf("%s %s %q", c.req.Type, c.req.Object.UID, c.req.Reason))
+		}
+		if want := []string{`Deleted  "by-name"`, `Deleted uid-old "stale"`}; !slices.Equal(got, want) {
+			t.Fatalf("reconciles %q, want %q", got, want)
 		}
 	})
 }
