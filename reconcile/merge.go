@@ -44,9 +44,9 @@ import (
 //	Deleted,   new event, not Deleted,       MergeSequence: it may be for a new object
 //	UID known  without a UID                 of the name; after the delete
 //	Deleted,   Deleted trigger with a UID    MergeSequence: both run, so that the
-//	no UID                                   name-only one (which may hold a trigger
-//	                                         of the object that has the name) is not
-//	                                         turned into a delete of an earlier one
+//	no UID,    (not the watch's delete, nor  name-only one (which may hold a trigger
+//	not re-    one that took it: Watched)    of the object that has the name) is not
+//	added                                    turned into a delete of an earlier one
 //	Deleted    same UID (or a UID unknown)   MergeKeep: a delete is never turned into
 //	                                         something else; the watch's own Deleted
 //	                                         carrying the full final state replaces a
@@ -260,7 +260,7 @@ func MergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T
 	// the watch delivered: its watcher holds that one until the reconcile
 	// settles it by UID and resourceVersion.
 	if incoming.Type == opkit.Deleted {
-		if pu == "" && iu != "" && !watchDelete(incoming) {
+		if pu == "" && iu != "" && !watchDelete(incoming) && !readd(*pending) {
 			// A Deleted trigger of only the name (which may have taken in
 			// a trigger of the object that has it) and a Deleted trigger
 			// naming a UID, perhaps an earlier object's: both run, so that

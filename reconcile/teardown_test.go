@@ -412,3 +412,23 @@ func TestANameOnlyTeardownIsNotTurnedIntoAStaleOne(t *testing.T) {
 		}
 	})
 }
+
+// A name-only teardown that ran and waits for its requeue holds up no new
+// teardown naming a UID: the new one takes the entry over and runs now.
+func TestAWaitingNameOnlyTeardownHoldsUpNoNewTeardown(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		k := opkit.Key{Namespace: "ns", Name: "a"}
+		q := queue.New[opkit.Key](queue.Config[cmEv]{Merge: reconcile.MergeEvents[*corev1.ConfigMap]})
+		q.Add(k, requeued(deletedTrigger("")), queue.AddOptions{Delay: time.Hour})
+		q.Add(k, deletedTrigger("u1"), queue.AddOptions{})
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		it, err := q.Get(ctx)
+		if err != nil {
+			t.Fatalf("the new teardown was not handed out within a minute: %v (parked %d)", err, q.Stats().Parked)
+		}
+		if it.Value.Type != opkit.Deleted || it.Value.Object.UID != "u1" {
+			t.Fatalf("handed out %s, want the teardown of u1", describeEvent(it.Value))
+		}
+	})
+}
