@@ -268,18 +268,15 @@ func MergeEvents[T opkit.Object](pending *opkit.Event[T], incoming opkit.Event[T
 			return queue.MergeSequence
 		}
 		if incoming.Source == opkit.Operator && pending.Source == opkit.APIServer {
-			if readd(incoming) && incoming.Watched && takesDelete(*pending, incoming) {
-				pending.Object, pending.FinalStateUnknown = incoming.Object, incoming.FinalStateUnknown
-			}
 			// A teardown asked for while the watch's delete of its object
-			// waits: one entry for both, the trigger's (who asked and why)
-			// carrying the watch's delete (Watched), so that the object
-			// coming back into the watch does not drop the teardown.
-			// The entry is the trigger's, first run or re-add alike (so that
-			// it is recorded as a trigger once: see Config.RecordTriggerEvents).
-			pending.Source, pending.Reason, pending.Watched = opkit.Operator, incoming.Reason, true
-			pending.Retried, pending.Requeued = incoming.Retried, incoming.Requeued
-			return queue.MergeKeep
+			// waits: it keeps an entry of its own, so that the object
+			// coming back into the watch (which replaces the watch's
+			// delete) does not drop it, and it is recorded as the trigger
+			// it is. It goes in front of the delete only while that waits
+			// longer; the queue merges it into a teardown held before, so
+			// that repeated teardowns and watch events do not grow the
+			// chain.
+			return queue.MergePrecede
 		}
 		if incoming.Source == opkit.Operator && !readd(incoming) && pending.Source == opkit.Operator && readd(*pending) {
 			// A new teardown while the last one waits for its retry or
