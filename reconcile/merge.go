@@ -47,6 +47,12 @@ import (
 //	no UID,    (not the watch's delete, nor  name-only one (which may hold a trigger
 //	not re-    one that took it: Watched)    of the object that has the name) is not
 //	added                                    turned into a delete of an earlier one
+//	watch      new Deleted trigger, or a     MergePrecede: the teardown keeps an entry
+//	Deleted    re-added one                  of its own (the object coming back into
+//	                                         the watch replaces the watch's delete,
+//	                                         not it): it merges into a teardown held
+//	                                         before, or goes behind the delete (in
+//	                                         front while the delete waits longer)
 //	Deleted    same UID (or a UID unknown)   MergeKeep: a delete is never turned into
 //	                                         something else; the watch's own Deleted
 //	                                         carrying the full final state replaces a
@@ -55,14 +61,9 @@ import (
 //	                                         delete the watch delivered, which its
 //	                                         watcher holds until the reconcile settles
 //	                                         it by UID and resourceVersion (see
-//	                                         takesDelete); a Deleted trigger and the
-//	                                         watch's delete make one entry, the
-//	                                         trigger's (source, reason) carrying
-//	                                         the watch's delete (marked Watched),
-//	                                         whichever came first, so that the
-//	                                         object coming back into the watch
-//	                                         does not drop the teardown (the entry
-//	                                         takes the trigger's Retried/Requeued).
+//	                                         takesDelete); a waiting Deleted trigger
+//	                                         takes the watch's delete and keeps its
+//	                                         source and reason (marked Watched).
 //	                                         A new Deleted trigger kept in a re-added
 //	                                         one runs as the new request (its reason,
 //	                                         a first run), with the retry count the

@@ -118,8 +118,9 @@
 // object whose delete has not run yet (pending, or parked behind the
 // running reconcile) merges into that delete, and the trigger's source,
 // reason and type give way to the delete's, except that a Deleted trigger
-// and the watch's delete make one entry that keeps the trigger's source
-// and reason; a trigger does not wait for a delete's retry or requeue due
+// keeps its own (it takes in the watch's delete if it was waiting first,
+// and keeps an entry of its own if the delete was); a trigger does not
+// wait for a delete's retry or requeue due
 // later than itself: it runs in front of it (see reconcile.MergeEvents).
 // A Deleted trigger (a teardown) is not dropped when its object leaves the
 // watch's label selector and comes back.
