@@ -49,8 +49,8 @@ import (
 //	added                                    turned into a delete of an earlier one
 //	watch      new Deleted trigger, or a     MergePrecede: the teardown keeps an entry
 //	Deleted    re-added one                  of its own (the object coming back into
-//	                                         the watch replaces the watch's delete,
-//	                                         not it): it merges into a teardown held
+//	(re-added                                the watch replaces the watch's delete,
+//	too)                                     not it): it merges into a teardown held
 //	                                         before, or goes behind the delete (in
 //	                                         front while the delete waits longer)
 //	Deleted    same UID (or a UID unknown)   MergeKeep: a delete is never turned into
@@ -145,6 +145,8 @@ import (
 // flight) merges into the delete, which stays (MergeKeep): the trigger
 // gets no reconcile of its own, even when the delete was a Deleted
 // trigger of an object that still exists (deleting, with finalizers).
+// A Deleted trigger is the exception when the waiting delete is the
+// watch's: it keeps an entry of its own (see the table).
 // Sequencing it behind the delete instead would make it wait out the
 // delete's reconcile, backoff or requeue. A delete that ran and waits for
 // its retry or requeue holds up nothing: triggers, changes and events of

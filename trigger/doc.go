@@ -117,9 +117,11 @@
 // (the retry or requeue of a delete runs after it); a trigger for an
 // object whose delete has not run yet (pending, or parked behind the
 // running reconcile) merges into that delete, and the trigger's source,
-// reason and type give way to the delete's, except that a Deleted trigger
-// keeps its own (it takes in the watch's delete if it was waiting first,
-// and keeps an entry of its own if the delete was); a trigger does not
+// reason and type give way to the delete's (a Deleted trigger merged into
+// another Deleted trigger gives way to it too, unless that one is a
+// re-add), except that a Deleted trigger meeting the watch's delete of
+// its object keeps an entry of its own, and one waiting when the watch's
+// delete arrives takes that delete in; a trigger does not
 // wait for a delete's retry or requeue due
 // later than itself: it runs in front of it (see reconcile.MergeEvents).
 // A Deleted trigger (a teardown) is not dropped when its object leaves the
