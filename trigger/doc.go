@@ -121,9 +121,9 @@
 // another Deleted trigger gives way to it too, unless that one is a
 // re-add), except that a Deleted trigger meeting the watch's delete of
 // its object keeps an entry of its own, and one waiting when the watch's
-// delete arrives takes that delete in; a trigger does not
-// wait for a delete's retry or requeue due
-// later than itself: it runs in front of it (see reconcile.MergeEvents).
+// delete arrives takes that delete in; a trigger does not wait for a
+// delete's retry or requeue due later than itself: it runs in front of it
+// (see reconcile.MergeEvents).
 // A Deleted trigger (a teardown) is not dropped when its object leaves the
 // watch's label selector and comes back.
 // A delay is an upper bound, not a promise of "not before": entries for a
