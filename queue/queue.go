@@ -477,14 +477,7 @@ func (q *Queue[K, V]) mergeInto(t int32, value V, replace bool, delay time.Durat
 		s.val = value
 		s.retries = retries
 	}
-	q.mergeAt(t, s, due, prio, now)
-}
-
-// mergeAt merges due time due and priority prio into held entry t (slot
-// s), moving it between the delay heap and the ready rings as needed. A
-// ready entry keeps its due time; now is the clock if due may be earlier
-// than s.due.
-func (q *Queue[K, V]) mergeAt(t int32, s *slot[K, V], due int64, prio int32, now int64) {
+	// A ready entry keeps its due time.
 	if prio <= s.prio && (due >= s.due || s.state() == stReady) {
 		return // nothing to merge: the common case of a burst of adds
 	}
