@@ -663,9 +663,16 @@ func (c *Controller[T]) afterReconcile(ctx context.Context, item queue.Item[opki
 	if !isNil(req.Object) {
 		ev.Object = req.Object
 	}
+	// The object's failure streak ends with any outcome but a retry (and
+	// an interruption, which the end of the term deals with).
+	uid := types.UID(uidOf(req.Object))
+	subject := req.Object // what a failure Event is about
 	if readAgain {
+		// The object it came with may be an earlier one of the name: the
+		// re-add reads the name again, the failure counts for the key's
+		// streak whatever object it has, and an Event names the key.
 		var none T
-		ev.Object = none
+		ev.Object, uid, subject = none, "", none
 	}
 	ev.Fetched = false // a re-add is read again (no object, or a retry) in any case
 	after, requeue := res.Requeue()
@@ -678,20 +685,9 @@ func (c *Controller[T]) afterReconcile(ctx context.Context, item queue.Item[opki
 		// caller's snapshot, and settling by it could drop a tombstone
 		// whose own entry the end of a term then clears (a trigger that
 		// took the watch's delete is marked Watched: MergeEvents).
-		if ev.Type == opkit.Deleted && (ev.Source == opkit.APIServer || ev.Watched) && !isNil(ev.Object) {
+		if ev.Type == opkit.Deleted && watchDelete(ev) && !isNil(ev.Object) {
 			c.watch.Settle(item.Key, ev.Object.GetUID(), ev.Object.GetResourceVersion())
 		}
-	}
-	// The object's failure streak ends with any outcome but a retry (and
-	// an interruption, which the end of the term deals with).
-	uid := types.UID(uidOf(req.Object))
-	subject := req.Object // what a failure Event is about
-	if readAgain {
-		// The object it came with may be an earlier one of the name: the
-		// failure counts for the key's streak, whatever object it has, and
-		// an Event names the key.
-		var none T
-		uid, subject = "", none
 	}
 	switch {
 	case err == nil && !requeue:
