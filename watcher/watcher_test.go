@@ -217,6 +217,11 @@ func bookmark(rv string, annotations map[string]string) *unstructured.Unstructur
 	return u
 }
 
+// endMarker is the bookmark that ends a WatchList's initial events.
+func endMarker(rv string) *unstructured.Unstructured {
+	return bookmark(rv, map[string]string{metav1.InitialEventsAnnotationKey: "true"})
+}
+
 func TestClosedWatchResumesFromTheLastResourceVersionWithoutRelist(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := newFake(widget("ns", "a", "ua", "1", 1))
@@ -1166,7 +1171,7 @@ func TestWatchListStreamsTheInitialObjectsAndGoesOnWatching(t *testing.T) {
 		if w.Synced() {
 			t.Fatal("synced before the initial-events-end bookmark")
 		}
-		fw.Action(watch.Bookmark, bookmark("5", map[string]string{metav1.InitialEventsAnnotationKey: "true"}))
+		fw.Action(watch.Bookmark, endMarker("5"))
 		synctest.Wait()
 		if !w.Synced() || lists() != 0 {
 			t.Fatalf("Synced=%v lists=%d after the end bookmark, want true and 0", w.Synced(), lists())
@@ -1204,7 +1209,7 @@ func TestWatchListExpiredAfterItsEndBookmarkRelistsOnlyTheDifferences(t *testing
 		fw := ws.last(t)
 		fw.Add(widget("ns", "a", "ua", "1", 1))
 		fw.Add(widget("ns", "b", "ub", "2", 1))
-		fw.Action(watch.Bookmark, bookmark("5", map[string]string{metav1.InitialEventsAnnotationKey: "true"}))
+		fw.Action(watch.Bookmark, endMarker("5"))
 		synctest.Wait()
 		q.take()
 		syncs.take()
@@ -1214,7 +1219,7 @@ func TestWatchListExpiredAfterItsEndBookmarkRelistsOnlyTheDifferences(t *testing
 		fw = ws.last(t)
 		fw.Add(widget("ns", "a", "ua", "1", 1))
 		fw.Add(widget("ns", "b", "ub", "7", 2))
-		fw.Action(watch.Bookmark, bookmark("8", map[string]string{metav1.InitialEventsAnnotationKey: "true"}))
+		fw.Action(watch.Bookmark, endMarker("8"))
 		synctest.Wait()
 		sameRecords(t, "relist", q.take(), []record{{Key: key("b"), Type: opkit.Modified, RV: "7", UID: "ub", Priority: -1}})
 		ev := syncs.take()
@@ -1258,7 +1263,7 @@ func TestWatchListTakesAChangeBeforeTheEndMarker(t *testing.T) {
 		fw := ws.last(t)
 		fw.Add(widget("ns", "a", "ua", "1", 1))
 		fw.Modify(widget("ns", "a", "ua", "3", 2)) // changed after the snapshot
-		fw.Action(watch.Bookmark, bookmark("3", map[string]string{metav1.InitialEventsAnnotationKey: "true"}))
+		fw.Action(watch.Bookmark, endMarker("3"))
 		synctest.Wait()
 		if !w.Synced() || lists() != 0 || fw.IsStopped() {
 			t.Fatalf("Synced=%v lists=%d stream stopped=%v; want the stream kept (no paged list)", w.Synced(), lists(), fw.IsStopped())
@@ -1475,7 +1480,7 @@ func TestWatchListDeleteBeforeTheEndMarkerIsEmittedOnce(t *testing.T) {
 				if recreate {
 					fw.Add(widget("ns", "a", "ua2", "3", 1))
 				}
-				fw.Action(watch.Bookmark, bookmark("3", map[string]string{metav1.InitialEventsAnnotationKey: "true"}))
+				fw.Action(watch.Bookmark, endMarker("3"))
 				synctest.Wait()
 				deletesOfUA := func(recs []record) (n int) {
 					for _, r := range recs {
@@ -1492,7 +1497,7 @@ func TestWatchListDeleteBeforeTheEndMarkerIsEmittedOnce(t *testing.T) {
 				stop = start(t, w) // the next Run (the next term): not settled, so emitted again
 				defer stop()
 				synctest.Wait()
-				ws.last(t).Action(watch.Bookmark, bookmark("4", map[string]string{metav1.InitialEventsAnnotationKey: "true"}))
+				ws.last(t).Action(watch.Bookmark, endMarker("4"))
 				synctest.Wait()
 				if recs := q.take(); deletesOfUA(recs) != 1 {
 					t.Errorf("the next Run emitted ua's unsettled delete %d times, want 1: %v", deletesOfUA(recs), recs)
@@ -1512,7 +1517,7 @@ func TestWatchListCountsADeleteBeforeTheEndMarker(t *testing.T) {
 		fw.Add(widget("ns", "a", "ua", "1", 1))
 		fw.Add(widget("ns", "b", "ub", "2", 1))
 		fw.Delete(widget("ns", "b", "ub", "3", 1)) // deleted after the snapshot
-		fw.Action(watch.Bookmark, bookmark("3", map[string]string{metav1.InitialEventsAnnotationKey: "true"}))
+		fw.Action(watch.Bookmark, endMarker("3"))
 		synctest.Wait()
 		if recs := q.take(); len(recs) != 3 || recs[2].Type != opkit.Deleted {
 			t.Fatalf("entries = %v, want a, b and b's delete", recs)
@@ -1534,7 +1539,7 @@ func TestWatchListEndMarkerKeepsTheWatchAlive(t *testing.T) {
 		fw := ws.last(t)
 		fw.Add(widget("ns", "a", "ua", "1", 1))
 		time.Sleep(watcher.DefaultIdleTimeout - time.Minute) // a server that sends the marker late
-		fw.Action(watch.Bookmark, bookmark("3", map[string]string{metav1.InitialEventsAnnotationKey: "true"}))
+		fw.Action(watch.Bookmark, endMarker("3"))
 		synctest.Wait()
 		if !w.Synced() {
 			t.Fatal("not synced after the end marker")
