@@ -50,41 +50,14 @@ func (o Outcome) String() string {
 }
 
 // AddOptions are the per-add scheduling parameters. The zero value means
-// "now, priority 0, first attempt".
+// "now, priority 0".
 type AddOptions struct {
 	// Delay before the entry is due; zero or negative means due now.
 	Delay time.Duration
 	// Priority: among due entries, higher is served first. It is clamped
 	// to the int32 range.
 	Priority int
-	// Retries is the retry count that travels with the entry (clamped to
-	// the int32 range); see [Backoff] for turning it into a Delay.
-	Retries int
 }
-
-// Merge says how an add combines with the payload already held for its key.
-type Merge uint8
-
-const (
-	// MergeReplace: the incoming payload replaces the held one (newest wins).
-	MergeReplace Merge = iota
-	// MergeKeep: the held payload stays, as the merge function left it
-	// (e.g. a pending delete is never turned into something else); due
-	// time and priority still merge.
-	MergeKeep
-	// MergeSequence: both are delivered, the held one first; the incoming
-	// one is handed out only after the held one is Done.
-	MergeSequence
-	// MergePrecede: both are delivered, the incoming one first; the held
-	// one waits behind it, keeping its own due time, priority and retry
-	// count. The queue then asks about the entry held before it, if any
-	// (see [Config.Merge]). It is for a held entry that waits (a retry's
-	// backoff, say) and that the incoming one must not wait for. An add
-	// never goes in front of a held entry due no later than itself (it goes
-	// right behind it instead): a held entry is never held back past its
-	// due time, however many adds keep coming.
-	MergePrecede
-)
 
 // Adder is the intake side of the queue: what producers (the watcher, the
 // triggers, the workers' retries) need. Add never blocks.
@@ -112,13 +85,11 @@ type Getter[K comparable, V any] interface {
 type Item[K comparable, V any] struct {
 	// Key is the entry's key; pass it to Done.
 	Key K
-	// Value is the payload of the add that was merged last (see the
-	// package documentation for the merge rules).
+	// Value is the join of the payloads of every add merged into the
+	// entry (see [Config.Merge]).
 	Value V
 	// Priority is the highest priority merged into the entry.
 	Priority int
-	// Retries is the retry count of the payload's add.
-	Retries int
 	// Enqueued is when the entry (the earliest add merged into it) was
 	// accepted; Due is when it became due. Both come from the queue's clock,
 	// and both are the zero time unless the queue was created with

@@ -5,10 +5,13 @@ import (
 	"time"
 )
 
-// Backoff computes retry delays: exponential in the retry count, capped,
-// with jitter. The zero value is valid: each zero field takes its default
-// ([DefaultBackoffBase], [DefaultBackoffCap], [DefaultBackoffJitter]). Backoff holds no per-key state: the retry count
-// travels with the entry (AddOptions.Retries, Item.Retries).
+// Backoff computes retry delays: exponential in the number of consecutive
+// failures, capped, with jitter. It is opkit's one backoff helper: the
+// controller's retries, the watcher's reconnects, the consumer's
+// redeliveries and the leader elector's polls all use it. The zero value
+// is valid: each zero field takes its default ([DefaultBackoffBase],
+// [DefaultBackoffCap], [DefaultBackoffJitter]). Backoff holds no state:
+// callers count the failures.
 type Backoff struct {
 	// Base is the delay of the first retry. Zero means DefaultBackoffBase.
 	Base time.Duration

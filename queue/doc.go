@@ -5,29 +5,21 @@
 // Done); the queue itself owns no goroutine, not even a timer loop.
 //
 // A [Queue] is generic over its key K (opkit.Key in practice) and its
-// payload V (an opkit.Event). Create one with [New]; the zero [Config] is
-// valid. Producers see it as an [Adder], the leader elector as a [Gate],
+// payload V (an opkit.Cause: why the key is queued). Create one with
+// [New]; the zero [Config] is valid. Producers see it as an [Adder], the leader elector as a [Gate],
 // workers as a [Getter].
 //
 // # Guarantees
 //
-//   - Keyed and deduplicated. At most one pending entry per key. An add
-//     for a key that is pending merges into its entry: the earliest due
-//     time wins, the highest priority wins, the earliest add time is kept
-//     as Enqueued, and [Config.Merge] decides the payload: MergeReplace (the
-//     default: the newest payload and its retry count win), MergeKeep (the
-//     held payload, as the merge function may have updated it in place, and
-//     its retry count stay, e.g. a pending Deleted is never turned into
-//     something else), MergeSequence (both are delivered, the
-//     held one first, e.g. a recreated object with another UID after the
-//     delete of the old one) or MergePrecede (both are delivered, the
-//     incoming one first, e.g. a recreated object's event in front of the
-//     old object's delete waiting for a retry; never in front of an entry
-//     due no later than the add). An add returns Queued for a key the
-//     queue held nothing for, Merged otherwise.
+//   - Keyed, deduplicated, order-free. A key holds at most one pending
+//     entry. An add for a pending key merges into it as a join: the
+//     earliest due time, the highest priority, the earliest add time (as
+//     Enqueued), and the payloads joined by [Config.Merge]. The same adds
+//     in any order give the same entry. An add returns Queued for a key
+//     the queue held nothing for, Merged otherwise.
 //   - Exclusive while in flight. A key handed out by Get is not handed out
-//     again until Done(key). Adds for it meanwhile are parked, merged among
-//     themselves by the same rules, and become pending at Done.
+//     again until Done(key). Adds for it meanwhile are merged into one
+//     parked entry, which becomes pending at Done.
 //   - Delay. An entry is never handed out before it is due. There is no
 //     polling tick: while Gets are blocked and an entry is delayed, one of
 //     those Gets waits on a timer armed for the earliest due time and takes
@@ -39,9 +31,9 @@
 //     the next Add or Get puts it in place before anything else), a parked
 //     entry when Done makes it pending, a due entry whose priority an add
 //     raised when it was raised. Entries that fall due together go in due
-//     order. A high-priority
-//     add is returned by the next Get whatever the backlog; finding it
-//     costs O(number of distinct priorities), not O(backlog).
+//     order. A high-priority add is returned by the next Get whatever the
+//     backlog; finding it costs O(number of distinct priorities), not
+//     O(backlog).
 //   - Reserved lanes. [Queue.GetAtLeast] is a Get that takes only entries
 //     at or above a priority, with Get's guarantees. A consumer that calls
 //     only it (e.g. a worker kept for external triggers) is never busy with
@@ -62,13 +54,12 @@
 //     [ErrShutDown] without blocking. [Queue.ShutDownWithDrain] also waits,
 //     bounded by its context, until every in-flight entry is Done. No
 //     goroutine of the queue exists, before or after shutdown.
-//   - Retries. The retry count (AddOptions.Retries) travels with the entry
-//     and comes back in Item.Retries; [Backoff] turns it into a delay. The
-//     queue keeps no per-key failure history: what it holds for a key
-//     ends at Done, apart from a bounded cache of finished keys (below).
+//   - No history. What the queue holds for a key ends at Done, apart from
+//     a bounded cache of finished keys (below); retry counts and backoff
+//     are the caller's ([Backoff] computes delays).
 //   - Observability without dependencies. [Metrics] receives adds, merges,
-//     drops by reason, depth by priority, queue latency, work duration and
-//     retries; [Queue.Stats] samples unfinished work and the longest
+//     drops by reason, depth by priority, queue latency and work
+//     duration; [Queue.Stats] samples unfinished work and the longest
 //     running entry. A nil Metrics costs nothing: no call, no clock read.
 //
 // # Costs

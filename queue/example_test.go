@@ -13,7 +13,7 @@ func ExampleNew() {
 	defer q.ShutDown()
 
 	q.Add("default/web", "modified", queue.AddOptions{})
-	q.Add("default/web", "modified again", queue.AddOptions{}) // merged: newest payload wins
+	q.Add("default/web", "modified again", queue.AddOptions{}) // merged into the pending entry
 	q.Add("default/db", "relisted", queue.AddOptions{Priority: -1})
 	q.Add("default/api", "triggered", queue.AddOptions{Priority: 100})
 
@@ -28,7 +28,7 @@ func ExampleNew() {
 	}
 	// Output:
 	// default/api triggered
-	// default/web modified again
+	// default/web modified
 	// default/db relisted
 }
 
@@ -45,29 +45,33 @@ func ExampleBackoff() {
 	// 5 1s
 }
 
-// A worker's loop: every item is Done, and a failure is retried with
-// the retry count carried by the entry.
+// A worker's loop: every item is Done, and a failure is retried after a
+// backoff that grows with the key's consecutive failures, which the caller
+// counts (reconcile's controller keeps them per key).
 func ExampleQueue_Get() {
 	q := queue.New[string, int](queue.Config[int]{})
 	b := queue.Backoff{Base: time.Millisecond, Jitter: -1}
 	q.Add("default/web", 0, queue.AddOptions{})
 
+	failures := map[string]int{}
 	for attempt := 0; attempt < 3; attempt++ {
 		it, err := q.Get(context.Background())
 		if err != nil {
 			return
 		}
-		failed := it.Retries < 2 // pretend the first two reconciles fail
+		failed := attempt < 2 // pretend the first two reconciles fail
 		if failed {
-			next := it.Retries + 1
-			q.Add(it.Key, it.Value, queue.AddOptions{Retries: next, Delay: b.Delay(next)})
+			failures[it.Key]++
+			q.Add(it.Key, it.Value, queue.AddOptions{Delay: b.Delay(failures[it.Key])})
+		} else {
+			delete(failures, it.Key)
 		}
-		fmt.Println(it.Key, "retries", it.Retries, "failed", failed)
+		fmt.Println(it.Key, "failed", failed, "failures", failures[it.Key])
 		q.Done(it.Key)
 	}
 	q.ShutDown()
 	// Output:
-	// default/web retries 0 failed true
-	// default/web retries 1 failed true
-	// default/web retries 2 failed false
+	// default/web failed true failures 1
+	// default/web failed true failures 2
+	// default/web failed false failures 0
 }

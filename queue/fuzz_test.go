@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -12,11 +11,10 @@ import (
 	"github.com/opkit/opkit/queue"
 )
 
-// The model: per key, the entry in flight (if any) and the entries held
-// for it in delivery order. If nothing is in flight, held[0] is the pending
-// entry and the rest are parked successors.
+// The model: per key, the entry in flight (if any) and the entry held for
+// it (at most one: pending if nothing is in flight, else parked).
 type modelEntry struct {
-	val, prio, retries int
+	val, prio int
 	due                time.Time
 	// since is when the entry last joined the pending entries of its
 	// priority (added, made pending by Done, or raised while due), and seq
@@ -62,19 +60,8 @@ func (m *model) cap(now time.Time) time.Time {
 	return now
 }
 
-// fuzzMerge derives the merge mode from the incoming payload so that the
-// model can replay it.
-func fuzzMerge(_ *int, incoming int) queue.Merge {
-	switch {
-	case incoming%11 == 0:
-		return queue.MergePrecede
-	case incoming%7 == 0:
-		return queue.MergeSequence
-	case incoming%5 == 0:
-		return queue.MergeKeep
-	}
-	return queue.MergeReplace
-}
+// fuzzMerge joins payloads that are sets of bits: union, a join.
+func fuzzMerge(held *int, incoming int) { *held |= incoming }
 
 func (m *model) add(k, v int, o queue.AddOptions, now time.Time) queue.Outcome {
 	if m.shutdown {
@@ -92,60 +79,27 @@ func (m *model) add(k, v int, o queue.AddOptions, now time.Time) queue.Outcome {
 	if o.Delay > 0 {
 		due = now.Add(o.Delay)
 	}
-	e := &modelEntry{val: v, prio: o.Priority, retries: o.Retries, due: due}
-	if mk.inflight == nil && len(mk.held) == 0 {
+	e := &modelEntry{val: v, prio: o.Priority, due: due}
+	switch {
+	case mk.inflight == nil && len(mk.held) == 0:
 		mk.held = append(mk.held, e)
 		m.pend(e, now)
 		return queue.Queued
-	}
-	if len(mk.held) == 0 {
+	case len(mk.held) == 0:
 		mk.held = append(mk.held, e) // parked behind the entry in flight
 		return queue.Merged
 	}
-	// The merge function is asked about the last held entry, then, while
-	// it answers MergePrecede, about each one before it. An add that would
-	// go in front of an entry due no later than itself goes right behind
-	// the last such entry instead.
-	i := len(mk.held) - 1
-	mode := fuzzMerge(&mk.held[i].val, v)
-	lastDue := -1
-	for mode == queue.MergePrecede {
-		if lastDue < 0 && !mk.held[i].due.After(due) {
-			lastDue = i
-		}
-		if i == 0 {
-			break
-		}
-		i--
-		mode = fuzzMerge(&mk.held[i].val, v)
-	}
-	if lastDue >= 0 && (mode == queue.MergePrecede || mode == queue.MergeSequence) {
-		i, mode = lastDue, queue.MergeSequence
-	}
-	switch mode {
-	case queue.MergePrecede: // in front of every held entry
-		mk.held = slices.Insert(mk.held, 0, e)
-		if mk.inflight == nil {
-			m.pend(e, now) // the old pending entry is parked behind it
-		}
-		return queue.Merged
-	case queue.MergeSequence:
-		mk.held = slices.Insert(mk.held, i+1, e)
-		return queue.Merged
-	}
-	m.mergeInto(mk, i, e, mode == queue.MergeReplace, now)
+	m.mergeInto(mk, e, now)
 	return queue.Merged
 }
 
-// mergeInto merges e (an add) into held entry i of mk: e's value and retry count if replace, the
-// earliest due time (a due pending entry keeps its own) and the highest
-// priority.
-func (m *model) mergeInto(mk *modelKey, i int, e *modelEntry, replace bool, now time.Time) {
-	t := mk.held[i]
-	if replace {
-		t.val, t.retries = e.val, e.retries
-	}
-	pending := mk.inflight == nil && i == 0
+// mergeInto merges e (an add) into the entry held for mk: the union of the
+// payloads, the earliest due time (a due pending entry keeps its own) and
+// the highest priority.
+func (m *model) mergeInto(mk *modelKey, e *modelEntry, now time.Time) {
+	t := mk.held[0]
+	t.val |= e.val
+	pending := mk.inflight == nil
 	wasDue := !t.due.After(now)
 	if !(pending && wasDue) && e.due.Before(t.due) {
 		t.due = e.due
@@ -201,7 +155,7 @@ func (m *model) checkGetAtLeast(it queue.Item[int, int], ok bool, now time.Time,
 		return fmt.Errorf("Get returned %+v before its due time %v (now %v)", it, e.due, now)
 	case it.Priority < best:
 		return fmt.Errorf("Get returned priority %d while %d is due", it.Priority, best)
-	case it.Value != e.val || it.Priority != e.prio || it.Retries != e.retries:
+	case it.Value != e.val || it.Priority != e.prio:
 		return fmt.Errorf("Get returned %+v, model expects %+v", it, *e)
 	case m.stamps && !it.Due.Equal(e.due):
 		return fmt.Errorf("Get returned due %v, model expects %v", it.Due, e.due)
@@ -250,7 +204,7 @@ func (m *model) checkFirstCome(key int, e *modelEntry, now time.Time) error {
 // never two holders of a key, nothing handed out before due (nor, after
 // shutdown, anything that was not due at it), priority order among due
 // entries and first come first served within a priority, merged
-// payload/priority/due/retries as specified, drops only while suspended or
+// payload/priority/due as specified, drops only while suspended or
 // shut down, Clear and Len counts. At the end every accepted group of adds
 // is handed out exactly once. Blocking Gets and their wake-ups are left to
 // the unit tests: every Get here has a cancelled context.
@@ -261,7 +215,7 @@ func FuzzQueueAgainstModel(f *testing.F) {
 	f.Add([]byte{1, 1, 0, 3, 0, 0, 1, 1, 3, 2, 1, 8, 5, 1, 0, 3, 0, 0, 10, 0, 0, 3, 0, 0})
 	f.Add([]byte{0, 1, 8, 0, 2, 0, 4, 0, 3, 4, 0, 3, 3, 0, 0, 5, 1, 0, 0, 1, 9, 9, 0, 7, 4, 0, 3})
 	f.Add([]byte{0, 1, 0, 0, 2, 9, 9, 0, 5, 3, 0, 0, 1, 2, 0, 5, 1, 0, 3, 0, 0, 0}) // no timestamps
-	// MergePrecede after a delayed entry of another key fell due unnoticed
+	// an add after a delayed entry of another key fell due unnoticed
 	f.Add([]byte{0, 0, 5, 0, 1, 4, 0, 2, 0, 0, 2, 0, 0, 2, 0, 0, 2, 0, 0, 2, 0, 0, 3, 0, 0, 3, 0, 0, 3, 0, 9, 0, 4, 0, 1, 4, 3, 0, 0})
 	f.Fuzz(func(t *testing.T, ops []byte) {
 		synctest.Test(t, func(t *testing.T) {
@@ -290,7 +244,6 @@ func runModel(t *testing.T, ops []byte) {
 			o := queue.AddOptions{
 				Delay:    time.Duration(arg%4) * 100 * time.Millisecond,
 				Priority: (arg>>2)%3 - 1,
-				Retries:  (arg >> 4) % 3,
 			}
 			if o.Delay > 0 {
 				o.Delay += jitter
@@ -298,7 +251,7 @@ func runModel(t *testing.T, ops []byte) {
 			if op == 2 { // many priorities: more levels than the queue keeps empty ones
 				o.Priority = (arg>>2)%48 - 24
 			}
-			v := next
+			v := 1 << (next % 30) // one bit per add: the union shows every add merged
 			next++
 			want := m.add(k, v, o, now)
 			if got := q.Add(k, v, o); got != want {

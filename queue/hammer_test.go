@@ -18,8 +18,8 @@ import (
 // Each producer owns a range of keys and adds increasing values, some
 // delayed, some with priority; consumers check that no key is ever held
 // twice. After the producers stop, the consumers drain the queue, and for
-// every key the last value added must have been handed out (the newest
-// payload wins, nothing accepted is lost).
+// every key the last value added must have been handed out (payloads merge
+// by max, and nothing accepted is lost).
 //
 // It runs in a synctest bubble so that the delays pass on the fake clock;
 // goroutines still run in parallel.
@@ -36,7 +36,7 @@ func hammer(t *testing.T) {
 		addsPerProd = 4000
 		totalKeys   = producers * keysPer
 	)
-	q := queue.New[int, int](queue.Config[int]{Metrics: nopMetrics{}})
+	q := queue.New[int, int](queue.Config[int]{Merge: maxOf, Metrics: nopMetrics{}})
 	var holders [totalKeys]atomic.Int32
 	var lastSeen [totalKeys]atomic.Int64
 	lastAdded := make([]int, totalKeys) // written by the key's producer only, read after wg.Wait

@@ -23,6 +23,4 @@ type Metrics interface {
 	Waited(priority int, d time.Duration)
 	// Worked observes the time from hand-out by Get to Done.
 	Worked(d time.Duration)
-	// Retried counts an accepted add carrying a retry count > 0.
-	Retried(retries int)
 }

@@ -9,26 +9,18 @@ import (
 )
 
 // Config configures a [Queue]. The zero value is valid and means defaults:
-// newest payload wins on merge, no metrics, no timestamps.
+// the payload of a key's first add stays, no metrics, no timestamps.
 type Config[V any] struct {
-	// Merge decides how an add combines with the payload already held for
-	// its key (pending, or parked behind an in-flight entry): the last
-	// entry held for the key, and, after that one answered MergePrecede,
-	// each held entry before it in turn until one answers otherwise. It
-	// may update *pending in place: the change stays with MergeKeep (the
-	// kept payload can take part of the incoming one: reconcile.MergeEvents
-	// keeps a trigger's source and reason but takes a watch event's newer
-	// object), MergeSequence and MergePrecede (the held entry keeps it),
-	// and is overwritten by MergeReplace. The walk for MergePrecede stops
-	// at an entry in flight, and an add never goes in front of an entry
-	// due no later than itself (see [MergePrecede]); answering
-	// MergePrecede is how a rule lets an add merge into an entry held
-	// before the last one (a repeated request into its twin), so that a
-	// key's chain does not grow with adds that alternate between two
-	// kinds. pending is valid only during the call. nil means
-	// MergeReplace for every add. It is called with the queue's lock held:
-	// it must be quick and must not call the queue.
-	Merge func(pending *V, incoming V) Merge
+	// Merge joins the payload of an add into the payload held for its key
+	// (pending, or parked behind an in-flight entry), in place. It must be
+	// a join: commutative, associative and idempotent, so that the payload
+	// handed out does not depend on the order in which the adds arrived
+	// (earliest, highest, union, or: never "newest"). The queue itself
+	// merges due times (earliest) and priorities (highest) the same way.
+	// nil keeps the held payload: for payloads that carry nothing a
+	// merge could lose (struct{}, say). It is called with the queue's
+	// lock held: it must be quick and must not call the queue.
+	Merge func(held *V, incoming V)
 
 	// Metrics receives the queue's measurements. nil means none, at no cost
 	// on the hot path. Metrics implies Timestamps.
@@ -66,9 +58,8 @@ type slot[K comparable, V any] struct {
 	// due is when the entry is (or was) due, in nanoseconds since the
 	// queue's epoch. While the entry is in flight it holds the hand-out
 	// time instead (only when metrics are on).
-	due     int64
-	prio    int32
-	retries int32
+	due  int64
+	prio int32
 	// meta is the state (low 3 bits) and a generation bumped by every
 	// state change (see setState). Ring elements record the meta of their
 	// insertion; once it changes they are stale. (The generation wraps
@@ -76,7 +67,9 @@ type slot[K comparable, V any] struct {
 	// matched again could only serve a due entry from a lower priority
 	// ring once, never twice: taking an entry changes its state.)
 	meta uint32
-	// next is the entry delivered after this one for the same key (parked).
+	// next is, for an entry in flight, the parked entry that takes its
+	// place at Done (none if no add came meanwhile). A key holds at most
+	// one pending entry, or one in flight and one parked.
 	next int32
 }
 
@@ -102,12 +95,12 @@ const (
 // concurrent use. See the package documentation for its guarantees.
 type Queue[K comparable, V any] struct {
 	mu      sync.Mutex
-	merge   func(pending *V, incoming V) Merge
+	merge   func(held *V, incoming V)
 	metrics Metrics
 	stamps  bool // Config.Timestamps or Metrics: adds read the clock
 	epoch   time.Time
 
-	ix     keyIndex // key -> first entry of its chain
+	ix     keyIndex // key -> its entry (the one in flight, if any)
 	pages  [][]slot[K, V]
 	enqs   [][]int64 // add times, parallel to pages, only with timestamps
 	nslots int32     // slots handed out by alloc so far (free ones included)
@@ -216,11 +209,11 @@ func clamp32(v int) int32 {
 	return int32(v)
 }
 
-// Add stores value for key, due after opts.Delay, with opts.Priority and
-// opts.Retries. It never blocks. If the key already has a pending or
-// parked entry, the add is merged into it (see the package
-// documentation); if the key is in flight, the add is parked until Done.
-// It returns Queued for a new key, Merged for a known one, and
+// Add stores value for key, due after opts.Delay, with opts.Priority. It
+// never blocks. If the key already has a pending entry, the add is merged
+// into it (see the package documentation); if the key is in flight, the
+// add is parked until Done, merged into the add parked before, if any. It
+// returns Queued for a new key, Merged for a known one, and
 // DroppedSuspended or DroppedShutDown when nothing was stored.
 func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 	h := hashOf(q.ix.seed, key) // the seed never changes: hash outside the lock
@@ -254,16 +247,23 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 		q.lastNow = now
 	}
 	prio := clamp32(opts.Priority)
-	retries := clamp32(opts.Retries)
 
 	head, pos := q.find(key, h)
-	known := head != none
-	var hs *slot[K, V] // the head's slot, if known
-	if known {
+	var hs *slot[K, V] // the head's slot, if the key is known
+	if head != none {
 		hs = q.sl(head)
 	}
-	fresh := !known || hs.state() == stIdle
-	if q.nDelayed > 0 && q.touchesReady(fresh, head, opts.Delay, prio) {
+	// at is the held entry the add merges into: the pending one, or the
+	// one parked behind the entry in flight (none: a new entry).
+	at := none
+	switch {
+	case hs == nil || hs.state() == stIdle:
+	case hs.state() == stInFlight:
+		at = hs.next
+	default:
+		at = head
+	}
+	if q.nDelayed > 0 && q.touchesReady(at, hs, opts.Delay, prio) {
 		// Delayed entries that fell due since the last Get join the ready
 		// entries before this add changes them: first come first served
 		// counts from when an entry fell due, not from when a Get noticed.
@@ -275,18 +275,34 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 		}
 	}
 	out := Merged
-	if fresh {
+	switch {
+	case at != none:
+		q.mergeInto(at, value, opts.Delay, prio, now, haveNow)
+	case hs != nil && hs.state() == stInFlight:
+		// The first add while the key is in flight: parked behind it.
+		if !haveNow {
+			now = q.addTime()
+		}
+		i := q.alloc() // slots never move: hs stays valid
+		s := q.sl(i)
+		s.key, s.val, s.due, s.prio, s.next = key, value, dueAt(now, opts.Delay), prio, none
+		if q.stamps {
+			*q.enq(i) = now
+		}
+		s.setState(stParked)
+		q.nParked++
+		hs.next = i
+	default:
 		out = Queued
 		if !haveNow {
 			now = q.addTime()
 		}
-		due := dueAt(now, opts.Delay)
 		var s *slot[K, V]
 		i := head
-		if known {
+		if hs != nil {
 			// A finished key's slot still holds the key (equal to this one:
-			// find compared them) and no chain: rewriting them would only
-			// cost write barriers for a key that holds pointers.
+			// find compared them): rewriting it would only cost write
+			// barriers for a key that holds pointers.
 			q.nIdle--
 			s = hs
 		} else {
@@ -294,162 +310,33 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 			s = q.sl(i)
 			s.key, s.next = key, none
 		}
-		s.val, s.due, s.prio, s.retries = value, due, prio, retries
+		s.val, s.due, s.prio = value, dueAt(now, opts.Delay), prio
 		if q.stamps {
 			*q.enq(i) = now
 		}
 		q.schedule(i, s, now)
-		if !known {
+		if hs == nil {
 			q.insertAt(pos, h, i) // after schedule: a rebuild keeps only slots in use
-		}
-	} else {
-		at := q.tail(head)    // what the add merges into, or goes behind
-		mode := MergeSequence // behind an in-flight entry: park a new one
-		if q.sl(at).state() != stInFlight {
-			mode = MergeReplace
-			if q.merge != nil {
-				mode = q.merge(&q.sl(at).val, value)
-			}
-		}
-		if mode == MergePrecede {
-			// What fell due goes first (see touchesReady), and precede
-			// needs the add's due time: an add never goes in front of an
-			// entry due no later than itself.
-			if !haveNow {
-				now, haveNow = q.clock(), true
-			}
-			if q.nDelayed > 0 && q.promote(now) {
-				q.passOn()
-			}
-			at, mode = q.precede(head, at, value, dueAt(now, opts.Delay))
-		}
-		switch mode {
-		case MergeSequence, MergePrecede:
-			if !haveNow {
-				now = q.addTime()
-			}
-			i := q.alloc()
-			s := q.sl(i)
-			s.key, s.val, s.due, s.prio, s.retries = key, value, dueAt(now, opts.Delay), prio, retries
-			if q.stamps {
-				*q.enq(i) = now
-			}
-			if mode == MergeSequence {
-				// Right behind at, in front of what followed it.
-				as := q.sl(at)
-				s.next, as.next = as.next, i
-				s.setState(stParked)
-				q.nParked++
-			} else {
-				// In front of the whole chain, whose head was pending: the
-				// add is pending now and the old head waits behind it.
-				q.park(head, hs)
-				s.next = head
-				q.setAt(pos, i)
-				q.schedule(i, s, now)
-			}
-		default:
-			q.mergeInto(at, value, mode == MergeReplace, opts.Delay, prio, retries, now, haveNow)
 		}
 	}
 	q.mu.Unlock()
 	if m := q.metrics; m != nil {
 		m.Added(int(prio), out == Merged)
-		if retries > 0 {
-			m.Retried(int(retries))
-		}
 	}
 	return out
 }
 
-// precede finds the place of an add that the merge function put in front
-// of entry t of the chain that starts at head: walking back from t, it asks
-// the merge function about each held entry before t until one answers
-// other than MergePrecede, and returns that entry with the answer (merge
-// into it, or go right behind it). An in-flight entry counts as answering
-// MergeSequence. If every held entry up to the head answers MergePrecede,
-// the add goes in front of the head: (head, MergePrecede). But an add
-// (due at due) is never put in front of an entry due no later than itself:
-// it goes right behind the last such entry instead. MergePrecede is for
-// entries that wait longer than the add; one that went in front of an
-// entry due sooner would hold it back past its due time, and adds that
-// kept coming (a periodic requeue of another entry) would hold it for ever.
-func (q *Queue[K, V]) precede(head, t int32, value V, due int64) (at int32, m Merge) {
-	lastDue := none // the last entry walked over that is due no later than the add
-	for {
-		if lastDue == none && q.sl(t).due <= due {
-			lastDue = t
-		}
-		if t == head {
-			at, m = head, MergePrecede
-			break
-		}
-		p := q.pred(head, t)
-		ps := q.sl(p)
-		if ps.state() == stInFlight {
-			at, m = p, MergeSequence
-			break
-		}
-		if m = q.merge(&ps.val, value); m != MergePrecede {
-			at = p
-			break
-		}
-		t = p
+// touchesReady reports whether an add may put an entry among the ready
+// ones: a new entry (at is none and the key, whose head slot is hs, is
+// not in flight) due now; a merge that raises a ready entry's priority
+// (it moves to the new priority's end), or one into a delayed entry (it
+// may make it due, or raise one already due). A merge into a parked
+// entry, or a park, cannot.
+func (q *Queue[K, V]) touchesReady(at int32, hs *slot[K, V], delay time.Duration, prio int32) bool {
+	if at == none {
+		return delay <= 0 && (hs == nil || hs.state() != stInFlight)
 	}
-	if lastDue != none && (m == MergeSequence || m == MergePrecede) {
-		return lastDue, MergeSequence
-	}
-	return at, m
-}
-
-// pred returns the entry before t in the chain that starts at head (t is
-// not head).
-func (q *Queue[K, V]) pred(head, t int32) int32 {
-	p := head
-	for q.sl(p).next != t {
-		p = q.sl(p).next
-	}
-	return p
-}
-
-// park takes the pending entry i (slot s) out of the ready rings or the
-// delay heap (their elements for it go stale) and makes it parked.
-func (q *Queue[K, V]) park(i int32, s *slot[K, V]) {
-	switch s.state() {
-	case stReady:
-		q.nReady--
-		q.readyStale++
-	case stDelayed:
-		q.nDelayed--
-		q.delayStale++
-	}
-	if m := q.metrics; m != nil {
-		m.Depth(int(s.prio), -1)
-	}
-	s.setState(stParked)
-	q.nParked++
-}
-
-// tail returns the last entry of the chain that starts at head: what an
-// add merges into, or parks behind.
-func (q *Queue[K, V]) tail(head int32) int32 {
-	t := head
-	for q.sl(t).next != none {
-		t = q.sl(t).next
-	}
-	return t
-}
-
-// touchesReady reports whether an add for the key whose chain starts at
-// head may put an entry among the ready ones: a new entry (fresh) due now;
-// a merge that raises a ready entry's priority (it moves to the new
-// priority's end), or one into a delayed entry (it may make it due, or
-// raise one already due). A merge into a parked entry, or a park, cannot.
-func (q *Queue[K, V]) touchesReady(fresh bool, head int32, delay time.Duration, prio int32) bool {
-	if fresh {
-		return delay <= 0
-	}
-	switch s := q.sl(q.tail(head)); s.state() {
+	switch s := q.sl(at); s.state() {
 	case stReady:
 		return prio > s.prio
 	case stDelayed:
@@ -460,8 +347,11 @@ func (q *Queue[K, V]) touchesReady(fresh bool, head int32, delay time.Duration, 
 
 // mergeInto merges an add into the held (pending or parked) entry t.
 // now is the clock if haveNow, else it is read only when the merge needs it.
-func (q *Queue[K, V]) mergeInto(t int32, value V, replace bool, delay time.Duration, prio, retries int32, now int64, haveNow bool) {
+func (q *Queue[K, V]) mergeInto(t int32, value V, delay time.Duration, prio int32, now int64, haveNow bool) {
 	s := q.sl(t)
+	if q.merge != nil {
+		q.merge(&s.val, value)
+	}
 	// The incoming due time is now+delay. It matters only if it may be
 	// earlier than the held one, which an entry already due never is.
 	var due int64
@@ -472,10 +362,6 @@ func (q *Queue[K, V]) mergeInto(t int32, value V, replace bool, delay time.Durat
 		due = dueAt(now, delay)
 	} else {
 		due = s.due
-	}
-	if replace {
-		s.val = value
-		s.retries = retries
 	}
 	// A ready entry keeps its due time.
 	if prio <= s.prio && (due >= s.due || s.state() == stReady) {
@@ -715,7 +601,7 @@ func (q *Queue[K, V]) take(now int64, it *Item[K, V]) {
 				q.readyStale--
 				continue
 			}
-			it.Key, it.Value, it.Priority, it.Retries = s.key, s.val, int(s.prio), int(s.retries)
+			it.Key, it.Value, it.Priority = s.key, s.val, int(s.prio)
 			var enq int64
 			if q.stamps {
 				enq = *q.enq(e.idx)
@@ -979,7 +865,7 @@ func (q *Queue[K, V]) get(ctx context.Context, min int32) (Item[K, V], error) {
 }
 
 // Done marks the in-flight entry of key as finished. If adds for the key
-// were parked meanwhile, the next one becomes pending. Done panics if key
+// were parked meanwhile, their entry becomes pending. Done panics if key
 // is not in flight (a missing or repeated Done is a programming error).
 func (q *Queue[K, V]) Done(key K) {
 	q.mu.Lock()
@@ -1123,27 +1009,23 @@ func (q *Queue[K, V]) Clear() int {
 		if w == 0 {
 			continue
 		}
-		head := int32(uint32(w)) - 1
-		i := head
-		if q.sl(i).state() == stIdle {
+		i := int32(uint32(w)) - 1
+		switch s := q.sl(i); s.state() {
+		case stIdle:
 			continue
-		}
-		if q.sl(i).state() == stInFlight {
-			i = q.sl(head).next
-			q.sl(head).next = none
-		}
-		for i != none {
-			s := q.sl(i)
-			if m != nil && (s.state() == stReady || s.state() == stDelayed) {
-				m.Depth(int(s.prio), -1)
+		case stInFlight:
+			i, s.next = s.next, none // its parked entry goes
+			if i == none {
+				continue
 			}
-			next := s.next
-			q.release(i)
-			n++
-			i = next
 		}
+		if s := q.sl(i); m != nil && s.state() != stParked {
+			m.Depth(int(s.prio), -1)
+		}
+		q.release(i)
+		n++
 	}
-	q.rebuildIndex(len(q.ix.tbl)) // drops the keys whose chains were freed
+	q.rebuildIndex(len(q.ix.tbl)) // drops the keys whose entries were freed
 	for _, l := range q.levels {
 		l.ring.reset()
 	}

@@ -59,13 +59,17 @@ func mustAdd[K comparable, V any](t *testing.T, q *queue.Queue[K, V], k K, v V, 
 
 // Semantics 1: keyed and deduplicated.
 
+// union joins payloads that are sets of bits; maxOf joins numbers.
+func union(held *int, incoming int) { *held |= incoming }
+func maxOf(held *int, incoming int) { *held = max(*held, incoming) }
+
 func TestAddOfPendingKeyMergesIntoOneEntry(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		q := newQ(t, queue.Config[int]{Timestamps: true})
+		q := newQ(t, queue.Config[int]{Merge: union, Timestamps: true})
 		start := time.Now()
-		mustAdd(t, q, "a", 1, queue.AddOptions{Delay: 10 * time.Second, Priority: 1, Retries: 4}, queue.Queued)
-		mustAdd(t, q, "a", 2, queue.AddOptions{Delay: 3 * time.Second, Priority: 0, Retries: 0}, queue.Merged)
-		mustAdd(t, q, "a", 3, queue.AddOptions{Delay: 20 * time.Second, Priority: -5, Retries: 2}, queue.Merged)
+		mustAdd(t, q, "a", 1, queue.AddOptions{Delay: 10 * time.Second, Priority: 1}, queue.Queued)
+		mustAdd(t, q, "a", 2, queue.AddOptions{Delay: 3 * time.Second, Priority: 0}, queue.Merged)
+		mustAdd(t, q, "a", 4, queue.AddOptions{Delay: 20 * time.Second, Priority: -5}, queue.Merged)
 		if got := q.Len(); got != 1 {
 			t.Fatalf("Len = %d, want 1", got)
 		}
@@ -76,12 +80,12 @@ func TestAddOfPendingKeyMergesIntoOneEntry(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// earliest due (3s), highest priority (1), newest payload and retries.
+		// earliest due (3s), highest priority (1), every payload joined.
 		if got := time.Since(start); got != 3*time.Second {
 			t.Errorf("handed out after %v, want 3s (earliest due wins)", got)
 		}
-		if it.Value != 3 || it.Priority != 1 || it.Retries != 2 {
-			t.Errorf("got value %d prio %d retries %d, want 3, 1, 2", it.Value, it.Priority, it.Retries)
+		if it.Value != 7 || it.Priority != 1 {
+			t.Errorf("got value %d prio %d, want 7 (1|2|4), 1", it.Value, it.Priority)
 		}
 		if !it.Enqueued.Equal(start) || !it.Due.Equal(start.Add(3*time.Second)) {
 			t.Errorf("Enqueued %v Due %v, want %v and +3s", it.Enqueued, it.Due, start)
@@ -91,6 +95,70 @@ func TestAddOfPendingKeyMergesIntoOneEntry(t *testing.T) {
 			t.Fatal("merged adds were delivered more than once")
 		}
 	})
+}
+
+// The merge is order-free: the same adds of one key, in every order, are
+// handed out as the same entry (payload, priority, due time), pending and
+// parked behind an entry in flight alike.
+func TestTheSameAddsInEveryOrderGiveTheSameHandOut(t *testing.T) {
+	type add struct {
+		v    int
+		opts queue.AddOptions
+	}
+	adds := []add{
+		{1, queue.AddOptions{Delay: 5 * time.Second}},
+		{2, queue.AddOptions{Priority: -1, Delay: 2 * time.Second}},
+		{4, queue.AddOptions{Priority: 3, Delay: 9 * time.Second}},
+		{8, queue.AddOptions{}},
+		{8, queue.AddOptions{Priority: 1, Delay: time.Second}}, // a repeat: idempotent
+	}
+	type handOut struct {
+		v, prio int
+		after   time.Duration
+	}
+	run := func(order []int, parked bool) (got handOut) {
+		synctest.Test(t, func(t *testing.T) {
+			q := newQ(t, queue.Config[int]{Merge: union})
+			if parked {
+				mustAdd(t, q, "a", 0, queue.AddOptions{}, queue.Queued)
+				mustGet(t, q) // in flight: the adds below park
+			}
+			start := time.Now()
+			for _, i := range order {
+				q.Add("a", adds[i].v, adds[i].opts)
+			}
+			if parked {
+				q.Done("a")
+			}
+			it, err := q.Get(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = handOut{it.Value, it.Priority, time.Since(start)}
+			q.Done("a")
+			if q.Len() != 0 {
+				t.Fatalf("order %v: %d entries left after one hand-out", order, q.Len())
+			}
+		})
+		return got
+	}
+	want := handOut{15, 3, 0}
+	var permute func(order []int, rest []int)
+	permute = func(order, rest []int) {
+		if len(rest) == 0 {
+			for _, parked := range []bool{false, true} {
+				if got := run(order, parked); got != want {
+					t.Errorf("order %v (parked %v): handed out %+v, want %+v", order, parked, got, want)
+				}
+			}
+			return
+		}
+		for i := range rest {
+			next := append(append([]int(nil), rest[:i]...), rest[i+1:]...)
+			permute(append(order, rest[i]), next)
+		}
+	}
+	permute(nil, []int{0, 1, 2, 3, 4})
 }
 
 func TestItemTimesAreZeroWithoutTimestamps(t *testing.T) {
@@ -125,89 +193,12 @@ func TestItemTimesAreZeroWithoutTimestamps(t *testing.T) {
 	})
 }
 
-// event is a test payload shaped like a watch event.
-type event struct {
-	typ string // "Added", "Modified", "Deleted"
-	uid string
-	n   int
-}
-
-// eventMerge is the rule reconcile supplies: a pending delete is never
-// turned into something else; a recreated object (other UID) after a
-// delete is delivered after it.
-func eventMerge(pending *event, incoming event) queue.Merge {
-	if pending.typ == "Deleted" {
-		if incoming.uid != pending.uid {
-			return queue.MergeSequence
-		}
-		return queue.MergeKeep
-	}
-	return queue.MergeReplace
-}
-
-func TestPendingDeleteIsKeptAndRecreationIsDeliveredAfterIt(t *testing.T) {
-	q := queue.New[string, event](queue.Config[event]{Merge: eventMerge})
-	mustAdd(t, q, "ns/x", event{"Modified", "u1", 1}, queue.AddOptions{}, queue.Queued)
-	mustAdd(t, q, "ns/x", event{"Deleted", "u1", 2}, queue.AddOptions{}, queue.Merged)
-	// a late modification of the same object must not hide the delete
-	mustAdd(t, q, "ns/x", event{"Modified", "u1", 3}, queue.AddOptions{}, queue.Merged)
-	// the object is recreated with another UID, then modified
-	mustAdd(t, q, "ns/x", event{"Added", "u2", 4}, queue.AddOptions{}, queue.Merged)
-	mustAdd(t, q, "ns/x", event{"Modified", "u2", 5}, queue.AddOptions{}, queue.Merged)
-
-	it := mustGet(t, q)
-	if it.Value != (event{"Deleted", "u1", 2}) {
-		t.Fatalf("first = %+v, want the delete of u1", it.Value)
-	}
-	if _, ok := tryGet(t, q); ok {
-		t.Fatal("successor handed out while the delete is in flight")
-	}
-	q.Done("ns/x")
-	it = mustGet(t, q)
-	if it.Value != (event{"Modified", "u2", 5}) {
-		t.Fatalf("second = %+v, want the newest event of u2", it.Value)
-	}
-	q.Done("ns/x")
-	if q.Len() != 0 {
-		t.Fatalf("Len = %d, want 0", q.Len())
-	}
-}
-
-func TestMergeKeepKeepsPayloadButMergesDueAndPriority(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		keep := func(_ *int, _ int) queue.Merge { return queue.MergeKeep }
-		q := newQ(t, queue.Config[int]{Merge: keep})
-		start := time.Now()
-		q.Add("a", 1, queue.AddOptions{Delay: time.Minute, Retries: 7})
-		q.Add("a", 2, queue.AddOptions{Delay: time.Second, Priority: 9, Retries: 1})
-		it, _ := q.Get(context.Background())
-		if it.Value != 1 || it.Retries != 7 || it.Priority != 9 || time.Since(start) != time.Second {
-			t.Fatalf("got %+v after %v; want value 1, retries 7, prio 9 after 1s", it, time.Since(start))
-		}
-	})
-}
-
-// A merge function may update the kept payload in place, for a pending
-// entry and for one parked behind an in-flight entry of its key.
-func TestMergeKeepStoresTheInPlaceUpdate(t *testing.T) {
-	// keep the first value's hundreds, take the incoming value's units
-	keepHundreds := func(pending *int, incoming int) queue.Merge {
-		*pending = *pending/100*100 + incoming%100
-		return queue.MergeKeep
-	}
-	q := newQ(t, queue.Config[int]{Merge: keepHundreds})
-	mustAdd(t, q, "a", 100, queue.AddOptions{}, queue.Queued)
-	mustAdd(t, q, "a", 7, queue.AddOptions{}, queue.Merged)
-	if it := mustGet(t, q); it.Value != 107 {
-		t.Fatalf("pending: got %d, want 107", it.Value)
-	}
-	// parked behind the in-flight entry: the first park is a new entry,
-	// the next adds merge into it
-	mustAdd(t, q, "a", 200, queue.AddOptions{}, queue.Merged)
-	mustAdd(t, q, "a", 9, queue.AddOptions{}, queue.Merged)
-	q.Done("a")
-	if it := mustGet(t, q); it.Value != 209 {
-		t.Fatalf("parked: got %d, want 209", it.Value)
+func TestWithoutMergeTheFirstPayloadStays(t *testing.T) {
+	q := newQ(t, queue.Config[int]{})
+	mustAdd(t, q, "a", 1, queue.AddOptions{}, queue.Queued)
+	mustAdd(t, q, "a", 2, queue.AddOptions{Priority: 4}, queue.Merged)
+	if it := mustGet(t, q); it.Value != 1 || it.Priority != 4 {
+		t.Fatalf("got %+v, want value 1 at priority 4", it)
 	}
 	q.Done("a")
 }
@@ -216,7 +207,7 @@ func TestMergeKeepStoresTheInPlaceUpdate(t *testing.T) {
 
 func TestKeyInFlightIsNotHandedOutAgainUntilDone(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		q := newQ(t, queue.Config[int]{})
+		q := newQ(t, queue.Config[int]{Merge: maxOf})
 		q.Add("a", 1, queue.AddOptions{})
 		it := mustGet(t, q)
 		if it.Value != 1 {
@@ -682,33 +673,7 @@ func TestShutDownWithDrainIsBoundedByContext(t *testing.T) {
 	})
 }
 
-// Semantics 7: retries.
-
-func TestRetryCountTravelsWithTheEntry(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		q := newQ(t, queue.Config[int]{})
-		b := queue.Backoff{Base: time.Second, Cap: time.Minute, Jitter: -1}
-		start := time.Now()
-		q.Add("a", 0, queue.AddOptions{})
-		for want := range 4 {
-			it, err := q.Get(context.Background())
-			if err != nil {
-				t.Fatal(err)
-			}
-			if it.Retries != want {
-				t.Fatalf("attempt %d: Retries = %d", want, it.Retries)
-			}
-			next := it.Retries + 1
-			// the retry is added while the key is in flight: it is parked
-			q.Add("a", it.Value, queue.AddOptions{Retries: next, Delay: b.Delay(next)})
-			q.Done("a")
-		}
-		// 1s + 2s + 4s of backoff
-		if got := time.Since(start); got != 7*time.Second {
-			t.Fatalf("4 attempts took %v, want 7s", got)
-		}
-	})
-}
+// Semantics 7: backoff.
 
 func TestBackoffDelay(t *testing.T) {
 	for _, tc := range []struct {
@@ -742,7 +707,7 @@ func TestBackoffDelay(t *testing.T) {
 
 type recorder struct {
 	mu                     sync.Mutex
-	added, merged, retried int
+	added, merged int
 	dropped                map[queue.Outcome]int
 	depth                  map[int]int
 	waited, worked         []time.Duration
@@ -772,7 +737,6 @@ func (r *recorder) Worked(d time.Duration) {
 	r.worked = append(r.worked, d)
 	r.mu.Unlock()
 }
-func (r *recorder) Retried(int) { r.mu.Lock(); r.retried++; r.mu.Unlock() }
 func (r *recorder) depthTotal() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -788,11 +752,11 @@ func TestMetricsObserveAddsMergesDepthLatencyAndWork(t *testing.T) {
 		m := newRecorder()
 		q := newQ(t, queue.Config[int]{Metrics: m})
 		q.Add("a", 0, queue.AddOptions{Delay: time.Second})
-		q.Add("a", 0, queue.AddOptions{Priority: 2, Retries: 1})
+		q.Add("a", 0, queue.AddOptions{Priority: 2})
 		q.Add("b", 0, queue.AddOptions{Priority: 1})
 		m.mu.Lock()
-		if m.added != 3 || m.merged != 1 || m.retried != 1 || m.depth[2] != 1 || m.depth[1] != 1 || m.depth[0] != 0 {
-			t.Errorf("added %d merged %d retried %d depth %v", m.added, m.merged, m.retried, m.depth)
+		if m.added != 3 || m.merged != 1 || m.depth[2] != 1 || m.depth[1] != 1 || m.depth[0] != 0 {
+			t.Errorf("added %d merged %d depth %v", m.added, m.merged, m.depth)
 		}
 		m.mu.Unlock()
 		time.Sleep(3 * time.Second)
@@ -847,7 +811,6 @@ func (nopMetrics) Dropped(queue.Outcome)     {}
 func (nopMetrics) Depth(int, int)            {}
 func (nopMetrics) Waited(int, time.Duration) {}
 func (nopMetrics) Worked(time.Duration)      {}
-func (nopMetrics) Retried(int)               {}
 
 func TestStatsReportInFlightWork(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {

@@ -425,4 +425,3 @@ func (nopM) Dropped(Outcome)           {}
 func (nopM) Depth(int, int)            {}
 func (nopM) Waited(int, time.Duration) {}
 func (nopM) Worked(time.Duration)      {}
-func (nopM) Retried(int)               {}
