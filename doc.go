@@ -93,7 +93,7 @@
 //			Resource: widgets,
 //			Dynamic:  dynamic.NewForConfigOrDie(cfg),
 //			Reconciler: reconcile.Func[*Widget](func(ctx context.Context, req reconcile.Request[*Widget]) (reconcile.Result, error) {
-//				slog.InfoContext(ctx, "reconcile", "key", req.Key, "type", req.Type, "source", req.Source)
+//				slog.InfoContext(ctx, "reconcile", "key", req.Key, "type", req.Type, "sources", req.Sources)
 //				return reconcile.Done(), nil
 //			}),
 //		})

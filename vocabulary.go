@@ -2,6 +2,8 @@ package opkit
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -134,52 +136,130 @@ func (r Resource) Validate() error {
 	return nil
 }
 
-// Event is the payload queued for a key: what happened to which object and
-// who asked. It is what the watcher and the triggers put into the queue and
-// what a worker turns into a reconcile request.
-type Event[T Object] struct {
-	// Object is the state that came with the event. For Deleted it is the
-	// last known state; see FinalStateUnknown.
+// Sources is a set of [Source] values. A Source is its own bit:
+// Sources(APIServer) is the set that holds only APIServer.
+type Sources uint8
+
+// Has reports whether src is in s.
+func (s Sources) Has(src Source) bool { return src.Valid() && s&Sources(src) != 0 }
+
+// String returns the members joined by "|", or "none".
+func (s Sources) String() string {
+	var names []string
+	for _, src := range []Source{APIServer, Operator} {
+		if s.Has(src) {
+			names = append(names, src.String())
+		}
+	}
+	if len(names) == 0 {
+		return "none"
+	}
+	return strings.Join(names, "|")
+}
+
+// MaxReasons is how many distinct reasons a [Cause] keeps.
+const MaxReasons = 8
+
+// Cause is what the queue holds for a key besides the key: why it needs a
+// reconcile. The watcher and the triggers add one per change or request;
+// the causes of one key merge with [Cause.Merge], a join (commutative,
+// associative, idempotent), so the order in which they arrive cannot
+// matter. A Cause never says that an object was deleted: deletes come from
+// the watcher's record of unsettled deletes (package watcher).
+type Cause[T Object] struct {
+	// Object is the newest state of the object that came with the causes
+	// (a watch event's object, or one a trigger read), by resourceVersion;
+	// nil if none did. The controller reconciles it without another read
+	// when it is the latest state its watch has seen.
 	Object T
-	// Type is Added, Modified or Deleted.
-	Type Type
-	// Source is APIServer for the watch stream, Operator for triggers.
-	Source Source
-	// Reason is an optional human-readable reason given by an external
-	// trigger (carried into logs and Kubernetes Events).
-	Reason string
-	// Fetched marks an external trigger whose Object was read from the API
-	// server just before it was queued (the HTTP handler and the message
-	// consumer re-fetch every trigger), or that took the object of a watch
-	// event merged into it. The controller reconciles such an object
-	// without another read when it is the latest state its watcher has
-	// seen and a worker takes it soon enough (reconcile.Config.FreshFor);
-	// any other trigger is read again first. Watch events need no mark.
-	Fetched bool
-	// Requeued marks an event re-added after a reconcile that succeeded
-	// and asked to be run again (reconcile.RequeueAfter): the request it
-	// came from has been served. Source and Reason still name what
-	// started the chain, but a requeued trigger no longer counts as a
-	// trigger (no "Triggered" Kubernetes Event, and a watch event merged
-	// into it replaces it).
-	Requeued bool
-	// Retried marks an event re-added after a reconcile that failed (the
-	// queue entry carries the retry count). Requeued and Retried events
-	// are re-adds of a request already served once: an event that arrived
-	// while that reconcile ran is newer, and a re-add merged with it gives
-	// way to it (see reconcile.MergeEvents).
-	Retried bool
-	// FinalStateUnknown marks a Deleted event whose object is only a
-	// tombstone: the watcher noticed the object vanished during a relist and
-	// never saw its final state. Object then carries only namespace, name,
-	// UID and the last resourceVersion seen (like client-go's
-	// cache.DeletedFinalStateUnknown).
-	FinalStateUnknown bool
-	// Watched marks a Deleted external trigger that carries the object of
-	// the watch's Deleted event merged with it: Object is then a delete the
-	// watch delivered (which its watcher holds until the reconcile settles
-	// it, unless a later delete of the object replaced it), not the
-	// caller's snapshot. reconcile.MergeEvents sets it; watch events need
-	// no mark, and callers leave it false.
-	Watched bool
+	// Sources says who asked: APIServer for the watch, Operator for
+	// triggers. It is empty for a controller's own retry or requeue.
+	Sources Sources
+	// Reasons are the distinct reasons triggers gave, sorted. At most
+	// MaxReasons are kept: beyond, the ones that sort first.
+	Reasons []string
+	// Added says the object appeared: it was created, or listed by a
+	// watcher's first list, or a trigger of type Added asked.
+	Added bool
+	// Teardown says a trigger asked for a Deleted reconcile of the object
+	// (see trigger.Trigger.Enqueue).
+	Teardown bool
+	// Retries seeds the key's retry count: the controller takes the
+	// highest of this and its own count for the key.
+	Retries int
+}
+
+// Merge joins o into c: the newer object (by resourceVersion: a longer
+// decimal string is a larger number, equal lengths compare as strings, and
+// equal resourceVersions are taken for the same state), the union of the
+// sources and of the reasons, Added and Teardown or-ed, the highest
+// Retries.
+func (c *Cause[T]) Merge(o Cause[T]) {
+	if !isNil(o.Object) && (isNil(c.Object) || newer(o.Object.GetResourceVersion(), c.Object.GetResourceVersion())) {
+		c.Object = o.Object
+	}
+	c.Sources |= o.Sources
+	c.Reasons = unionReasons(c.Reasons, o.Reasons)
+	c.Added = c.Added || o.Added
+	c.Teardown = c.Teardown || o.Teardown
+	c.Retries = max(c.Retries, o.Retries)
+}
+
+// newer reports whether resourceVersion a is later than b. etcd's
+// resourceVersions are decimal numbers without leading zeros; for any
+// other strings the order is still total, so the merge stays a join.
+func newer(a, b string) bool {
+	if len(a) != len(b) {
+		return len(a) > len(b)
+	}
+	return a > b
+}
+
+// unionReasons returns the sorted union of a and b (each sorted and
+// distinct), at most MaxReasons long. It returns a unchanged when b adds
+// nothing, and never writes to a or b.
+func unionReasons(a, b []string) []string {
+	if len(b) == 0 {
+		return a
+	}
+	out := make([]string, 0, min(len(a)+len(b), MaxReasons))
+	i, j := 0, 0
+	for len(out) < MaxReasons && (i < len(a) || j < len(b)) {
+		switch {
+		case j == len(b) || i < len(a) && a[i] < b[j]:
+			out = append(out, a[i])
+			i++
+		case i == len(a) || b[j] < a[i]:
+			out = append(out, b[j])
+			j++
+		default: // equal
+			out = append(out, a[i])
+			i, j = i+1, j+1
+		}
+	}
+	if slices.Equal(out, a) {
+		return a
+	}
+	return out
+}
+
+// ReasonsOf returns reasons as a Cause holds them: sorted, distinct, empty
+// ones dropped, at most MaxReasons.
+func ReasonsOf(reasons ...string) []string {
+	out := slices.DeleteFunc(slices.Clone(reasons), func(r string) bool { return r == "" })
+	slices.Sort(out)
+	out = slices.Compact(out)
+	if len(out) > MaxReasons {
+		out = out[:MaxReasons]
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+// isNil reports whether obj is a nil T (T is a pointer type).
+func isNil[T Object](obj T) bool {
+	var zero T
+	return any(obj) == any(zero)
 }

@@ -24,8 +24,9 @@ const (
 	DefaultClockSkew     = 1 * time.Second
 )
 
-// retryJitter is the largest fraction added at random to RetryPeriod
-// between a follower's polls; RenewDeadline must leave room for it.
+// retryJitter is the largest fraction taken at random off RetryPeriod
+// between a follower's polls, so that followers started together do not
+// poll together.
 const retryJitter = 0.2
 
 // Errors returned by the package. Use errors.Is to test for them.
@@ -79,8 +80,8 @@ type Config struct {
 	RenewDeadline time.Duration
 	// RetryPeriod is the interval between the leader's renewals and
 	// between a follower's polls (followers also watch the Lease, and set a
-	// timer for its expiry). RetryPeriod*1.2 must be less than
-	// RenewDeadline. Default 2s.
+	// timer for its expiry; a follower polls after 80 to 100% of it). It
+	// must be less than RenewDeadline. Default 2s.
 	RetryPeriod time.Duration
 	// ClockSkew is the safety margin between the end of an ex-leader's work
 	// and the earliest moment a follower may acquire: the work must return
@@ -178,8 +179,8 @@ func (cfg Config) withDefaults() (Config, error) {
 	if cfg.RenewDeadline >= cfg.LeaseDuration {
 		return invalid("RenewDeadline %s must be less than LeaseDuration %s", cfg.RenewDeadline, cfg.LeaseDuration)
 	}
-	if float64(cfg.RetryPeriod)*(1+retryJitter) >= float64(cfg.RenewDeadline) {
-		return invalid("RetryPeriod %s (with %.0f%% jitter) must be less than RenewDeadline %s", cfg.RetryPeriod, retryJitter*100, cfg.RenewDeadline)
+	if cfg.RetryPeriod >= cfg.RenewDeadline {
+		return invalid("RetryPeriod %s must be less than RenewDeadline %s", cfg.RetryPeriod, cfg.RenewDeadline)
 	}
 	if cfg.RenewDeadline+cfg.ClockSkew >= cfg.LeaseDuration {
 		return invalid("ClockSkew %s too large: RenewDeadline %s + ClockSkew must be less than LeaseDuration %s", cfg.ClockSkew, cfg.RenewDeadline, cfg.LeaseDuration)

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -18,6 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
 	coordclient "k8s.io/client-go/kubernetes/typed/coordination/v1"
+
+	"github.com/opkit/opkit/queue"
 )
 
 // Elector campaigns for one Lease and runs the leader's work while it holds
@@ -816,6 +817,7 @@ func transitions(l *coordinationv1.Lease) int32 {
 	return *l.Spec.LeaseTransitions
 }
 
+// jittered returns d shortened by up to retryJitter at random.
 func jittered(d time.Duration) time.Duration {
-	return d + time.Duration(rand.Float64()*retryJitter*float64(d))
+	return queue.Backoff{Base: d, Cap: d, Jitter: retryJitter}.Delay(1)
 }

@@ -38,7 +38,7 @@ func TestNewValidatesConfig(t *testing.T) {
 		{"negative skew", func(c *leader.Config) { c.ClockSkew = -time.Second }, false},
 		{"renew deadline = lease duration", func(c *leader.Config) { c.LeaseDuration, c.RenewDeadline = 10*time.Second, 10*time.Second }, false},
 		{"renew deadline > lease duration", func(c *leader.Config) { c.LeaseDuration = 5 * time.Second }, false},
-		{"retry period with jitter reaches renew deadline", func(c *leader.Config) { c.RetryPeriod = 9 * time.Second }, false},
+		{"retry period reaches renew deadline", func(c *leader.Config) { c.RetryPeriod = 10 * time.Second }, false},
 		{"retry period just below", func(c *leader.Config) { c.RetryPeriod = 8 * time.Second }, true},
 		{"skew margin too large", func(c *leader.Config) { c.ClockSkew = 5 * time.Second }, false},
 		{"skew margin fits", func(c *leader.Config) { c.ClockSkew = 4 * time.Second }, true},

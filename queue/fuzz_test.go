@@ -15,7 +15,7 @@ import (
 // it (at most one: pending if nothing is in flight, else parked).
 type modelEntry struct {
 	val, prio int
-	due                time.Time
+	due       time.Time
 	// since is when the entry last joined the pending entries of its
 	// priority (added, made pending by Done, or raised while due), and seq
 	// orders those moments; first come first served among due entries of

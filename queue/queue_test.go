@@ -706,11 +706,11 @@ func TestBackoffDelay(t *testing.T) {
 // Semantics 8: observability.
 
 type recorder struct {
-	mu                     sync.Mutex
-	added, merged int
-	dropped                map[queue.Outcome]int
-	depth                  map[int]int
-	waited, worked         []time.Duration
+	mu             sync.Mutex
+	added, merged  int
+	dropped        map[queue.Outcome]int
+	depth          map[int]int
+	waited, worked []time.Duration
 }
 
 func newRecorder() *recorder {

@@ -4,17 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
-
-	"github.com/opkit/opkit"
-	"github.com/opkit/opkit/internal/typed"
 	"github.com/opkit/opkit/queue"
 	"github.com/opkit/opkit/reconcile"
 )
@@ -38,6 +33,22 @@ func gapsAfter(calls []call, i int) []time.Duration {
 	return gaps
 }
 
+// describeCalls formats calls for a failure message.
+func describeCalls(calls []call) string {
+	var b strings.Builder
+	for i, c := range calls {
+		fmt.Fprintf(&b, "\n %d: %s %s %v retries=%d rv=%s size=%d", i, c.req.Sources, c.req.Type,
+			c.req.Reasons, c.retries, c.req.Object.ResourceVersion, c.req.Object.Spec.Size)
+	}
+	return b.String()
+}
+
+// updateSpec changes widget ns/a's spec size as a user would.
+func updateSpec(t *testing.T, e *env, size int) {
+	t.Helper()
+	e.update(t, "a", func(w *Widget) { w.Spec.Size = size })
+}
+
 // gapsAfterAChange changes ns/a's spec and returns the gaps between the
 // reconciles of the 10s that follow, and every reconcile so far.
 func gapsAfterAChange(t *testing.T, e *env) (string, []call) {
@@ -53,8 +64,8 @@ func gapsAfterAChange(t *testing.T, e *env) (string, []call) {
 // reconcile keeps failing: each change is reconciled at once, but the
 // backoff does not start again from its shortest delay at each change, so
 // once the delay outgrows 30s there is one reconcile per change, not a
-// fresh ladder of retries each time. Each change starts a new request, so
-// the key is never given up on.
+// fresh ladder of retries each time. A turn a change asked for is always
+// made: the key is given up on only after MaxRetries retries of its own.
 func TestChangesWhileFailingDoNotRestartTheBackoff(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var down atomic.Bool
@@ -83,7 +94,7 @@ func TestChangesWhileFailingDoNotRestartTheBackoff(t *testing.T) {
 			t.Errorf("%d reconciles in the second half hour, want %d: one per change", late, changes/2)
 		}
 		if n := e.metrics.get(reconcile.OutcomeGaveUp); n != 0 {
-			t.Errorf("given up %d times; each change starts a new request", n)
+			t.Errorf("given up %d times; a turn a change asked for is always made", n)
 		}
 		if last := calls[len(calls)-1]; last.req.Object.Spec.Size != changes+1 {
 			t.Errorf("last reconcile saw size %d, want the last change (%d)", last.req.Object.Spec.Size, changes+1)
@@ -114,111 +125,6 @@ func TestASuccessStartsTheBackoffAgain(t *testing.T) {
 		down.Store(true)
 		if got, calls := gapsAfterAChange(t, e); got != "[1s 2s 4s]" {
 			t.Errorf("after a success, retry gaps %s, want [1s 2s 4s]; reconciles:%s", got, describeCalls(calls))
-		}
-	})
-}
-
-// A recreated object (same name, another UID) does not inherit the old
-// object's streak: after the old object's delete (reconciled first), the
-// new object's failures start from the shortest delay.
-func TestARecreatedObjectStartsTheBackoffAgain(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		rec := &recorder{do: func(_ context.Context, _ int, req reconcile.Request[*Widget]) (reconcile.Result, error) {
-			if req.Type == opkit.Deleted {
-				return reconcile.Done(), nil
-			}
-			return reconcile.Done(), errors.New("dependency down")
-		}}
-		e := start(t, rec, nil, widget("a"))
-		time.Sleep(40 * time.Second) // fails at 0, 1, 3, 7, 15, 31s: the next in 32s
-		synctest.Wait()
-		res := e.dyn.Resource(widgets.GroupVersionResource).Namespace("ns")
-		if err := res.Delete(context.Background(), "a", metav1.DeleteOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		u, err := typed.ToUnstructured(widget("a", func(w *Widget) { w.UID, w.ResourceVersion = types.UID("uid-new"), strconv.Itoa(100) }))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := res.Create(context.Background(), u, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(10 * time.Second)
-		synctest.Wait()
-		calls := rec.snapshot()
-		first := -1
-		for i, c := range calls {
-			if c.req.Object.UID == "uid-new" {
-				first = i
-				break
-			}
-		}
-		if first < 1 || calls[first-1].req.Type != opkit.Deleted {
-			t.Fatalf("want the old object's delete, then the new object; reconciles:%s", describeCalls(calls))
-		}
-		if got := fmt.Sprint(gapsAfter(calls, first)); got != "[1s 2s 4s]" {
-			t.Errorf("the new object's retry gaps %s, want [1s 2s 4s]; reconciles:%s", got, describeCalls(calls))
-		}
-	})
-}
-
-// A delete backs off on its own retries: when the old object's cleanup
-// fails once, its retry waits the first step of the backoff, not the old
-// object's long streak; and the new object of its name does not wait for
-// that retry at all.
-func TestADeleteDoesNotTakeTheStreak(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		var deletes atomic.Int32
-		rec := &recorder{do: func(_ context.Context, _ int, req reconcile.Request[*Widget]) (reconcile.Result, error) {
-			switch {
-			case req.Type == opkit.Deleted:
-				if deletes.Add(1) == 1 {
-					return reconcile.Done(), errors.New("cleanup: dependency down")
-				}
-			case req.Object.UID != "uid-new":
-				return reconcile.Done(), errors.New("dependency down")
-			}
-			return reconcile.Done(), nil
-		}}
-		e := start(t, rec, func(c *reconcile.Config[*Widget]) {
-			c.Backoff = queue.Backoff{Base: 5 * time.Millisecond, Cap: 5 * time.Minute, Jitter: -1}
-		}, widget("a"))
-		time.Sleep(15 * time.Minute) // the streak reaches the 5m cap
-		synctest.Wait()
-		res := e.dyn.Resource(widgets.GroupVersionResource).Namespace("ns")
-		if err := res.Delete(context.Background(), "a", metav1.DeleteOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		synctest.Wait()
-		u, err := typed.ToUnstructured(widget("a", func(w *Widget) { w.UID, w.ResourceVersion = types.UID("uid-new"), "100" }))
-		if err != nil {
-			t.Fatal(err)
-		}
-		created := time.Now()
-		if _, err := res.Create(context.Background(), u, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(10 * time.Minute)
-		synctest.Wait()
-		calls := rec.snapshot()
-		var deleted []time.Time
-		reconciledNew := false
-		for _, c := range calls {
-			switch {
-			case c.req.Type == opkit.Deleted:
-				deleted = append(deleted, c.at)
-			case c.req.Object.UID == "uid-new" && !reconciledNew:
-				reconciledNew = true
-				if w := c.at.Sub(created); w != 0 {
-					t.Errorf("the new object was reconciled %v after its creation, want at once (in front of the delete's retry); reconciles:%s", w, describeCalls(calls[len(calls)-5:]))
-				}
-			}
-		}
-		if !reconciledNew {
-			t.Fatalf("the new object was never reconciled; reconciles:%s", describeCalls(calls))
-		}
-		if len(deleted) != 2 || deleted[1].Sub(deleted[0]) != 5*time.Millisecond {
-			t.Fatalf("delete reconciled at %v, want twice, 5ms apart (the first step of the backoff); reconciles:%s", deleted, describeCalls(calls[len(calls)-5:]))
 		}
 	})
 }

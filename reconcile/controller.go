@@ -7,11 +7,11 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 
 	"github.com/opkit/opkit"
@@ -26,20 +26,16 @@ import (
 const (
 	// DefaultConcurrency is the number of worker goroutines.
 	DefaultConcurrency = 4
-	// DefaultMaxRetries is how many times a failed reconcile is retried
-	// before the controller gives up on it: with the queue's default
-	// backoff (5ms doubling, capped at 5m) about 25 minutes of retries, or
-	// more (up to MaxRetries times the cap) when the key was already
-	// failing before the request began (see Config.Backoff).
+	// DefaultMaxRetries is how many retries in a row the controller makes
+	// on its own before it gives up on what keeps failing: with the
+	// queue's default backoff (5ms doubling, capped at 5m) about 25
+	// minutes of retries.
 	DefaultMaxRetries = 20
 	// DefaultTimeout bounds one reconcile call.
 	DefaultTimeout = 5 * time.Minute
 	// DefaultShutdownTimeout is how long in-flight reconciles may run on
 	// after shutdown began before their contexts are cancelled.
 	DefaultShutdownTimeout = 30 * time.Second
-	// DefaultFreshFor is how long a watch event stays fresh enough to be
-	// reconciled without a re-fetch.
-	DefaultFreshFor = time.Second
 )
 
 // Errors returned by the controller.
@@ -81,37 +77,25 @@ type Config[T opkit.Object] struct {
 	// Entries the watcher produces at or above TriggerPriority (if
 	// Watch.Priority is set that high) use the reserved workers too.
 	ReservedWorkers int
-	// MaxRetries is how many retries a failing request gets before the
-	// controller gives up on it; default DefaultMaxRetries (20); negative
-	// means retry forever. The count belongs to the request: a new event
-	// for the key (a watch event or a trigger) merged into a pending retry
-	// is reconciled at its own due time (at once, unless it was delayed),
-	// not the retry's, and starts again from retry 0 (a pending
-	// delete keeps its own entry and count: see MergeEvents; the delay keeps
-	// growing: see Backoff; a new Deleted trigger merged into a teardown
-	// waiting for its retry runs with that count). An object that keeps
-	// changing while its reconcile keeps failing is therefore never given
-	// up on, but is
-	// reconciled about once per change once the delay outgrows the time
-	// between changes. A failing reconcile that itself writes a changing
+	// MaxRetries is how many retries in a row the controller makes on its
+	// own (turns that no change or trigger asked for) before it gives up
+	// on the requests that keep failing (a delete is then settled; the
+	// streak ends); default DefaultMaxRetries (20); negative means retry
+	// forever. A turn that a change or a trigger asked for is always made,
+	// so an object that keeps changing is never given up on. A key given
+	// up on waits for its next change: there is no periodic resync (return
+	// RequeueAfter to look at an object again periodically). A failing reconcile that itself writes a changing
 	// status makes its own events and loops at the speed of the API
 	// server: write status only when it changes, or set
-	// Watch.SkipStatusOnly. A key given up on waits for its next event:
-	// there is no periodic resync. For controller-runtime's behaviour
-	// (retry until it works) set MaxRetries negative; to look at an object
-	// again periodically (drift from external state), return RequeueAfter.
+	// Watch.SkipStatusOnly.
 	MaxRetries int
 	// Backoff is the retry delay policy; the zero value means the queue's
 	// defaults (queue.DefaultBackoffBase 5ms doubling to
-	// queue.DefaultBackoffCap 5m, queue.DefaultBackoffJitter 10%). The delay
-	// grows with the key's consecutive failures since its last success,
-	// not with the request's retries: a new event merged into a pending
-	// retry is reconciled at once, but when that fails too its retry waits
-	// longer than the last one, as with controller-runtime's per-item rate
-	// limiter. A recreated object (another UID) starts again from the
-	// shortest delay, and a delete backs off on its own retries alone (a
-	// new object of the name does not wait for them: its events go in
-	// front of the delete's retry, see MergeEvents).
+	// queue.DefaultBackoffCap 5m, queue.DefaultBackoffJitter 10%). The
+	// delay grows with the key's consecutive failed turns: a change merged
+	// into a pending retry is reconciled at once, but when that fails too
+	// its retry waits longer than the last one, as with controller-
+	// runtime's per-item rate limiter.
 	Backoff queue.Backoff
 	// Timeout bounds each reconcile call (its context's deadline); default
 	// DefaultTimeout (5m); negative means none.
@@ -124,18 +108,6 @@ type Config[T opkit.Object] struct {
 	// after the term's last successful renew ([leader.Elector.WorkDeadline]);
 	// at most 12s with the leader defaults, less when renewals were failing.
 	ShutdownTimeout time.Duration
-	// FreshFor decides which requests are re-fetched: an Added/Modified
-	// entry from the watch, or from a trigger that read its object from the
-	// API server just before (opkit.Event.Fetched: the HTTP handler and
-	// the consumer) at the resourceVersion the watch has seen last, that
-	// was not delayed, not retried and is handed to a worker within
-	// FreshFor of its add is reconciled with the object it carries. Every
-	// other Added/Modified request (waited in a backlog, delayed, retried,
-	// requeued, an unmarked trigger, or one whose object is not the
-	// watch's latest) is re-fetched from the API server first. Default
-	// DefaultFreshFor (1s); negative means always re-fetch.
-	FreshFor time.Duration
-
 	// Watch configures the watcher. Client, Resource and Queue are set by
 	// the controller and must be left zero; a nil Logger means the
 	// controller's.
@@ -203,7 +175,7 @@ type Controller[T opkit.Object] struct {
 	cfg     Config[T]
 	log     *slog.Logger
 	metrics Metrics
-	queue   *queue.Queue[opkit.Key, opkit.Event[T]]
+	queue   *queue.Queue[opkit.Key, opkit.Cause[T]]
 	client  *typed.Client[T]
 	watch   *watcher.Watcher[T]
 	elector elector         // nil without Leader
@@ -218,7 +190,7 @@ type Controller[T opkit.Object] struct {
 	// shutdown drain ends: its RetryPeriod.
 	drainMargin time.Duration
 
-	fails failures // consecutive failures per key, for the backoff
+	retries retries // the retry policy: failed turns per key
 
 	mu        sync.Mutex
 	running   bool
@@ -274,9 +246,6 @@ func NewController[T opkit.Object](cfg Config[T]) (*Controller[T], error) {
 	if cfg.ShutdownTimeout == 0 {
 		cfg.ShutdownTimeout = DefaultShutdownTimeout
 	}
-	if cfg.FreshFor == 0 {
-		cfg.FreshFor = DefaultFreshFor
-	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
@@ -288,20 +257,16 @@ func NewController[T opkit.Object](cfg Config[T]) (*Controller[T], error) {
 		metrics:   cfg.Metrics,
 		client:    typed.New[T](cfg.Dynamic, cfg.Resource),
 		drain:     cfg.ShutdownTimeout,
+		retries:   retries{backoff: cfg.Backoff},
 		termReady: map[string]func() error{},
 	}
 	if c.metrics == nil {
 		c.metrics = noMetrics{}
 	}
-	// Timestamps: needsRefetch reads Item.Enqueued and Item.Due.
-	c.queue = queue.New[opkit.Key](queue.Config[opkit.Event[T]]{Merge: MergeEvents[T], Metrics: cfg.QueueMetrics, Timestamps: true})
+	c.queue = queue.New[opkit.Key](queue.Config[opkit.Cause[T]]{Merge: (*opkit.Cause[T]).Merge, Metrics: cfg.QueueMetrics})
 
 	wcfg := cfg.Watch
 	wcfg.Client, wcfg.Resource, wcfg.Queue = cfg.Dynamic, cfg.Resource, c.queue
-	// A delete cleared from the queue at the end of a term, or whose
-	// reconcile was interrupted, comes back with the next term's list;
-	// afterReconcile settles it.
-	wcfg.RetainDeletes = true
 	if wcfg.Logger == nil {
 		wcfg.Logger = log
 	}
@@ -320,7 +285,7 @@ func NewController[T opkit.Object](cfg Config[T]) (*Controller[T], error) {
 			return nil, fmt.Errorf("%w: Watch.LabelSelector: %w", ErrInvalidConfig, err)
 		}
 	}
-	tr, err := trigger.New(trigger.Config[T]{Queue: c.queue, Resource: cfg.Resource, Namespace: cfg.Watch.Namespace, Selector: sel,
+	tr, err := trigger.New(trigger.Config[T]{Queue: c.queue, Get: c.client.Get, Resource: cfg.Resource, Namespace: cfg.Watch.Namespace, Selector: sel,
 		Priority: cfg.TriggerPriority, Metrics: cfg.TriggerMetrics, Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
@@ -374,7 +339,7 @@ func (c *Controller[T]) Runnable() Runnable {
 }
 
 // Queue returns the controller's queue (its length, for diagnostics).
-func (c *Controller[T]) Queue() *queue.Queue[opkit.Key, opkit.Event[T]] { return c.queue }
+func (c *Controller[T]) Queue() *queue.Queue[opkit.Key, opkit.Cause[T]] { return c.queue }
 
 // Check is a readiness check: nil for a follower standing by; for an
 // active controller, the watcher's health (running, synced, connected);
@@ -488,7 +453,7 @@ func (c *Controller[T]) runTerm(runCtx, termCtx context.Context, work []Runnable
 	for range c.cfg.Concurrency {
 		workers.Go(func() { c.worker(intakeCtx, workCtx, log, c.queue.Get) })
 	}
-	reserved := func(ctx context.Context) (queue.Item[opkit.Key, opkit.Event[T]], error) {
+	reserved := func(ctx context.Context) (queue.Item[opkit.Key, opkit.Cause[T]], error) {
 		return c.queue.GetAtLeast(ctx, c.cfg.TriggerPriority)
 	}
 	for range c.cfg.ReservedWorkers {
@@ -519,13 +484,13 @@ func (c *Controller[T]) runTerm(runCtx, termCtx context.Context, work []Runnable
 	wg.Wait()
 	// Retries this term could not add (the intake closed) and reconciles
 	// it interrupted leave streaks no entry stands for.
-	c.fails.reset()
+	c.retries.reset()
 	return failed()
 }
 
-// worker takes entries with get until intakeCtx ends and reconciles them
+// worker takes entries with get until intakeCtx ends and runs their turns
 // under workCtx.
-func (c *Controller[T]) worker(intakeCtx, workCtx context.Context, log *slog.Logger, get func(context.Context) (queue.Item[opkit.Key, opkit.Event[T]], error)) {
+func (c *Controller[T]) worker(intakeCtx, workCtx context.Context, log *slog.Logger, get func(context.Context) (queue.Item[opkit.Key, opkit.Cause[T]], error)) {
 	for {
 		item, err := get(intakeCtx)
 		if err != nil {
@@ -536,105 +501,206 @@ func (c *Controller[T]) worker(intakeCtx, workCtx context.Context, log *slog.Log
 			c.queue.Done(item.Key)
 			return
 		}
-		c.process(workCtx, item, log)
+		c.runTurn(workCtx, item, log)
 		c.queue.Done(item.Key)
 	}
 }
 
-// needsRefetch applies the FreshFor rule to an Added/Modified item.
-func (c *Controller[T]) needsRefetch(item queue.Item[opkit.Key, opkit.Event[T]]) bool {
-	ev := item.Value
-	if ev.Type == opkit.Deleted {
-		return false
-	}
-	if c.cfg.FreshFor < 0 || item.Retries > 0 || isNil(ev.Object) {
-		return true
-	}
-	if ev.Source != opkit.APIServer {
-		// A trigger is trusted only with an object read from the API server
-		// (Fetched) that is the latest state the watch has seen: a GET
-		// answered before the watch delivered a newer state would otherwise
-		// be reconciled after it, and nothing would follow.
-		if !ev.Fetched {
-			return true
-		}
-		if rv, ok := c.watch.ResourceVersion(item.Key); !ok || rv != ev.Object.GetResourceVersion() {
-			return true
-		}
-	}
-	if item.Due.After(item.Enqueued) { // it was delayed
-		return true
-	}
-	return time.Since(item.Enqueued) > c.cfg.FreshFor
+// turn is one hand-out of a key: the reconciles of its unsettled deletes,
+// then of its live object, and what the key needs next.
+type turn[T opkit.Object] struct {
+	key     opkit.Key
+	retries int           // the key's failed turns before this one
+	asked   opkit.Sources // who asked for the turn: none for a retry of the controller's own
+	log     *slog.Logger
+	// What the outcomes leave to do.
+	failed      bool          // a request failed and is retried
+	floor       time.Duration // the longest RequeueAfter of a failed request
+	requeue     bool          // a request asked to be run again after
+	after       time.Duration // the shortest such delay
+	interrupted bool          // the term or the drain ended
+	again       opkit.Cause[T]
 }
 
-func (c *Controller[T]) process(ctx context.Context, item queue.Item[opkit.Key, opkit.Event[T]], log *slog.Logger) {
-	ev := item.Value
-	log = log.With("key", item.Key.String(), "type", ev.Type.String(), "source", ev.Source.String(), "retry", item.Retries)
-	req := Request[T]{
-		Key: item.Key, Object: ev.Object, Type: ev.Type, Source: ev.Source,
-		Retries: item.Retries, Reason: ev.Reason, Requeued: ev.Requeued, FinalStateUnknown: ev.FinalStateUnknown,
+func (c *Controller[T]) runTurn(ctx context.Context, item queue.Item[opkit.Key, opkit.Cause[T]], log *slog.Logger) {
+	key, cause := item.Key, item.Value
+	t := &turn[T]{key: key, retries: c.retries.count(key, cause.Retries), asked: cause.Sources, log: log.With("key", key.String())}
+	var term int32
+	if c.termOf != nil {
+		term, _ = c.termOf(ctx)
 	}
-	if ev.Source == opkit.Operator && !ev.Requeued && !ev.Retried && c.cfg.RecordTriggerEvents && !isNil(ev.Object) {
-		// Before the re-fetch: a trigger whose first read fails is retried
-		// with Retries 1 and would go unrecorded.
-		note := "reconcile requested by an external trigger"
-		if ev.Reason != "" {
-			note += ": " + ev.Reason
+	base := Request[T]{Key: key, Sources: cause.Sources, Reasons: cause.Reasons, Retries: t.retries, Term: term}
+	deletes := c.watch.Deletes(key)
+	for _, d := range deletes {
+		req := base
+		req.Object, req.Type, req.FinalStateUnknown = d.Object, opkit.Deleted, d.FinalStateUnknown
+		if c.run(ctx, t, req) {
+			c.watch.Settle(key, d.Object.GetUID(), d.Object.GetResourceVersion())
 		}
-		if err := c.rec.Record(ctx, ev.Object, EventSpec{Type: EventNormal, Reason: "Triggered", Action: "Reconcile", Note: note}); err != nil {
-			log.Warn("recording the trigger event failed", "err", err)
-		}
-	}
-	if c.needsRefetch(item) {
-		c.metrics.Refetched()
-		obj, err := c.refetch(ctx, item.Key)
-		switch {
-		case typed.Gone(err, item.Key.Name):
-			log.Debug("object gone before its reconcile: skipped")
-			c.metrics.Skipped(SkipGone)
-			c.fails.forget(item.Key, "") // no object of the name is left
-			return
-		case err != nil:
-			// Not the reconciler's fault, but retried the same way. The
-			// retry carries no object: the one it came with may be of
-			// another object of the name (a stale trigger), which must not
-			// decide what the retry merges with; it reads the name again
-			// (a Warning Event when it is given up on names the key).
-			c.afterReconcile(ctx, item, req, Done(), fmt.Errorf("re-fetch: %w", typed.Explain(err, c.cfg.Resource, item.Key.Name)), 0, true, log)
+		if t.interrupted {
 			return
 		}
-		req.Object = obj
 	}
-	if c.sel != nil && !isNil(req.Object) && ev.Type != opkit.Deleted &&
-		!c.sel.Matches(labels.Set(req.Object.GetLabels())) {
-		// The object, as it is now (a trigger's, or one read again for a
-		// requeue or a retry), is not one the watch sees: another
-		// controller's (a shard selected by label), or one that left the
-		// selector, whose Deleted the watch delivers. Deletes are never
-		// skipped: the watch's carry an object that left the selector or a
-		// tombstone without labels (a Deleted trigger may have taken one),
-		// and a Deleted trigger was judged when it was submitted.
-		log.Info("object does not match the watch's label selector: skipped", "selector", c.sel.String())
-		c.metrics.Skipped(SkipOutOfScope)
-		c.fails.forget(item.Key, types.UID(uidOf(req.Object)))
+	c.live(ctx, t, base, cause, len(deletes) > 0)
+	if t.interrupted {
+		// The next term (or process) starts with a full list, and the
+		// ledger brings back what was not settled.
 		return
 	}
-	start := time.Now()
-	res, err := c.call(ctx, req, log)
-	c.afterReconcile(ctx, item, req, res, err, time.Since(start), false, log)
+	if t.failed {
+		delay := max(c.retries.when(key), t.floor)
+		t.log.Warn("turn failed: retrying", "after", delay, "failures", t.retries+1)
+		c.add(key, t.again, queue.AddOptions{Delay: delay, Priority: item.Priority}, t.log)
+	} else {
+		c.retries.forget(key)
+	}
+	if t.requeue {
+		c.add(key, t.again, queue.AddOptions{Delay: t.after, Priority: c.cfg.Watch.Priority}, t.log)
+	}
 }
 
-// refetch reads the object from the API server, bounded by the
-// per-reconcile timeout so that a hung API server cannot hold a worker
-// until the term or the drain ends.
-func (c *Controller[T]) refetch(ctx context.Context, key opkit.Key) (T, error) {
+// live reconciles the object that has the key's name now, if any: as the
+// watch saw it last when the cause carries that state, else as read from
+// the API server. A teardown reconciles it as Deleted; when it is gone,
+// the teardown is served by the turn's deletes, if any, or reconciles the
+// newest state known.
+func (c *Controller[T]) live(ctx context.Context, t *turn[T], req Request[T], cause opkit.Cause[T], hadDeletes bool) {
+	req.Type = opkit.Modified
+	if cause.Added {
+		req.Type = opkit.Added
+	}
+	if cause.Teardown {
+		req.Type = opkit.Deleted
+	}
+	if req.Sources.Has(opkit.Operator) && c.cfg.RecordTriggerEvents {
+		// On the object the trigger named (a trigger carries one), before
+		// it is read: the trigger is recorded whatever the read finds.
+		note := "reconcile requested by an external trigger"
+		if len(req.Reasons) > 0 {
+			note += ": " + strings.Join(req.Reasons, "; ")
+		}
+		if err := c.rec.Record(ctx, cause.Object, EventSpec{Type: EventNormal, Reason: "Triggered", Action: "Reconcile", Note: note}); err != nil {
+			t.log.Warn("recording the trigger event failed", "err", err)
+		}
+	}
+	obj, err := c.liveObject(ctx, req.Key, cause)
+	if err != nil {
+		// Not the reconciler's fault, but retried the same way.
+		if !c.outcome(ctx, t, req, Done(), fmt.Errorf("re-fetch: %w", typed.Explain(err, c.cfg.Resource, req.Key.Name)), 0) {
+			c.retryAs(t, req)
+		}
+		return
+	}
+	switch {
+	case !isNil(obj) && !cause.Teardown && c.sel != nil && !c.sel.Matches(labels.Set(obj.GetLabels())):
+		// Not an object the watch sees (a trigger's for another shard, or
+		// one that left the selector, whose delete the watch delivers).
+		t.log.Info("object does not match the watch's label selector: skipped", "selector", c.sel.String())
+		c.metrics.Skipped(SkipOutOfScope)
+		return
+	case !isNil(obj):
+	case !cause.Teardown:
+		if cause.Sources.Has(opkit.Operator) {
+			t.log.Debug("triggered object not found: skipped")
+			c.metrics.Skipped(SkipGone)
+		}
+		return
+	case hadDeletes:
+		return // the teardown of an object gone: its delete was reconciled
+	case !isNil(cause.Object):
+		obj = cause.Object
+	default:
+		obj, req.FinalStateUnknown = typed.Tombstone[T](req.Key, "", ""), true
+	}
+	req.Object = obj
+	if !c.run(ctx, t, req) {
+		c.retryAs(t, req)
+	}
+}
+
+// retryAs makes the key's next turn reconcile the live object the way
+// req did (Added, or a teardown). The turn reads it again: a re-add
+// carries no object, and no source or reason (they reached this turn).
+func (c *Controller[T]) retryAs(t *turn[T], req Request[T]) {
+	t.again.Merge(opkit.Cause[T]{Added: req.Type == opkit.Added, Teardown: req.Type == opkit.Deleted})
+}
+
+// liveObject returns the object that has key's name now, or a nil T when
+// there is none: the one the cause carries when it is the latest state
+// the watch has seen (by resourceVersion); nothing, without a read, when
+// the watch sees no object of the name and no trigger asked; else what
+// the API server has.
+func (c *Controller[T]) liveObject(ctx context.Context, key opkit.Key, cause opkit.Cause[T]) (T, error) {
+	var none T
+	rv, seen := c.watch.ResourceVersion(key)
+	switch {
+	case seen && !isNil(cause.Object) && cause.Object.GetResourceVersion() == rv:
+		return cause.Object, nil
+	case !seen && !cause.Sources.Has(opkit.Operator) && !cause.Teardown:
+		return none, nil
+	}
+	c.metrics.Refetched()
 	if c.cfg.Timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.cfg.Timeout)
 		defer cancel()
 	}
-	return c.client.Get(ctx, key)
+	obj, err := c.client.Get(ctx, key)
+	if typed.Gone(err, key.Name) {
+		return none, nil
+	}
+	return obj, err
+}
+
+// run calls the reconciler for req and applies the decision table of
+// [Reconciler] to its outcome; it reports whether req is finished (done,
+// terminal, or given up on).
+func (c *Controller[T]) run(ctx context.Context, t *turn[T], req Request[T]) bool {
+	start := time.Now()
+	res, err := c.call(ctx, req, t.log)
+	return c.outcome(ctx, t, req, res, err, time.Since(start))
+}
+
+func (c *Controller[T]) outcome(ctx context.Context, t *turn[T], req Request[T], res Result, err error, took time.Duration) (finished bool) {
+	log := t.log.With("type", req.Type.String(), "sources", req.Sources.String(), "retry", req.Retries)
+	after, requeue := res.Requeue()
+	switch {
+	case err == nil && !requeue:
+		c.metrics.Reconciled(OutcomeDone, took)
+		log.Debug("reconciled", "took", took)
+		return true
+	case err == nil:
+		c.metrics.Reconciled(OutcomeRequeue, took)
+		log.Debug("reconciled; requeued", "after", after, "took", took)
+		if !t.requeue || after < t.after {
+			t.requeue, t.after = true, after
+		}
+		return false
+	case ctx.Err() != nil:
+		// The term ended or the drain ran out: not the reconciler's failure,
+		// and nothing may be written any more.
+		c.metrics.Reconciled(OutcomeInterrupted, took)
+		log.Info("reconcile interrupted by shutdown or the end of the term", "err", err)
+		t.interrupted = true
+		return false
+	case IsTerminal(err):
+		c.metrics.Reconciled(OutcomeTerminal, took)
+		log.Error("reconcile failed with a terminal error: not retried", "err", err)
+		c.record(ctx, req, "ReconcileTerminalError", err, log)
+		return true
+	case c.cfg.MaxRetries >= 0 && t.retries >= c.cfg.MaxRetries && t.asked == 0:
+		c.metrics.Reconciled(OutcomeGaveUp, took)
+		log.Error("reconcile failed on its last retry: given up", "err", err, "maxRetries", c.cfg.MaxRetries)
+		c.record(ctx, req, "ReconcileFailed", fmt.Errorf("gave up after %d retries: %w", t.retries, err), log)
+		return true
+	}
+	c.metrics.Reconciled(OutcomeRetry, took)
+	log.Warn("reconcile failed", "err", err)
+	t.failed = true
+	if requeue {
+		t.floor = max(t.floor, after)
+	}
+	return false
 }
 
 // call runs the reconciler with the per-reconcile timeout and turns a panic
@@ -655,121 +721,22 @@ func (c *Controller[T]) call(ctx context.Context, req Request[T], log *slog.Logg
 	return c.cfg.Reconciler.Reconcile(ctx, req)
 }
 
-// afterReconcile applies the decision table of [Reconciler]. With
-// readAgain (the re-fetch failed), a re-add carries no object and reads
-// the name again.
-func (c *Controller[T]) afterReconcile(ctx context.Context, item queue.Item[opkit.Key, opkit.Event[T]], req Request[T], res Result, err error, took time.Duration, readAgain bool, log *slog.Logger) {
-	ev := item.Value
-	if !isNil(req.Object) {
-		ev.Object = req.Object
-	}
-	// The object's failure streak ends with any outcome but a retry (and
-	// an interruption, which the end of the term deals with).
-	uid := types.UID(uidOf(req.Object))
-	subject := req.Object // what a failure Event is about
-	if readAgain {
-		// The object it came with may be an earlier one of the name: the
-		// re-add reads the name again, the failure counts for the key's
-		// streak whatever object it has, and an Event names the key.
-		var none T
-		ev.Object, uid, subject = none, "", none
-	}
-	ev.Fetched = false // a re-add is read again (no object, or a retry) in any case
-	after, requeue := res.Requeue()
-	// The watcher keeps a deleted object's key until its delete is dealt
-	// with (done, terminal, given up on), so that the next term's list
-	// brings it back if the queue loses it while it is retried, requeued
-	// or interrupted.
-	settle := func() {
-		// Only the watch's deletes: a Deleted trigger's own object is its
-		// caller's snapshot, and settling by it could drop a tombstone
-		// whose own entry the end of a term then clears (a trigger that
-		// took the watch's delete is marked Watched: MergeEvents).
-		if ev.Type == opkit.Deleted && watchDelete(ev) && !isNil(ev.Object) {
-			c.watch.Settle(item.Key, ev.Object.GetUID(), ev.Object.GetResourceVersion())
-		}
-	}
-	switch {
-	case err == nil && !requeue:
-		c.fails.forget(item.Key, uid)
-		settle()
-		c.metrics.Reconciled(OutcomeDone, took)
-		log.Debug("reconciled", "took", took)
-	case err == nil:
-		c.fails.forget(item.Key, uid)
-		c.metrics.Reconciled(OutcomeRequeue, took)
-		log.Debug("reconciled; requeued", "after", after, "took", took)
-		if ev.Type != opkit.Deleted {
-			// The object the reconciler saw may be older than its own writes:
-			// without an object the next attempt re-fetches (needsRefetch).
-			var none T
-			ev.Object = none
-		}
-		ev.Requeued = true
-		c.add(item.Key, ev, queue.AddOptions{Delay: after}, log)
-	case ctx.Err() != nil:
-		// The term ended or the drain ran out: not the reconciler's failure,
-		// and nothing may be written any more. The next term (or process)
-		// starts with a full list.
-		c.metrics.Reconciled(OutcomeInterrupted, took)
-		log.Info("reconcile interrupted by shutdown or the end of the term", "err", err)
-	case IsTerminal(err):
-		c.fails.forget(item.Key, uid)
-		settle()
-		c.metrics.Reconciled(OutcomeTerminal, took)
-		log.Error("reconcile failed with a terminal error: not retried", "err", err)
-		c.record(ctx, subjectOf(subject, item.Key), "ReconcileTerminalError", err, log)
-	case c.cfg.MaxRetries >= 0 && item.Retries >= c.cfg.MaxRetries:
-		c.fails.forget(item.Key, uid)
-		settle()
-		c.metrics.Reconciled(OutcomeGaveUp, took)
-		log.Error("reconcile failed on its last retry: dropped", "err", err, "maxRetries", c.cfg.MaxRetries)
-		c.record(ctx, subjectOf(subject, item.Key), "ReconcileFailed", fmt.Errorf("gave up after %d retries: %w", item.Retries, err), log)
-	default:
-		c.metrics.Reconciled(OutcomeRetry, took)
-		retries := item.Retries + 1
-		// The key's streak, not the request's retries: a new event that
-		// took over a pending retry does not restart the backoff. A delete
-		// backs off on its own retries: the object is gone (a new object
-		// of its name goes in front of the retry: MergeEvents).
-		streak := retries
-		if ev.Type == opkit.Deleted {
-			c.fails.forget(item.Key, uid)
-		} else {
-			streak = max(retries, c.fails.fail(item.Key, uid))
-		}
-		delay := c.cfg.Backoff.Delay(streak)
-		if requeue {
-			delay = max(delay, after)
-		}
-		log.Warn("reconcile failed: retrying", "err", err, "after", delay)
-		ev.Retried = true
-		c.add(item.Key, ev, queue.AddOptions{Delay: delay, Retries: retries, Priority: item.Priority}, log)
-	}
-}
-
-func (c *Controller[T]) add(key opkit.Key, ev opkit.Event[T], opts queue.AddOptions, log *slog.Logger) {
-	if out := c.queue.Add(key, ev, opts); !out.Accepted() {
+func (c *Controller[T]) add(key opkit.Key, cause opkit.Cause[T], opts queue.AddOptions, log *slog.Logger) {
+	if out := c.queue.Add(key, cause, opts); !out.Accepted() {
 		log.Debug("requeue dropped", "outcome", out.String())
 	}
 }
 
-// subjectOf is what a failure Event is about: the request's object, or,
-// when its read failed (the object it came with may be an earlier one of
-// the name), a reference to the key: the Event then names the object by
-// kind, namespace and name.
-func subjectOf[T opkit.Object](obj T, key opkit.Key) T {
-	if isNil(obj) {
-		return typed.Tombstone[T](key, "", "")
-	}
-	return obj
-}
-
-// record writes a Warning Event about a failure on obj; the recorder's own
+// record writes a Warning Event about a failure of req: on its object, or
+// on the key when it has none (a read that failed); the recorder's own
 // timeout bounds it even when ctx has ended.
-func (c *Controller[T]) record(ctx context.Context, obj T, reason string, err error, log *slog.Logger) {
-	if c.rec == nil || isNil(obj) {
+func (c *Controller[T]) record(ctx context.Context, req Request[T], reason string, err error, log *slog.Logger) {
+	if c.rec == nil {
 		return
+	}
+	obj := req.Object
+	if isNil(obj) {
+		obj = typed.Tombstone[T](req.Key, "", "")
 	}
 	if rerr := c.rec.Record(context.WithoutCancel(ctx), obj, EventSpec{Type: EventWarning, Reason: reason, Action: "Reconcile", Note: err.Error()}); rerr != nil {
 		log.Warn("recording the failure event failed", "err", rerr)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -33,6 +34,7 @@ import (
 type call struct {
 	at      time.Time
 	req     reconcile.Request[*Widget]
+	err     error // what the reconciler returned
 	ctxErr  error // the context's error when the reconciler returned
 	retries int
 }
@@ -55,7 +57,7 @@ func (r *recorder) Reconcile(ctx context.Context, req reconcile.Request[*Widget]
 		res, err = r.do(ctx, n, req)
 	}
 	r.mu.Lock()
-	r.calls[n].ctxErr = ctx.Err()
+	r.calls[n].ctxErr, r.calls[n].err = ctx.Err(), err
 	r.mu.Unlock()
 	return res, err
 }
@@ -170,6 +172,46 @@ func (e *env) setSize(t *testing.T, name string, size int) {
 	}
 }
 
+// update changes ns/name through the fake API server as a real one would:
+// a new resourceVersion, and a watch event for it.
+func (e *env) update(t *testing.T, name string, mutate func(*Widget)) {
+	t.Helper()
+	c := typed.New[*Widget](e.dyn, widgets)
+	w, err := c.Get(context.Background(), opkit.Key{Namespace: "ns", Name: name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mutate(w)
+	rv, _ := strconv.Atoi(w.ResourceVersion)
+	w.ResourceVersion = strconv.Itoa(rv + 1)
+	if _, err := c.Update(context.Background(), w); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// countEvents counts the Kubernetes Events recorded with reason.
+func countEvents(t *testing.T, e *env, reason string) int {
+	t.Helper()
+	n := 0
+	for _, ev := range e.events(t) {
+		if ev.Reason == reason {
+			n++
+		}
+	}
+	return n
+}
+
+// summarize returns "sources type reasons" of each call.
+func summarize(calls []call) []string {
+	var out []string
+	for _, c := range calls {
+		out = append(out, strings.TrimSpace(fmt.Sprintf("%s %s %s", c.req.Sources, c.req.Type, strings.Join(c.req.Reasons, ","))))
+	}
+	return out
+}
+
+var apiServer = opkit.Sources(opkit.APIServer)
+
 func TestControllerReconcilesEveryListedObjectOnceWithoutRefetch(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rec := &recorder{}
@@ -177,7 +219,7 @@ func TestControllerReconcilesEveryListedObjectOnceWithoutRefetch(t *testing.T) {
 		synctest.Wait()
 		var names []string
 		for _, c := range rec.snapshot() {
-			if c.req.Type != opkit.Added || c.req.Source != opkit.APIServer || c.req.Retries != 0 || c.req.Object.Name != c.req.Key.Name {
+			if c.req.Type != opkit.Added || c.req.Sources != apiServer || c.req.Retries != 0 || c.req.Object.Name != c.req.Key.Name {
 				t.Errorf("request %+v", c.req)
 			}
 			names = append(names, c.req.Key.Name)
@@ -227,68 +269,65 @@ func TestControllerRetriesWithBackoffThenGivesUpAndRecordsAnEvent(t *testing.T) 
 	})
 }
 
-// One trigger is one "Triggered" Event and one triggered reconcile: its
-// retries keep the attribution but record nothing more, and once it
-// succeeded, the requeues it asks for (and watch events merged into them)
-// are no longer the trigger's.
+// One trigger is one "Triggered" Event and one turn that names it: its
+// retry and the requeues that follow carry no source (they are the
+// controller's own), and a watch event merged into a requeue brings its
+// own source.
 func TestControllerRecordsATriggerOnceAcrossItsRetriesAndRequeues(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rec := &recorder{do: func(_ context.Context, n int, req reconcile.Request[*Widget]) (reconcile.Result, error) {
-			if req.Source == opkit.Operator && req.Retries == 0 && !req.Requeued {
+			if req.Sources.Has(opkit.Operator) {
 				return reconcile.Done(), errors.New("not yet") // the triggered attempt fails once
 			}
-			return reconcile.RequeueAfter(10 * time.Second), nil // then it polls
+			if req.Sources == 0 {
+				return reconcile.RequeueAfter(10 * time.Second), nil // then it polls
+			}
+			return reconcile.Done(), nil
 		}}
 		e := start(t, rec, func(c *reconcile.Config[*Widget]) { c.RecordTriggerEvents = true }, widget("a"))
 		synctest.Wait()
-		e.ctrl.Trigger().Enqueue(context.Background(), widget("a"), opkit.Modified, opkit.Operator, 0, 0)
-		time.Sleep(55 * time.Second)
+		e.ctrl.Trigger().Submit(context.Background(), trigger.Request[*Widget]{Object: widget("a"), Type: opkit.Modified, Source: opkit.Operator, Reason: "deployed"})
+		time.Sleep(25 * time.Second)
 		synctest.Wait()
-		// A watch event merges into the pending requeue and replaces it.
-		c := typed.New[*Widget](e.dyn, widgets)
-		w, err := c.Get(context.Background(), opkit.Key{Namespace: "ns", Name: "a"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		w.Spec.Size, w.ResourceVersion = 2, "2" // the fake does not bump it
-		if _, err := c.Update(context.Background(), w); err != nil {
-			t.Fatal(err)
-		}
+		e.update(t, "a", func(w *Widget) { w.Spec.Size = 2 }) // merges into the pending requeue
 		synctest.Wait()
 		var got []string
 		for _, c := range rec.snapshot() {
-			got = append(got, fmt.Sprintf("%s retries=%d requeued=%v", c.req.Source, c.retries, c.req.Requeued))
+			got = append(got, fmt.Sprintf("%s retries=%d %v", c.req.Sources, c.retries, c.req.Reasons))
 		}
-		if len(got) < 8 || got[1] != "Operator retries=0 requeued=false" || got[2] != "Operator retries=1 requeued=false" ||
-			got[3] != "Operator retries=0 requeued=true" || got[len(got)-1] != "APIServer retries=0 requeued=false" {
-			t.Fatalf("reconciles:\n %s\nwant the trigger, its retry, then requeues, the last one replaced by the watch event", strings.Join(got, "\n "))
+		want := []string{
+			"APIServer retries=0 []",        // the list
+			"Operator retries=0 [deployed]", // the trigger, which fails
+			"none retries=1 []",             // its retry, which polls
+			"none retries=0 []",             // a requeue
+			"none retries=0 []",             // another
+			"APIServer retries=0 []",        // the watch event, merged into the next requeue
 		}
-		var triggered int
-		for _, ev := range e.events(t) {
-			if ev.Reason == "Triggered" {
-				triggered++
-			}
+		if !slices.Equal(got, want) {
+			t.Fatalf("reconciles:\n %s\nwant\n %s", strings.Join(got, "\n "), strings.Join(want, "\n "))
 		}
-		if triggered != 1 {
-			t.Fatalf("%d Triggered Events over %d reconciles, want 1", triggered, len(got))
+		if n := countEvents(t, e, "Triggered"); n != 1 {
+			t.Fatalf("%d Triggered Events, want 1", n)
 		}
 	})
 }
 
-// A trigger whose first re-fetch fails is still recorded, once.
+// A trigger whose read fails is still recorded, once, and its retry
+// reads again.
 func TestControllerRecordsATriggerWhoseFirstReadFails(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rec := &recorder{}
 		e := start(t, rec, func(c *reconcile.Config[*Widget]) { c.RecordTriggerEvents = true }, widget("a"))
 		synctest.Wait()
 		failGets(e, 1, apierrors.NewInternalError(errors.New("etcd leader changed")))
-		e.ctrl.Trigger().Enqueue(context.Background(), widget("a"), opkit.Modified, opkit.Operator, 0, 0)
+		stale := widget("a", func(w *Widget) { w.ResourceVersion = "" }) // a key-only copy: read for its turn
+		e.ctrl.Trigger().Enqueue(context.Background(), stale, opkit.Modified, opkit.Operator, 0, 0)
 		time.Sleep(time.Minute)
 		synctest.Wait()
 		calls := rec.snapshot()
 		last := calls[len(calls)-1]
-		if len(calls) != 2 || last.req.Source != opkit.Operator || last.retries != 1 {
-			t.Fatalf("%d calls, last %+v; want the trigger reconciled on its retry", len(calls), last.req)
+		if len(calls) != 2 || last.req.Sources != 0 || last.retries != 1 || last.req.Object.ResourceVersion != "1" {
+			t.Fatalf("%d calls, last %+v; want the object reconciled on the trigger's retry, as read", len(calls), last.req)
 		}
 		if triggered := countEvents(t, e, "Triggered"); triggered != 1 {
 			t.Fatalf("%d Triggered Events, want 1", triggered)
@@ -412,7 +451,11 @@ func TestControllerTurnsAPanicIntoARetriedError(t *testing.T) {
 	})
 }
 
-func TestControllerRefetchesAWaitingRequestAndSkipsAVanishedObject(t *testing.T) {
+// A retry reads the object again (here it changed without the watch
+// seeing it); a trigger for an object that no longer exists is skipped;
+// one that carries a state older than the watch's latest is reconciled
+// with what the API server has.
+func TestControllerReadsARetryAndSkipsAVanishedObject(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rec := &recorder{do: func(_ context.Context, n int, _ reconcile.Request[*Widget]) (reconcile.Result, error) {
 			if n == 0 {
@@ -422,7 +465,6 @@ func TestControllerRefetchesAWaitingRequestAndSkipsAVanishedObject(t *testing.T)
 		}}
 		e := start(t, rec, nil, widget("a"))
 		synctest.Wait()
-		// While the retry waits, the object changes without a watch event.
 		e.setSize(t, "a", 7)
 		time.Sleep(time.Minute)
 		synctest.Wait()
@@ -431,7 +473,6 @@ func TestControllerRefetchesAWaitingRequestAndSkipsAVanishedObject(t *testing.T)
 			t.Fatalf("calls %+v; want the retry to see size 7", calls)
 		}
 
-		// A trigger for an object that no longer exists is skipped.
 		gone := widget("gone")
 		if ok, err := e.ctrl.Trigger().Enqueue(context.Background(), gone, opkit.Modified, opkit.Operator, 0, 0); !ok || err != nil {
 			t.Fatalf("Enqueue = %v, %v", ok, err)
@@ -441,29 +482,30 @@ func TestControllerRefetchesAWaitingRequestAndSkipsAVanishedObject(t *testing.T)
 			t.Fatalf("%d calls, %d skipped; want the vanished object skipped", n, e.metrics.skipped)
 		}
 
-		// A trigger carrying a stale object is reconciled with the fresh one.
-		stale := widget("a") // size 1
-		e.setSize(t, "a", 9)
+		stale := widget("a") // resourceVersion 1, size 1
+		e.update(t, "a", func(w *Widget) { w.Spec.Size = 9 })
+		synctest.Wait()
 		e.ctrl.Trigger().Enqueue(context.Background(), stale, opkit.Modified, opkit.Operator, 0, 0)
 		synctest.Wait()
 		calls = rec.snapshot()
-		if len(calls) != 3 || calls[2].req.Object.Spec.Size != 9 || calls[2].req.Source != opkit.Operator {
-			t.Fatalf("calls %+v; want the trigger reconciled with size 9", calls[len(calls)-1])
+		if last := calls[len(calls)-1]; last.req.Object.Spec.Size != 9 || !last.req.Sources.Has(opkit.Operator) {
+			t.Fatalf("last call %+v; want the trigger reconciled with size 9", last.req)
 		}
 	})
 }
 
-// A re-fetch answered with a NotFound that names no object means the API
+// A read answered with a NotFound that names no object means the API
 // server does not serve the resource (its CRD being reinstalled, say), not
-// that the object is gone: the request is retried, not skipped.
-func TestControllerRetriesARefetchWhileTheResourceIsNotServed(t *testing.T) {
+// that the object is gone: the turn is retried, not skipped.
+func TestControllerRetriesAReadWhileTheResourceIsNotServed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rec := &recorder{}
 		e := start(t, rec, nil, widget("a"))
 		synctest.Wait()
 		before := len(rec.snapshot())
 		failGets(e, 2, apierrors.NewGenericServerResponse(404, "get", schema.GroupResource{}, "", "404 page not found", 0, true))
-		if ok, err := e.ctrl.Trigger().Enqueue(context.Background(), widget("a"), opkit.Modified, opkit.Operator, 0, 0); !ok || err != nil {
+		keyOnly := widget("a", func(w *Widget) { w.ResourceVersion = "" })
+		if ok, err := e.ctrl.Trigger().Enqueue(context.Background(), keyOnly, opkit.Modified, opkit.Operator, 0, 0); !ok || err != nil {
 			t.Fatalf("Enqueue = %v, %v", ok, err)
 		}
 		synctest.Wait()
@@ -473,111 +515,58 @@ func TestControllerRetriesARefetchWhileTheResourceIsNotServed(t *testing.T) {
 		time.Sleep(time.Minute)
 		synctest.Wait()
 		calls := rec.snapshot()
-		if len(calls) != before+1 || calls[before].req.Source != opkit.Operator || calls[before].retries != 2 || e.metrics.skipped != 0 {
-			t.Fatalf("calls %+v, %d skipped; want the trigger reconciled on its second retry", calls[before:], e.metrics.skipped)
+		if len(calls) != before+1 || calls[before].retries != 2 || e.metrics.skipped != 0 {
+			t.Fatalf("calls %+v, %d skipped; want the object reconciled on the second retry", calls[before:], e.metrics.skipped)
 		}
 	})
 }
 
-// A trigger marked Fetched (the HTTP handler and the consumer mark theirs)
-// is reconciled with the object it carries when a worker takes it within
-// FreshFor: no second read of the API server. One that waited longer (here
-// delayed) is re-fetched like any request that waited.
-func TestControllerTrustsAFetchedTriggerWhileFresh(t *testing.T) {
+// A trigger whose object is at the watch's latest resourceVersion (what
+// the HTTP handler and the consumer read) is reconciled with that object,
+// without another read; one behind the watch is read again: reconciling
+// it would put an older state after a newer one, with nothing to follow.
+func TestControllerTrustsATriggerAtTheWatchesLatestState(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rec := &recorder{}
 		e := start(t, rec, nil, widget("a"))
 		synctest.Wait()
 		before := e.metrics.refetched
-
-		// The trigger carries size 5 while the server holds size 1, so a
-		// re-fetch would show.
-		w := widget("a")
-		w.Spec.Size = 5
-		req := trigger.Request[*Widget]{Object: w, Type: opkit.Modified, Source: opkit.Operator, Reason: "ci", Fetched: true}
-		if o, err := e.ctrl.Trigger().Submit(context.Background(), req); err != nil || !o.Accepted() {
+		read := widget("a") // as read: resourceVersion 1
+		if o, err := e.ctrl.Trigger().Submit(context.Background(), trigger.Request[*Widget]{Object: read, Type: opkit.Modified, Source: opkit.Operator, Reason: "ci"}); err != nil || !o.Accepted() {
 			t.Fatalf("Submit = %v, %v", o, err)
 		}
 		synctest.Wait()
 		calls := rec.snapshot()
-		last := calls[len(calls)-1]
-		if last.req.Object.Spec.Size != 5 || last.req.Source != opkit.Operator || e.metrics.refetched != before {
-			t.Fatalf("reconciled size %d from %v after %d re-fetches; want the trigger's size 5 and no re-fetch",
-				last.req.Object.Spec.Size, last.req.Source, e.metrics.refetched-before)
+		if last := calls[len(calls)-1]; last.req.Object != read || e.metrics.refetched != before {
+			t.Fatalf("reconciled %p (the trigger's %p) after %d reads; want the trigger's object, no read", last.req.Object, read, e.metrics.refetched-before)
 		}
 
-		// Delayed past FreshFor: read again, and the server now says 7.
-		e.setSize(t, "a", 7)
-		req.Delay = 2 * time.Second
-		if o, err := e.ctrl.Trigger().Submit(context.Background(), req); err != nil || !o.Accepted() {
+		e.update(t, "a", func(w *Widget) { w.Spec.Size = 7 }) // the watch delivers resourceVersion 2
+		synctest.Wait()
+		if o, err := e.ctrl.Trigger().Submit(context.Background(), trigger.Request[*Widget]{Object: read, Type: opkit.Modified, Source: opkit.Operator}); err != nil || !o.Accepted() {
 			t.Fatalf("Submit = %v, %v", o, err)
 		}
-		time.Sleep(2 * time.Second)
 		synctest.Wait()
 		calls = rec.snapshot()
-		last = calls[len(calls)-1]
-		if last.req.Object.Spec.Size != 7 || e.metrics.refetched != before+1 {
-			t.Fatalf("reconciled size %d after %d re-fetches; want 7 after one", last.req.Object.Spec.Size, e.metrics.refetched-before)
+		if last := calls[len(calls)-1]; last.req.Object.Spec.Size != 7 || e.metrics.refetched != before+1 {
+			t.Fatalf("reconciled size %d after %d reads; want 7 after one", last.req.Object.Spec.Size, e.metrics.refetched-before)
 		}
 	})
 }
 
-// A fetched trigger whose GET was answered before the watch delivered a
-// newer state is read again: trusting it would reconcile the older state
-// after the newer one, with nothing to follow. Its resourceVersion is not
-// the watcher's latest for the key, which is how the controller tells.
-func TestControllerRefetchesAFetchedTriggerBehindTheWatch(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		rec := &recorder{}
-		e := start(t, rec, nil, widget("a")) // resourceVersion 1, size 1
-		synctest.Wait()
-		got := widget("a") // what a trigger's GET returned: RV 1
-
-		// Then the object changes, and the watch delivers RV 2 (size 7).
-		newer := widget("a", func(w *Widget) { w.ResourceVersion, w.Spec.Size = "2", 7 })
-		u, _ := typed.ToUnstructured(newer)
-		if _, err := e.dyn.Resource(widgets.GroupVersionResource).Namespace("ns").Update(context.Background(), u, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		synctest.Wait()
-		before := e.metrics.refetched
-
-		// The trigger with the older GET result arrives afterwards.
-		req := trigger.Request[*Widget]{Object: got, Type: opkit.Modified, Source: opkit.Operator, Fetched: true}
-		if o, err := e.ctrl.Trigger().Submit(context.Background(), req); err != nil || !o.Accepted() {
-			t.Fatalf("Submit = %v, %v", o, err)
-		}
-		synctest.Wait()
-		calls := rec.snapshot()
-		last := calls[len(calls)-1]
-		if last.req.Source != opkit.Operator || last.req.Object.Spec.Size != 7 || e.metrics.refetched != before+1 {
-			t.Fatalf("last reconcile: %v with size %d after %d re-fetches; want the trigger re-fetched (size 7)",
-				last.req.Source, last.req.Object.Spec.Size, e.metrics.refetched-before)
-		}
-
-		// A GET that returned the watch's latest (RV 2) is trusted.
-		req.Object = newer
-		if o, err := e.ctrl.Trigger().Submit(context.Background(), req); err != nil || !o.Accepted() {
-			t.Fatalf("Submit = %v, %v", o, err)
-		}
-		synctest.Wait()
-		if e.metrics.refetched != before+1 {
-			t.Fatalf("a trigger at the watch's resourceVersion was re-fetched")
-		}
-	})
-}
-
-func TestControllerRefetchesWatchEntriesThatWaitedInABacklog(t *testing.T) {
+// Watch entries that waited in a backlog are reconciled as the watch saw
+// them: the watch's latest state needs no read, however long it waited.
+func TestControllerDoesNotReadWatchEntriesThatWaitedInABacklog(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rec := &recorder{do: func(context.Context, int, reconcile.Request[*Widget]) (reconcile.Result, error) {
-			time.Sleep(2 * time.Second) // longer than FreshFor (1s)
+			time.Sleep(2 * time.Second)
 			return reconcile.Done(), nil
 		}}
 		e := start(t, rec, func(c *reconcile.Config[*Widget]) { c.Concurrency = 1 }, widget("a"), widget("b"), widget("c"))
 		time.Sleep(time.Minute)
 		synctest.Wait()
-		if n := len(rec.snapshot()); n != 3 || e.metrics.refetched != 2 {
-			t.Fatalf("%d calls, %d re-fetches; want 3 calls, the 2 that waited re-fetched", n, e.metrics.refetched)
+		if n := len(rec.snapshot()); n != 3 || e.metrics.refetched != 0 {
+			t.Fatalf("%d calls, %d reads; want 3 calls and no read", n, e.metrics.refetched)
 		}
 	})
 }
@@ -658,7 +647,7 @@ func TestControllerNeverRunsTwoReconcilesOfOneKeyAtOnce(t *testing.T) {
 		}
 		time.Sleep(50 * time.Microsecond)
 		n.Add(-1)
-		if req.Reason == "last" {
+		if slices.Contains(req.Reasons, "last") {
 			if _, loaded := last.LoadOrStore(req.Key, true); !loaded {
 				lastSeen.Add(1)
 			}
@@ -679,8 +668,8 @@ func TestControllerNeverRunsTwoReconcilesOfOneKeyAtOnce(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	// A final trigger per key: the newest payload wins on merge, so each
-	// key's last reconcile carries this reason.
+	// A final trigger per key: its reason reaches a reconcile of the key,
+	// merged with whatever else is pending.
 	for _, k := range keys {
 		if _, err := e.ctrl.Trigger().Submit(context.Background(), trigger.Request[*Widget]{Object: widget(k), Type: opkit.Modified, Source: opkit.Operator, Reason: "last"}); err != nil {
 			t.Fatal(err)
@@ -721,7 +710,7 @@ func TestNewControllerValidatesItsConfig(t *testing.T) {
 	}
 }
 
-func TestControllerRefetchesARequeuedObjectTheReconcilerChanged(t *testing.T) {
+func TestControllerReadsARequeuedObjectTheReconcilerChanged(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		// The fake exists before the controller starts: the first reconcile
 		// may run before start returns.
@@ -737,20 +726,14 @@ func TestControllerRefetchesARequeuedObjectTheReconcilerChanged(t *testing.T) {
 			if _, err := typed.New[*Widget](fake, widgets).Update(ctx, &w); err != nil {
 				return reconcile.Done(), err
 			}
-			time.Sleep(time.Millisecond) // the write's watch event reaches the queue meanwhile
 			return reconcile.RequeueAfter(0), nil
 		}}
 		start(t, rec, func(c *reconcile.Config[*Widget]) { c.Dynamic = fake })
 		time.Sleep(time.Minute)
 		synctest.Wait()
 		calls := rec.snapshot()
-		if len(calls) < 2 {
-			t.Fatalf("%d calls, want the requeue reconciled", len(calls))
-		}
-		for i, c := range calls[1:] {
-			if c.req.Object.Spec.Size != 5 {
-				t.Errorf("call %d after the requeue saw size %d, want the reconciler's own write (5)", i+1, c.req.Object.Spec.Size)
-			}
+		if len(calls) != 2 || calls[1].req.Object.Spec.Size != 5 {
+			t.Fatalf("calls %+v; want the requeue to read the reconciler's own write (size 5)", calls)
 		}
 	})
 }
@@ -758,13 +741,15 @@ func TestControllerRefetchesARequeuedObjectTheReconcilerChanged(t *testing.T) {
 // The controller's trigger reaches only what its watch sees: a controller
 // for one namespace and label selector does not reconcile other objects on
 // a trigger's word (another shard's, or outside its RBAC). Labels are
-// judged on the object read for the reconcile, not on the caller's copy.
+// judged on the object the turn reconciles, read for it unless the
+// trigger's copy is the watch's latest state.
 func TestControllerTriggerHasTheWatchScope(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rec := &recorder{}
 		shard := func(n string) func(*Widget) {
 			return func(w *Widget) { w.Labels = map[string]string{"shard": n} }
 		}
+		keyOnly := func(w *Widget) { w.ResourceVersion = "" }
 		e := start(t, rec, func(c *reconcile.Config[*Widget]) {
 			c.Watch.Namespace, c.Watch.LabelSelector = "ns", "shard=1"
 		}, widget("moved", shard("2")), widget("mine", shard("1")))
@@ -777,7 +762,7 @@ func TestControllerTriggerHasTheWatchScope(t *testing.T) {
 		// A stale copy that still says shard 1 (the object moved to shard 2),
 		// and a key-only copy of one in shard 1: both accepted, and judged
 		// as read for the reconcile.
-		for _, w := range []*Widget{widget("moved", shard("1")), widget("mine")} {
+		for _, w := range []*Widget{widget("moved", shard("1")), widget("mine", keyOnly)} {
 			if ok, err := tr.Enqueue(context.Background(), w, opkit.Modified, opkit.Operator, 0, 0); !ok || err != nil {
 				t.Errorf("Enqueue(%s) = %v, %v", w.Name, ok, err)
 			}
@@ -785,7 +770,7 @@ func TestControllerTriggerHasTheWatchScope(t *testing.T) {
 		synctest.Wait()
 		var triggered []string
 		for _, c := range rec.snapshot() {
-			if c.req.Source == opkit.Operator {
+			if c.req.Sources.Has(opkit.Operator) {
 				triggered = append(triggered, c.req.Key.Name)
 			}
 		}
@@ -796,9 +781,9 @@ func TestControllerTriggerHasTheWatchScope(t *testing.T) {
 }
 
 // An object that left the label selector while its reconcile ran: the
-// requeue that reconcile asks for reads the object again and finds it out
-// of the watch's scope, so the Deleted the watch delivered is the last
-// word. And a Deleted trigger is judged on the object it carries.
+// requeue that reconcile asks for finds the delete the watch delivered,
+// and no live object to read. A Deleted trigger is judged on the object
+// it carries.
 func TestControllerLabelScopeAfterTheWatch(t *testing.T) {
 	shard := func(n string) func(*Widget) { return func(w *Widget) { w.Labels = map[string]string{"shard": n} } }
 	t.Run("requeue of an object that left", func(t *testing.T) {
@@ -827,10 +812,9 @@ func TestControllerLabelScopeAfterTheWatch(t *testing.T) {
 			close(gate)
 			time.Sleep(time.Minute)
 			synctest.Wait()
-			calls := rec.snapshot()
-			if last := calls[len(calls)-1]; last.req.Type != opkit.Deleted || e.metrics.skippedN() != 1 {
-				t.Errorf("last reconcile %s %s (shard %s), %d skipped; want the Deleted last and the requeue skipped",
-					last.req.Source, last.req.Type, last.req.Object.Labels["shard"], e.metrics.skippedN())
+			got := summarize(rec.snapshot())
+			if want := []string{"APIServer Added", "APIServer Deleted"}; !slices.Equal(got, want) || e.metrics.refetched != 0 {
+				t.Errorf("reconciles %q after %d reads; want %q and no read", got, e.metrics.refetched, want)
 			}
 		})
 	})
@@ -854,15 +838,15 @@ func TestControllerLabelScopeAfterTheWatch(t *testing.T) {
 	})
 }
 
-// An external Deleted trigger for an object that still exists keeps its
-// reconcile when the watch then reports a change to the object.
-func TestControllerDeletedTriggerSurvivesAWatchModified(t *testing.T) {
+// A teardown (a Deleted trigger) of an object that still exists is a
+// Deleted reconcile of the object as it is now, also when the watch
+// reports a change to it while the teardown waits.
+func TestControllerATeardownOfALiveObjectSurvivesAWatchModified(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rec := &recorder{}
 		e, fw := startWithFakeWatch(t, rec, nil, widget("a"))
 		synctest.Wait()
 		submitDeleted(t, e)
-		e.setSize(t, "a", 3)
 		mod, err := typed.ToUnstructured(widget("a", func(w *Widget) { w.ResourceVersion, w.Spec.Size = "2", 3 }))
 		if err != nil {
 			t.Fatal(err)
@@ -870,16 +854,16 @@ func TestControllerDeletedTriggerSurvivesAWatchModified(t *testing.T) {
 		fw.Modify(mod) // the watch delivers a change while the trigger waits
 		time.Sleep(time.Minute)
 		synctest.Wait()
-		got := summarize(rec.snapshot()[1:])
-		found := slices.Contains(got, "Operator Deleted pipeline")
-		if !found {
-			t.Errorf("reconciles after the accepted Deleted trigger: %q; want its reconcile", got)
+		calls := rec.snapshot()
+		got := summarize(calls)
+		if want := []string{"APIServer Added", "APIServer|Operator Deleted pipeline"}; !slices.Equal(got, want) || calls[1].req.Object.Spec.Size != 3 {
+			t.Errorf("reconciles %q; want %q, of the object as the watch saw it last", got, want)
 		}
 	})
 }
 
-// trackedMetrics is a watcher.Metrics that records how many keys the
-// watcher tracks (tombstones included).
+// trackedMetrics is a watcher.Metrics that records how much the watcher
+// holds (live objects and unsettled deletes).
 type trackedMetrics struct {
 	mu sync.Mutex
 	n  int
@@ -893,10 +877,11 @@ func (m *trackedMetrics) Tracked(n int)                 { m.mu.Lock(); m.n = n; 
 func (*trackedMetrics) Observed(time.Time)              {}
 func (m *trackedMetrics) get() int                      { m.mu.Lock(); defer m.mu.Unlock(); return m.n }
 
-// A pending Deleted trigger absorbs the watch's delete of the same object
-// (being deleted with finalizers, then gone): its reconcile settles the
-// delete the watcher holds, so the watcher forgets the object.
-func TestControllerDeletedTriggerSettlesTheWatchDelete(t *testing.T) {
+// A teardown waiting when the object goes (being deleted with finalizers,
+// then gone) is served by the watch's delete, reconciled in the same
+// turn with its final state and settled: one Deleted reconcile, and the
+// watcher forgets the object.
+func TestControllerATeardownIsServedByTheWatchesDelete(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rec := &recorder{}
 		wm := &trackedMetrics{}
@@ -907,6 +892,9 @@ func TestControllerDeletedTriggerSettlesTheWatchDelete(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if err := e.dyn.Tracker().Delete(widgets.GroupVersionResource, "ns", "a"); err != nil {
+			t.Fatal(err)
+		}
 		fw.Delete(gone) // the object is gone while the trigger waits
 		time.Sleep(time.Minute)
 		synctest.Wait()
@@ -914,17 +902,17 @@ func TestControllerDeletedTriggerSettlesTheWatchDelete(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		fw.Add(z) // the watcher reports how many keys it tracks after each change
+		fw.Add(z) // the watcher reports how much it holds after each change
 		time.Sleep(time.Minute)
 		synctest.Wait()
 		var deletes []string
 		for _, c := range rec.snapshot() {
 			if c.req.Type == opkit.Deleted {
-				deletes = append(deletes, c.req.Source.String()+" "+c.req.Reason+" rv "+c.req.Object.ResourceVersion)
+				deletes = append(deletes, c.req.Sources.String()+" rv "+c.req.Object.ResourceVersion)
 			}
 		}
-		if n := wm.get(); n != 1 || len(deletes) != 1 {
-			t.Errorf("watcher tracks %d keys, deletes reconciled %q; want 1 key (z) and one delete (the trigger's, carrying the watch's rv 3)", n, deletes)
+		if n := wm.get(); n != 1 || !slices.Equal(deletes, []string{"APIServer|Operator rv 3"}) {
+			t.Errorf("watcher holds %d, deletes reconciled %q; want 1 (z) and the watch's delete (rv 3) once", n, deletes)
 		}
 	})
 }
@@ -944,8 +932,8 @@ func startWithFakeWatch(t *testing.T, rec *recorder, mod func(*reconcile.Config[
 	return e, fw
 }
 
-// submitDeleted submits an external Deleted trigger for widget ns/a, due in
-// ten seconds, with reason "pipeline".
+// submitDeleted submits a teardown (a Deleted trigger) of widget ns/a, due
+// in ten seconds, with reason "pipeline".
 func submitDeleted(t *testing.T, e *env) {
 	t.Helper()
 	req := trigger.Request[*Widget]{Object: widget("a"), Type: opkit.Deleted, Source: opkit.Operator, Reason: "pipeline", Delay: 10 * time.Second}
@@ -954,93 +942,136 @@ func submitDeleted(t *testing.T, e *env) {
 	}
 }
 
-// The watch's delete of an object that left the label selector (or a
-// tombstone, which has no labels) merged into a pending Deleted trigger is
-// reconciled and settled: deletes are never skipped as out of scope.
-func TestControllerDeletedTriggerTakesADeleteOutsideTheSelector(t *testing.T) {
+// A teardown of an object that is gone, whose delete the watch never
+// delivered, is a Deleted reconcile of the newest state known: the
+// object the trigger carried.
+func TestControllerATeardownOfAGoneObjectReconcilesTheTriggersObject(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rec := &recorder{}
-		wm := &trackedMetrics{}
-		shard := func(n string) func(*Widget) { return func(w *Widget) { w.Labels = map[string]string{"shard": n} } }
-		e, fw := startWithFakeWatch(t, rec, func(c *reconcile.Config[*Widget]) {
-			c.Watch.Metrics, c.Watch.LabelSelector = wm, "shard=1"
-		}, widget("a", shard("1")))
+		e := start(t, rec, nil)
 		synctest.Wait()
-		req := trigger.Request[*Widget]{Object: widget("a", shard("1")), Type: opkit.Deleted, Source: opkit.Operator, Reason: "pipeline", Delay: 10 * time.Second}
-		if o, err := e.ctrl.Trigger().Submit(context.Background(), req); err != nil || !o.Accepted() {
-			t.Fatalf("Submit = %v, %v", o, err)
+		obj := widget("a", func(w *Widget) { w.Spec.Size = 4 })
+		if ok, err := e.ctrl.Trigger().Enqueue(context.Background(), obj, opkit.Deleted, opkit.Operator, 0, 0); !ok || err != nil {
+			t.Fatalf("Enqueue = %v, %v", ok, err)
 		}
-		left, err := typed.ToUnstructured(widget("a", shard("2"), func(w *Widget) { w.ResourceVersion = "3" }))
-		if err != nil {
-			t.Fatal(err)
-		}
-		fw.Delete(left) // the object left the selector while the trigger waits
-		time.Sleep(time.Minute)
 		synctest.Wait()
-		z, err := typed.ToUnstructured(widget("z", shard("1")))
-		if err != nil {
-			t.Fatal(err)
-		}
-		fw.Add(z) // the watcher reports how many keys it tracks after each change
-		time.Sleep(time.Minute)
-		synctest.Wait()
-		deletes := 0
-		for _, c := range rec.snapshot() {
-			if c.req.Type == opkit.Deleted {
-				deletes++
-			}
-		}
-		if n := wm.get(); n != 1 || deletes != 1 || e.metrics.skippedN() != 0 {
-			t.Errorf("watcher tracks %d keys, %d deletes reconciled, %d skipped; want 1 key (z), 1 delete, none skipped", n, deletes, e.metrics.skippedN())
+		calls := rec.snapshot()
+		if len(calls) != 1 || calls[0].req.Type != opkit.Deleted || calls[0].req.Object != obj || calls[0].req.FinalStateUnknown {
+			t.Fatalf("calls %+v; want one Deleted reconcile of the trigger's object", calls)
 		}
 	})
 }
 
-// A watch delete that failed and is retried while a Deleted trigger of the
-// object waits: the trigger takes the retried delete's object, so its
-// reconcile settles the delete the watcher holds.
-func TestControllerDeletedTriggerTakesARetriedWatchDelete(t *testing.T) {
+// A delete that fails waits for its retry without holding up the new
+// object of the name, and the new object's failures do not hold up the
+// delete: each turn reconciles the unsettled delete first, then the live
+// object, and the turn goes on past a failure.
+func TestControllerAFailingDeleteAndAFailingNewObjectDoNotHoldEachOtherUp(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		gate := make(chan struct{})
-		failed := false
+		var deleteFails, liveFails atomic.Bool
+		deleteFails.Store(true)
 		rec := &recorder{do: func(_ context.Context, _ int, req reconcile.Request[*Widget]) (reconcile.Result, error) {
-			if req.Type == opkit.Deleted && req.Source == opkit.APIServer && !failed {
-				failed = true
-				<-gate
-				return reconcile.Done(), errors.New("cleanup failed")
+			if req.Type == opkit.Deleted && deleteFails.Load() || req.Type != opkit.Deleted && req.Object.UID == "uid-new" && liveFails.Load() {
+				return reconcile.Done(), errors.New("down")
 			}
 			return reconcile.Done(), nil
 		}}
-		wm := &trackedMetrics{}
-		e, fw := startWithFakeWatch(t, rec, func(c *reconcile.Config[*Widget]) { c.Watch.Metrics = wm }, widget("a"))
+		e, fw := startWithFakeWatch(t, rec, nil, widget("a"))
 		synctest.Wait()
-		gone, err := typed.ToUnstructured(widget("a", func(w *Widget) { w.ResourceVersion = "3" }))
-		if err != nil {
+		old, _ := typed.ToUnstructured(widget("a", func(w *Widget) { w.ResourceVersion = "2" }))
+		fw.Delete(old)
+		synctest.Wait() // the delete fails and waits 1s for its retry
+		recreated, _ := typed.ToUnstructured(widget("a", func(w *Widget) { w.UID, w.ResourceVersion = "uid-new", "3" }))
+		if err := e.dyn.Tracker().Update(widgets.GroupVersionResource, recreated, "ns"); err != nil {
 			t.Fatal(err)
 		}
-		fw.Delete(gone)
-		synctest.Wait() // the watch's delete is in flight
-		if ok, err := e.ctrl.Trigger().Enqueue(context.Background(), widget("a"), opkit.Deleted, opkit.Operator, 0, 0); !ok || err != nil {
-			t.Fatalf("Enqueue = %v, %v", ok, err)
+		fw.Add(recreated)
+		synctest.Wait() // taken at once: the delete again, then the new object
+		got := summarize(rec.snapshot())
+		if want := []string{"APIServer Added", "APIServer Deleted", "APIServer Deleted", "APIServer Added"}; !slices.Equal(got, want) {
+			t.Fatalf("reconciles %q, want %q", got, want)
 		}
-		close(gate) // the delete fails; its retry merges into the parked trigger
+		// Now the new object fails and the delete succeeds: the delete is
+		// settled on the next turn, and only the new object is retried.
+		liveFails.Store(true)
+		deleteFails.Store(false)
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		liveFails.Store(false)
 		time.Sleep(time.Minute)
 		synctest.Wait()
-		z, err := typed.ToUnstructured(widget("z"))
-		if err != nil {
-			t.Fatal(err)
+		calls := rec.snapshot()[4:]
+		got = summarize(calls)
+		if want := []string{"none Deleted", "none Modified", "none Modified"}; !slices.Equal(got, want) {
+			t.Fatalf("reconciles after the swap %q, want %q: the delete settled once, the new object retried until it succeeds", got, want)
 		}
-		fw.Add(z)
-		time.Sleep(time.Minute)
-		synctest.Wait()
-		var deletes []string
-		for _, c := range rec.snapshot() {
-			if c.req.Type == opkit.Deleted {
-				deletes = append(deletes, c.req.Source.String()+" rv "+c.req.Object.ResourceVersion)
+		if calls[1].err == nil || calls[2].err != nil {
+			t.Fatalf("the new object's reconciles returned %v, %v; want a failure, then a success", calls[1].err, calls[2].err)
+		}
+		if calls[2].req.Object.UID != "uid-new" {
+			t.Fatalf("last reconcile %+v, want the new object's", calls[2].req)
+		}
+	})
+}
+
+// An object recreated under its name before its delete's turn: one turn
+// reconciles the old object's delete, with its final state, then the new
+// object.
+func TestControllerATurnReconcilesTheOldObjectsDeleteBeforeTheNewObject(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		gate := make(chan struct{})
+		rec := &recorder{do: func(_ context.Context, n int, _ reconcile.Request[*Widget]) (reconcile.Result, error) {
+			if n == 0 {
+				<-gate // the first reconcile holds the key while both events arrive
 			}
+			return reconcile.Done(), nil
+		}}
+		e, fw := startWithFakeWatch(t, rec, nil, widget("a"))
+		synctest.Wait()
+		final, _ := typed.ToUnstructured(widget("a", func(w *Widget) { w.ResourceVersion, w.Spec.Size = "2", 8 }))
+		fw.Delete(final)
+		recreated, _ := typed.ToUnstructured(widget("a", func(w *Widget) { w.UID, w.ResourceVersion = "uid-new", "3" }))
+		if err := e.dyn.Tracker().Update(widgets.GroupVersionResource, recreated, "ns"); err != nil {
+			t.Fatal(err)
 		}
-		if n := wm.get(); n != 1 {
-			t.Errorf("watcher tracks %d keys (deletes reconciled %q); want 1 (z): the delete the watcher held was settled", n, deletes)
+		fw.Add(recreated)
+		synctest.Wait()
+		close(gate)
+		synctest.Wait()
+		calls := rec.snapshot()
+		got := summarize(calls)
+		if want := []string{"APIServer Added", "APIServer Deleted", "APIServer Added"}; !slices.Equal(got, want) {
+			t.Fatalf("reconciles %q, want %q", got, want)
+		}
+		if calls[1].req.Object.UID != "uid-a" || calls[1].req.Object.Spec.Size != 8 || calls[2].req.Object.UID != "uid-new" {
+			t.Fatalf("the delete carried %s size %d, the live reconcile %s; want uid-a's final state (size 8), then uid-new",
+				calls[1].req.Object.UID, calls[1].req.Object.Spec.Size, calls[2].req.Object.UID)
+		}
+	})
+}
+
+// An object that leaves the label selector and comes back before its
+// turn was not deleted: the turn reconciles it live, and no delete.
+func TestControllerASelectorFlapBeforeTheTurnIsNoDelete(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		gate := make(chan struct{})
+		rec := &recorder{do: func(_ context.Context, n int, _ reconcile.Request[*Widget]) (reconcile.Result, error) {
+			if n == 0 {
+				<-gate
+			}
+			return reconcile.Done(), nil
+		}}
+		_, fw := startWithFakeWatch(t, rec, nil, widget("a"))
+		synctest.Wait()
+		left, _ := typed.ToUnstructured(widget("a", func(w *Widget) { w.ResourceVersion = "2" }))
+		fw.Delete(left)
+		back, _ := typed.ToUnstructured(widget("a", func(w *Widget) { w.ResourceVersion = "3" }))
+		fw.Add(back)
+		synctest.Wait()
+		close(gate)
+		synctest.Wait()
+		if got, want := summarize(rec.snapshot()), []string{"APIServer Added", "APIServer Added"}; !slices.Equal(got, want) {
+			t.Fatalf("reconciles %q, want %q", got, want)
 		}
 	})
 }

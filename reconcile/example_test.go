@@ -15,6 +15,7 @@ import (
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/internal/typed"
 	"github.com/opkit/opkit/reconcile"
+	"github.com/opkit/opkit/trigger"
 )
 
 // exampleCluster is a fake API server holding one Widget.
@@ -31,7 +32,7 @@ func ExampleNewController() {
 		Resource: widgets, // binds *Widget to widgets.test.opkit.dev/v1, namespaced
 		Dynamic:  exampleCluster(),
 		Reconciler: reconcile.Func[*Widget](func(ctx context.Context, req reconcile.Request[*Widget]) (reconcile.Result, error) {
-			seen <- fmt.Sprintf("%s %s from %s, size %d", req.Type, req.Key, req.Source, req.Object.Spec.Size)
+			seen <- fmt.Sprintf("%s %s from %s %v, size %d", req.Type, req.Key, req.Sources, req.Reasons, req.Object.Spec.Size)
 			return reconcile.Done(), nil
 		}),
 		Logger: slog.New(slog.DiscardHandler),
@@ -46,18 +47,18 @@ func ExampleNewController() {
 
 	fmt.Println(<-seen) // from the initial list
 
-	// An external trigger: a reconcile ahead of any backlog, with the
-	// object re-fetched from the API server.
-	ok, err := ctrl.Trigger().Enqueue(ctx, widget("blue"), opkit.Modified, opkit.Operator, 0, 0)
-	fmt.Println("scheduled:", ok, err)
+	// An external trigger: a reconcile ahead of any backlog. Submit is
+	// Enqueue with a reason.
+	o, err := ctrl.Trigger().Submit(ctx, trigger.Request[*Widget]{Object: widget("blue"), Type: opkit.Modified, Source: opkit.Operator, Reason: "deployed"})
+	fmt.Println("scheduled:", o.Accepted(), err)
 	fmt.Println(<-seen)
 
 	cancel()
 	fmt.Println("stopped:", <-done)
 	// Output:
-	// Added ns/blue from APIServer, size 1
+	// Added ns/blue from APIServer [], size 1
 	// scheduled: true <nil>
-	// Modified ns/blue from Operator, size 1
+	// Modified ns/blue from Operator [deployed], size 1
 	// stopped: <nil>
 }
 

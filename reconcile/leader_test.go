@@ -86,7 +86,7 @@ func TestControllerReconcilesOnlyWhileLeading(t *testing.T) {
 		for _, line := range strings.Split(logs.String(), "\n") {
 			if strings.Contains(line, "msg=reconciled") {
 				found = true
-				for _, attr := range []string{"key=ns/a", "type=Added", "source=APIServer", "retry=0", "term="} {
+				for _, attr := range []string{"key=ns/a", "type=Added", "sources=APIServer", "retry=0", "term="} {
 					if !strings.Contains(line, attr) {
 						t.Errorf("reconcile log line lacks %s: %s", attr, line)
 					}
@@ -258,8 +258,9 @@ func TestLeaderControllerDropsTriggersFromConstructionOn(t *testing.T) {
 }
 
 // A delete whose reconcile the end of a term interrupts is not lost: the
-// next term's list no longer shows the object, but the watcher kept its
-// key until the delete was dealt with, and emits it again as a tombstone.
+// next term's list no longer shows the object, but the watcher's ledger
+// kept the delete, with its final state, until it is settled, and the
+// next term's list adds its key again.
 func TestADeleteInterruptedByTheEndOfATermIsReconciledInTheNext(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rec, e, nextTerm := firstDeleteOutlivesTheTerm(t, widget("a"), widget("b"))
@@ -279,7 +280,7 @@ func TestADeleteInterruptedByTheEndOfATermIsReconciledInTheNext(t *testing.T) {
 		want := []string{
 			"Added a final=false interrupted=false", "Added b final=false interrupted=false", // first term (list order)
 			"Deleted b final=false interrupted=true",
-			"Added a final=false interrupted=false", "Deleted b final=true interrupted=false", // next term's list
+			"Added a final=false interrupted=false", "Deleted b final=false interrupted=false", // next term's list
 		}
 		if !slices.Equal(got[:2], want[:2]) && !slices.Equal(got[:2], []string{want[1], want[0]}) || len(got) != len(want) ||
 			got[2] != want[2] || !slices.Contains(got[3:], want[3]) || !slices.Contains(got[3:], want[4]) {
@@ -316,7 +317,7 @@ func TestARecreatedObjectsInterruptedDeleteIsReconciledInTheNextTerm(t *testing.
 		want := []string{
 			"Added b uid-b final=false interrupted=false",
 			"Deleted b uid-b final=false interrupted=true",
-			"Deleted b uid-b final=true interrupted=false", // the next term: the old object's delete first
+			"Deleted b uid-b final=false interrupted=false", // the next term: the old object's delete first
 			"Added b uid-b2 final=false interrupted=false",
 		}
 		if !slices.Equal(got, want) {
@@ -404,17 +405,17 @@ func TestTheFailureStreakEndsWithTheTerm(t *testing.T) {
 	})
 }
 
-// A Deleted trigger's reconcile does not settle the watcher's delete of
-// its object: when the watch's delete waited behind it and the end of the
-// term cleared it, the trigger's reconcile finishing after that (it did
-// not watch its context) must not make the watcher forget the delete,
-// which the next term's list then delivers.
+// A teardown's reconcile does not settle the watcher's delete of its
+// object: when the watch's delete waited behind it and the end of the
+// term cleared the queue, the teardown finishing after that (it did not
+// watch its context) leaves the delete in the ledger, and the next term
+// delivers it.
 func TestADeletedTriggerDoesNotSettleTheWatchDelete(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		elect, endTerm, nextCampaign := electedWithTermEnd(t)
 		gate := make(chan struct{})
 		rec := &recorder{do: func(_ context.Context, _ int, req reconcile.Request[*Widget]) (reconcile.Result, error) {
-			if req.Type == opkit.Deleted && req.Source == opkit.Operator {
+			if req.Type == opkit.Deleted && req.Sources.Has(opkit.Operator) {
 				<-gate // a teardown that ignores its context
 			}
 			return reconcile.Done(), nil
@@ -435,7 +436,7 @@ func TestADeletedTriggerDoesNotSettleTheWatchDelete(t *testing.T) {
 		n := len(rec.snapshot())
 		nextCampaign()
 		for _, c := range rec.snapshot()[n:] {
-			if c.req.Type == opkit.Deleted && c.req.Source == opkit.APIServer && c.req.Object.UID == widget("a").UID {
+			if c.req.Type == opkit.Deleted && c.req.Sources == apiServer && c.req.Object.UID == widget("a").UID {
 				return
 			}
 		}

@@ -17,33 +17,33 @@ import (
 // context ends at the per-reconcile timeout, at shutdown, or when this
 // replica loses leadership; a reconciler must return promptly then.
 //
-// What the controller does with the outcome:
+// Reconciles are level-based: a request names a key and carries the state
+// to act on, not the history of events that led there. When a worker
+// takes a key (a turn), the controller calls Reconcile for each of the
+// key's unsettled deletes, oldest first (Type Deleted, with the final
+// state the watch delivered, or a tombstone), then for the object that
+// has the name now, if any (Added or Modified; Deleted for a teardown,
+// see trigger.Trigger.Enqueue). What it does with each outcome:
 //
-//	returned                          controller does
-//	--------------------------------  -----------------------------------------------
-//	Done(), nil                       nothing more; the key waits for the next event
-//	RequeueAfter(d), nil              reconciles the key again after d; retry count reset to 0
-//	Done(), err                       retries after Config.Backoff's delay for the key's
-//	                                  consecutive failures (at least Retries+1);
-//	                                  after MaxRetries retries: logs, counts, records a
-//	                                  Warning Event on the object, and drops the key
-//	RequeueAfter(d), err              as above, but waits at least d: the delay is a
-//	                                  floor for the backoff delay
-//	any result, TerminalError(err)    no retry (the result's delay is ignored): logs,
-//	                                  counts, records a Warning Event, drops the key
-//	panic                             turned into an error (stack logged) and retried
-//	                                  like any other error
+//	returned                        controller does
+//	------------------------------  -----------------------------------------------
+//	Done(), nil                     nothing more (a delete is settled: forgotten)
+//	RequeueAfter(d), nil            takes the key again after d
+//	any result, err                 takes the key again after the backoff delay for its
+//	                                consecutive failed turns, at least the result's d;
+//	                                once the key has failed MaxRetries turns: logs,
+//	                                counts, records a Warning Event, and gives up
+//	any result, TerminalError(err)  no retry: logs, counts, records a Warning Event
+//	panic                           turned into an error (stack logged)
 //
-// A new event for the key (a watch event or a trigger) gets its own
-// reconcile, whatever the previous outcome: dropping a key only stops the
-// retries of the failed attempt. (It may share that reconcile with other
-// events merged into one, and a trigger merges into a delete of its object
-// that is waiting: see MergeEvents.) One that arrives while the key is being
-// reconciled runs after it with its own retry count, and the retry or
-// requeue that reconcile asks for gives way to it (MergeEvents; a delete
-// and an objectless requeue keep their own entries, in the order the
-// table there gives): the new reconcile decides again. The backoff delay does not start again with
-// it: it follows the key's consecutive failures (see Config.Backoff).
+// A delete is settled when its reconcile returns Done, a terminal error,
+// or is given up on; until then every turn of the key reconciles it
+// again. A failure of one request of a turn does not hold up the others:
+// the turn goes on, and the key is taken again for what is unfinished (a
+// turn reconciles the live object whatever it is taken for: a reconcile
+// of an object in its desired state should write nothing). A change that
+// arrives meanwhile is taken at once, and does not reset the backoff: only
+// a turn without failures does.
 type Reconciler[T opkit.Object] interface {
 	Reconcile(ctx context.Context, req Request[T]) (Result, error)
 }
@@ -58,36 +58,39 @@ func (f Func[T]) Reconcile(ctx context.Context, req Request[T]) (Result, error) 
 
 var _ Reconciler[opkit.Object] = Func[opkit.Object](nil)
 
-// Request is one reconcile: which object, what happened to it, who asked.
+// Request is one reconcile: which object, in which state, and why.
 type Request[T opkit.Object] struct {
 	// Key is the object's namespace and name.
 	Key opkit.Key
-	// Object is the object's state. For Added and Modified it is as fresh as
-	// the API server's when the request waited in the queue (the controller
-	// re-fetches it, see [Controller]); for Deleted it is the last state
-	// known (see FinalStateUnknown).
+	// Object is the object's state: for Added and Modified the latest the
+	// controller's watch has seen (or read from the API server when the
+	// watch has not seen it yet); for Deleted the final state (see
+	// FinalStateUnknown). A Deleted request can come after a newer
+	// object of the same name was reconciled (its retry): a reconciler
+	// that cleans up on Deleted acts on what Object's UID owns.
 	Object T
-	// Type is Added, Modified or Deleted. A retried Deleted request can
-	// come after a newer object with the same key was reconciled: a
-	// reconciler that cleans up on Deleted should match Object's UID.
+	// Type is Added (the object appeared), Modified, or Deleted (it is
+	// gone, or a trigger asked for a teardown).
 	Type opkit.Type
-	// Source is APIServer for the watch stream, Operator for triggers.
-	Source opkit.Source
-	// Retries counts the failed attempts of this request before this one
-	// (0 on the first). A new event for the key starts a new request: see
-	// Config.MaxRetries.
-	Retries int
-	// Reason is the reason an external trigger gave, if any.
-	Reason string
-	// Requeued is true when this request comes from an earlier reconcile
-	// of the key that succeeded and asked to be requeued ([RequeueAfter])
-	// rather than from the watch or a trigger; Source and Reason are then
-	// those of the request that started the chain.
-	Requeued bool
 	// FinalStateUnknown is true for a Deleted request whose Object is a
-	// tombstone carrying only namespace, name, UID and resourceVersion: the
-	// deletion was noticed by a relist, not seen on the watch.
+	// tombstone carrying only namespace, name, UID and resourceVersion:
+	// the watch never delivered the object's final state (a relist found
+	// it gone).
 	FinalStateUnknown bool
+	// Sources says who asked for the turn, since the key's last one:
+	// APIServer (the watch), Operator (triggers), both, or neither (a
+	// retry or a requeue with nothing new). Every request of a turn
+	// carries the same Sources and Reasons.
+	Sources opkit.Sources
+	// Reasons are the distinct reasons the triggers gave (at most
+	// opkit.MaxReasons), sorted.
+	Reasons []string
+	// Retries counts the key's consecutive failed turns before this one
+	// (0 when it last succeeded).
+	Retries int
+	// Term is the leadership term the reconcile runs in (see package
+	// leader); 0 without leader election.
+	Term int32
 }
 
 // Result says when, if ever, to reconcile the key again without a new

@@ -74,7 +74,7 @@ func ExampleFunc() {
 	cm := &corev1.ConfigMap{Data: map[string]string{"interval": "1m"}}
 	cm.Namespace, cm.Name = "default", "settings"
 	res, err := r.Reconcile(context.Background(), reconcile.Request[*corev1.ConfigMap]{
-		Key: opkit.KeyOf(cm), Object: cm, Type: opkit.Modified, Source: opkit.APIServer,
+		Key: opkit.KeyOf(cm), Object: cm, Type: opkit.Modified, Sources: opkit.Sources(opkit.APIServer),
 	})
 	fmt.Println(res, err)
 	// Output: RequeueAfter(1m0s) <nil>

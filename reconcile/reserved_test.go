@@ -27,7 +27,7 @@ func backlogScenario(t *testing.T, mod func(*reconcile.Config[*Widget]), failFir
 	var failed atomic.Bool
 	rec := &recorder{do: func(ctx context.Context, _ int, req reconcile.Request[*Widget]) (reconcile.Result, error) {
 		switch {
-		case req.Source == opkit.Operator:
+		case req.Key.Name == "t" && req.Sources != apiServer: // the trigger, or its retry
 			if failFirst && !failed.Swap(true) {
 				return reconcile.Done(), errors.New("transient")
 			}
@@ -56,7 +56,7 @@ func backlogScenario(t *testing.T, mod func(*reconcile.Config[*Widget]), failFir
 		synctest.Wait()
 	}
 	for _, c := range rec.snapshot() {
-		if c.req.Source == opkit.Operator {
+		if c.req.Key.Name == "t" && c.req.Sources != apiServer {
 			triggered = append(triggered, c)
 		}
 	}

@@ -1,6 +1,7 @@
 package trigger_test
 
 import (
+	"fmt"
 	"sync"
 	"time"
 
@@ -43,15 +44,49 @@ func cm(ns, name string) *corev1.ConfigMap {
 	}
 }
 
-type cmQueue = queue.Queue[opkit.Key, opkit.Event[*corev1.ConfigMap]]
+type cmQueue = queue.Queue[opkit.Key, opkit.Cause[*corev1.ConfigMap]]
 
+// newCMQueue returns a real queue whose payloads merge as the controller's
+// do: the join of the causes.
+func newCMQueue() *cmQueue {
+	return queue.New[opkit.Key](queue.Config[opkit.Cause[*corev1.ConfigMap]]{Merge: (*opkit.Cause[*corev1.ConfigMap]).Merge})
+}
+
+// newCMTrigger returns a trigger for ConfigMaps over a new queue, with no
+// getter: Enqueue and Submit only.
 func newCMTrigger(t interface{ Fatal(...any) }, m trigger.Metrics) (*trigger.Trigger[*corev1.ConfigMap], *cmQueue) {
-	q := queue.New[opkit.Key, opkit.Event[*corev1.ConfigMap]](queue.Config[opkit.Event[*corev1.ConfigMap]]{})
-	tr, err := trigger.New(trigger.Config[*corev1.ConfigMap]{Queue: q, Resource: configMaps, Metrics: m, Logger: discard})
+	return newCMTriggerWith(t, trigger.Config[*corev1.ConfigMap]{Metrics: m})
+}
+
+// newCMTriggerWith returns a trigger for ConfigMaps over a new queue,
+// configured by cfg (its Get, Dynamic, scope, metrics...); Queue and
+// Resource are set here, and a nil Logger discards.
+func newCMTriggerWith(t interface{ Fatal(...any) }, cfg trigger.Config[*corev1.ConfigMap]) (*trigger.Trigger[*corev1.ConfigMap], *cmQueue) {
+	q := newCMQueue()
+	cfg.Queue, cfg.Resource = q, configMaps
+	if cfg.Logger == nil {
+		cfg.Logger = discard
+	}
+	tr, err := trigger.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return tr, q
+}
+
+// operatorCause is the cause a trigger of type Modified queues for obj.
+func operatorCause(obj *corev1.ConfigMap, reasons ...string) opkit.Cause[*corev1.ConfigMap] {
+	return opkit.Cause[*corev1.ConfigMap]{Object: obj, Sources: opkit.Sources(opkit.Operator), Reasons: opkit.ReasonsOf(reasons...)}
+}
+
+// describe renders a cause for comparison and messages: the object by
+// key, UID and resourceVersion, and every other field.
+func describe(c opkit.Cause[*corev1.ConfigMap]) string {
+	obj := "<nil>"
+	if c.Object != nil {
+		obj = fmt.Sprintf("%s uid=%s rv=%s", opkit.KeyOf(c.Object), c.Object.UID, c.Object.ResourceVersion)
+	}
+	return fmt.Sprintf("object=%s sources=%v reasons=%q added=%v teardown=%v retries=%d", obj, c.Sources, c.Reasons, c.Added, c.Teardown, c.Retries)
 }
 
 // countingMetrics records every metric call of every kind.

@@ -9,10 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"k8s.io/client-go/dynamic"
-
 	"github.com/opkit/opkit"
-	"github.com/opkit/opkit/internal/typed"
+	"github.com/opkit/opkit/queue"
 )
 
 // ErrNotRunning is returned by [Consumer.Check] when Run is not running.
@@ -29,14 +27,9 @@ var ErrLagUnavailable = errors.New("trigger: broker lag unavailable")
 type ConsumerConfig[T opkit.Object] struct {
 	// Broker delivers the messages (required).
 	Broker Broker
-	// Trigger is where scheduled reconciles go (required); it also gives
-	// the resource the messages point into.
+	// Trigger is where scheduled reconciles go (required): its Intake
+	// reads the object a message points to.
 	Trigger *Trigger[T]
-	// Get re-fetches the object a message points to. If nil, Dynamic is
-	// required and a typed client over it is used.
-	Get Getter[T]
-	// Dynamic is the client for the default Get.
-	Dynamic dynamic.Interface
 	// Type is the event type of triggered reconciles; zero means
 	// opkit.Modified.
 	Type opkit.Type
@@ -49,7 +42,7 @@ type ConsumerConfig[T opkit.Object] struct {
 	// namespace, name and reason. By default they are dead-lettered as
 	// malformed, so that a producer's typo is not silently ignored.
 	AllowUnknownFields bool
-	// APITimeout bounds each re-fetch from the API server; zero means 10s.
+	// APITimeout bounds each read from the API server; zero means 10s.
 	APITimeout time.Duration
 	// BrokerTimeout bounds each Ack, Nack, Term and Lag call; zero means 5s.
 	BrokerTimeout time.Duration
@@ -99,7 +92,6 @@ type ConsumerConfig[T opkit.Object] struct {
 // reconciles. See the package documentation for the ack/nack/term rules.
 type Consumer[T opkit.Object] struct {
 	cfg     ConsumerConfig[T]
-	get     Getter[T]
 	metrics ConsumerMetrics
 	log     *slog.Logger
 
@@ -119,9 +111,8 @@ func NewConsumer[T opkit.Object](cfg ConsumerConfig[T]) (*Consumer[T], error) {
 	if cfg.Trigger == nil {
 		return nil, errors.New("trigger: ConsumerConfig.Trigger is required")
 	}
-	get, err := getterFor(cfg.Get, cfg.Dynamic, cfg.Trigger.Resource())
-	if err != nil {
-		return nil, fmt.Errorf("trigger: ConsumerConfig: %w", err)
+	if cfg.Trigger.get == nil {
+		return nil, errNoGetter
 	}
 	if cfg.Type == 0 {
 		cfg.Type = opkit.Modified
@@ -174,7 +165,7 @@ func NewConsumer[T opkit.Object](cfg ConsumerConfig[T]) (*Consumer[T], error) {
 	if cfg.MaxMessageBytes == 0 {
 		cfg.MaxMessageBytes = DefaultMaxMessageBytes
 	}
-	c := &Consumer[T]{cfg: cfg, get: get, metrics: cfg.Metrics, log: cfg.Logger}
+	c := &Consumer[T]{cfg: cfg, metrics: cfg.Metrics, log: cfg.Logger}
 	if c.metrics == nil {
 		c.metrics = nopConsumerMetrics{}
 	}
@@ -272,7 +263,7 @@ func (c *Consumer[T]) Run(ctx context.Context) error {
 			kind := KindOf(err)
 			c.setErr(&c.recvErr, err)
 			c.metrics.BrokerError(kind)
-			wait := backoff(c.cfg.ReconnectBase, c.cfg.ReconnectCap, failures)
+			wait := c.backoff(c.cfg.ReconnectBase, c.cfg.ReconnectCap, failures)
 			c.log.LogAttrs(ctx, slog.LevelError, "trigger consumer: receive failed",
 				slog.String("kind", kind.String()), slog.Any("error", err), slog.Duration("retryIn", wait))
 			if !sleep(ctx, wait) {
@@ -366,83 +357,55 @@ func (c *Consumer[T]) setErr(p *error, err error) {
 	c.mu.Unlock()
 }
 
-// pointer is the message format.
-type pointer struct {
-	Namespace string `json:"namespace"`
-	Name      string `json:"name"`
-	Reason    string `json:"reason,omitempty"`
-}
-
-// decodeMessage parses and validates one message body.
-func decodeMessage(data []byte, res opkit.Resource, maxBytes int, allowUnknown bool) (opkit.Key, string, TermReason, error) {
+// decodeMessage parses one message body {"namespace", "name", "reason"}
+// into a Pointer; Intake validates it.
+func decodeMessage(data []byte, maxBytes int, allowUnknown bool) (Pointer, TermReason, error) {
+	var p Pointer
 	if len(data) > maxBytes {
-		return opkit.Key{}, "", TermTooLarge, invalid("message of %d bytes exceeds the limit of %d", len(data), maxBytes)
+		return p, TermTooLarge, invalid("message of %d bytes exceeds the limit of %d", len(data), maxBytes)
 	}
-	var p pointer
-	if err := decodeObject(data, []member{{"namespace", &p.Namespace}, {"name", &p.Name}, {"reason", &p.Reason}}, allowUnknown); err != nil {
-		return opkit.Key{}, "", TermMalformed, invalid("message: %w", err)
+	if err := decodeObject(data, []member{{"namespace", &p.Key.Namespace}, {"name", &p.Key.Name}, {"reason", &p.Reason}}, allowUnknown); err != nil {
+		return p, TermMalformed, invalid("message: %w", err)
 	}
-	key := opkit.Key{Namespace: p.Namespace, Name: p.Name}
-	if err := validateKey(res, key); err != nil {
-		return key, "", TermInvalid, err
-	}
-	if err := CheckReason(p.Reason); err != nil {
-		return key, "", TermInvalid, err
-	}
-	return key, p.Reason, "", nil
+	return p, "", nil
 }
 
 func (c *Consumer[T]) handle(ctx context.Context, msg Message, start time.Time) {
-	res := c.cfg.Trigger.Resource()
-	key, reason, term, err := decodeMessage(msg.Data(), res, c.cfg.MaxMessageBytes, c.cfg.AllowUnknownFields)
-	if err != nil {
+	p, term, err := decodeMessage(msg.Data(), c.cfg.MaxMessageBytes, c.cfg.AllowUnknownFields)
+	var o queue.Outcome
+	if err == nil {
+		p.Type = c.cfg.Type
+		ictx, cancel := context.WithTimeout(ctx, c.cfg.APITimeout)
+		_, o, err = c.cfg.Trigger.Intake(ictx, p, nil)
+		cancel()
+		term = TermInvalid
+	}
+	key := p.Key.String()
+	switch {
+	case errors.Is(err, ErrInvalid):
 		c.log.LogAttrs(ctx, slog.LevelError, "trigger consumer: dead-lettering message",
 			slog.String("reason", string(term)), slog.Any("error", err), slog.Int("deliveries", msg.Deliveries()))
 		c.term(ctx, msg, term, start)
-		return
-	}
-	if err := c.cfg.Trigger.CheckScope(key); err != nil {
-		c.outOfScope(ctx, msg, key, err, start)
-		return
-	}
-	gctx, cancel := context.WithTimeout(ctx, c.cfg.APITimeout)
-	obj, err := c.get(gctx, key)
-	cancel()
-	if typed.Gone(err, key.Name) {
+	case errors.Is(err, ErrOutOfScope):
+		c.outOfScope(ctx, msg, p.Key, err, start)
+	case errors.Is(err, ErrNotFound):
 		c.log.LogAttrs(ctx, slog.LevelWarn, "trigger consumer: object no longer exists; acknowledging",
-			slog.String("resource", res.GroupVersionResource.String()), slog.String("key", key.String()), slog.String("triggerReason", reason))
+			slog.String("key", key), slog.String("triggerReason", p.Reason))
 		c.ack(ctx, msg, AckNotFound, start)
-		return
-	}
-	if err != nil {
-		err = typed.Explain(err, res, key.Name)
-		delay := backoff(c.cfg.RetryBase, c.cfg.RetryCap, msg.Deliveries())
-		c.log.LogAttrs(ctx, slog.LevelError, "trigger consumer: re-fetch failed; nacking",
-			slog.String("key", key.String()), slog.Any("error", err), slog.Int("deliveries", msg.Deliveries()), slog.Duration("delay", delay))
+	case err != nil:
+		// The API server failed, or returned something the trigger
+		// refuses (another kind): not the message's fault.
+		delay := c.backoff(c.cfg.RetryBase, c.cfg.RetryCap, msg.Deliveries())
+		c.log.LogAttrs(ctx, slog.LevelError, "trigger consumer: reading the object failed; nacking",
+			slog.String("key", key), slog.Any("error", err), slog.Int("deliveries", msg.Deliveries()), slog.Duration("delay", delay))
 		c.nack(ctx, msg, NackAPIError, delay, start)
-		return
-	}
-	o, err := c.cfg.Trigger.Submit(ctx, Request[T]{Object: obj, Type: c.cfg.Type, Source: opkit.Operator, Reason: reason, Fetched: true})
-	if errors.Is(err, ErrOutOfScope) {
-		c.outOfScope(ctx, msg, key, err, start)
-		return
-	}
-	if err != nil {
-		// The API server returned something the trigger refuses (another
-		// kind): a configuration problem, not the message's fault.
-		delay := backoff(c.cfg.RetryBase, c.cfg.RetryCap, msg.Deliveries())
-		c.log.LogAttrs(ctx, slog.LevelError, "trigger consumer: enqueue refused the fetched object; nacking",
-			slog.String("key", key.String()), slog.Any("error", err))
-		c.nack(ctx, msg, NackAPIError, delay, start)
-		return
-	}
-	if !o.Accepted() {
+	case !o.Accepted():
 		// Never ack a dropped trigger: the broker must redeliver it, to the
 		// leader or to this replica once it leads.
 		c.nack(ctx, msg, NackDropped, c.cfg.DroppedDelay, start)
-		return
+	default:
+		c.ack(ctx, msg, AckScheduled, start)
 	}
-	c.ack(ctx, msg, AckScheduled, start)
 }
 
 // outOfScope hands back a message for an object this consumer's controller
@@ -532,13 +495,10 @@ func (c *Consumer[T]) pollLag(ctx context.Context, lb Lag) {
 	}
 }
 
-// backoff returns base*2^(n-1) capped at max, for n >= 1.
-func backoff(base, max time.Duration, n int) time.Duration {
-	d := base
-	for i := 1; i < n && d < max; i++ {
-		d *= 2
-	}
-	return min(d, max)
+// backoff returns base*2^(n-1) capped at limit, for n >= 1, without jitter
+// (a broker's redelivery is its own to spread).
+func (c *Consumer[T]) backoff(base, limit time.Duration, n int) time.Duration {
+	return queue.Backoff{Base: base, Cap: limit, Jitter: -1}.Delay(max(n, 1))
 }
 
 // sleep waits d or until ctx ends; it reports whether d elapsed.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -76,10 +77,21 @@ type consumerEnv struct {
 
 func newConsumerEnv(t *testing.T, mutate func(*trigger.ConsumerConfig[*corev1.ConfigMap])) *consumerEnv {
 	t.Helper()
+	return newConsumerEnvWith(t, nil, mutate)
+}
+
+// newConsumerEnvWith is newConsumerEnv with the trigger's configuration
+// changed by trig first: by default the trigger reads through e.objs.
+func newConsumerEnvWith(t *testing.T, trig func(*trigger.Config[*corev1.ConfigMap]), mutate func(*trigger.ConsumerConfig[*corev1.ConfigMap])) *consumerEnv {
+	t.Helper()
 	e := &consumerEnv{b: brokertest.New(), m: newCounting(), objs: &objects{exist: map[opkit.Key]bool{{Namespace: "ns", Name: "a"}: true, {Namespace: "ns", Name: "b"}: true}}}
+	tcfg := trigger.Config[*corev1.ConfigMap]{Get: e.objs.get}
+	if trig != nil {
+		trig(&tcfg)
+	}
 	var tr *trigger.Trigger[*corev1.ConfigMap]
-	tr, e.q = newCMTrigger(t, nil)
-	cfg := trigger.ConsumerConfig[*corev1.ConfigMap]{Broker: e.b, Trigger: tr, Get: e.objs.get, Metrics: e.m, Logger: discard, LagInterval: -1}
+	tr, e.q = newCMTriggerWith(t, tcfg)
+	cfg := trigger.ConsumerConfig[*corev1.ConfigMap]{Broker: e.b, Trigger: tr, Metrics: e.m, Logger: discard, LagInterval: -1}
 	if mutate != nil {
 		mutate(&cfg)
 	}
@@ -165,9 +177,11 @@ func TestConsumerSettlesEachKindOfMessage(t *testing.T) {
 		if e.b.Outstanding() != 0 {
 			t.Errorf("outstanding = %d", e.b.Outstanding())
 		}
+		// The object read travels with the key, with source Operator and the
+		// message's reason.
 		it, err := e.q.Get(context.Background())
-		if err != nil || it.Key != (opkit.Key{Namespace: "ns", Name: "a"}) || it.Value.Reason != "image pushed" || it.Value.Source != opkit.Operator || it.Value.Type != opkit.Modified || !it.Value.Fetched {
-			t.Errorf("queued %v %+v (%v)", it.Key, it.Value, err)
+		if want := describe(operatorCause(cm("ns", "a"), "image pushed")); err != nil || it.Key != (opkit.Key{Namespace: "ns", Name: "a"}) || describe(it.Value) != want {
+			t.Errorf("queued %v %s (%v)\nwant          %s", it.Key, describe(it.Value), err, want)
 		}
 		if e.q.Len() != 0 {
 			t.Errorf("queue len after one Get = %d, want 0 (only one trigger scheduled)", e.q.Len())
@@ -208,8 +222,8 @@ func TestConsumerAcceptsTheLongestReasonEscaped(t *testing.T) {
 		if got := ops(e.b.EventsFor(longID)); got != "Ack" || e.m.acked[trigger.AckNotFound] != 1 {
 			t.Fatalf("a %d-byte message with the longest valid names and reason: settled %q, want Ack (not found)", len(long), got)
 		}
-		if it, err := e.q.Get(context.Background()); err != nil || it.Value.Reason != reason {
-			t.Errorf("queued reason of %d bytes (%v), want the %d bytes sent", len(it.Value.Reason), err, len(reason))
+		if it, err := e.q.Get(context.Background()); err != nil || !slices.Equal(it.Value.Reasons, []string{reason}) {
+			t.Errorf("queued reasons %.40q (%v), want the %d bytes sent", it.Value.Reasons, err, len(reason))
 		}
 	})
 }
@@ -605,10 +619,11 @@ func TestConsumerNacksWhatItReceivedWhileStopping(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		b := brokertest.New()
 		id := b.Publish([]byte(`{"namespace":"ns","name":"a"}`))
-		tr, q := newCMTrigger(t, nil)
+		tr, q := newCMTriggerWith(t, trigger.Config[*corev1.ConfigMap]{
+			Get: func(context.Context, opkit.Key) (*corev1.ConfigMap, error) { return cm("ns", "a"), nil },
+		})
 		c, err := trigger.NewConsumer(trigger.ConsumerConfig[*corev1.ConfigMap]{
 			Broker: cancelOnReceive{b, cancel}, Trigger: tr, Logger: discard,
-			Get: func(context.Context, opkit.Key) (*corev1.ConfigMap, error) { return cm("ns", "a"), nil },
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -708,19 +723,79 @@ func TestConsumerAllowUnknownFields(t *testing.T) {
 }
 
 func TestNewConsumerValidates(t *testing.T) {
-	tr, _ := newCMTrigger(t, nil)
 	get := func(context.Context, opkit.Key) (*corev1.ConfigMap, error) { return nil, nil }
+	tr, _ := newCMTriggerWith(t, trigger.Config[*corev1.ConfigMap]{Get: get})
 	for name, cfg := range map[string]trigger.ConsumerConfig[*corev1.ConfigMap]{
-		"no broker":        {Trigger: tr, Get: get},
-		"no trigger":       {Broker: brokertest.New(), Get: get},
-		"no getter":        {Broker: brokertest.New(), Trigger: tr},
-		"negative timeout": {Broker: brokertest.New(), Trigger: tr, Get: get, APITimeout: -1},
-		"negative conc":    {Broker: brokertest.New(), Trigger: tr, Get: get, Concurrency: -1},
-		"bad type":         {Broker: brokertest.New(), Trigger: tr, Get: get, Type: 9},
+		"no broker":        {Trigger: tr},
+		"no trigger":       {Broker: brokertest.New()},
+		"negative timeout": {Broker: brokertest.New(), Trigger: tr, APITimeout: -1},
+		"negative conc":    {Broker: brokertest.New(), Trigger: tr, Concurrency: -1},
+		"negative size":    {Broker: brokertest.New(), Trigger: tr, MaxMessageBytes: -1},
+		"bad type":         {Broker: brokertest.New(), Trigger: tr, Type: 9},
 	} {
 		if _, err := trigger.NewConsumer(cfg); err == nil {
 			t.Errorf("%s: NewConsumer succeeded", name)
 		}
+	}
+	if _, err := trigger.NewConsumer(trigger.ConsumerConfig[*corev1.ConfigMap]{Broker: brokertest.New(), Trigger: tr}); err != nil {
+		t.Errorf("NewConsumer with only a Broker and a Trigger: %v", err)
+	}
+}
+
+// An object of another kind from the API server is not the message's
+// fault: it is retried like an API error, never dead-lettered.
+func TestConsumerNacksAnObjectOfAnotherKind(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newConsumerEnvWith(t, func(c *trigger.Config[*corev1.ConfigMap]) {
+			c.Get = func(_ context.Context, key opkit.Key) (*corev1.ConfigMap, error) {
+				o := cm(key.Namespace, key.Name)
+				o.Kind = "Secret"
+				return o, nil
+			}
+		}, func(c *trigger.ConsumerConfig[*corev1.ConfigMap]) {
+			c.RetryBase, c.RetryCap = time.Second, 2*time.Second
+		})
+		e.b.MaxDeliver = 3
+		id := e.b.Publish([]byte(`{"namespace":"ns","name":"a"}`))
+		stop := e.run(t)
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		stop()
+		if got := ops(e.b.EventsFor(id)); got != "Nack@1s,Nack@2s,Nack@2s" {
+			t.Errorf("settlements = %q, want nacks with the API error backoff", got)
+		}
+		if e.m.nacked[trigger.NackAPIError] != 2 || e.m.terminated[trigger.TermInvalid] != 0 || e.q.Len() != 0 {
+			t.Errorf("nacked %v, terminated %v, queue len %d; want API error nacks, no Term, nothing queued", e.m.nacked, e.m.terminated, e.q.Len())
+		}
+	})
+}
+
+// ConsumerConfig.Type is the type of the triggers: Added marks the cause
+// Added, Deleted asks for a teardown.
+func TestConsumerTypeBecomesTheCauseMarks(t *testing.T) {
+	for _, tc := range []struct {
+		typ             opkit.Type
+		added, teardown bool
+	}{
+		{0, false, false},
+		{opkit.Added, true, false},
+		{opkit.Deleted, false, true},
+	} {
+		t.Run(tc.typ.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				e := newConsumerEnv(t, func(c *trigger.ConsumerConfig[*corev1.ConfigMap]) { c.Type = tc.typ })
+				e.b.Publish([]byte(`{"namespace":"ns","name":"a","reason":"r"}`))
+				stop := e.run(t)
+				synctest.Wait()
+				stop()
+				it, err := e.q.Get(context.Background())
+				want := operatorCause(cm("ns", "a"), "r")
+				want.Added, want.Teardown = tc.added, tc.teardown
+				if err != nil || describe(it.Value) != describe(want) {
+					t.Errorf("type %v: queued %s (%v)\nwant           %s", tc.typ, describe(it.Value), err, describe(want))
+				}
+			})
+		})
 	}
 }
 

@@ -17,7 +17,7 @@ import (
 
 // A trigger bound to a controller's queue: scheduled, dropped, refused.
 func ExampleTrigger_Enqueue() {
-	q := queue.New[opkit.Key, opkit.Event[*corev1.ConfigMap]](queue.Config[opkit.Event[*corev1.ConfigMap]]{})
+	q := queue.New[opkit.Key](queue.Config[opkit.Cause[*corev1.ConfigMap]]{Merge: (*opkit.Cause[*corev1.ConfigMap]).Merge})
 	t, err := trigger.New(trigger.Config[*corev1.ConfigMap]{Queue: q, Resource: configMaps, Logger: discard})
 	if err != nil {
 		panic(err)
@@ -47,15 +47,19 @@ func ExampleTrigger_Enqueue() {
 // Reviews to the operator's clientset: callers then need a token for the
 // "opkit-trigger" audience and RBAC permission to update the object.
 func ExampleNewHandler() {
-	q := queue.New[opkit.Key, opkit.Event[*corev1.ConfigMap]](queue.Config[opkit.Event[*corev1.ConfigMap]]{})
-	t, _ := trigger.New(trigger.Config[*corev1.ConfigMap]{Queue: q, Resource: configMaps, Logger: discard})
-	h, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{
-		Trigger: t,
-		// Get stands in for the API server here; by default the handler
-		// re-fetches through Dynamic.
+	q := queue.New[opkit.Key](queue.Config[opkit.Cause[*corev1.ConfigMap]]{Merge: (*opkit.Cause[*corev1.ConfigMap]).Merge})
+	t, _ := trigger.New(trigger.Config[*corev1.ConfigMap]{
+		Queue:    q,
+		Resource: configMaps,
+		// Get stands in for the API server here; by default the trigger
+		// reads through Dynamic.
 		Get: func(_ context.Context, k opkit.Key) (*corev1.ConfigMap, error) {
 			return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.Namespace, Name: k.Name, UID: "1234", ResourceVersion: "42"}}, nil
 		},
+		Logger: discard,
+	})
+	h, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{
+		Trigger:          t,
 		InsecureSkipAuth: true, // for the example only
 		Logger:           discard,
 	})
@@ -73,16 +77,20 @@ func ExampleNewHandler() {
 // plugs in an adapter for its broker (the reference operator has one for
 // NATS JetStream).
 func ExampleNewConsumer() {
-	q := queue.New[opkit.Key, opkit.Event[*corev1.ConfigMap]](queue.Config[opkit.Event[*corev1.ConfigMap]]{})
-	t, _ := trigger.New(trigger.Config[*corev1.ConfigMap]{Queue: q, Resource: configMaps, Logger: discard})
-	b := brokertest.New()
-	c, err := trigger.NewConsumer(trigger.ConsumerConfig[*corev1.ConfigMap]{
-		Broker:  b,
-		Trigger: t,
+	q := queue.New[opkit.Key](queue.Config[opkit.Cause[*corev1.ConfigMap]]{Merge: (*opkit.Cause[*corev1.ConfigMap]).Merge})
+	t, _ := trigger.New(trigger.Config[*corev1.ConfigMap]{
+		Queue:    q,
+		Resource: configMaps,
 		Get: func(_ context.Context, k opkit.Key) (*corev1.ConfigMap, error) {
 			return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.Namespace, Name: k.Name}}, nil
 		},
 		Logger: discard,
+	})
+	b := brokertest.New()
+	c, err := trigger.NewConsumer(trigger.ConsumerConfig[*corev1.ConfigMap]{
+		Broker:  b,
+		Trigger: t,
+		Logger:  discard,
 	})
 	if err != nil {
 		panic(err)
@@ -93,7 +101,7 @@ func ExampleNewConsumer() {
 	defer cancel()
 	go func() { _ = c.Run(ctx) }() // in an operator: alongside the controller, until shutdown
 	it, _ := q.Get(ctx)            // a worker picks up the reconcile
-	fmt.Println("reconcile", it.Key, "because", it.Value.Reason)
+	fmt.Println("reconcile", it.Key, "because", it.Value.Reasons)
 	// Output:
-	// reconcile demo/settings because config pushed
+	// reconcile demo/settings because [config pushed]
 }

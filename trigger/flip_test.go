@@ -29,7 +29,7 @@ type recordingAdder struct {
 	dropped  int
 }
 
-func (r *recordingAdder) Add(k opkit.Key, v opkit.Event[*corev1.ConfigMap], o queue.AddOptions) queue.Outcome {
+func (r *recordingAdder) Add(k opkit.Key, v opkit.Cause[*corev1.ConfigMap], o queue.AddOptions) queue.Outcome {
 	out := r.q.Add(k, v, o)
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -56,16 +56,16 @@ func TestConsumerLosesNothingWhileLeadershipFlips(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rng := rand.New(rand.NewPCG(seed, 0))
 		b := brokertest.New()
-		q := queue.New[opkit.Key, opkit.Event[*corev1.ConfigMap]](queue.Config[opkit.Event[*corev1.ConfigMap]]{})
+		q := newCMQueue()
 		rec := &recordingAdder{q: q, accepted: map[opkit.Key]int{}}
-		tr, err := trigger.New(trigger.Config[*corev1.ConfigMap]{Queue: rec, Resource: configMaps, Logger: discard})
+		objs := &objects{exist: map[opkit.Key]bool{}}
+		tr, err := trigger.New(trigger.Config[*corev1.ConfigMap]{Queue: rec, Resource: configMaps, Get: objs.get, Logger: discard})
 		if err != nil {
 			t.Fatal(err)
 		}
-		objs := &objects{exist: map[opkit.Key]bool{}}
 		m := newCounting()
 		c, err := trigger.NewConsumer(trigger.ConsumerConfig[*corev1.ConfigMap]{
-			Broker: b, Trigger: tr, Get: objs.get, Metrics: m, Logger: discard,
+			Broker: b, Trigger: tr, Metrics: m, Logger: discard,
 			Concurrency: 4, DroppedDelay: 200 * time.Millisecond, LagInterval: -1,
 		})
 		if err != nil {

@@ -109,14 +109,18 @@ func FuzzHandlerPath(f *testing.F) {
 	} {
 		f.Add(seed[0], seed[1])
 	}
-	tr, err := trigger.New(trigger.Config[*corev1.ConfigMap]{Queue: acceptAll[opkit.Event[*corev1.ConfigMap]]{}, Resource: configMaps, Logger: discard})
+	tr, err := trigger.New(trigger.Config[*corev1.ConfigMap]{
+		Queue:    acceptAll[opkit.Cause[*corev1.ConfigMap]]{},
+		Resource: configMaps,
+		Get:      func(_ context.Context, k opkit.Key) (*corev1.ConfigMap, error) { return cm(k.Namespace, k.Name), nil },
+		Logger:   discard,
+	})
 	if err != nil {
 		f.Fatal(err)
 	}
 	h, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{
 		Trigger:       tr,
 		Authenticator: allowAll{},
-		Get:           func(_ context.Context, k opkit.Key) (*corev1.ConfigMap, error) { return cm(k.Namespace, k.Name), nil },
 		MaxInFlight:   -1,
 		Logger:        discard,
 	})

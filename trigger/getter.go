@@ -2,17 +2,14 @@ package trigger
 
 import (
 	"context"
-	"errors"
 	"strings"
 	"unicode"
 	"unicode/utf8"
 
 	"k8s.io/apimachinery/pkg/api/validation/path"
 	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/client-go/dynamic"
 
 	"github.com/opkit/opkit"
-	"github.com/opkit/opkit/internal/typed"
 )
 
 // Getter re-fetches one object from the API server. It must return API
@@ -22,19 +19,8 @@ import (
 // clients' do): a NotFound without the object's name is the API server not
 // serving the resource (a CRD not installed yet, a version not served), and
 // the trigger is retried (consumer) or answered 502 (handler) rather than
-// dropped. The default Getter is a typed client over a dynamic.Interface.
+// dropped. The default Getter (Config.Dynamic) is a typed client.
 type Getter[T opkit.Object] func(ctx context.Context, key opkit.Key) (T, error)
-
-// getterFor returns get, or the default getter over dyn.
-func getterFor[T opkit.Object](get Getter[T], dyn dynamic.Interface, res opkit.Resource) (Getter[T], error) {
-	if get != nil {
-		return get, nil
-	}
-	if dyn == nil {
-		return nil, errors.New("either Get or Dynamic is required")
-	}
-	return typed.New[T](dyn, res).Get, nil
-}
 
 // MaxNameLen is the longest object name a trigger accepts, in bytes: the
 // longest a DNS-1123 subdomain, which most resources' names are, may be.

@@ -20,10 +20,8 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/dynamic"
 
 	"github.com/opkit/opkit"
-	"github.com/opkit/opkit/internal/typed"
 	"github.com/opkit/opkit/queue"
 )
 
@@ -41,11 +39,6 @@ type HandlerConfig[T opkit.Object] struct {
 	// decides the routes: /reconcile/{namespace}/{name} for namespaced
 	// resources, /reconcile/{name} for cluster-scoped ones.
 	Trigger *Trigger[T]
-	// Get re-fetches the object. If nil, Dynamic is required and a typed
-	// client over it is used.
-	Get Getter[T]
-	// Dynamic is the client for the default Get.
-	Dynamic dynamic.Interface
 	// Authenticator decides who may trigger what. If nil and Reviews is
 	// set, the Kubernetes-native authenticator (NewKubeAuthenticator with
 	// KubeAuthConfig{Client: Reviews} defaults) is used. If both are nil,
@@ -67,9 +60,9 @@ type HandlerConfig[T opkit.Object] struct {
 	// MaxBodyBytes bounds the optional JSON body ({"reason": "..."});
 	// zero means DefaultMaxBodyBytes. Larger bodies get 413.
 	MaxBodyBytes int64
-	// APITimeout bounds the authorization (TokenReview and
-	// SubjectAccessReview together) and, separately, the re-fetch; zero
-	// means 5s. A timeout answers 504.
+	// APITimeout bounds the API calls of one request together: the
+	// TokenReview, the SubjectAccessReview and the read of the object;
+	// zero means 5s. A timeout answers 504.
 	APITimeout time.Duration
 	// RetryAfter is the Retry-After of 503 and 429 answers, rounded up to
 	// whole seconds; zero means 5s.
@@ -137,7 +130,6 @@ type handler[T opkit.Object] struct {
 	cfg      HandlerConfig[T]
 	trig     *Trigger[T]
 	res      opkit.Resource
-	get      Getter[T]
 	auth     Authenticator
 	metrics  HandlerMetrics
 	log      *slog.Logger
@@ -157,12 +149,10 @@ func NewHandler[T opkit.Object](cfg HandlerConfig[T]) (http.Handler, error) {
 	if cfg.Trigger == nil {
 		return nil, errors.New("trigger: HandlerConfig.Trigger is required")
 	}
-	h := &handler[T]{cfg: cfg, trig: cfg.Trigger, res: cfg.Trigger.Resource(), metrics: cfg.Metrics, log: cfg.Logger}
-	get, err := getterFor(cfg.Get, cfg.Dynamic, h.res)
-	if err != nil {
-		return nil, fmt.Errorf("trigger: HandlerConfig: %w", err)
+	if cfg.Trigger.get == nil {
+		return nil, errNoGetter
 	}
-	h.get = get
+	h := &handler[T]{cfg: cfg, trig: cfg.Trigger, res: cfg.Trigger.Resource(), metrics: cfg.Metrics, log: cfg.Logger}
 	switch {
 	case cfg.InsecureSkipAuth:
 		if cfg.Authenticator != nil || cfg.Reviews != nil {
@@ -327,77 +317,39 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, start, http.StatusTooManyRequests, metav1.StatusReasonTooManyRequests, "request rate limit exceeded", nil)
 		return
 	}
-	// The key first (authorization is about it), then who asks, and only
-	// then the query and the body: an unauthenticated caller gets its 401
-	// without the handler reading a byte of its body.
 	req := request{key: opkit.Key{Namespace: r.PathValue("namespace"), Name: r.PathValue("name")}}
-	if err := validateKey(h.res, req.key); err != nil {
-		h.fail(w, r, start, http.StatusBadRequest, metav1.StatusReasonBadRequest, err.Error(), nil)
+	if code, reason, err := h.parse(w, r, &req); err != nil {
+		h.fail(w, r, start, code, reason, err.Error(), nil)
 		return
 	}
 	ctx := r.Context()
-
+	// The key is valid when authorize runs: who asks is checked before
+	// anything is read, and the trigger path is the Trigger's Intake.
 	user := ""
-	var err error
-	if h.auth != nil {
-		actx, cancel := context.WithTimeout(ctx, h.cfg.APITimeout)
-		user, err = h.auth.Authorize(actx, AuthRequest{HTTP: r, Resource: h.res, Key: req.key})
-		cancel()
-		switch {
-		case err == nil:
-		case errors.Is(err, ErrUnauthenticated):
-			// RFC 6750: an error code only when a token was presented.
-			challenge := `Bearer realm="opkit-trigger"`
-			if _, ok := bearerToken(r); ok {
-				challenge += `, error="invalid_token"`
-			}
-			w.Header().Set("WWW-Authenticate", challenge)
-			h.fail(w, r, start, http.StatusUnauthorized, metav1.StatusReasonUnauthorized, err.Error(), &req)
-			return
-		case errors.Is(err, ErrForbidden):
-			h.fail(w, r, start, http.StatusForbidden, metav1.StatusReasonForbidden, err.Error(), &req)
-			return
-		default:
-			// The caller is not authenticated or not authorized yet: the
-			// API server's answer (which may describe the operator's own
-			// RBAC) goes to the log only.
-			h.apiFailure(w, r, start, "authorization", err, &req, false)
-			return
+	var authErr error
+	authorize := func(ctx context.Context, key opkit.Key) error {
+		if h.auth == nil {
+			return nil
 		}
+		user, authErr = h.auth.Authorize(ctx, AuthRequest{HTTP: r, Resource: h.res, Key: key})
+		return authErr
 	}
-	if code, reason, err := h.parse(w, r, &req); err != nil {
-		h.fail(w, r, start, code, reason, err.Error(), &req)
-		return
-	}
-
-	if err := h.trig.CheckScope(req.key); err != nil {
-		h.fail(w, r, start, http.StatusNotFound, metav1.StatusReasonNotFound, err.Error(), &req)
-		return
-	}
-	gctx, cancel := context.WithTimeout(ctx, h.cfg.APITimeout)
-	obj, err := h.get(gctx, req.key)
+	ictx, cancel := context.WithTimeout(ctx, h.cfg.APITimeout)
+	obj, o, err := h.trig.Intake(ictx, Pointer{Key: req.key, Type: h.cfg.Type, Reason: req.reason, Delay: req.delay}, authorize)
 	cancel()
-	if err != nil {
-		if typed.Gone(err, req.key.Name) {
-			h.fail(w, r, start, http.StatusNotFound, metav1.StatusReasonNotFound,
-				fmt.Sprintf("%s %q not found", h.res.Resource, req.key.String()), &req)
-			return
-		}
-		h.apiFailure(w, r, start, "re-fetch", typed.Explain(err, h.res, req.key.Name), &req, true)
+	switch {
+	case err == nil:
+	case errors.Is(err, ErrInvalid):
+		h.fail(w, r, start, http.StatusBadRequest, metav1.StatusReasonBadRequest, err.Error(), nil)
 		return
-	}
-	o, err := h.trig.Submit(ctx, Request[T]{Object: obj, Type: h.cfg.Type, Source: opkit.Operator, Delay: req.delay, Reason: req.reason, Fetched: true})
-	if errors.Is(err, ErrOutOfScope) {
+	case authErr != nil:
+		h.authFailure(w, r, start, authErr, &req)
+		return
+	case errors.Is(err, ErrOutOfScope), errors.Is(err, ErrNotFound):
 		h.fail(w, r, start, http.StatusNotFound, metav1.StatusReasonNotFound, err.Error(), &req)
 		return
-	}
-	if err != nil {
-		if ctx.Err() != nil {
-			// The caller went away; nothing was queued.
-			h.fail(w, r, start, http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable, "request cancelled before the enqueue", &req)
-			return
-		}
-		h.fail(w, r, start, http.StatusInternalServerError, metav1.StatusReasonInternalError, err.Error(), &req)
+	default:
+		h.apiFailure(w, r, start, "read", err, &req, true)
 		return
 	}
 	if !o.Accepted() {
@@ -417,8 +369,29 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request) {
 	h.metrics.Request(http.StatusAccepted, "Accepted", time.Since(start))
 }
 
-// parse validates the query and the optional body into req, whose key is
-// already set.
+// authFailure answers a refused or failed authorization.
+func (h *handler[T]) authFailure(w http.ResponseWriter, r *http.Request, start time.Time, err error, req *request) {
+	switch {
+	case errors.Is(err, ErrUnauthenticated):
+		// RFC 6750: an error code only when a token was presented.
+		challenge := `Bearer realm="opkit-trigger"`
+		if _, ok := bearerToken(r); ok {
+			challenge += `, error="invalid_token"`
+		}
+		w.Header().Set("WWW-Authenticate", challenge)
+		h.fail(w, r, start, http.StatusUnauthorized, metav1.StatusReasonUnauthorized, err.Error(), req)
+	case errors.Is(err, ErrForbidden):
+		h.fail(w, r, start, http.StatusForbidden, metav1.StatusReasonForbidden, err.Error(), req)
+	default:
+		// The caller is not authenticated or not authorized yet: the
+		// API server's answer (which may describe the operator's own
+		// RBAC) goes to the log only.
+		h.apiFailure(w, r, start, "authorization", err, req, false)
+	}
+}
+
+// parse validates the query and the optional body into req (the key is
+// Intake's to validate).
 func (h *handler[T]) parse(w http.ResponseWriter, r *http.Request, req *request) (int, metav1.StatusReason, error) {
 	bad := func(err error) (int, metav1.StatusReason, error) {
 		return http.StatusBadRequest, metav1.StatusReasonBadRequest, err

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -46,16 +47,27 @@ type handlerEnv struct {
 
 func newHandlerEnv(t *testing.T, mutate func(*trigger.HandlerConfig[*corev1.ConfigMap])) *handlerEnv {
 	t.Helper()
+	return newHandlerEnvWith(t, nil, mutate)
+}
+
+// newHandlerEnvWith is newHandlerEnv with the trigger's configuration
+// changed by trig first: by default the trigger reads through a fake
+// dynamic client (e.dyn) that holds ns/a, and shares the handler's metrics.
+func newHandlerEnvWith(t *testing.T, trig func(*trigger.Config[*corev1.ConfigMap]), mutate func(*trigger.HandlerConfig[*corev1.ConfigMap])) *handlerEnv {
+	t.Helper()
 	scheme := runtime.NewScheme()
 	if err := corev1.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
 	}
 	e := &handlerEnv{dyn: dynfake.NewSimpleDynamicClient(scheme, cm("ns", "a")), m: newCounting()}
+	tcfg := trigger.Config[*corev1.ConfigMap]{Dynamic: e.dyn, Metrics: e.m}
+	if trig != nil {
+		trig(&tcfg)
+	}
 	var tr *trigger.Trigger[*corev1.ConfigMap]
-	tr, e.q = newCMTrigger(t, e.m)
+	tr, e.q = newCMTriggerWith(t, tcfg)
 	cfg := trigger.HandlerConfig[*corev1.ConfigMap]{
 		Trigger:       tr,
-		Dynamic:       e.dyn,
 		Authenticator: allowAll{},
 		Leader:        func() string { return "replica-b" },
 		Metrics:       e.m,
@@ -126,8 +138,10 @@ func TestHandler202SchedulesTheRefetchedObject(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if it.Value.Object.UID != "uid-a" || it.Value.Reason != "ci deployed" || it.Value.Source != opkit.Operator || it.Value.Type != opkit.Modified || !it.Value.Fetched || it.Priority != trigger.DefaultPriority {
-		t.Errorf("queued %+v (priority %d)", it.Value, it.Priority)
+	// The object read travels with the key, with source Operator and the
+	// request's reason.
+	if got, want := describe(it.Value), describe(operatorCause(cm("ns", "a"), "ci deployed")); got != want || it.Priority != trigger.DefaultPriority {
+		t.Errorf("queued %s (priority %d)\nwant   %s (priority %d)", got, it.Priority, want, trigger.DefaultPriority)
 	}
 	if e.m.requests[202] != 1 {
 		t.Errorf("metrics = %v", e.m.requests)
@@ -151,8 +165,8 @@ func TestHandler202ReasonFromJSONBodyAndDelay(t *testing.T) {
 			t.Fatalf("queue len = %d, want 1", e.q.Len())
 		}
 		it, err := e.q.Get(t.Context())
-		if err != nil || it.Value.Reason != "pipeline 42" || time.Since(sent) != 90*time.Second {
-			t.Errorf("handed out after %v with reason %q (%v); want after 90s with the body's reason", time.Since(sent), it.Value.Reason, err)
+		if err != nil || !slices.Equal(it.Value.Reasons, []string{"pipeline 42"}) || time.Since(sent) != 90*time.Second {
+			t.Errorf("handed out after %v with reasons %q (%v); want after 90s with the body's reason", time.Since(sent), it.Value.Reasons, err)
 		}
 	})
 }
@@ -165,31 +179,94 @@ func (d denyAnonymous) Authorize(context.Context, trigger.AuthRequest) (string, 
 	return "", fmt.Errorf("%w: no bearer token", trigger.ErrUnauthenticated)
 }
 
-// An unauthenticated caller learns nothing about its query or body, and
-// the handler reads none of it: 401 first.
-func TestHandlerAuthenticatesBeforeReadingQueryOrBody(t *testing.T) {
+// The query and the body are checked before the caller is authenticated
+// (400, 413 and 415 come first, and the body is read no further than its
+// limit), the key before both; a well-formed request is then authorized
+// before anything is read from the API server: an unauthenticated caller
+// gets its 401 without an API call and with nothing queued.
+func TestHandlerParsesThenAuthenticatesBeforeReading(t *testing.T) {
 	calls := 0
 	e := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) { c.Authenticator = denyAnonymous{&calls} })
-	body := &countingReader{r: strings.NewReader(strings.Repeat("x", 1<<20))}
+	json := http.Header{"Content-Type": {"application/json"}}
+	big := &countingReader{r: strings.NewReader(strings.Repeat("x", 1<<20))}
 	for _, tc := range []struct {
 		target string
 		body   io.Reader
 		header http.Header
+		code   int
+		reason string
 	}{
-		{"/reconcile/ns/a", body, http.Header{"Content-Type": {"application/json"}}},
-		{"/reconcile/ns/a?nonsense=1", nil, nil},
-		{"/reconcile/ns/a", strings.NewReader(`{"unknown":1}`), http.Header{"Content-Type": {"text/plain"}}},
+		{"/reconcile/ns/a", big, json, http.StatusRequestEntityTooLarge, "RequestEntityTooLarge"},
+		{"/reconcile/ns/a?nonsense=1", nil, nil, http.StatusBadRequest, "BadRequest"},
+		{"/reconcile/ns/a?delay=2h", nil, nil, http.StatusBadRequest, "BadRequest"},
+		{"/reconcile/ns/a", strings.NewReader(`{"unknown":1}`), json, http.StatusBadRequest, "BadRequest"},
+		{"/reconcile/ns/a", strings.NewReader(`{"unknown":1}`), http.Header{"Content-Type": {"text/plain"}}, http.StatusUnsupportedMediaType, "UnsupportedMediaType"},
+		// An invalid key is refused before authentication too.
+		{"/reconcile/ns/a%25b", nil, nil, http.StatusBadRequest, "BadRequest"},
+		{"/reconcile/Bad_NS/a", nil, nil, http.StatusBadRequest, "BadRequest"},
 	} {
-		w := e.do(http.MethodPost, tc.target, tc.body, tc.header)
-		wantStatus(t, w, http.StatusUnauthorized, "Unauthorized")
+		wantStatus(t, e.do(http.MethodPost, tc.target, tc.body, tc.header), tc.code, tc.reason)
 	}
-	if calls != 3 || body.n != 0 {
-		t.Fatalf("authorizer called %d times, %d body bytes read; want 3 and none", calls, body.n)
+	if calls != 0 {
+		t.Fatalf("authorizer called %d times for malformed requests, want 0", calls)
 	}
-	// The path still comes first: authorization is about its key.
-	wantStatus(t, post(e, "/reconcile/ns/a%25b"), http.StatusBadRequest, "BadRequest")
-	if calls != 3 {
-		t.Fatalf("authorizer asked about an invalid key")
+	if big.n > trigger.DefaultMaxBodyBytes+1 {
+		t.Errorf("read %d bytes of an oversized body, want at most the limit (%d) and one", big.n, trigger.DefaultMaxBodyBytes)
+	}
+	// Well formed: authenticated before the read, refused with 401.
+	for _, tc := range []struct {
+		body   io.Reader
+		header http.Header
+	}{
+		{nil, nil},
+		{strings.NewReader(`{"reason":"x"}`), json},
+	} {
+		wantStatus(t, e.do(http.MethodPost, "/reconcile/ns/a?delay=1s", tc.body, tc.header), http.StatusUnauthorized, "Unauthorized")
+	}
+	if calls != 2 {
+		t.Errorf("authorizer called %d times for 2 well-formed requests, want 2", calls)
+	}
+	if n := len(e.dyn.Actions()); n != 0 || e.q.Len() != 0 {
+		t.Errorf("%d API calls, queue len %d after refused callers; want none", n, e.q.Len())
+	}
+}
+
+// HandlerConfig.APITimeout bounds the authorization and the read together:
+// a slow authorizer leaves the read only what remains.
+func TestHandlerAPITimeoutBoundsAuthorizationAndReadTogether(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var readFor time.Duration
+		e := newHandlerEnvWith(t, func(c *trigger.Config[*corev1.ConfigMap]) {
+			c.Get = func(ctx context.Context, key opkit.Key) (*corev1.ConfigMap, error) {
+				start := time.Now()
+				<-ctx.Done()
+				readFor = time.Since(start)
+				return nil, ctx.Err()
+			}
+		}, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) {
+			c.APITimeout = 2 * time.Second
+			c.Authenticator = slowAuth{1500 * time.Millisecond}
+		})
+		start := time.Now()
+		wantStatus(t, post(e, "/reconcile/ns/a"), 504, "Timeout")
+		if d := time.Since(start); d != 2*time.Second || readFor != 500*time.Millisecond {
+			t.Errorf("answered after %v, the read given %v; want 2s in all, 500ms of it for the read", d, readFor)
+		}
+		if e.q.Len() != 0 {
+			t.Errorf("queue len = %d, want 0", e.q.Len())
+		}
+	})
+}
+
+// slowAuth lets everyone in after a delay.
+type slowAuth struct{ d time.Duration }
+
+func (s slowAuth) Authorize(ctx context.Context, _ trigger.AuthRequest) (string, error) {
+	select {
+	case <-time.After(s.d):
+		return "tester", nil
+	case <-ctx.Done():
+		return "", ctx.Err()
 	}
 }
 
@@ -322,8 +399,8 @@ func TestHandlerAcceptsTheLongestReasonEscaped(t *testing.T) {
 		if w.Code != http.StatusAccepted {
 			t.Fatalf("a %d-byte body with a valid reason: %d %s", len(body), w.Code, w.Body)
 		}
-		if it, err := e.q.Get(t.Context()); err != nil || it.Value.Reason != reason {
-			t.Errorf("queued a reason of %d bytes (%v), want the %d sent", len(it.Value.Reason), err, len(reason))
+		if it, err := e.q.Get(t.Context()); err != nil || !slices.Equal(it.Value.Reasons, []string{reason}) {
+			t.Errorf("queued reasons %.40q (%v), want the %d bytes sent", it.Value.Reasons, err, len(reason))
 		}
 	}
 }
@@ -418,14 +495,12 @@ func TestHandler502And504FromTheAPIServer(t *testing.T) {
 
 func TestHandler504WhenTheRefetchHangs(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		e := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) {
-			c.Dynamic = nil
-			c.APITimeout = 2 * time.Second
+		e := newHandlerEnvWith(t, func(c *trigger.Config[*corev1.ConfigMap]) {
 			c.Get = func(ctx context.Context, key opkit.Key) (*corev1.ConfigMap, error) {
 				<-ctx.Done()
 				return nil, ctx.Err()
 			}
-		})
+		}, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) { c.APITimeout = 2 * time.Second })
 		start := time.Now()
 		wantStatus(t, post(e, "/reconcile/ns/a"), 504, "Timeout")
 		if d := time.Since(start); d != 2*time.Second {
@@ -449,7 +524,8 @@ func TestHandler504WhenTheClientRateLimiterWouldPassTheDeadline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) { c.Dynamic = dyn; c.APITimeout = time.Minute })
+	e := newHandlerEnvWith(t, func(c *trigger.Config[*corev1.ConfigMap]) { c.Dynamic = dyn },
+		func(c *trigger.HandlerConfig[*corev1.ConfigMap]) { c.APITimeout = time.Minute })
 	if w := post(e, "/reconcile/ns/a"); w.Code != http.StatusAccepted {
 		t.Fatalf("first: %d %s", w.Code, w.Body)
 	}
@@ -465,14 +541,13 @@ func TestHandler504WhenTheClientRateLimiterWouldPassTheDeadline(t *testing.T) {
 func TestHandlerCallerGoneDuringTheRefetch(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx, hangUp := context.WithCancel(context.Background())
-		e := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) {
-			c.Dynamic = nil
+		e := newHandlerEnvWith(t, func(c *trigger.Config[*corev1.ConfigMap]) {
 			c.Get = func(gctx context.Context, key opkit.Key) (*corev1.ConfigMap, error) {
 				hangUp()
 				<-gctx.Done()
 				return nil, gctx.Err()
 			}
-		})
+		}, nil)
 		r := httptest.NewRequestWithContext(ctx, http.MethodPost, "/reconcile/ns/a", nil)
 		w := httptest.NewRecorder()
 		e.h.ServeHTTP(w, r)
@@ -486,14 +561,12 @@ func TestHandlerCallerGoneDuringTheRefetch(t *testing.T) {
 func TestHandler429InFlightLimit(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
-		e := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) {
-			c.MaxInFlight = 1
-			c.Dynamic = nil
+		e := newHandlerEnvWith(t, func(c *trigger.Config[*corev1.ConfigMap]) {
 			c.Get = func(ctx context.Context, key opkit.Key) (*corev1.ConfigMap, error) {
 				<-release
 				return cm(key.Namespace, key.Name), nil
 			}
-		})
+		}, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) { c.MaxInFlight = 1 })
 		first := make(chan int)
 		go func() { first <- post(e, "/reconcile/ns/a").Code }()
 		synctest.Wait() // the first request holds the only slot
@@ -540,9 +613,12 @@ func TestHandlerClusterScopedRoute(t *testing.T) {
 	if err := dyn.Tracker().Add(&unstructured.Unstructured{Object: u}); err != nil {
 		t.Fatal(err)
 	}
-	q := queue.New[opkit.Key, opkit.Event[*Widget]](queue.Config[opkit.Event[*Widget]]{})
-	tr, _ := trigger.New(trigger.Config[*Widget]{Queue: q, Resource: widgets, Logger: discard})
-	h, err := trigger.NewHandler(trigger.HandlerConfig[*Widget]{Trigger: tr, Dynamic: dyn, Authenticator: allowAll{}, Logger: discard})
+	q := queue.New[opkit.Key](queue.Config[opkit.Cause[*Widget]]{Merge: (*opkit.Cause[*Widget]).Merge})
+	tr, err := trigger.New(trigger.Config[*Widget]{Queue: q, Resource: widgets, Dynamic: dyn, Logger: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := trigger.NewHandler(trigger.HandlerConfig[*Widget]{Trigger: tr, Authenticator: allowAll{}, Logger: discard})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -553,42 +629,49 @@ func TestHandlerClusterScopedRoute(t *testing.T) {
 	wantStatus(t, post(e, "/reconcile/ns/big"), 404, "NotFound")
 	wantStatus(t, post(e, "/reconcile/none"), 404, "NotFound")
 	it, _ := q.Get(context.Background())
-	if it.Key != (opkit.Key{Name: "big"}) || it.Value.Object.UID != "uid-big" {
-		t.Errorf("queued %v %+v", it.Key, it.Value.Object)
+	if it.Key != (opkit.Key{Name: "big"}) || it.Value.Object == nil || it.Value.Object.UID != "uid-big" || !it.Value.Sources.Has(opkit.Operator) {
+		t.Errorf("queued %v %+v", it.Key, it.Value)
 	}
 }
 
-func TestHandler500WhenTheServerReturnsAnotherKind(t *testing.T) {
-	e := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) {
-		c.Dynamic = nil
+// An object of another kind from the API server is its failure, not the
+// caller's: a 502, and nothing queued.
+func TestHandler502WhenTheServerReturnsAnotherKind(t *testing.T) {
+	e := newHandlerEnvWith(t, func(c *trigger.Config[*corev1.ConfigMap]) {
 		c.Get = func(ctx context.Context, key opkit.Key) (*corev1.ConfigMap, error) {
 			o := cm(key.Namespace, key.Name)
 			o.Kind = "Secret"
 			return o, nil
 		}
-	})
-	wantStatus(t, post(e, "/reconcile/ns/a"), 500, "InternalError")
+	}, nil)
+	st := wantStatus(t, post(e, "/reconcile/ns/a"), 502, "BadGateway")
+	if !strings.Contains(st.Message, "Secret") || e.q.Len() != 0 {
+		t.Errorf("message %q, queue len %d; want the kind named and nothing queued", st.Message, e.q.Len())
+	}
 }
 
 func TestNewHandlerRequiresAuthOrExplicitInsecure(t *testing.T) {
-	tr, _ := newCMTrigger(t, nil)
 	dyn := dynfake.NewSimpleDynamicClient(runtime.NewScheme())
-	if _, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: tr, Dynamic: dyn}); err == nil {
+	tr, _ := newCMTriggerWith(t, trigger.Config[*corev1.ConfigMap]{Dynamic: dyn})
+	if _, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{}); err == nil {
+		t.Error("NewHandler without a Trigger succeeded")
+	}
+	if _, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: tr}); err == nil {
 		t.Error("NewHandler without any authentication succeeded")
 	}
-	if _, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: tr, Dynamic: dyn, InsecureSkipAuth: true, Authenticator: allowAll{}}); err == nil {
+	if _, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: tr, InsecureSkipAuth: true, Authenticator: allowAll{}}); err == nil {
 		t.Error("NewHandler with InsecureSkipAuth and an Authenticator succeeded")
 	}
-	if _, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: tr, InsecureSkipAuth: true}); err == nil {
-		t.Error("NewHandler without Get or Dynamic succeeded")
-	}
-	if _, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: tr, Dynamic: dyn, InsecureSkipAuth: true, MaxDelay: -1}); err == nil {
+	if _, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: tr, InsecureSkipAuth: true, MaxDelay: -1}); err == nil {
 		t.Error("NewHandler with a negative MaxDelay succeeded")
 	}
-	if _, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: tr, Dynamic: dyn, InsecureSkipAuth: true, RateBurst: 5}); err == nil {
+	if _, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: tr, InsecureSkipAuth: true, RateBurst: 5}); err == nil {
 		t.Error("NewHandler with RateBurst but no RateLimit succeeded")
 	}
-	h, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: tr, Dynamic: dyn, InsecureSkipAuth: true, Logger: discard})
+	if _, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: tr, InsecureSkipAuth: true, Type: opkit.Type(9)}); err == nil {
+		t.Error("NewHandler with an invalid Type succeeded")
+	}
+	h, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: tr, InsecureSkipAuth: true, Logger: discard})
 	if err != nil || h == nil {
 		t.Fatalf("insecure handler: %v", err)
 	}

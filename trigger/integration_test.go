@@ -70,8 +70,8 @@ func TestHandlerAuthAgainstTheAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr, q := newCMTrigger(t, nil)
-	h, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: tr, Dynamic: dyn, Authenticator: auth, Logger: discard})
+	tr, q := newCMTriggerWith(t, trigger.Config[*corev1.ConfigMap]{Dynamic: dyn})
+	h, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: tr, Authenticator: auth, Logger: discard})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,16 +13,16 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/opkit/opkit"
-	"github.com/opkit/opkit/queue"
 	"github.com/opkit/opkit/trigger"
 )
 
 // The specification here: a trigger reaches only what its controller
 // watches. Scoped to namespace "ns" and label shard=1, it refuses another
-// namespace, and an object just read (Fetched) whose labels do not match,
-// with ErrOutOfScope (not ErrInvalid: the request is well formed, it is
-// for another controller). Labels of a copy not just read are left to the
-// controller, which checks the object it reads for the reconcile. The HTTP
+// namespace, an object Intake just read whose labels do not match, and a
+// Deleted trigger's object whose labels do not match, with ErrOutOfScope
+// (not ErrInvalid: the request is well formed, it is for another
+// controller). Labels of a caller's copy submitted for another type are
+// left to the controller, which checks the object it reconciles. The HTTP
 // handler answers 404; the consumer hands the message back (never
 // acknowledges it: another controller sharing the subscription may own
 // it); neither reads an object from another namespace.
@@ -35,35 +35,32 @@ func labelled(ns, name string, l map[string]string) *corev1.ConfigMap {
 	return o
 }
 
-func newScopedTrigger(t *testing.T) (*trigger.Trigger[*corev1.ConfigMap], *cmQueue) {
+// newScopedTrigger returns a trigger scoped to namespace "ns" and label
+// shard=1, reading through get (nil: none).
+func newScopedTrigger(t *testing.T, get trigger.Getter[*corev1.ConfigMap]) (*trigger.Trigger[*corev1.ConfigMap], *cmQueue) {
 	t.Helper()
-	q := queue.New[opkit.Key](queue.Config[opkit.Event[*corev1.ConfigMap]]{})
-	tr, err := trigger.New(trigger.Config[*corev1.ConfigMap]{Queue: q, Resource: configMaps, Namespace: "ns",
-		Selector: labels.SelectorFromSet(shard1), Logger: discard})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tr, q
+	return newCMTriggerWith(t, trigger.Config[*corev1.ConfigMap]{Get: get, Namespace: "ns", Selector: labels.SelectorFromSet(shard1)})
 }
 
 func TestTriggerRefusesObjectsOutsideItsScope(t *testing.T) {
-	tr, q := newScopedTrigger(t)
+	tr, q := newScopedTrigger(t, nil)
 	accepted := 0
 	for _, tc := range []struct {
-		name    string
-		obj     *corev1.ConfigMap
-		fetched bool
-		scope   bool // refused as out of scope
+		name  string
+		obj   *corev1.ConfigMap
+		typ   opkit.Type
+		scope bool // refused as out of scope
 	}{
-		{"in the namespace, labels match", labelled("ns", "a", shard1), true, false},
-		{"another namespace", labelled("other", "a", shard1), false, true},
-		{"another namespace, just read", labelled("other", "a", shard1), true, true},
-		{"just read, labels do not match", labelled("ns", "b", map[string]string{"shard": "2"}), true, true},
-		{"just read, no labels", cm("ns", "c"), true, true},
-		{"a caller's copy: its labels may be stale", labelled("ns", "d", map[string]string{"shard": "2"}), false, false},
-		{"a caller's key-only copy", cm("ns", "e"), false, false},
+		{"in the namespace, labels match", labelled("ns", "a", shard1), opkit.Modified, false},
+		{"another namespace", labelled("other", "a", shard1), opkit.Modified, true},
+		{"another namespace, a teardown", labelled("other", "a", shard1), opkit.Deleted, true},
+		{"a teardown, labels do not match", labelled("ns", "b", map[string]string{"shard": "2"}), opkit.Deleted, true},
+		{"a teardown, no labels", cm("ns", "c"), opkit.Deleted, true},
+		{"a teardown, labels match", labelled("ns", "f", shard1), opkit.Deleted, false},
+		{"a caller's copy: its labels may be stale", labelled("ns", "d", map[string]string{"shard": "2"}), opkit.Modified, false},
+		{"a caller's key-only copy", cm("ns", "e"), opkit.Added, false},
 	} {
-		o, err := tr.Submit(context.Background(), trigger.Request[*corev1.ConfigMap]{Object: tc.obj, Type: opkit.Modified, Source: opkit.Operator, Fetched: tc.fetched})
+		o, err := tr.Submit(context.Background(), trigger.Request[*corev1.ConfigMap]{Object: tc.obj, Type: tc.typ, Source: opkit.Operator})
 		if tc.scope != errors.Is(err, trigger.ErrOutOfScope) || errors.Is(err, trigger.ErrInvalid) || o.Accepted() == tc.scope {
 			t.Errorf("%s: Submit = %v, %v; want out of scope %v (and never ErrInvalid)", tc.name, o, err, tc.scope)
 		}
@@ -71,19 +68,55 @@ func TestTriggerRefusesObjectsOutsideItsScope(t *testing.T) {
 			accepted++
 		}
 	}
-	if q.Len() != accepted || accepted != 3 {
-		t.Errorf("queue len %d, %d accepted; want 3", q.Len(), accepted)
+	if q.Len() != accepted || accepted != 4 {
+		t.Errorf("queue len %d, %d accepted; want 4", q.Len(), accepted)
 	}
-	if err := tr.CheckScope(opkit.Key{Namespace: "other", Name: "a"}); !errors.Is(err, trigger.ErrOutOfScope) {
-		t.Errorf("CheckScope(other/a) = %v", err)
+}
+
+// Intake checks the namespace on the key, before it reads, and the labels
+// on the object it read, whatever the trigger's type.
+func TestIntakeRefusesKeysAndObjectsOutsideItsScope(t *testing.T) {
+	var read []opkit.Key
+	get := func(_ context.Context, key opkit.Key) (*corev1.ConfigMap, error) {
+		read = append(read, key)
+		switch key.Name {
+		case "a":
+			return labelled(key.Namespace, key.Name, shard1), nil
+		case "b":
+			return labelled(key.Namespace, key.Name, map[string]string{"shard": "2"}), nil
+		}
+		return cm(key.Namespace, key.Name), nil // no labels
 	}
-	if err := tr.CheckScope(opkit.Key{Namespace: "ns", Name: "a"}); err != nil {
-		t.Errorf("CheckScope(ns/a) = %v", err)
+	tr, q := newScopedTrigger(t, get)
+	for _, tc := range []struct {
+		ns, name string
+		typ      opkit.Type
+		scope    bool
+		read     bool
+	}{
+		{"ns", "a", opkit.Modified, false, true},
+		{"other", "a", opkit.Modified, true, false},
+		{"ns", "b", opkit.Modified, true, true},
+		{"ns", "c", opkit.Added, true, true},
+		{"ns", "b", opkit.Deleted, true, true},
+	} {
+		read = nil
+		key := opkit.Key{Namespace: tc.ns, Name: tc.name}
+		_, o, err := tr.Intake(context.Background(), trigger.Pointer{Key: key, Type: tc.typ}, nil)
+		if tc.scope != errors.Is(err, trigger.ErrOutOfScope) || errors.Is(err, trigger.ErrInvalid) || o.Accepted() == tc.scope {
+			t.Errorf("%v (%v): Intake = %v, %v; want out of scope %v (and never ErrInvalid)", key, tc.typ, o, err, tc.scope)
+		}
+		if (len(read) == 1) != tc.read || len(read) > 1 {
+			t.Errorf("%v (%v): read %v, want read %v", key, tc.typ, read, tc.read)
+		}
+	}
+	if q.Len() != 1 {
+		t.Errorf("queue len %d, want only ns/a", q.Len())
 	}
 }
 
 func TestTriggerScopeConfigIsValidated(t *testing.T) {
-	q := queue.New[opkit.Key](queue.Config[opkit.Event[*corev1.ConfigMap]]{})
+	q := newCMQueue()
 	cluster := configMaps
 	cluster.Namespaced = false
 	for _, cfg := range []trigger.Config[*corev1.ConfigMap]{
@@ -97,8 +130,10 @@ func TestTriggerScopeConfigIsValidated(t *testing.T) {
 }
 
 func TestHandler404OutsideTheScope(t *testing.T) {
-	tr, q := newScopedTrigger(t)
-	e := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) { c.Trigger = tr })
+	e := newHandlerEnvWith(t, func(c *trigger.Config[*corev1.ConfigMap]) {
+		c.Namespace, c.Selector = "ns", labels.SelectorFromSet(shard1)
+	}, nil)
+	q := e.q
 	// Another namespace: refused before the object is read.
 	wantStatus(t, post(e, "/reconcile/other/a"), http.StatusNotFound, "NotFound")
 	if n := len(e.dyn.Actions()); n != 0 {
@@ -113,7 +148,6 @@ func TestHandler404OutsideTheScope(t *testing.T) {
 
 func TestConsumerHandsBackMessagesOutsideTheScope(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		tr, q := newScopedTrigger(t)
 		var mu sync.Mutex
 		var read []opkit.Key
 		get := func(_ context.Context, key opkit.Key) (*corev1.ConfigMap, error) {
@@ -125,7 +159,10 @@ func TestConsumerHandsBackMessagesOutsideTheScope(t *testing.T) {
 			}
 			return cm(key.Namespace, key.Name), nil // no shard label
 		}
-		e := newConsumerEnv(t, func(c *trigger.ConsumerConfig[*corev1.ConfigMap]) { c.Trigger, c.Get = tr, get })
+		e := newConsumerEnvWith(t, func(c *trigger.Config[*corev1.ConfigMap]) {
+			c.Get, c.Namespace, c.Selector = get, "ns", labels.SelectorFromSet(shard1)
+		}, nil)
+		q := e.q
 		other := e.b.Publish([]byte(`{"namespace":"other","name":"a"}`))
 		unlabelled := e.b.Publish([]byte(`{"namespace":"ns","name":"b"}`))
 		inScope := e.b.Publish([]byte(`{"namespace":"ns","name":"a"}`))

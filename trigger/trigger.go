@@ -13,8 +13,10 @@ import (
 
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/dynamic"
 
 	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/internal/typed"
 	"github.com/opkit/opkit/queue"
 )
 
@@ -43,20 +45,32 @@ func CheckReason(reason string) error {
 var ErrInvalid = errors.New("invalid trigger")
 
 // ErrOutOfScope is wrapped by the errors of Enqueue, Submit and
-// [Trigger.CheckScope] for an object the trigger's controller does not
-// handle: in another namespace than Config.Namespace, or, just read (or
-// carried by a Deleted trigger), with labels that Config.Selector does not
-// match. The HTTP handler answers 404;
-// the consumer hands the message back (it may be another controller's that
-// shares the subscription).
+// [Trigger.Intake] for an object the trigger's controller does not
+// handle: in another namespace than Config.Namespace, or, read by Intake
+// (or carried by a Deleted trigger), with labels that Config.Selector
+// does not match. The HTTP handler answers 404; the consumer hands the
+// message back (it may be another controller's that shares the
+// subscription).
 var ErrOutOfScope = errors.New("object outside the controller's scope")
+
+// ErrNotFound is wrapped by Intake's error when the object does not
+// exist. The HTTP handler answers 404; the consumer acknowledges the
+// message.
+var ErrNotFound = errors.New("object not found")
 
 // Config configures a Trigger. The zero value of every optional field means
 // its documented default.
 type Config[T opkit.Object] struct {
 	// Queue is the controller's queue (required). Enqueue calls its Add,
 	// which never blocks.
-	Queue queue.Adder[opkit.Key, opkit.Event[T]]
+	Queue queue.Adder[opkit.Key, opkit.Cause[T]]
+	// Get reads an object for Intake (the HTTP handler and the consumer);
+	// reconcile's controller sets its own. If nil, a typed client over
+	// Dynamic is used; with neither, Intake fails and NewHandler and
+	// NewConsumer refuse the Trigger (Enqueue and Submit read nothing).
+	Get Getter[T]
+	// Dynamic is the client of the default Get.
+	Dynamic dynamic.Interface
 	// Resource is the resource T is served as (required). Enqueue refuses
 	// objects whose kind or group says they belong to another resource, and
 	// checks the namespace against Resource.Namespaced.
@@ -69,12 +83,12 @@ type Config[T opkit.Object] struct {
 	// empty for a cluster-scoped resource.
 	Namespace string
 	// Selector, when set, is the label selector of the controller's watch.
-	// Submit refuses an object marked Fetched (just read from the API
-	// server), or carried by a Deleted trigger, whose labels it does not
-	// match (ErrOutOfScope); any other object may be a stale or partial
-	// copy, so reconcile's controller checks the object it reads for the
-	// reconcile instead, and skips it when it does not match. nil means
-	// every object. A watch's field selector is not checked.
+	// Intake refuses an object it read, and Submit a Deleted trigger's
+	// object, whose labels it does not match (ErrOutOfScope); any other
+	// object may be a stale or partial copy, so reconcile's controller
+	// checks the object it reconciles instead, and skips it when it does
+	// not match. nil means every object. A watch's field selector is not
+	// checked.
 	Selector labels.Selector
 	// Priority is the queue priority of triggered entries. Zero means
 	// DefaultPriority (100). Because zero means "default", a trigger cannot
@@ -92,7 +106,8 @@ type Config[T opkit.Object] struct {
 // Trigger puts external reconcile requests into a controller's queue. It
 // holds no goroutines; its methods are safe for concurrent use.
 type Trigger[T opkit.Object] struct {
-	q        queue.Adder[opkit.Key, opkit.Event[T]]
+	q        queue.Adder[opkit.Key, opkit.Cause[T]]
+	get      Getter[T]
 	res      opkit.Resource
 	ns       string
 	sel      labels.Selector
@@ -118,8 +133,12 @@ func New[T opkit.Object](cfg Config[T]) (*Trigger[T], error) {
 	if cfg.Priority < math.MinInt32 || cfg.Priority > math.MaxInt32 {
 		return nil, fmt.Errorf("trigger: Config.Priority %d is outside the queue's priority range (int32)", cfg.Priority)
 	}
+	if cfg.Get == nil && cfg.Dynamic != nil {
+		cfg.Get = typed.New[T](cfg.Dynamic, cfg.Resource).Get
+	}
 	t := &Trigger[T]{
 		q:        cfg.Queue,
+		get:      cfg.Get,
 		res:      cfg.Resource,
 		ns:       cfg.Namespace,
 		sel:      cfg.Selector,
@@ -142,11 +161,10 @@ func New[T opkit.Object](cfg Config[T]) (*Trigger[T], error) {
 // Resource returns the resource the trigger is bound to.
 func (t *Trigger[T]) Resource() opkit.Resource { return t.res }
 
-// CheckScope returns an error wrapping ErrOutOfScope when key is in a
+// checkScope returns an error wrapping ErrOutOfScope when key is in a
 // namespace the trigger's controller does not handle (Config.Namespace).
-// The labels (Config.Selector) need the object: Submit checks them. A
-// front end that reads the object for a key checks this first.
-func (t *Trigger[T]) CheckScope(key opkit.Key) error {
+// The labels (Config.Selector) need the object.
+func (t *Trigger[T]) checkScope(key opkit.Key) error {
 	if t.ns != "" && key.Namespace != t.ns {
 		return fmt.Errorf("trigger: %w: %s %s is not in namespace %q, the only one this controller handles", ErrOutOfScope, t.res.Resource, key, t.ns)
 	}
@@ -159,10 +177,14 @@ func (t *Trigger[T]) Priority() int { return t.priority }
 // Request is one reconcile request for [Trigger.Submit].
 type Request[T opkit.Object] struct {
 	// Object is the object to reconcile (required: namespace and name per
-	// the resource's scope). Pass the state just read from the API server.
+	// the resource's scope). Pass the state just read from the API server:
+	// the controller reconciles it as is when its resourceVersion is the
+	// latest its watch has seen, and reads the object again otherwise.
 	Object T
-	// Type is the event type (required; Modified for a plain "reconcile
-	// this"). The zero value is invalid so that a forgotten field is caught.
+	// Type is Modified for a plain "reconcile this", Added for the same
+	// with Request.Type Added, or Deleted for a teardown (see
+	// [Trigger.Enqueue]). The zero value is invalid so that a forgotten
+	// field is caught.
 	Type opkit.Type
 	// Source must be opkit.Operator: APIServer is reserved for the watch
 	// stream. The zero value is invalid.
@@ -171,24 +193,24 @@ type Request[T opkit.Object] struct {
 	// It is an upper bound: merged with another entry for the key, the
 	// earlier due time wins (see the package documentation).
 	Delay time.Duration
-	// Retries is the retry count that travels with the entry (>= 0).
+	// Retries seeds the key's retry count (>= 0): the controller's next
+	// reconcile of the key counts at least this many failures.
 	Retries int
-	// Reason is an optional human-readable reason carried into
-	// opkit.Event.Reason (logs, Kubernetes Events); at most MaxReasonLen
+	// Reason is an optional human-readable reason, carried into the
+	// reconcile's Reasons (logs, Kubernetes Events); at most MaxReasonLen
 	// bytes of valid UTF-8.
 	Reason string
-	// Fetched says Object was read from the API server just now (the HTTP
-	// handler and the consumer set it). The controller then reconciles it
-	// without reading it again if a worker takes it within
-	// reconcile.Config.FreshFor; without it, the worker re-fetches the
-	// object first. Leave it false unless the object comes straight from
-	// a GET.
-	Fetched bool
 }
 
 // Enqueue asks for a reconcile of obj on behalf of something outside the
 // operator (source Operator: a pipeline, a message, an admin). It never
-// blocks.
+// blocks. typ Deleted asks for a teardown: the key's next reconcile is of
+// type Deleted, with the object as it then is, or, if it is gone, with
+// the newest state known (obj, or what the watch saw since), unless a
+// delete the watch delivered for the key is reconciled in the same turn.
+// A teardown is a mark on the key's queue entry like any other cause: it
+// merges, and it is retried until its reconcile succeeds, but, like every
+// trigger, it does not outlive the leader's term.
 //
 //   - (true, nil): scheduled (queued, or merged into a pending entry).
 //   - (false, nil): dropped, because the queue's intake is suspended (this
@@ -222,13 +244,19 @@ func (t *Trigger[T]) Submit(ctx context.Context, req Request[T]) (queue.Outcome,
 		return 0, fmt.Errorf("trigger: enqueue: %w", err)
 	}
 	if err := t.validate(req); err != nil {
-		t.metrics.Rejected()
-		t.log.LogAttrs(ctx, slog.LevelWarn, "trigger rejected", slog.String("resource", t.res.GroupVersionResource.String()), slog.Any("error", err))
+		t.rejected(ctx, err)
 		return 0, err
 	}
 	key := opkit.KeyOf(req.Object)
-	ev := opkit.Event[T]{Object: req.Object, Type: req.Type, Source: req.Source, Reason: req.Reason, Fetched: req.Fetched}
-	o := t.q.Add(key, ev, queue.AddOptions{Delay: req.Delay, Priority: t.priority, Retries: req.Retries})
+	c := opkit.Cause[T]{
+		Object:   req.Object,
+		Sources:  opkit.Sources(req.Source),
+		Reasons:  opkit.ReasonsOf(req.Reason),
+		Added:    req.Type == opkit.Added,
+		Teardown: req.Type == opkit.Deleted,
+		Retries:  req.Retries,
+	}
+	o := t.q.Add(key, c, queue.AddOptions{Delay: req.Delay, Priority: t.priority})
 	t.metrics.Enqueued(o)
 	if !o.Accepted() {
 		t.log.LogAttrs(ctx, slog.LevelInfo, "trigger dropped",
@@ -238,6 +266,98 @@ func (t *Trigger[T]) Submit(ctx context.Context, req Request[T]) (queue.Outcome,
 			slog.String("reason", req.Reason))
 	}
 	return o, nil
+}
+
+func (t *Trigger[T]) rejected(ctx context.Context, err error) {
+	t.metrics.Rejected()
+	t.log.LogAttrs(ctx, slog.LevelWarn, "trigger rejected", slog.String("resource", t.res.GroupVersionResource.String()), slog.Any("error", err))
+}
+
+// Pointer is what an external trigger carries: which object and why,
+// never the object itself (see the package documentation).
+type Pointer struct {
+	// Key names the object.
+	Key opkit.Key
+	// Type is the type of the trigger, as for [Trigger.Enqueue]; zero
+	// means Modified.
+	Type opkit.Type
+	// Reason and Delay are as in [Request].
+	Reason string
+	Delay  time.Duration
+}
+
+// Intake is the one path of an external trigger that names an object (the
+// HTTP handler and the consumer take it), in this order: it validates p
+// (errors wrap ErrInvalid); calls authorize, if not nil, and returns its
+// error as is (the HTTP handler authorizes the caller there, on a valid
+// key, before anything is read); checks that the key is in the
+// controller's scope (ErrOutOfScope); reads the object through Config.Get
+// (ErrNotFound when it does not exist; an API error is returned wrapped,
+// so that apierrors.IsTimeout and friends work); checks its labels
+// against Config.Selector (ErrOutOfScope); and submits it with source
+// Operator. It returns the object read and the queue's outcome (not
+// Accepted: dropped; the error is then nil). The object read travels with
+// the key, so the controller reconciles it without reading it again when
+// it is still the latest state its watch has seen.
+func (t *Trigger[T]) Intake(ctx context.Context, p Pointer, authorize func(context.Context, opkit.Key) error) (T, queue.Outcome, error) {
+	var none T
+	if p.Type == 0 {
+		p.Type = opkit.Modified
+	}
+	err := validateKey(t.res, p.Key)
+	if err == nil {
+		err = t.checkPointer(p)
+	}
+	if err != nil {
+		t.rejected(ctx, err)
+		return none, 0, err
+	}
+	if authorize != nil {
+		if err := authorize(ctx, p.Key); err != nil {
+			return none, 0, err
+		}
+	}
+	if err := t.checkScope(p.Key); err != nil {
+		t.rejected(ctx, err)
+		return none, 0, err
+	}
+	if t.get == nil {
+		return none, 0, errNoGetter
+	}
+	obj, err := t.get(ctx, p.Key)
+	switch {
+	case typed.Gone(err, p.Key.Name):
+		return none, 0, fmt.Errorf("trigger: %w: %s %q", ErrNotFound, t.res.Resource, p.Key)
+	case err != nil:
+		return none, 0, fmt.Errorf("trigger: reading %s %q: %w", t.res.Resource, p.Key, typed.Explain(err, t.res, p.Key.Name))
+	case t.sel != nil && !t.sel.Matches(labels.Set(obj.GetLabels())):
+		err = fmt.Errorf("trigger: %w: %s %s does not match the controller's label selector %q", ErrOutOfScope, t.res.Resource, p.Key, t.sel.String())
+		t.rejected(ctx, err)
+		return none, 0, err
+	}
+	o, err := t.Submit(ctx, Request[T]{Object: obj, Type: p.Type, Source: opkit.Operator, Delay: p.Delay, Reason: p.Reason})
+	if errors.Is(err, ErrInvalid) {
+		// p was checked: the API server returned an object the trigger
+		// refuses (another kind), not the caller's fault.
+		return none, 0, fmt.Errorf("trigger: the API server returned an object the trigger refuses: %v", err)
+	}
+	return obj, o, err
+}
+
+// errNoGetter is what NewHandler and NewConsumer answer for a Trigger
+// that cannot read objects.
+var errNoGetter = errors.New("trigger: the Trigger reads objects for the HTTP handler and the consumer: set Config.Get or Config.Dynamic")
+
+// checkPointer checks the fields of p that Submit checks again, so that
+// Intake refuses bad input before it reads anything.
+func (t *Trigger[T]) checkPointer(p Pointer) error {
+	switch {
+	case !p.Type.Valid():
+		return invalid("type %v is not Added, Modified or Deleted", p.Type)
+	case p.Delay < 0:
+		return invalid("negative delay %v", p.Delay)
+	}
+	return CheckReason(p.Reason)
 }
 
 func invalid(format string, args ...any) error {
@@ -289,12 +409,12 @@ func (t *Trigger[T]) validate(req Request[T]) error {
 	if err := validateKey(t.res, opkit.KeyOf(obj)); err != nil {
 		return err
 	}
-	if err := t.CheckScope(opkit.KeyOf(obj)); err != nil {
+	if err := t.checkScope(opkit.KeyOf(obj)); err != nil {
 		return err
 	}
 	// A Deleted trigger is judged on the object it carries: there may be
 	// nothing left to read.
-	if t.sel != nil && (req.Fetched || req.Type == opkit.Deleted) && !t.sel.Matches(labels.Set(obj.GetLabels())) {
+	if t.sel != nil && req.Type == opkit.Deleted && !t.sel.Matches(labels.Set(obj.GetLabels())) {
 		return fmt.Errorf("trigger: %w: %s %s does not match the controller's label selector %q", ErrOutOfScope, t.res.Resource, opkit.KeyOf(obj), t.sel.String())
 	}
 	if ok := obj.GetObjectKind(); ok != nil {

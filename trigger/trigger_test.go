@@ -22,7 +22,7 @@ import (
 var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 func TestNewValidatesConfig(t *testing.T) {
-	q := queue.New[opkit.Key, opkit.Event[*corev1.ConfigMap]](queue.Config[opkit.Event[*corev1.ConfigMap]]{})
+	q := newCMQueue()
 	for _, tc := range []struct {
 		name string
 		cfg  trigger.Config[*corev1.ConfigMap]
@@ -30,7 +30,7 @@ func TestNewValidatesConfig(t *testing.T) {
 		{"no queue", trigger.Config[*corev1.ConfigMap]{Resource: configMaps}},
 		{"no resource", trigger.Config[*corev1.ConfigMap]{Queue: q}},
 		{"no kind", trigger.Config[*corev1.ConfigMap]{Queue: q, Resource: opkit.Resource{GroupVersionResource: configMaps.GroupVersionResource}}},
-		{"nil *queue.Queue", trigger.Config[*corev1.ConfigMap]{Queue: (*queue.Queue[opkit.Key, opkit.Event[*corev1.ConfigMap]])(nil), Resource: configMaps}},
+		{"nil *queue.Queue", trigger.Config[*corev1.ConfigMap]{Queue: (*cmQueue)(nil), Resource: configMaps}},
 		{"priority above int32", trigger.Config[*corev1.ConfigMap]{Queue: q, Resource: configMaps, Priority: int(min(math.MaxInt, int64(math.MaxInt32)+1))}},
 		{"priority below int32", trigger.Config[*corev1.ConfigMap]{Queue: q, Resource: configMaps, Priority: int(max(math.MinInt, int64(math.MinInt32)-1))}},
 	} {
@@ -113,7 +113,7 @@ func TestEnqueueRejectsBadInput(t *testing.T) {
 }
 
 func TestEnqueueRejectsNamespaceForClusterScoped(t *testing.T) {
-	q := queue.New[opkit.Key, opkit.Event[*Widget]](queue.Config[opkit.Event[*Widget]]{})
+	q := queue.New[opkit.Key](queue.Config[opkit.Cause[*Widget]]{Merge: (*opkit.Cause[*Widget]).Merge})
 	tr, err := trigger.New(trigger.Config[*Widget]{Queue: q, Resource: widgets, Logger: discard})
 	if err != nil {
 		t.Fatal(err)
@@ -161,7 +161,7 @@ func TestEnqueueSchedulesWithTriggerPriorityAndReason(t *testing.T) {
 	ctx := context.Background()
 	// A backlog of watch entries (priority 0) and relist entries (-1).
 	for i := range 50 {
-		q.Add(opkit.Key{Namespace: "ns", Name: "watch-" + string(rune('a'+i%26)) + strings.Repeat("x", i/26)}, opkit.Event[*corev1.ConfigMap]{}, queue.AddOptions{Priority: i%2 - 1})
+		q.Add(opkit.Key{Namespace: "ns", Name: "watch-" + string(rune('a'+i%26)) + strings.Repeat("x", i/26)}, opkit.Cause[*corev1.ConfigMap]{Sources: opkit.Sources(opkit.APIServer)}, queue.AddOptions{Priority: i%2 - 1})
 	}
 	o, err := tr.Submit(ctx, trigger.Request[*corev1.ConfigMap]{Object: cm("ns", "hot"), Type: opkit.Modified, Source: opkit.Operator, Retries: 2, Reason: "deployed v2"})
 	if err != nil || o != queue.Queued {
@@ -174,12 +174,15 @@ func TestEnqueueSchedulesWithTriggerPriorityAndReason(t *testing.T) {
 	if it.Key != (opkit.Key{Namespace: "ns", Name: "hot"}) {
 		t.Fatalf("first item = %v, want the trigger ahead of the backlog", it.Key)
 	}
-	if it.Priority != trigger.DefaultPriority || it.Retries != 2 {
-		t.Errorf("item priority=%d retries=%d, want %d and 2", it.Priority, it.Retries, trigger.DefaultPriority)
+	if it.Priority != trigger.DefaultPriority {
+		t.Errorf("item priority=%d, want %d", it.Priority, trigger.DefaultPriority)
 	}
-	ev := it.Value
-	if ev.Type != opkit.Modified || ev.Source != opkit.Operator || ev.Reason != "deployed v2" || ev.Object.UID != "uid-hot" {
-		t.Errorf("event = %+v", ev)
+	// A Modified trigger: source Operator, its reason, neither Added nor
+	// Teardown, and its retries seeding the key's count.
+	want := operatorCause(cm("ns", "hot"), "deployed v2")
+	want.Retries = 2
+	if got := describe(it.Value); got != describe(want) {
+		t.Errorf("cause = %s\nwant    %s", got, describe(want))
 	}
 	q.Done(it.Key)
 	// A second trigger for a pending key merges.
@@ -188,6 +191,84 @@ func TestEnqueueSchedulesWithTriggerPriorityAndReason(t *testing.T) {
 	}
 	if m.enqueued[queue.Queued] != 1 || m.enqueued[queue.Merged] != 1 {
 		t.Errorf("enqueued metrics = %v, want one Queued and one Merged", m.enqueued)
+	}
+	// The merged entry holds the join: the watch's source and the
+	// trigger's, and the trigger's object (the watch entry carried none).
+	for {
+		it, err := q.Get(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		q.Done(it.Key)
+		if it.Key.Name != "watch-a" {
+			continue
+		}
+		if !it.Value.Sources.Has(opkit.APIServer) || !it.Value.Sources.Has(opkit.Operator) || it.Value.Object == nil || it.Value.Object.Name != "watch-a" {
+			t.Errorf("merged cause = %s, want sources APIServer|Operator and the trigger's object", describe(it.Value))
+		}
+		break
+	}
+}
+
+// The trigger's type becomes the cause's marks: Added sets Added, Deleted
+// sets Teardown, Modified neither.
+func TestSubmitTypeBecomesTheCauseMarks(t *testing.T) {
+	for _, tc := range []struct {
+		typ             opkit.Type
+		added, teardown bool
+	}{
+		{opkit.Modified, false, false},
+		{opkit.Added, true, false},
+		{opkit.Deleted, false, true},
+	} {
+		tr, q := newCMTrigger(t, nil)
+		o, err := tr.Submit(context.Background(), trigger.Request[*corev1.ConfigMap]{Object: cm("ns", "a"), Type: tc.typ, Source: opkit.Operator, Reason: "why"})
+		if err != nil || o != queue.Queued {
+			t.Fatalf("%v: Submit = (%v, %v), want (Queued, nil)", tc.typ, o, err)
+		}
+		it, err := q.Get(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := operatorCause(cm("ns", "a"), "why")
+		want.Added, want.Teardown = tc.added, tc.teardown
+		if got := describe(it.Value); got != describe(want) {
+			t.Errorf("%v: cause = %s\nwant        %s", tc.typ, got, describe(want))
+		}
+	}
+}
+
+// Triggers for a pending key merge as a join, whatever their order: both
+// reasons (sorted), the newest object by resourceVersion, the highest
+// retries, Added and Teardown or-ed.
+func TestSubmitsForAPendingKeyJoin(t *testing.T) {
+	older, newer := cm("ns", "a"), cm("ns", "a")
+	older.ResourceVersion, newer.ResourceVersion = "9", "10" // 10 is newer: a longer number
+	reqs := []trigger.Request[*corev1.ConfigMap]{
+		{Object: newer, Type: opkit.Modified, Source: opkit.Operator, Reason: "zeta", Retries: 1},
+		{Object: older, Type: opkit.Added, Source: opkit.Operator, Reason: "alpha", Retries: 3},
+		{Object: older, Type: opkit.Modified, Source: opkit.Operator, Reason: "zeta"},
+	}
+	want := operatorCause(newer, "alpha", "zeta")
+	want.Added, want.Retries = true, 3
+	for _, order := range [][]int{{0, 1, 2}, {2, 1, 0}, {1, 2, 0}} {
+		tr, q := newCMTrigger(t, nil)
+		for n, i := range order {
+			o, err := tr.Submit(context.Background(), reqs[i])
+			if wantO := map[bool]queue.Outcome{true: queue.Queued, false: queue.Merged}[n == 0]; err != nil || o != wantO {
+				t.Fatalf("order %v, Submit %d = (%v, %v), want (%v, nil)", order, i, o, err, wantO)
+			}
+		}
+		if q.Len() != 1 {
+			t.Fatalf("order %v: queue len %d, want one entry", order, q.Len())
+		}
+		it, err := q.Get(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := describe(it.Value); got != describe(want) || it.Value.Object != newer {
+			t.Errorf("order %v: cause = %s\nwant             %s", order, got, describe(want))
+		}
 	}
 }
 
@@ -239,12 +320,8 @@ func TestSubmitRejectsOversizedReason(t *testing.T) {
 }
 
 func TestConfiguredPriority(t *testing.T) {
-	q := queue.New[opkit.Key, opkit.Event[*corev1.ConfigMap]](queue.Config[opkit.Event[*corev1.ConfigMap]]{})
-	tr, err := trigger.New(trigger.Config[*corev1.ConfigMap]{Queue: q, Resource: configMaps, Priority: -5, Logger: discard})
-	if err != nil {
-		t.Fatal(err)
-	}
-	q.Add(opkit.Key{Namespace: "ns", Name: "watch"}, opkit.Event[*corev1.ConfigMap]{}, queue.AddOptions{})
+	tr, q := newCMTriggerWith(t, trigger.Config[*corev1.ConfigMap]{Priority: -5})
+	q.Add(opkit.Key{Namespace: "ns", Name: "watch"}, opkit.Cause[*corev1.ConfigMap]{Sources: opkit.Sources(opkit.APIServer)}, queue.AddOptions{})
 	if ok, _ := tr.Enqueue(context.Background(), cm("ns", "low"), opkit.Modified, opkit.Operator, 0, 0); !ok {
 		t.Fatal("not scheduled")
 	}

@@ -1,10 +1,10 @@
 package watcher
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"time"
 
 	"k8s.io/client-go/dynamic"
@@ -38,6 +38,12 @@ const (
 	// DefaultBackoffSlow is the retry delay for permission (403) and
 	// missing-resource (404) errors.
 	DefaultBackoffSlow = 30 * time.Second
+	// DefaultMaxFinalStates is how many unsettled deletes keep their final
+	// state when Config.MaxFinalStates is zero.
+	DefaultMaxFinalStates = 1000
+	// DefaultMaxDeletesPerKey is how many unsettled deletes one key may
+	// hold when Config.MaxDeletesPerKey is zero.
+	DefaultMaxDeletesPerKey = 16
 )
 
 // WatchListMode selects how a (re)list is done.
@@ -67,10 +73,11 @@ const (
 // value means the defaults above.
 //
 // After the n-th consecutive failure (n >= 1) the watcher waits a random
-// duration in [d/2, d], where d = min(Base * 2^(n-1), Cap). A 429 waits at
-// least its Retry-After. A 403 or 404 waits a random duration in
-// [Slow/2, Slow] (never less than the transient delay). The failure count
-// returns to zero once a watch has stayed open for Reset.
+// duration in [d/2, d], where d = min(Base * 2^(n-1), Cap) (a
+// [queue.Backoff] with Jitter 0.5). A 429 waits at least its Retry-After.
+// A 403 or 404 waits a random duration in [Slow/2, Slow] (never less than
+// the transient delay). The failure count returns to zero once a watch
+// has stayed open for Reset.
 type Backoff struct {
 	Base  time.Duration // first delay; default DefaultBackoffBase
 	Cap   time.Duration // longest delay; default DefaultBackoffCap
@@ -80,23 +87,13 @@ type Backoff struct {
 
 // delay returns the jittered wait after the n-th consecutive failure.
 func (b Backoff) delay(n int) time.Duration {
-	if n < 1 {
-		n = 1
-	}
-	d := b.Base
-	for i := 1; i < n && d < b.Cap; i++ {
-		d *= 2
-	}
-	return jitter(min(d, b.Cap))
+	return queue.Backoff{Base: b.Base, Cap: b.Cap, Jitter: 0.5}.Delay(max(n, 1))
 }
 
-// jitter returns a random duration in [d/2, d].
-func jitter(d time.Duration) time.Duration {
-	if d <= 1 {
-		return d
-	}
-	half := d / 2
-	return half + rand.N(d-half+1)
+// slow returns the jittered wait after a permission or missing-resource
+// error.
+func (b Backoff) slow() time.Duration {
+	return queue.Backoff{Base: b.Slow, Cap: b.Slow, Jitter: 0.5}.Delay(1)
 }
 
 // Config configures a [Watcher]. Client, Resource and Queue are required;
@@ -114,8 +111,10 @@ type Config[T opkit.Object] struct {
 	LabelSelector string
 	FieldSelector string
 
-	// Queue receives one entry per change, keyed by opkit.KeyOf. Required.
-	Queue queue.Adder[opkit.Key, opkit.Event[T]]
+	// Queue receives the key of every change, with its cause (source
+	// APIServer; the object, except for deletes), keyed by opkit.KeyOf.
+	// Required.
+	Queue queue.Adder[opkit.Key, opkit.Cause[T]]
 	// Priority of entries from watch events; default 0.
 	Priority int
 	// ListPriority is the priority of entries produced by the initial list
@@ -145,16 +144,17 @@ type Config[T opkit.Object] struct {
 	WatchLabels      []string
 	WatchAnnotations []string
 
-	// RetainDeletes keeps the key of every deleted object (UID and last
-	// resourceVersion, as for a live one) until [Watcher.Settle] reports
-	// its Deleted entry dealt with. A Run that starts before then (the next
-	// leader term of this replica, after the queue was cleared or the
-	// reconcile of the delete was interrupted) emits the delete again, as a
-	// tombstone, before any newer object of the same name. The caller must
-	// Settle every delete, or the keys pile up;
-	// package reconcile's controller does. Without it a delete is
-	// forgotten once the queue has accepted it.
-	RetainDeletes bool
+	// MaxFinalStates bounds the unsettled deletes that keep their final
+	// state, in all; beyond it a delete is kept as a tombstone (its
+	// identity only: Deleted.FinalStateUnknown). Default
+	// DefaultMaxFinalStates (1,000).
+	MaxFinalStates int
+	// MaxDeletesPerKey bounds the unsettled deletes of one key (objects of
+	// one name created and deleted again while their deletes are not
+	// settled); beyond it the oldest is dropped, logged at error level and
+	// counted (Metrics.Error with ReasonOverflow). Default
+	// DefaultMaxDeletesPerKey (16).
+	MaxDeletesPerKey int
 
 	// Backoff is the retry policy; zero fields take their defaults.
 	Backoff Backoff
@@ -225,6 +225,8 @@ type settings struct {
 	logger       *slog.Logger
 	labels       []string
 	annotations  []string
+	maxFinal     int
+	perKey       int
 }
 
 // Errors returned by New for an invalid Config.
@@ -255,8 +257,8 @@ func (c *Config[T]) validate() (settings, error) {
 	if c.PageSize < 0 {
 		return bad("PageSize %d is negative", c.PageSize)
 	}
-	if c.IdleTimeout < 0 {
-		return bad("IdleTimeout %v is negative", c.IdleTimeout)
+	if c.IdleTimeout < 0 || c.MaxFinalStates < 0 || c.MaxDeletesPerKey < 0 {
+		return bad("IdleTimeout, MaxFinalStates and MaxDeletesPerKey must not be negative")
 	}
 	if c.WatchList > WatchListOff {
 		return bad("unknown WatchList mode %d", c.WatchList)
@@ -289,6 +291,8 @@ func (c *Config[T]) validate() (settings, error) {
 		logger:       c.Logger,
 		labels:       append([]string(nil), c.WatchLabels...),
 		annotations:  append([]string(nil), c.WatchAnnotations...),
+		maxFinal:     cmp.Or(c.MaxFinalStates, DefaultMaxFinalStates),
+		perKey:       cmp.Or(c.MaxDeletesPerKey, DefaultMaxDeletesPerKey),
 	}
 	if c.ListPriority != nil {
 		s.listPriority = *c.ListPriority

@@ -1,6 +1,7 @@
 // Package watcher turns one resource's list and watch stream from the API
-// server into queue entries (opkit.Event with Source APIServer), without
-// informers and without keeping the objects in memory.
+// server into queue entries (keys, with an opkit.Cause of source APIServer)
+// and a ledger of unsettled deletes, without informers and without keeping
+// the live objects in memory.
 //
 // A [Watcher] is built with [New] from a [Config] and driven by
 // [Watcher.Run], which blocks. Run owns every goroutine and connection it
@@ -11,23 +12,37 @@
 //
 // # Guarantees
 //
-//   - Every Run starts with a full list: every object present becomes an
-//     Added entry, and objects tracked by an earlier Run that no longer
-//     exist become Deleted tombstones. The leader runs the watcher once per
-//     term, after clearing the queue, so each term starts from a full resync.
+//   - Every Run starts with a full list: every object present is added as
+//     Added, objects tracked by an earlier Run that no longer exist are
+//     recorded as deleted, and every key with unsettled deletes is added
+//     again. The leader runs the watcher once per term, after clearing the
+//     queue, so each term starts from a full resync.
+//   - Deletes come from the ledger, never from the queue. A delete (a
+//     Deleted event, with the final state the watch delivered; or an
+//     object a relist found gone, as a tombstone) is recorded under its
+//     key, then the key is added to the queue. [Watcher.Deletes] returns a
+//     key's unsettled deletes, oldest first; [Watcher.Settle] forgets one
+//     once it was dealt with. An object that comes back into the watch
+//     (it had left the label selector) was not deleted: its records go.
 //   - The watch starts at the list's resourceVersion, with bookmarks on; the
 //     resourceVersion advances with every event and bookmark. A watch the
 //     server closes is reopened from that resourceVersion, with no relist.
 //   - A 410 Gone (resourceVersion too old) triggers a relist that is diffed
-//     against what the watcher knows: vanished objects become Deleted
-//     entries carrying a tombstone (FinalStateUnknown), objects whose
-//     resourceVersion changed become Modified, unchanged objects produce
-//     nothing. An object recreated under the same name (a new UID) produces
-//     a tombstone Deleted for the old UID, then an Added for the new one.
-//   - Per object the watcher keeps only its key, UID, resourceVersion,
-//     generation and a 64-bit fingerprint of its deletion state (and of the
-//     labels and annotations named in [Config.WatchLabels] and
-//     [Config.WatchAnnotations]); never the object.
+//     against what the watcher knows: vanished objects are recorded as
+//     tombstones (FinalStateUnknown), objects whose resourceVersion changed
+//     are added as Modified, unchanged objects produce nothing. An object
+//     recreated under the same name (a new UID) records a tombstone of the
+//     old UID and adds the new one as Added.
+//   - The ledger is bounded: at most [Config.MaxFinalStates] deletes keep
+//     their final state (beyond, a tombstone), and a key holds at most
+//     [Config.MaxDeletesPerKey] (beyond, the oldest is dropped, logged at
+//     error level and counted). Whoever runs the watcher must Settle every
+//     delete it is done with (reconcile's controller does).
+//   - Per live object the watcher keeps only its key, UID,
+//     resourceVersion, generation and a 64-bit fingerprint of its deletion
+//     state (and of the labels and annotations named in
+//     [Config.WatchLabels] and [Config.WatchAnnotations]); never the
+//     object. Only a delete keeps its final state, until it is settled.
 //   - Where the server supports it, the initial sync is a streaming
 //     WatchList (sendInitialEvents=true, resourceVersionMatch=NotOlderThan,
 //     ending at the "k8s.io/initial-events-end" bookmark), falling back to a
@@ -49,19 +64,13 @@
 // queue's intake is suspended or shut down) the watcher counts it
 // ([Metrics.Event] receives the outcome) and keeps tracking the object as if
 // it had been delivered: it does not retry the add. Recovery is the job of
-// the caller, which restarts the watcher (a fresh Run, hence a full list)
-// when the intake resumes; the leader does exactly that on every new term.
-// A list cannot show what is gone, so a delete the queue did not accept is
-// kept as a tombstone and emitted again by the next list. A delete the queue
-// accepted but that was lost later (cleared with the queue at the end of a
-// term, or its reconcile interrupted) is covered by [Config.RetainDeletes]
-// and [Watcher.Settle], which the reconcile package's controller uses. An
-// object created again under a deleted one's name does not end either:
-// the earlier object's delete is kept next to the new object, and a list
-// emits it before the new object's entry.
+// the caller, which restarts the watcher (a fresh Run, hence a full list,
+// and every key of the ledger) when the intake resumes; the leader does
+// exactly that on every new term. A delete is never lost that way: it
+// stays in the ledger until it is settled.
 //
-// A list attempt that fails midway is retried from a fresh snapshot; entries
-// it already emitted may be emitted again (the queue coalesces them), and
+// A list attempt that fails midway is retried from a fresh snapshot; keys
+// it already added may be added again (the queue merges them), and
 // vanished objects are only decided by a list that completed.
 //
 // # Synced

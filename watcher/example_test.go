@@ -15,8 +15,9 @@ import (
 	"github.com/opkit/opkit/watcher"
 )
 
-// The watcher feeds a queue with one entry per object, then one per change;
-// here for ConfigMaps, a built-in type, over a fake client.
+// The watcher adds every object's key to a queue, then the key of every
+// change, with its cause; here for ConfigMaps, a built-in type, over a
+// fake client.
 func Example() {
 	scheme := runtime.NewScheme()
 	_ = corev1.AddToScheme(scheme)
@@ -25,7 +26,7 @@ func Example() {
 		Data:       map[string]string{"mode": "fast"},
 	})
 
-	q := queue.New[opkit.Key, opkit.Event[*corev1.ConfigMap]](queue.Config[opkit.Event[*corev1.ConfigMap]]{})
+	q := queue.New[opkit.Key](queue.Config[opkit.Cause[*corev1.ConfigMap]]{Merge: (*opkit.Cause[*corev1.ConfigMap]).Merge})
 	synced := make(chan struct{})
 	w, err := watcher.New(watcher.Config[*corev1.ConfigMap]{
 		Client: client,
@@ -52,14 +53,14 @@ func Example() {
 	<-synced
 
 	it, _ := q.Get(ctx)
-	fmt.Println(it.Key, it.Value.Type, it.Value.Source, it.Priority, it.Value.Object.Data["mode"])
+	fmt.Println(it.Key, "added:", it.Value.Added, it.Value.Sources, it.Priority, it.Value.Object.Data["mode"])
 	q.Done(it.Key)
 	fmt.Println("healthy:", w.Check() == nil)
 
 	cancel()
 	fmt.Println("Run returned:", <-done)
 	// Output:
-	// default/settings Added APIServer -1 fast
+	// default/settings added: true APIServer -1 fast
 	// healthy: true
 	// Run returned: <nil>
 }

@@ -15,7 +15,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	dynfake "k8s.io/client-go/dynamic/fake"
 	k8stesting "k8s.io/client-go/testing"
@@ -72,7 +71,9 @@ func newFake(objs ...runtime.Object) *dynfake.FakeDynamicClient {
 		map[schema.GroupVersionResource]string{widgets.GroupVersionResource: "WidgetList"}, objs...)
 }
 
-// record is one Add seen by the recorder.
+// record is one Add seen by the recorder. An add without an object is a
+// delete's: the record describes the newest delete the ledger held for
+// the key at that moment.
 type record struct {
 	Key      opkit.Key
 	Type     opkit.Type
@@ -90,26 +91,19 @@ func (r record) String() string {
 	return s
 }
 
-// recorder is a fake queue.Adder that keeps every add, in order.
+// recorder is a fake queue.Adder that keeps every add, in order; w, when
+// set (mustNew does), is the watcher whose ledger describes the deletes.
 type recorder struct {
 	mu      sync.Mutex
 	records []record
 	outcome queue.Outcome
 	after   func(record) // called after each Add, without the lock
+	w       *watcher.Watcher[*Widget]
 }
 
-func (r *recorder) Add(key opkit.Key, ev opkit.Event[*Widget], opts queue.AddOptions) queue.Outcome {
+func (r *recorder) Add(key opkit.Key, c opkit.Cause[*Widget], opts queue.AddOptions) queue.Outcome {
+	rec := describe(r.watcher(), key, c, opts)
 	r.mu.Lock()
-	if ev.Source != opkit.APIServer {
-		panic("watcher added an entry whose source is not APIServer")
-	}
-	if opkit.KeyOf(ev.Object) != key {
-		panic(fmt.Sprintf("key %v does not match object %v", key, opkit.KeyOf(ev.Object)))
-	}
-	rec := record{
-		Key: key, Type: ev.Type, RV: ev.Object.ResourceVersion, UID: string(ev.Object.UID),
-		Final: ev.FinalStateUnknown, Priority: opts.Priority,
-	}
 	r.records = append(r.records, rec)
 	out, after := queue.Queued, r.after
 	if r.outcome != 0 {
@@ -118,6 +112,57 @@ func (r *recorder) Add(key opkit.Key, ev opkit.Event[*Widget], opts queue.AddOpt
 	r.mu.Unlock()
 	if after != nil {
 		after(rec)
+	}
+	return out
+}
+
+func (r *recorder) watcher() *watcher.Watcher[*Widget] {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.w
+}
+
+// describe turns an add into a record, checking what every add of the
+// watcher's must be: source APIServer only, no reasons, no teardown, and
+// an object that matches the key when there is one.
+func describe(w *watcher.Watcher[*Widget], key opkit.Key, c opkit.Cause[*Widget], opts queue.AddOptions) record {
+	if c.Sources != opkit.Sources(opkit.APIServer) || len(c.Reasons) > 0 || c.Teardown || c.Retries != 0 {
+		panic(fmt.Sprintf("watcher added %+v: want source APIServer and nothing else", c))
+	}
+	rec := record{Key: key, Priority: opts.Priority}
+	switch {
+	case c.Object != nil:
+		if opkit.KeyOf(c.Object) != key {
+			panic(fmt.Sprintf("key %v does not match object %v", key, opkit.KeyOf(c.Object)))
+		}
+		rec.Type, rec.RV, rec.UID = opkit.Modified, c.Object.ResourceVersion, string(c.Object.UID)
+		if c.Added {
+			rec.Type = opkit.Added
+		}
+	case c.Added:
+		panic("watcher added an Added cause without an object")
+	default:
+		rec.Type = opkit.Deleted
+		if w == nil {
+			break
+		}
+		if ds := w.Deletes(key); len(ds) > 0 {
+			d := ds[len(ds)-1]
+			rec.RV, rec.UID, rec.Final = d.Object.ResourceVersion, string(d.Object.UID), d.FinalStateUnknown
+		}
+	}
+	return rec
+}
+
+// deletes describes the ledger's deletes of key, oldest first.
+func deletes(w *watcher.Watcher[*Widget], key opkit.Key) []string {
+	var out []string
+	for _, d := range w.Deletes(key) {
+		s := fmt.Sprintf("%s rv=%s", d.Object.UID, d.Object.ResourceVersion)
+		if d.FinalStateUnknown {
+			s += " tombstone"
+		}
+		out = append(out, s)
 	}
 	return out
 }
@@ -277,13 +322,10 @@ func abFake() *dynfake.FakeDynamicClient {
 	return newFake(widget("ns", "a", "ua", "1", 1), widget("ns", "b", "ub", "2", 1))
 }
 
-// watching returns a watcher over c that records into a new recorder, with
-// Config.RetainDeletes as given.
-func watching(t *testing.T, c *dynfake.FakeDynamicClient, retainDeletes bool) (*recorder, *watcher.Watcher[*Widget]) {
+// watching returns a watcher over c that records into a new recorder.
+func watching(t *testing.T, c *dynfake.FakeDynamicClient) (*recorder, *watcher.Watcher[*Widget]) {
 	q := &recorder{}
-	cfg := config(c, q)
-	cfg.RetainDeletes = retainDeletes
-	return q, mustNew(t, cfg)
+	return q, mustNew(t, config(c, q))
 }
 
 // abRunning is a Run over abFake with the watch under the test's control:
@@ -297,57 +339,13 @@ type abRunning struct {
 	stop func()
 }
 
-func runAB(t *testing.T, retainDeletes bool) abRunning {
+func runAB(t *testing.T) abRunning {
 	c := abFake()
 	ws := &watches{}
 	ws.install(c)
-	q, w := watching(t, c, retainDeletes)
+	q, w := watching(t, c)
 	stop := start(t, w)
 	synctest.Wait()
 	q.take()
 	return abRunning{c, ws, q, w, stop}
-}
-
-// settleAtOnce makes the recorder behave like a controller that reconciles
-// (and settles) every delete as soon as the queue takes it.
-func settleAtOnce(r abRunning) {
-	r.q.mu.Lock()
-	r.q.after = func(rec record) {
-		r.q.mu.Lock()
-		dropped := r.q.outcome != 0 && !r.q.outcome.Accepted()
-		r.q.mu.Unlock()
-		if rec.Type == opkit.Deleted && !dropped {
-			r.w.Settle(rec.Key, types.UID(rec.UID), rec.RV)
-		}
-	}
-	r.q.mu.Unlock()
-}
-
-// policyQueue records adds; decide picks each add's outcome and may act
-// (like a concurrently running controller) before returning.
-type policyQueue struct {
-	mu      sync.Mutex
-	records []record
-	decide  func(record) queue.Outcome
-}
-
-func (p *policyQueue) Add(k opkit.Key, ev opkit.Event[*Widget], o queue.AddOptions) queue.Outcome {
-	rec := record{Key: k, Type: ev.Type, RV: ev.Object.ResourceVersion, UID: string(ev.Object.UID), Final: ev.FinalStateUnknown, Priority: o.Priority}
-	p.mu.Lock()
-	p.records = append(p.records, rec)
-	d := p.decide
-	p.mu.Unlock()
-	if d != nil {
-		return d(rec)
-	}
-	return queue.Queued
-}
-
-func (p *policyQueue) set(d func(record) queue.Outcome) { p.mu.Lock(); p.decide = d; p.mu.Unlock() }
-func (p *policyQueue) take() []record {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	out := p.records
-	p.records = nil
-	return out
 }

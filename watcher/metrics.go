@@ -33,8 +33,12 @@ const (
 	// served (e.g. its CRD is not installed).
 	ReasonNotFound Reason = "notfound"
 	// ReasonDecode: an object could not be decoded into the user's type;
-	// it is tracked but produces no entry.
+	// it is tracked but produces no entry (a delete's is recorded as a
+	// tombstone).
 	ReasonDecode Reason = "decode"
+	// ReasonOverflow: a key held Config.MaxDeletesPerKey unsettled deletes
+	// and the oldest was dropped.
+	ReasonOverflow Reason = "overflow"
 )
 
 // Metrics receives the watcher's measurements. Methods are called from
@@ -47,11 +51,13 @@ type Metrics interface {
 	Relist(reason Reason)
 	// WatchRestart is called when an open watch ends and is reopened.
 	WatchRestart(reason Reason)
-	// Error is called for every failed list or watch call.
+	// Error is called for every failed list or watch call, every object
+	// that could not be decoded, and every delete dropped from the ledger
+	// (ReasonOverflow).
 	Error(reason Reason)
-	// Tracked reports the number of keys tracked after each change the
-	// watcher makes: live objects and the tombstones of deletes held for
-	// a later list or for Settle (a Settle is counted at the next change).
+	// Tracked reports what the watcher holds after each change it makes:
+	// live objects plus unsettled deletes (a Settle is counted at the next
+	// change).
 	Tracked(n int)
 	// Observed is called with the time of every event or bookmark received
 	// from the server; "last event age" is the time since the latest call.

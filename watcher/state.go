@@ -11,8 +11,8 @@ import (
 	"github.com/opkit/opkit"
 )
 
-// entry is everything the watcher remembers about one object. It is kept
-// deliberately small (about 60 bytes plus the UID and resourceVersion
+// entry is everything the watcher remembers about one live object. It is
+// kept deliberately small (about 60 bytes plus the UID and resourceVersion
 // strings): the objects themselves are never retained.
 type entry struct {
 	uid string
@@ -27,24 +27,16 @@ type entry struct {
 	// epoch is the number of the latest (re)list that saw the object; after
 	// a complete list, entries with an older epoch have vanished.
 	epoch uint32
-	// queuedIn is, for a tombstone whose delete the queue accepted, the Run
-	// that handed it over (tracker.run); 0 while the queue has not taken
-	// it. Only a later Run's first list emits it again: its queue may have
-	// lost it (cleared at the end of a leader's term).
-	queuedIn uint16
-	// deleted marks a tombstone: the object is gone, but its delete is kept
-	// until it is settled (see Watcher.Settle), or, when the queue did not
-	// accept it, until a list emits it again.
-	deleted bool
 }
 
-// reemit reports whether a list (initial: a Run's first; run: the current
-// Run) or a recreation of the object emits the delete of e again: any
-// vanished live object's, and a tombstone's unless the queue took it in
-// this Run. A delete the queue took during this Run's first list (a
-// streamed list takes changes as they come) is not sent twice.
-func (e entry) reemit(initial bool, run uint16) bool {
-	return !e.deleted || e.queuedIn == 0 || initial && e.queuedIn != run
+// record is one unsettled delete in the ledger: the object's UID and last
+// resourceVersion, and its final state (nil for a tombstone: a relist
+// found the object gone, its delete was not decodable, or the ledger kept
+// MaxFinalStates final states already).
+type record[T opkit.Object] struct {
+	uid, rv string
+	final   T
+	epoch   uint32 // the (re)list during or after which it was recorded
 }
 
 // meta is what the watcher reads from an object's metadata.
@@ -112,35 +104,32 @@ func hashNamed(raw func([]byte) (int, error), write func(string), section string
 	}
 }
 
-// tracker holds the entries of one watcher. It is owned by Run's goroutine
-// (and survives across Runs, so a new Run can detect objects deleted while
-// no Run was active): only that goroutine adds and changes entries. Every
-// access holds mu, because other goroutines read entries
-// (Watcher.ResourceVersion) and drop settled tombstones (Watcher.Settle).
-type tracker struct {
+// tracker holds what one watcher remembers: the live objects it sees, and
+// the ledger of unsettled deletes. It is owned by Run's goroutine (and
+// survives across Runs, so a new Run can detect objects deleted while no
+// Run was active, and deliver the deletes a previous Run's queue lost):
+// only that goroutine adds and changes entries and records. Every access
+// holds mu, because the controller's workers read the ledger and the
+// latest resourceVersions, and settle records, from other goroutines.
+type tracker[T opkit.Object] struct {
 	mu      sync.RWMutex
 	entries map[opkit.Key]entry
-	// earlier holds, per key, the tombstones of earlier objects of that
-	// name, oldest first, whose deletes are still kept (the queue did not
-	// take them, or, with RetainDeletes, they are not settled yet) while
-	// entries tracks a newer object of the same name: an object deleted
-	// and created again must not take its predecessor's delete with it.
-	earlier  map[opkit.Key][]entry
-	nEarlier int
+	// ledger holds, per key, the unsettled deletes in resourceVersion
+	// order (see Watcher.Deletes).
+	ledger   map[opkit.Key][]record[T]
+	nRecords int
+	nFinal   int // records that keep a final state
 	// namespaces interns namespace strings so that keys share them;
 	// namespaces no key uses any more are dropped by pruneNamespaces.
 	namespaces map[string]string
 	nsKept     int // namespaces in use at the last prune
 	epoch      uint32
-	// run numbers the Runs (never 0; it wraps, which is harmless: a
-	// tombstone a Run's first list re-emits takes that Run's number).
-	run uint16
 }
 
-func newTracker() *tracker {
-	return &tracker{
+func newTracker[T opkit.Object]() *tracker[T] {
+	return &tracker[T]{
 		entries:    make(map[opkit.Key]entry),
-		earlier:    make(map[opkit.Key][]entry),
+		ledger:     make(map[opkit.Key][]record[T]),
 		namespaces: make(map[string]string),
 	}
 }
@@ -150,7 +139,7 @@ func newTracker() *tracker {
 // that keeps creating and deleting namespaces does not grow it for ever.
 // Only Run's goroutine calls it (it alone touches the table); it costs a
 // pass over the keys, paid for by the list that calls it.
-func (t *tracker) pruneNamespaces() {
+func (t *tracker[T]) pruneNamespaces() {
 	if len(t.namespaces) <= 2*max(t.nsKept, 16) {
 		return
 	}
@@ -159,7 +148,7 @@ func (t *tracker) pruneNamespaces() {
 	for k := range t.entries {
 		used[k.Namespace] = struct{}{}
 	}
-	for k := range t.earlier {
+	for k := range t.ledger {
 		used[k.Namespace] = struct{}{}
 	}
 	t.mu.RUnlock()
@@ -171,20 +160,9 @@ func (t *tracker) pruneNamespaces() {
 	t.nsKept = len(t.namespaces)
 }
 
-// nextRun numbers a new Run; only Run's goroutine calls it, before the
-// Run touches the tracker.
-func (t *tracker) nextRun() {
-	t.mu.Lock()
-	t.run++
-	if t.run == 0 {
-		t.run = 1
-	}
-	t.mu.Unlock()
-}
-
 // canonical returns a key whose strings do not alias the decoded object,
 // with the namespace interned.
-func (t *tracker) canonical(k opkit.Key) opkit.Key {
+func (t *tracker[T]) canonical(k opkit.Key) opkit.Key {
 	ns, ok := t.namespaces[k.Namespace]
 	if !ok {
 		ns = strings.Clone(k.Namespace)
@@ -194,7 +172,7 @@ func (t *tracker) canonical(k opkit.Key) opkit.Key {
 }
 
 // store records m, marking it seen in the current epoch when listing.
-func (t *tracker) store(m meta, seen bool, old entry, known bool) {
+func (t *tracker[T]) store(m meta, seen bool, old entry, known bool) {
 	e := entry{
 		generation:  m.generation,
 		fingerprint: m.fingerprint,
@@ -218,177 +196,155 @@ func (t *tracker) store(m meta, seen bool, old entry, known bool) {
 }
 
 // get returns the entry of key.
-func (t *tracker) get(key opkit.Key) (entry, bool) {
+func (t *tracker[T]) get(key opkit.Key) (entry, bool) {
 	t.mu.RLock()
 	e, ok := t.entries[key]
 	t.mu.RUnlock()
 	return e, ok
 }
 
-// count returns how many entries the tracker holds, tombstones (earlier
-// objects' included) too.
-func (t *tracker) count() int {
+// count returns how many live objects and unsettled deletes the tracker
+// holds.
+func (t *tracker[T]) count() int {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	return len(t.entries) + t.nEarlier
+	return len(t.entries) + t.nRecords
 }
 
-// displace keeps e, the entry of an earlier object of key as the caller
-// read it, as a tombstone behind the newer object now tracked under key.
-// It keeps nothing and reports false when e was a tombstone that has been
-// settled since the caller read it (Settle runs on other goroutines).
-func (t *tracker) displace(key opkit.Key, e entry) bool {
-	wasDeleted := e.deleted
-	e.deleted = true
+// gone records the delete of the object key (uid, last resourceVersion
+// rv), with its final state unless final is nil, and stops tracking it as
+// live. It keeps at most maxFinal final states in all (beyond, a tombstone)
+// and perKey records per key: it returns the record it dropped to make
+// room, if it had to.
+func (t *tracker[T]) gone(key opkit.Key, uid, rv string, final T, maxFinal, perKey int) (dropped *record[T]) {
 	k := t.canonical(key)
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	switch cur, ok := t.entries[k]; {
-	case ok && cur.uid == e.uid && cur.rv == e.rv:
-		delete(t.entries, k) // store puts the newer object there next
-	case wasDeleted:
-		return false
+	if e, ok := t.entries[k]; ok && e.uid == uid {
+		delete(t.entries, k)
 	}
-	t.earlier[k] = append(t.earlier[k], e)
-	t.nEarlier++
-	return true
+	r := record[T]{uid: strings.Clone(uid), rv: strings.Clone(rv), epoch: t.epoch}
+	if !isNil(final) && t.nFinal < maxFinal {
+		r.final = final
+		t.nFinal++
+	}
+	rs := append(t.ledger[k], r) // the watch reports deletes in resourceVersion order
+	t.nRecords++
+	if len(rs) > perKey {
+		d := rs[0]
+		dropped = &d
+		rs = slices.Delete(rs, 0, 1)
+		t.forgot(d)
+	}
+	t.ledger[k] = rs
+	return dropped
 }
 
-// earlierOf returns a copy of the tombstones kept for earlier objects of
-// key, oldest first.
-func (t *tracker) earlierOf(key opkit.Key) []entry {
+// back drops the records of uid under key: the object is in the watch
+// again (it had left the label selector and came back), so it was not
+// deleted. It costs a read lock when there is nothing to drop.
+func (t *tracker[T]) back(key opkit.Key, uid string) {
+	t.mu.RLock()
+	found := slices.ContainsFunc(t.ledger[key], func(r record[T]) bool { return r.uid == uid })
+	t.mu.RUnlock()
+	if found {
+		t.mu.Lock()
+		t.drop(key, func(r record[T]) bool { return r.uid == uid })
+		t.mu.Unlock()
+	}
+}
+
+// settle drops the record of the delete of uid at rv under key, if it is
+// still there. The same object can be deleted more than once (it leaves a
+// label selector, comes back and leaves again): each delete is settled on
+// its own.
+func (t *tracker[T]) settle(key opkit.Key, uid, rv string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.drop(key, func(r record[T]) bool { return r.uid == uid && r.rv == rv })
+}
+
+// drop removes the records of key that match; the caller holds mu.
+func (t *tracker[T]) drop(key opkit.Key, match func(record[T]) bool) {
+	rs, ok := t.ledger[key]
+	if !ok {
+		return
+	}
+	kept := rs[:0]
+	for _, r := range rs {
+		if match(r) {
+			t.forgot(r)
+		} else {
+			kept = append(kept, r)
+		}
+	}
+	clear(rs[len(kept):])
+	if len(kept) == 0 {
+		delete(t.ledger, key)
+	} else {
+		t.ledger[key] = kept
+	}
+}
+
+// forgot counts a record out; the caller holds mu.
+func (t *tracker[T]) forgot(r record[T]) {
+	t.nRecords--
+	if !isNil(r.final) {
+		t.nFinal--
+	}
+}
+
+// records returns a copy of key's records, oldest first.
+func (t *tracker[T]) records(key opkit.Key) []record[T] {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	if t.nEarlier == 0 {
-		return nil
-	}
-	return slices.Clone(t.earlier[key])
+	return slices.Clone(t.ledger[key])
 }
 
-// reemitted records the outcome of emitting again the delete of the
-// earlier object of key with uid and rv: it is forgotten if the queue took
-// it and retain is false, else kept with queued telling whether the queue
-// took it. inList marks it seen by the current list, which then does not
-// emit it again when it finishes.
-func (t *tracker) reemitted(key opkit.Key, uid, rv string, accepted, retain, inList bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	es := t.earlier[key]
-	for i := range es {
-		if es[i].uid != uid || es[i].rv != rv {
-			continue
-		}
-		if accepted && !retain {
-			t.dropEarlier(key, i)
-			return
-		}
-		es[i].queuedIn = 0
-		if accepted {
-			es[i].queuedIn = t.run
-		}
-		if inList {
-			es[i].epoch = t.epoch
-		}
-		return
-	}
-}
-
-// dropEarlier forgets the tombstone i of the earlier objects of key; the
-// caller holds mu.
-func (t *tracker) dropEarlier(key opkit.Key, i int) {
-	es := slices.Delete(t.earlier[key], i, i+1)
-	if len(es) == 0 {
-		delete(t.earlier, key)
-	} else {
-		t.earlier[key] = es
-	}
-	t.nEarlier--
-}
-
-// hold keeps key as a tombstone of the object with uid and last
-// resourceVersion rv, its delete about to be handed to the queue (queued
-// until unqueued says otherwise). Its epoch stays that of the last list
-// that saw the object, so the next list that completes finds it vanished.
-func (t *tracker) hold(key opkit.Key, uid, rv string) {
-	t.mu.Lock()
-	e := t.entries[key]
-	if e.uid != uid {
-		uid = strings.Clone(uid)
-	}
-	if e.rv != rv {
-		rv = strings.Clone(rv)
-	}
-	if e.epoch == t.epoch {
-		e.epoch = t.epoch - 1
-	}
-	t.entries[t.canonical(key)] = entry{uid: uid, rv: rv, epoch: e.epoch, deleted: true, queuedIn: t.run}
-	t.mu.Unlock()
-}
-
-// unqueued records that the queue did not take the delete of the
-// tombstone of key and uid, if it is still held.
-func (t *tracker) unqueued(key opkit.Key, uid string) {
-	t.mu.Lock()
-	if e, ok := t.entries[key]; ok && e.deleted && e.uid == uid {
-		e.queuedIn = 0
-		t.entries[key] = e
-	}
-	t.mu.Unlock()
-}
-
-// settle forgets the tombstone of key if it is still the one of uid and
-// rv: the same object can be deleted more than once (it leaves a label
-// selector, comes back and leaves again), and each of its deletes is
-// settled by its own reconcile.
-func (t *tracker) settle(key opkit.Key, uid, rv string) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if e, ok := t.entries[key]; ok && e.deleted && e.uid == uid && e.rv == rv {
-		delete(t.entries, key)
-		return
-	}
-	for i, e := range t.earlier[key] {
-		if e.uid == uid && e.rv == rv {
-			t.dropEarlier(key, i)
-			return
+// ledgerKeys returns the keys with unsettled deletes that the list of the
+// current epoch did not add: it listed no live object of the name and
+// recorded none of its deletes.
+func (t *tracker[T]) ledgerKeys() []opkit.Key {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	var out []opkit.Key
+	for k, rs := range t.ledger {
+		e, live := t.entries[k]
+		if !slices.ContainsFunc(rs, func(r record[T]) bool { return r.epoch == t.epoch }) && (!live || e.epoch != t.epoch) {
+			out = append(out, k)
 		}
 	}
+	return out
 }
 
-// keyed is a tracked key with its entry; earlier marks the tombstone of an
-// earlier object of the key (see tracker.earlier).
+// keyed is a tracked key with its entry.
 type keyed struct {
 	key opkit.Key
 	entry
-	earlier bool
 }
 
-// vanished returns, sorted by key, the entries not seen by the list of the
-// current epoch: the objects gone since, and the tombstones whose delete
-// is to be emitted again (all of them in a Run's first list, else those
-// the queue did not take). The tombstones of a key's earlier objects come
-// first, oldest first.
-func (t *tracker) vanished(initial bool) []keyed {
+// vanished returns, sorted by key, the live objects not seen by the list
+// of the current epoch: the objects gone since.
+func (t *tracker[T]) vanished() []keyed {
 	var out []keyed
 	t.mu.RLock()
-	for k, es := range t.earlier {
-		for _, e := range es {
-			if e.epoch != t.epoch && e.reemit(initial, t.run) {
-				out = append(out, keyed{k, e, true})
-			}
-		}
-	}
 	for k, e := range t.entries {
-		if e.epoch != t.epoch && e.reemit(initial, t.run) {
-			out = append(out, keyed{k, e, false})
+		if e.epoch != t.epoch {
+			out = append(out, keyed{k, e})
 		}
 	}
 	t.mu.RUnlock()
-	slices.SortStableFunc(out, func(a, b keyed) int {
+	slices.SortFunc(out, func(a, b keyed) int {
 		if c := strings.Compare(a.key.Namespace, b.key.Namespace); c != 0 {
 			return c
 		}
 		return strings.Compare(a.key.Name, b.key.Name)
 	})
 	return out
+}
+
+// isNil reports whether obj is a nil T.
+func isNil[T opkit.Object](obj T) bool {
+	var zero T
+	return any(obj) == any(zero)
 }

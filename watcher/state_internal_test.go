@@ -20,7 +20,7 @@ import (
 // The tracker interns namespaces; those no tracked key uses any more are
 // dropped by a later list, those in use stay interned.
 func TestNamespacesOfObjectsLongGoneAreNotKept(t *testing.T) {
-	tr := newTracker()
+	tr := newTracker[*corev1.ConfigMap]()
 	tr.epoch = 1
 	meta := func(ns, uid string) meta {
 		return readMeta(&unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{
@@ -31,7 +31,7 @@ func TestNamespacesOfObjectsLongGoneAreNotKept(t *testing.T) {
 	for i := range 1000 { // a namespace per CI run, each gone again
 		m := meta(fmt.Sprintf("ci-%d", i), fmt.Sprint(i))
 		tr.store(m, true, entry{}, false)
-		tr.hold(m.key, m.uid, "2")
+		tr.gone(m.key, m.uid, "2", nil, 10, 10)
 		tr.settle(m.key, m.uid, "2")
 	}
 	tr.pruneNamespaces() // as a list's end does
@@ -55,7 +55,7 @@ func TestNamespacesOfObjectsLongGoneAreNotKept(t *testing.T) {
 // queueFunc is a queue.Adder that accepts every entry.
 type queueFunc struct{}
 
-func (queueFunc) Add(opkit.Key, opkit.Event[*corev1.ConfigMap], queue.AddOptions) queue.Outcome {
+func (queueFunc) Add(opkit.Key, opkit.Cause[*corev1.ConfigMap], queue.AddOptions) queue.Outcome {
 	return queue.Queued
 }
 
@@ -101,6 +101,10 @@ func TestTheEndOfAListPrunesNamespaces(t *testing.T) {
 					t.Fatal(err)
 				}
 				synctest.Wait() // the fake watch buffers only so many events
+				k := opkit.Key{Namespace: ns, Name: "x"}
+				for _, d := range w.Deletes(k) { // as a controller settles them
+					w.Settle(k, d.Object.GetUID(), d.Object.GetResourceVersion())
+				}
 			}
 		})
 		if n := len(w.track.namespaces); n != 101 {

@@ -56,8 +56,8 @@ type Watcher[T opkit.Object] struct {
 	synced  bool
 	lastErr error
 
-	// Owned by the goroutine running Run.
-	track *tracker
+	// Owned by the goroutine running Run (see tracker).
+	track *tracker[T]
 }
 
 // New validates cfg and returns a Watcher. It starts nothing.
@@ -76,7 +76,7 @@ func New[T opkit.Object](cfg Config[T]) (*Watcher[T], error) {
 		name:  name,
 		cfg:   cfg,
 		s:     s,
-		track: newTracker(),
+		track: newTracker[T](),
 		log: s.logger.With("resource", name,
 			"namespace", cfg.Namespace),
 	}
@@ -105,7 +105,7 @@ func checkPointerToStruct[T any]() error {
 // latest the watch knows.
 func (w *Watcher[T]) ResourceVersion(key opkit.Key) (string, bool) {
 	e, ok := w.track.get(key)
-	if !ok || e.deleted {
+	if !ok {
 		return "", false
 	}
 	return e.rv, true
@@ -191,7 +191,6 @@ func (w *Watcher[T]) Run(ctx context.Context) error {
 		w.mu.Unlock()
 	}()
 
-	w.track.nextRun()
 	r := &run[T]{
 		w:         w,
 		watchList: w.cfg.WatchList == WatchListAuto && !watchlist.DoesClientNotSupportWatchListSemantics(w.cfg.Client),
@@ -397,7 +396,7 @@ func (r *run[T]) wait(ctx context.Context, out outcome) bool {
 	d := b.delay(r.failures)
 	switch out.reason {
 	case ReasonForbidden, ReasonNotFound:
-		d = max(d, jitter(b.Slow))
+		d = max(d, b.slow())
 	case ReasonThrottled:
 		if secs, ok := apierrors.SuggestsClientDelay(out.err); ok {
 			d = max(d, time.Duration(secs)*time.Second)
@@ -434,18 +433,21 @@ func (r *run[T]) beginList(initial bool, reason Reason, stream bool) *listing {
 	return l
 }
 
-// finishList emits tombstones for the objects the list did not see and
-// reports the end of the list.
+// finishList records the delete of every object the list did not see
+// and reports the end of the list. A Run's first list also adds every key
+// with unsettled deletes that it did not add itself: the queue of an
+// earlier Run may have lost them (cleared at the end of a leader's term).
 func (r *run[T]) finishList(l *listing, rv string) {
 	w := r.w
 	r.listed = true
-	for _, v := range w.track.vanished(l.initial) {
-		if v.earlier {
-			w.emitEarlier(v.key, v.entry, true, w.s.listPriority)
-		} else {
-			w.emitDelete(v.key, v.uid, v.rv, w.tombstone(v.key, types.UID(v.uid), v.rv), true, w.s.listPriority)
-		}
+	for _, v := range w.track.vanished() {
+		w.gone(v.key, v.uid, v.rv, *new(T), w.s.listPriority)
 		l.ev.Deleted++
+	}
+	if l.initial {
+		for _, k := range w.track.ledgerKeys() {
+			w.emit(k, opkit.Cause[T]{Sources: opkit.Sources(opkit.APIServer)}, opkit.Deleted, w.s.listPriority)
+		}
 	}
 	w.s.metrics.Tracked(w.track.count())
 	w.track.pruneNamespaces()
@@ -680,36 +682,18 @@ func (w *Watcher[T]) observe(u *unstructured.Unstructured, l *listing) {
 	if l != nil {
 		prio = w.s.listPriority
 	}
-	initial := l != nil && l.initial
-	// The deletes kept for earlier objects of this name go first.
-	if n := w.emitEarlierOf(m.key, initial, l != nil, prio); l != nil {
-		l.ev.Deleted += n
-	}
+	t.back(m.key, m.uid)
 	var typ opkit.Type
 	switch {
 	case known && old.uid != m.uid:
-		// Recreated under the same name: the old incarnation is gone. A
-		// held delete the queue took in this Run is not sent again. The
-		// delete is kept, behind the new object, for as long as it would
-		// have been kept as the key's tombstone.
-		if old.reemit(initial, t.run) {
-			if l != nil {
-				old.epoch = t.epoch
-			}
-			// In place before the queue sees the delete, so that a
-			// Settle that follows at once finds it.
-			old.queuedIn = t.run
-			if t.displace(m.key, old) {
-				w.emitEarlier(m.key, old, l != nil, prio)
-				if l != nil {
-					l.ev.Deleted++
-				}
-			}
-		} else if w.cfg.RetainDeletes {
-			t.displace(m.key, old)
+		// Recreated under the same name without the watch showing the
+		// delete (a relist found the new object): the old one is gone.
+		w.gone(m.key, old.uid, old.rv, *new(T), prio)
+		if l != nil {
+			l.ev.Deleted++
 		}
 		typ = opkit.Added
-	case !known, old.deleted, initial:
+	case !known, l != nil && l.initial:
 		typ = opkit.Added
 	case old.rv == m.rv:
 		// Unchanged (a relist, or a replayed event).
@@ -731,7 +715,7 @@ func (w *Watcher[T]) observe(u *unstructured.Unstructured, l *listing) {
 		w.log.Error("cannot decode object into the user's type; no entry emitted", "key", m.key.String(), "err", err)
 		return
 	}
-	w.emit(m.key, obj, typ, false, prio)
+	w.emit(m.key, opkit.Cause[T]{Object: obj, Sources: opkit.Sources(opkit.APIServer), Added: typ == opkit.Added}, typ, prio)
 	if l != nil {
 		if typ == opkit.Added {
 			l.ev.Added++
@@ -741,97 +725,99 @@ func (w *Watcher[T]) observe(u *unstructured.Unstructured, l *listing) {
 	}
 }
 
-// deleted handles a Deleted watch event and returns how many Deleted
-// entries it emitted (earlier objects' included), for a list in progress
-// to count.
+// deleted handles a Deleted watch event and returns how many deletes it
+// recorded, for a list in progress to count.
 func (w *Watcher[T]) deleted(u *unstructured.Unstructured) int {
 	key := opkit.Key{Namespace: u.GetNamespace(), Name: u.GetName()}
 	uid, rv := string(u.GetUID()), u.GetResourceVersion()
-	// The deletes kept for earlier objects of this name go first.
-	n := w.emitEarlierOf(key, false, false, w.cfg.Priority)
+	n := 1
+	if e, ok := w.track.get(key); ok && e.uid != uid {
+		// The object tracked under the name went without an event.
+		w.gone(key, e.uid, e.rv, *new(T), w.cfg.Priority)
+		n++
+	}
 	obj, err := typed.FromUnstructured[T](u)
 	if err != nil {
 		w.s.metrics.Error(ReasonDecode)
-		w.log.Error("cannot decode deleted object; emitting a tombstone", "key", key.String(), "err", err)
-		w.emitDelete(key, uid, rv, w.tombstone(key, types.UID(uid), rv), true, w.cfg.Priority)
-	} else {
-		w.emitDelete(key, uid, rv, obj, false, w.cfg.Priority)
+		w.log.Error("cannot decode deleted object; recording a tombstone", "key", key.String(), "err", err)
 	}
+	w.gone(key, uid, rv, obj, w.cfg.Priority)
 	w.s.metrics.Tracked(w.track.count())
-	return n + 1
-}
-
-// emitDelete hands the Deleted entry of the object key (uid, last
-// resourceVersion rv) to the queue, keeping the key as a tombstone when
-// the queue does not take it (a list cannot bring back what is gone: the
-// next one emits it again) and, with RetainDeletes, until Settle. The
-// tombstone is in place before the entry reaches the queue, so a Settle
-// that follows at once finds it.
-func (w *Watcher[T]) emitDelete(key opkit.Key, uid, rv string, obj T, finalStateUnknown bool, prio int) {
-	w.track.hold(key, uid, rv)
-	out := w.emit(key, obj, opkit.Deleted, finalStateUnknown, prio)
-	switch {
-	case !out.Accepted():
-		w.track.unqueued(key, uid)
-	case !w.cfg.RetainDeletes:
-		w.track.settle(key, uid, rv)
-	}
-}
-
-// emitEarlierOf emits the kept deletes of earlier objects of key that are
-// due again (see entry.reemit; initial: in a Run's first list), oldest
-// first, and returns how many it emitted.
-func (w *Watcher[T]) emitEarlierOf(key opkit.Key, initial, inList bool, prio int) (n int) {
-	for _, e := range w.track.earlierOf(key) {
-		if e.reemit(initial, w.track.run) {
-			w.emitEarlier(key, e, inList, prio)
-			n++
-		}
-	}
 	return n
 }
 
-// emitEarlier emits the delete kept for e, an earlier object of key (see
-// tracker.earlier, which must hold it already, so that a Settle that
-// follows at once finds it), and records the outcome; inList tells that a
-// list in progress emits it.
-func (w *Watcher[T]) emitEarlier(key opkit.Key, e entry, inList bool, prio int) {
-	out := w.emit(key, w.tombstone(key, types.UID(e.uid), e.rv), opkit.Deleted, true, prio)
-	w.track.reemitted(key, e.uid, e.rv, out.Accepted(), w.cfg.RetainDeletes, inList)
+// gone records the delete of the object key (uid, last resourceVersion
+// rv) in the ledger, with its final state unless final is nil, and adds
+// the key to the queue. The record is in place before the queue sees the
+// key, so the worker that takes it finds the delete.
+func (w *Watcher[T]) gone(key opkit.Key, uid, rv string, final T, prio int) {
+	if d := w.track.gone(key, uid, rv, final, w.s.maxFinal, w.s.perKey); d != nil {
+		w.s.metrics.Error(ReasonOverflow)
+		w.log.Error("too many unsettled deletes of one name: the oldest is dropped and will not be reconciled",
+			"key", key.String(), "uid", d.uid, "resourceVersion", d.rv, "maxDeletesPerKey", w.s.perKey)
+	}
+	w.emit(key, opkit.Cause[T]{Sources: opkit.Sources(opkit.APIServer)}, opkit.Deleted, prio)
 }
 
-// Settle reports that the Deleted entry of the object key with uid, whose
-// object carried resourceVersion rv, has been dealt with (reconciled, or
-// given up on). With [Config.RetainDeletes] the watcher keeps the key of
-// every deleted object until then, so that the next Run's list emits the
-// delete again if it was lost meanwhile: cleared from the queue at the end
-// of a leader's term, or interrupted in flight. Settle of a key the watcher
-// does not hold as deleted, or holds for another uid or another delete of
-// it (rv: an object that left a label selector, came back and left again),
-// does nothing. It is safe to call from any goroutine, while Run runs or
-// not.
+// Deleted is one unsettled delete: an object the watch saw go (deleted,
+// or out of the label selector), waiting for the controller to reconcile
+// it and call [Watcher.Settle].
+type Deleted[T opkit.Object] struct {
+	// Object is the final state the watch delivered; for a tombstone it
+	// carries only namespace, name, UID and the last resourceVersion seen,
+	// and the resource's apiVersion and kind.
+	Object T
+	// FinalStateUnknown marks a tombstone: a relist found the object gone
+	// (its final state was never seen), its final state could not be
+	// decoded, or the ledger held Config.MaxFinalStates final states
+	// already.
+	FinalStateUnknown bool
+}
+
+// Deletes returns the unsettled deletes of key, oldest first (in the
+// order the watch reported them, which is resourceVersion order). It is
+// safe to call from any goroutine.
+func (w *Watcher[T]) Deletes(key opkit.Key) []Deleted[T] {
+	rs := w.track.records(key)
+	if len(rs) == 0 {
+		return nil
+	}
+	out := make([]Deleted[T], len(rs))
+	for i, r := range rs {
+		if isNil(r.final) {
+			out[i] = Deleted[T]{Object: w.tombstone(key, types.UID(r.uid), r.rv), FinalStateUnknown: true}
+		} else {
+			out[i] = Deleted[T]{Object: r.final}
+		}
+	}
+	return out
+}
+
+// Settle reports that the delete of the object key with uid, whose last
+// resourceVersion was rv, has been dealt with (reconciled, or given up
+// on): the ledger forgets it. Until then every Run's first list adds key
+// to the queue again, so a delete lost with a queue (cleared at the end
+// of a leader's term) or an interrupted reconcile is delivered again.
+// Settle of a delete the ledger does not hold does nothing. It is safe to
+// call from any goroutine, while Run runs or not.
 func (w *Watcher[T]) Settle(key opkit.Key, uid types.UID, rv string) {
 	w.track.settle(key, string(uid), rv)
 }
 
-// tombstone returns the object of a Deleted entry whose final state is
-// unknown: namespace, name, UID, the last resourceVersion seen, and the
-// resource's apiVersion and kind.
+// tombstone returns the object of a delete whose final state is unknown:
+// namespace, name, UID, the last resourceVersion seen, and the resource's
+// apiVersion and kind.
 func (w *Watcher[T]) tombstone(key opkit.Key, uid types.UID, rv string) T {
 	obj := typed.Tombstone[T](key, uid, rv)
 	obj.GetObjectKind().SetGroupVersionKind(w.cfg.Resource.GroupVersionKind())
 	return obj
 }
 
-// emit hands one entry to the queue. A dropped add is counted and logged at
-// debug level; tracking goes on regardless (see the package documentation).
-func (w *Watcher[T]) emit(key opkit.Key, obj T, typ opkit.Type, finalStateUnknown bool, prio int) queue.Outcome {
-	out := w.cfg.Queue.Add(key, opkit.Event[T]{
-		Object:            obj,
-		Type:              typ,
-		Source:            opkit.APIServer,
-		FinalStateUnknown: finalStateUnknown,
-	}, queue.AddOptions{Priority: prio})
+// emit adds key to the queue with c. A dropped add is counted and logged
+// at debug level; tracking goes on regardless (see the package
+// documentation).
+func (w *Watcher[T]) emit(key opkit.Key, c opkit.Cause[T], typ opkit.Type, prio int) queue.Outcome {
+	out := w.cfg.Queue.Add(key, c, queue.AddOptions{Priority: prio})
 	w.s.metrics.Event(typ, out)
 	if !out.Accepted() {
 		w.log.Debug("queue did not accept the entry", "key", key.String(), "type", typ, "outcome", out)

@@ -26,12 +26,12 @@ import (
 // tee hands every add to a recorder and to a real queue.
 type tee struct {
 	r *recorder
-	q *queue.Queue[opkit.Key, opkit.Event[*Widget]]
+	q *queue.Queue[opkit.Key, opkit.Cause[*Widget]]
 }
 
-func (t tee) Add(k opkit.Key, ev opkit.Event[*Widget], o queue.AddOptions) queue.Outcome {
-	t.r.Add(k, ev, o)
-	return t.q.Add(k, ev, o)
+func (t tee) Add(k opkit.Key, c opkit.Cause[*Widget], o queue.AddOptions) queue.Outcome {
+	t.r.Add(k, c, o)
+	return t.q.Add(k, c, o)
 }
 
 func name(i int) string { return fmt.Sprintf("w%04d", i) }
@@ -77,7 +77,7 @@ func TestIntegrationThousandObjectsEveryStateExactlyOnce(t *testing.T) {
 	parallel(t, n/2, create)
 
 	rec := &recorder{}
-	q := queue.New[opkit.Key, opkit.Event[*Widget]](queue.Config[opkit.Event[*Widget]]{})
+	q := queue.New[opkit.Key](queue.Config[opkit.Cause[*Widget]]{Merge: (*opkit.Cause[*Widget]).Merge})
 	syncs := &syncLog{}
 	logs := &logBuffer{}
 	w := mustNew(t, watcher.Config[*Widget]{

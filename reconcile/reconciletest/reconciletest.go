@@ -137,7 +137,7 @@ func (h *Harness[T]) Request(key opkit.Key, typ opkit.Type) reconcile.Request[T]
 		}
 		h.Dynamic.ClearActions()
 	}
-	return reconcile.Request[T]{Key: key, Object: obj, Type: typ, Source: opkit.APIServer}
+	return reconcile.Request[T]{Key: key, Object: obj, Type: typ, Sources: opkit.Sources(opkit.APIServer)}
 }
 
 // Call is what one reconcile returned and did.
