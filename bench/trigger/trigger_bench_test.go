@@ -94,7 +94,7 @@ var env struct {
 
 	targetObjs []*corev1.ConfigMap              // what Enqueue is handed
 	targetMeta []*metav1.PartialObjectMetadata  // what a GenericEvent carries
-	backlog    []opkit.Event[*corev1.ConfigMap] // opkit's backlog payloads
+	backlog    []opkit.Cause[*corev1.ConfigMap] // opkit's backlog payloads
 	backlogReq []crreconcile.Request            // controller-runtime's
 }
 
@@ -167,12 +167,12 @@ func populate(ctx context.Context, b *testing.B, c *testcluster.Cluster) error {
 	}
 	for i := range backlogSize {
 		name := backlogName(i)
-		env.backlog = append(env.backlog, opkit.Event[*corev1.ConfigMap]{
+		env.backlog = append(env.backlog, opkit.Cause[*corev1.ConfigMap]{
 			Object: &corev1.ConfigMap{
 				TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
 				ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
 			},
-			Type: opkit.Modified, Source: opkit.APIServer,
+			Sources: opkit.Sources(opkit.APIServer),
 		})
 		env.backlogReq = append(env.backlogReq, crreconcile.Request{NamespacedName: types.NamespacedName{Namespace: namespace, Name: name}})
 	}
@@ -453,16 +453,13 @@ func startOpkit(b *testing.B, client dynamic.Interface, tr *tracker, viaHTTP boo
 		Dynamic:  client,
 		Reconciler: reconcile.Func[*corev1.ConfigMap](func(ctx context.Context, req reconcile.Request[*corev1.ConfigMap]) (reconcile.Result, error) {
 			now := tr.now()
-			tr.reconciled(req.Key.Name, now, req.Source == opkit.Operator)
+			tr.reconciled(req.Key.Name, now, req.Sources.Has(opkit.Operator))
 			return reconcile.Done(), nil
 		}),
 		Concurrency: workers,
-		// The backlog's entries stand for watch events carrying their
-		// object; with the default (1s) every one of them would be
-		// re-fetched once it had waited, turning the backlog's cost into
-		// 100,000 GETs on the API server the triggers' re-fetches also
-		// use. Triggers are re-fetched whatever FreshFor says.
-		FreshFor:     time.Hour,
+		// The backlog's entries name objects the watch does not see (they
+		// do not exist): a worker takes each and skips it without a read
+		// or a reconcile, as it does every key the watch no longer sees.
 		Watch:        watcher.Config[*corev1.ConfigMap]{Namespace: namespace},
 		NoEvents:     true,
 		Logger:       discard,
@@ -498,9 +495,10 @@ func startOpkit(b *testing.B, client dynamic.Interface, tr *tracker, viaHTTP boo
 		queued: q.Len,
 		// queue: how long triggers waited in the queue, the part of the
 		// latency its priorities decide; get: the API server's GETs (one
-		// per trigger: the worker's re-fetch of an Enqueue trigger, the
-		// handler's read of an HTTP trigger, which it marks Fetched so the
-		// worker does not read it again).
+		// per trigger: the worker's read of an Enqueue trigger, whose
+		// key-only object is not the watch's latest state, or the
+		// handler's read of an HTTP trigger, whose object the worker then
+		// reconciles without reading it again).
 		report: func(b *testing.B) {
 			qm.report(b, "queue")
 			if _, fake := client.(*dynfake.FakeDynamicClient); !fake {
@@ -536,7 +534,6 @@ func startOpkit(b *testing.B, client dynamic.Interface, tr *tracker, viaHTTP boo
 	// SubjectAccessReview, cached) is not what is measured here.
 	h, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{
 		Trigger:          ctrl.Trigger(),
-		Dynamic:          client,
 		InsecureSkipAuth: true,
 		Logger:           discard,
 	})

@@ -169,7 +169,7 @@ func heap() uint64 {
 // pending entries until workers take them, whatever the watcher).
 type counter struct{ n atomic.Int64 }
 
-func (c *counter) Add(opkit.Key, opkit.Event[*Gadget], queue.AddOptions) queue.Outcome {
+func (c *counter) Add(opkit.Key, opkit.Cause[*Gadget], queue.AddOptions) queue.Outcome {
 	c.n.Add(1)
 	return queue.Queued
 }

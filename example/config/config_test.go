@@ -317,7 +317,7 @@ func exerciseReconciler(t *testing.T, rec *recorder) {
 		},
 		func() reconciletest.Call { // an external trigger
 			req := h.Request(key, opkit.Modified)
-			req.Source, req.Reason = opkit.Operator, "rbac test"
+			req.Sources, req.Reasons = opkit.Sources(opkit.Operator), []string{"rbac test"}
 			return h.Reconcile(ctx, r, req)
 		},
 		func() reconciletest.Call { h.MarkDeleting(key); return h.ReconcileKey(ctx, r, key) }, // finalize

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -25,7 +24,6 @@ import (
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/example/natsbroker"
 	"github.com/opkit/opkit/queue"
-	"github.com/opkit/opkit/reconcile"
 	"github.com/opkit/opkit/trigger"
 )
 
@@ -46,7 +44,7 @@ var flipConfigMaps = opkit.Resource{
 	Namespaced:           true,
 }
 
-type cmEvent = opkit.Event[*corev1.ConfigMap]
+type cmEvent = opkit.Cause[*corev1.ConfigMap]
 
 // msgKind is what the test expects the consumer to do with a message.
 type msgKind uint8
@@ -84,7 +82,7 @@ type flipLog struct {
 
 type reconcileRec struct {
 	seq     int64
-	source  opkit.Source
+	sources opkit.Sources
 	replica int
 }
 
@@ -105,7 +103,9 @@ func (r *recordingQueue) Add(k opkit.Key, v cmEvent, o queue.AddOptions) queue.O
 	out := r.q.Add(k, v, o)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.last[v.Reason] = out
+	if len(v.Reasons) == 1 { // a trigger's (a message's reason is unique)
+		r.last[v.Reasons[0]] = out
+	}
 	if out.Accepted() {
 		r.accepted++
 	} else {
@@ -252,7 +252,7 @@ func (r *replica) lose() {
 func (r *replica) acquire(objs []*corev1.ConfigMap) {
 	r.q.Resume()
 	for _, o := range objs {
-		r.q.Add(opkit.KeyOf(o), cmEvent{Object: o.DeepCopy(), Type: opkit.Added, Source: opkit.APIServer},
+		r.q.Add(opkit.KeyOf(o), cmEvent{Object: o.DeepCopy(), Added: true, Sources: opkit.Sources(opkit.APIServer)},
 			queue.AddOptions{Priority: -1})
 	}
 }
@@ -315,10 +315,10 @@ func testFlipOverNATS(t *testing.T, pause bool) {
 	var workers sync.WaitGroup
 	var reps [2]*replica
 	for i := range reps {
-		q := queue.New[opkit.Key, cmEvent](queue.Config[cmEvent]{Merge: reconcile.MergeEvents[*corev1.ConfigMap]})
+		q := queue.New[opkit.Key, cmEvent](queue.Config[cmEvent]{Merge: (*cmEvent).Merge})
 		q.Suspend() // every replica starts as a follower
 		rec := &recordingQueue{q: q, last: map[string]queue.Outcome{}}
-		tr, err := trigger.New(trigger.Config[*corev1.ConfigMap]{Queue: rec, Resource: flipConfigMaps, Logger: discard})
+		tr, err := trigger.New(trigger.Config[*corev1.ConfigMap]{Queue: rec, Resource: flipConfigMaps, Dynamic: dyn, Logger: discard})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -338,7 +338,6 @@ func testFlipOverNATS(t *testing.T, pause bool) {
 			PausePoll:    20 * time.Millisecond,
 			Broker:       &recordingBroker{b: b, rec: rec, log: log},
 			Trigger:      tr,
-			Dynamic:      dyn,
 			Concurrency:  4,
 			DroppedDelay: 20 * time.Millisecond,
 			LagInterval:  -1,
@@ -363,7 +362,7 @@ func testFlipOverNATS(t *testing.T, pause bool) {
 				}
 				seq := log.tick()
 				log.mu.Lock()
-				log.reconciles[it.Key] = append(log.reconciles[it.Key], reconcileRec{seq: seq, source: it.Value.Source, replica: r.idx})
+				log.reconciles[it.Key] = append(log.reconciles[it.Key], reconcileRec{seq: seq, sources: it.Value.Sources, replica: r.idx})
 				log.mu.Unlock()
 				time.Sleep(time.Duration(wrng.IntN(1000)) * time.Microsecond) // the reconcile's work
 				q.Done(it.Key)
@@ -547,7 +546,7 @@ func testFlipOverNATS(t *testing.T, pause bool) {
 	var relists, triggered int
 	for _, recs := range log.reconciles {
 		for _, rc := range recs {
-			if rc.source == opkit.Operator {
+			if rc.sources.Has(opkit.Operator) {
 				triggered++
 			} else {
 				relists++
@@ -631,12 +630,16 @@ func testFlipOverNATS(t *testing.T, pause bool) {
 // seq (a trigger-sourced one if triggerOnly).
 func reconciledAfter(recs []reconcileRec, seq int64, triggerOnly bool) bool {
 	return slices.ContainsFunc(recs, func(r reconcileRec) bool {
-		return r.seq > seq && (!triggerOnly || r.source == opkit.Operator)
+		return r.seq > seq && (!triggerOnly || r.sources.Has(opkit.Operator))
 	})
 }
 
 func (r reconcileRec) String() string {
-	return fmt.Sprintf("%d:%s@%d", r.seq, strings.ToLower(r.source.String()[:1]), r.replica)
+	src := "a"
+	if r.sources.Has(opkit.Operator) {
+		src = "o"
+	}
+	return fmt.Sprintf("%d:%s@%d", r.seq, src, r.replica)
 }
 
 // readDeadLetters returns every message of the dead-letter stream.

@@ -315,7 +315,6 @@ func Assemble(o Options, d Deps) (*Operator, error) {
 	// with the leader's identity.
 	hcfg := trigger.HandlerConfig[*demov1.DemoEntity]{
 		Trigger:          trig,
-		Dynamic:          dyn,
 		InsecureSkipAuth: o.InsecureSkipTriggerAuth,
 		Leader:           leaderOf,
 		Metrics:          m.Handler(),
@@ -360,7 +359,6 @@ func Assemble(o Options, d Deps) (*Operator, error) {
 		op.Consumer, err = trigger.NewConsumer(trigger.ConsumerConfig[*demov1.DemoEntity]{
 			Broker:      d.Broker,
 			Trigger:     trig,
-			Dynamic:     dyn,
 			Concurrency: 4,
 			LagInterval: 5 * time.Second,
 			Metrics:     m.Consumer(),

@@ -31,7 +31,7 @@ func ExampleNew() {
 	fmt.Println(h.ReconcileKey(ctx, r, key).Writes())
 
 	req := h.Request(key, opkit.Modified)
-	req.Source, req.Reason = opkit.Operator, "deployed build 42"
+	req.Sources, req.Reasons = opkit.Sources(opkit.Operator), []string{"deployed build 42"}
 	fmt.Println(h.Reconcile(ctx, r, req).Writes())
 	lt := h.Get(key).Status.LastTrigger
 	fmt.Println(lt.Source, lt.Reason)

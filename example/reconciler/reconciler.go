@@ -27,6 +27,7 @@ import (
 	"log/slog"
 	"maps"
 	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -155,14 +156,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request[*demov
 		o.Status.ConfigMap = ConfigMapName(o.Name)
 		// Anything worth reporting? A converged entity seen again through
 		// the watch writes nothing.
-		if !(condChanged || cmWritten || req.Source == opkit.Operator ||
+		triggered := req.Sources.Has(opkit.Operator)
+		if !(condChanged || cmWritten || triggered ||
 			o.Status.ObservedGeneration != o.Generation || o.Status.LastTrigger == nil) {
 			return nil
 		}
 		at := metav1.NewMicroTime(now)
 		o.Status.LastReconciled = &at
 		o.Status.ReconciledBy = r.identity
-		o.Status.LastTrigger = &demov1.LastTrigger{Source: req.Source.String(), Reason: reasonOf(req), At: at}
+		o.Status.LastTrigger = &demov1.LastTrigger{Source: sourceOf(req), Reason: reasonOf(req), At: at}
 		return nil
 	})
 	if err != nil {
@@ -175,10 +177,19 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request[*demov
 	return reconcile.Done(), nil
 }
 
-// reasonOf is the trigger's reason, or the watch event's type.
+// sourceOf is "Operator" when a trigger asked for the reconcile, else
+// "APIServer" (the watch, or a retry of the controller's own).
+func sourceOf(req reconcile.Request[*demov1.DemoEntity]) string {
+	if req.Sources.Has(opkit.Operator) {
+		return opkit.Operator.String()
+	}
+	return opkit.APIServer.String()
+}
+
+// reasonOf is the triggers' reasons, or the request's type.
 func reasonOf(req reconcile.Request[*demov1.DemoEntity]) string {
-	if req.Source == opkit.Operator {
-		return req.Reason
+	if req.Sources.Has(opkit.Operator) {
+		return strings.Join(req.Reasons, "; ")
 	}
 	return req.Type.String()
 }

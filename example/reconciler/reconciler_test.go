@@ -192,7 +192,7 @@ func TestTriggerReasonLandsInStatus(t *testing.T) {
 	f.h.ReconcileKey(context.Background(), f.r, key)
 	f.now = t0.Add(time.Hour)
 	req := f.h.Request(key, opkit.Modified)
-	req.Source, req.Reason = opkit.Operator, "deployed build 42"
+	req.Sources, req.Reasons = opkit.Sources(opkit.Operator), []string{"deployed build 42"}
 	c := f.h.Reconcile(context.Background(), f.r, req)
 	if c.Err != nil {
 		t.Fatal(c.Err)
@@ -239,7 +239,7 @@ func TestFinalizerDeletesConfigMapAndRecordsEvent(t *testing.T) {
 		t.Fatalf("events = %q, want [%q]", evs, want)
 	}
 	// The Deleted event that follows needs nothing.
-	del := reconcile.Request[*demov1.DemoEntity]{Key: key, Object: entity("hi", 3), Type: opkit.Deleted, Source: opkit.APIServer}
+	del := reconcile.Request[*demov1.DemoEntity]{Key: key, Object: entity("hi", 3), Type: opkit.Deleted, Sources: opkit.Sources(opkit.APIServer)}
 	if c := f.h.Reconcile(context.Background(), f.r, del); c.Err != nil || len(c.Actions) != 0 {
 		t.Errorf("Deleted request: err %v, calls %d; want none", c.Err, len(c.Actions))
 	}

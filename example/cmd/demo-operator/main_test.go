@@ -134,7 +134,7 @@ func TestTriggerFlags(t *testing.T) {
 // The trigger command delivers any reason it accepts to the endpoint as
 // given: within the handler's default body limit, not HTML-escaped.
 func TestTriggerViaHTTPDeliversTheReasonAsGiven(t *testing.T) {
-	q := queue.New[opkit.Key](queue.Config[opkit.Event[*corev1.ConfigMap]]{})
+	q := queue.New[opkit.Key](queue.Config[opkit.Cause[*corev1.ConfigMap]]{Merge: (*opkit.Cause[*corev1.ConfigMap]).Merge})
 	h := configMapHandler(t, q, 0)
 	srv := httptest.NewServer(h)
 	defer srv.Close()
@@ -144,8 +144,8 @@ func TestTriggerViaHTTPDeliversTheReasonAsGiven(t *testing.T) {
 			t.Fatalf("--reason of %d bytes: exit %d: %s", len(reason), code, stderr.String())
 		}
 		it, err := q.Get(t.Context())
-		if err != nil || it.Value.Reason != reason {
-			t.Fatalf("queued reason of %d bytes (%v), want the %d given", len(it.Value.Reason), err, len(reason))
+		if err != nil || len(it.Value.Reasons) != 1 || it.Value.Reasons[0] != reason {
+			t.Fatalf("queued reasons %q (%v), want the %d bytes given", it.Value.Reasons, err, len(reason))
 		}
 		q.Done(it.Key)
 	}
@@ -154,7 +154,7 @@ func TestTriggerViaHTTPDeliversTheReasonAsGiven(t *testing.T) {
 // Behind a Service the trigger may reach a follower (503, not the leader):
 // the CLI retries after the Retry-After it was sent, until --timeout.
 func TestTriggerViaHTTPRetriesA503(t *testing.T) {
-	q := queue.New[opkit.Key](queue.Config[opkit.Event[*corev1.ConfigMap]]{})
+	q := queue.New[opkit.Key](queue.Config[opkit.Cause[*corev1.ConfigMap]]{Merge: (*opkit.Cause[*corev1.ConfigMap]).Merge})
 	q.Suspend() // a follower, until the first answer
 	h := configMapHandler(t, q, time.Second)
 	var codes []int
@@ -189,7 +189,7 @@ func TestTriggerViaHTTPRetriesA503(t *testing.T) {
 
 // configMapHandler is an unauthenticated trigger endpoint for ConfigMaps
 // (ns/a exists) feeding q, with the given RetryAfter (0: the default).
-func configMapHandler(t *testing.T, q *queue.Queue[opkit.Key, opkit.Event[*corev1.ConfigMap]], retryAfter time.Duration) http.Handler {
+func configMapHandler(t *testing.T, q *queue.Queue[opkit.Key, opkit.Cause[*corev1.ConfigMap]], retryAfter time.Duration) http.Handler {
 	t.Helper()
 	scheme := runtime.NewScheme()
 	if err := corev1.AddToScheme(scheme); err != nil {
@@ -197,11 +197,11 @@ func configMapHandler(t *testing.T, q *queue.Queue[opkit.Key, opkit.Event[*corev
 	}
 	dyn := dynfake.NewSimpleDynamicClient(scheme, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "a"}})
 	res := opkit.Resource{GroupVersionResource: schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, Kind: "ConfigMap", Namespaced: true}
-	tr, err := trigger.New(trigger.Config[*corev1.ConfigMap]{Queue: q, Resource: res})
+	tr, err := trigger.New(trigger.Config[*corev1.ConfigMap]{Queue: q, Resource: res, Dynamic: dyn})
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: tr, Dynamic: dyn, InsecureSkipAuth: true, RetryAfter: retryAfter})
+	h, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: tr, InsecureSkipAuth: true, RetryAfter: retryAfter})
 	if err != nil {
 		t.Fatal(err)
 	}
