@@ -90,10 +90,4 @@ type Item[K comparable, V any] struct {
 	Value V
 	// Priority is the highest priority merged into the entry.
 	Priority int
-	// Enqueued is when the entry (the earliest add merged into it) was
-	// accepted; Due is when it became due. Both come from the queue's clock,
-	// and both are the zero time unless the queue was created with
-	// Config.Timestamps or Config.Metrics.
-	Enqueued time.Time
-	Due      time.Time
 }

@@ -13,10 +13,10 @@
 //
 //   - Keyed, deduplicated, order-free. A key holds at most one pending
 //     entry. An add for a pending key merges into it as a join: the
-//     earliest due time, the highest priority, the earliest add time (as
-//     Enqueued), and the payloads joined by [Config.Merge]. The same adds
-//     in any order give the same entry. An add returns Queued for a key
-//     the queue held nothing for, Merged otherwise.
+//     earliest due time, the highest priority, and the payloads joined by
+//     [Config.Merge]. The same adds in any order give the same entry. An
+//     add returns Queued for a key the queue held nothing for, Merged
+//     otherwise.
 //   - Exclusive while in flight. A key handed out by Get is not handed out
 //     again until Done(key). Adds for it meanwhile are merged into one
 //     parked entry, which becomes pending at Done.
@@ -73,12 +73,10 @@
 //
 // Clock reads are the other cost that counts (one costs about a quarter
 // of an add/get/done cycle on a VM). A delayed add reads the clock once
-// for its due time. An add without delay reads it only with
-// [Config.Timestamps] (for Item.Enqueued and Item.Due), and even then not
-// when it merges into an entry that is already due. With Metrics set
-// (which implies timestamps), Get and Done read it once more each, for
-// the queue latency and the work duration. Without timestamps a slot is
-// also 8 bytes smaller.
+// for its due time; an add without delay reads none. With Metrics set an
+// add reads it too (unless it merges into an entry already due), and Get
+// and Done read it once more each, for the queue latency and the work
+// duration; without Metrics a slot is also 8 bytes smaller.
 //
 // # Concurrency
 //

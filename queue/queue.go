@@ -9,7 +9,7 @@ import (
 )
 
 // Config configures a [Queue]. The zero value is valid and means defaults:
-// the payload of a key's first add stays, no metrics, no timestamps.
+// the payload of a key's first add stays, no metrics.
 type Config[V any] struct {
 	// Merge joins the payload of an add into the payload held for its key
 	// (pending, or parked behind an in-flight entry), in place. It must be
@@ -23,16 +23,8 @@ type Config[V any] struct {
 	Merge func(held *V, incoming V)
 
 	// Metrics receives the queue's measurements. nil means none, at no cost
-	// on the hot path. Metrics implies Timestamps.
+	// on the hot path: no call, and no clock read for them.
 	Metrics Metrics
-
-	// Timestamps makes Get fill Item.Enqueued and Item.Due. Without it
-	// (the default, unless Metrics is set) both are the zero time.Time and
-	// an add without delay reads no clock; a delayed add reads it either
-	// way, as its due time depends on it. On a VM a clock read can cost
-	// about a quarter of an add/get/done cycle, so only callers that look
-	// at the times should pay for them.
-	Timestamps bool
 }
 
 // entry states.
@@ -97,12 +89,12 @@ type Queue[K comparable, V any] struct {
 	mu      sync.Mutex
 	merge   func(held *V, incoming V)
 	metrics Metrics
-	stamps  bool // Config.Timestamps or Metrics: adds read the clock
+	stamps  bool // with Metrics: adds read the clock, for the queue latency
 	epoch   time.Time
 
 	ix     keyIndex // key -> its entry (the one in flight, if any)
 	pages  [][]slot[K, V]
-	enqs   [][]int64 // add times, parallel to pages, only with timestamps
+	enqs   [][]int64 // add times, parallel to pages, only with Metrics
 	nslots int32     // slots handed out by alloc so far (free ones included)
 	free   []int32
 
@@ -153,7 +145,7 @@ func New[K comparable, V any](cfg Config[V]) *Queue[K, V] {
 	return &Queue[K, V]{
 		merge:   cfg.Merge,
 		metrics: cfg.Metrics,
-		stamps:  cfg.Timestamps || cfg.Metrics != nil,
+		stamps:  cfg.Metrics != nil,
 		epoch:   time.Now(),
 		ix:      newKeyIndex(),
 	}
@@ -187,7 +179,7 @@ func dueAt(now int64, delay time.Duration) int64 {
 	return math.MaxInt64
 }
 
-// addTime is the add time of an entry due now: the clock with timestamps,
+// addTime is the add time of an entry due now: the clock with Metrics,
 // else the last clock reading, which is no later than now (so the entry
 // is due) and keeps due times in order; it is never reported.
 func (q *Queue[K, V]) addTime() int64 {
@@ -197,7 +189,6 @@ func (q *Queue[K, V]) addTime() int64 {
 	return q.lastNow
 }
 
-func (q *Queue[K, V]) at(t int64) time.Time { return q.epoch.Add(time.Duration(t)) }
 
 func clamp32(v int) int32 {
 	if v > math.MaxInt32 {
@@ -237,7 +228,7 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 	}
 	// The clock is read only when needed: a merge into a due entry, the
 	// common case of a burst of events for one object, needs no time, and
-	// without timestamps neither does a new entry due now (see addTime).
+	// without Metrics neither does a new entry due now (see addTime).
 	var now int64
 	haveNow := false
 	if opts.Delay > 0 {
@@ -411,7 +402,7 @@ func (q *Queue[K, V]) mergeInto(t int32, value V, delay time.Duration, prio int3
 func (q *Queue[K, V]) sl(i int32) *slot[K, V] { return &q.pages[i>>pageBits][i&(pageSize-1)] }
 
 // enq returns the add time of slot i: when the earliest add merged into
-// its entry was accepted. It exists only with timestamps.
+// its entry was accepted. It exists only with Metrics.
 func (q *Queue[K, V]) enq(i int32) *int64 { return &q.enqs[i>>pageBits][i&(pageSize-1)] }
 
 // alloc returns a free slot index, growing the slab by a page if needed.
@@ -602,21 +593,12 @@ func (q *Queue[K, V]) take(now int64, it *Item[K, V]) {
 				continue
 			}
 			it.Key, it.Value, it.Priority = s.key, s.val, int(s.prio)
-			var enq int64
-			if q.stamps {
-				enq = *q.enq(e.idx)
-				it.Enqueued = q.at(enq)
-				it.Due = it.Enqueued
-				if s.due != enq {
-					it.Due = q.at(s.due)
-				}
-			}
 			q.nReady--
 			s.setState(stInFlight)
 			q.inflight = append(q.inflight, flight[K]{s.key, e.idx})
 			if m := q.metrics; m != nil {
 				m.Depth(int(s.prio), -1)
-				m.Waited(int(s.prio), time.Duration(now-enq))
+				m.Waited(int(s.prio), time.Duration(now-*q.enq(e.idx)))
 				s.due = now
 			}
 			return

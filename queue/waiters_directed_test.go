@@ -15,7 +15,7 @@ import (
 func TestAGetAtLeastCancelledAsItsTimerFiresLeavesTheGetItsEntry(t *testing.T) {
 	for range 50 {
 		synctest.Test(t, func(t *testing.T) {
-			q := newQ(t, queue.Config[int]{Timestamps: true})
+			q := newQ(t, queue.Config[int]{})
 			ctx, cancel := context.WithCancel(context.Background())
 			r := getter(ctx, q, ptr(urgent)) // owner
 			p := getter(context.Background(), q, nil)
@@ -43,7 +43,7 @@ func TestAGetAtLeastCancelledAsItsTimerFiresLeavesTheGetItsEntry(t *testing.T) {
 func TestAGetCancelledAsItsTimerFiresLeavesTheGetAtLeastItsLaterEntry(t *testing.T) {
 	for range 50 {
 		synctest.Test(t, func(t *testing.T) {
-			q := newQ(t, queue.Config[int]{Timestamps: true})
+			q := newQ(t, queue.Config[int]{})
 			ctx, cancel := context.WithCancel(context.Background())
 			p := getter(ctx, q, nil) // owner
 			r := getter(context.Background(), q, ptr(urgent))

@@ -57,17 +57,9 @@ type Opkit struct {
 	ctx context.Context
 }
 
-// NewOpkit returns opkit's queue with the given metrics (nil: none) and
-// without timestamps (as client-go's queue, it then reports no enqueue or
-// due time; metrics imply timestamps).
+// NewOpkit returns opkit's queue with the given metrics (nil: none).
 func NewOpkit(m queue.Metrics) *Opkit {
 	return &Opkit{Q: queue.New[int, *payload](queue.Config[*payload]{Metrics: m}), ctx: context.Background()}
-}
-
-// NewOpkitTimestamps returns opkit's queue configured as reconcile's
-// controller uses it: Item.Enqueued and Item.Due filled, no metrics.
-func NewOpkitTimestamps() *Opkit {
-	return &Opkit{Q: queue.New[int, *payload](queue.Config[*payload]{Timestamps: true}), ctx: context.Background()}
 }
 
 func (o *Opkit) Add(key, priority int, delay time.Duration) {

@@ -49,7 +49,6 @@ func BenchmarkW1LockFloor(b *testing.B) {
 func BenchmarkW1Metrics(b *testing.B) {
 	for _, n := range []int{1, 100_000} {
 		b.Run(fmt.Sprintf("keys=%d/nil", n), func(b *testing.B) { cycle(b, NewOpkit(nil), n) })
-		b.Run(fmt.Sprintf("keys=%d/timestamps", n), func(b *testing.B) { cycle(b, NewOpkitTimestamps(), n) })
 		b.Run(fmt.Sprintf("keys=%d/counting", n), func(b *testing.B) { cycle(b, NewOpkit(&CountingMetrics{}), n) })
 	}
 }
