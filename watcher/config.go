@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"k8s.io/client-go/dynamic"
@@ -44,29 +45,6 @@ const (
 	// DefaultMaxDeletesPerKey is how many unsettled deletes one key may
 	// hold when Config.MaxDeletesPerKey is zero.
 	DefaultMaxDeletesPerKey = 16
-)
-
-// WatchListMode selects how a (re)list is done.
-type WatchListMode uint8
-
-const (
-	// WatchListAuto (the zero value) tries a streaming WatchList first and
-	// falls back to a paginated list when the server refuses it: 400, 405,
-	// 406, 415 or 422, on the request or as an error event before the end
-	// of the initial events; an initial-events phase that does not finish
-	// within IdleTimeout, however many events keep coming, as with a
-	// server that ignores sendInitialEvents and streams on; or three
-	// streams in a row that end (or fail) before their end marker, as
-	// behind a proxy that cuts long streams (these count as failures and
-	// are backed off). A 403 is a permission error, retried slowly like
-	// any other, see the package doc. Changes (Modified, Deleted) before
-	// the end of the initial events are taken as they come: some servers
-	// send the end marker late. A fallback turns WatchList off for the
-	// rest of the Run. Clients that declare they cannot serve WatchList
-	// semantics (client-go's fakes) are listed directly.
-	WatchListAuto WatchListMode = iota
-	// WatchListOff always uses a paginated list.
-	WatchListOff
 )
 
 // Backoff is the retry policy for failed list and watch calls. The zero
@@ -125,9 +103,6 @@ type Config[T opkit.Object] struct {
 	// PageSize is the number of objects per list page; default
 	// DefaultPageSize. Pages of one list come from one consistent snapshot.
 	PageSize int64
-	// WatchList selects streaming WatchList or paginated lists; default
-	// WatchListAuto.
-	WatchList WatchListMode
 
 	// SkipStatusOnly drops Modified changes that leave metadata.generation
 	// unchanged (status-only updates for resources with a status
@@ -205,28 +180,12 @@ type SyncEvent struct {
 	// Reason is ReasonInitial for a Run's first list, otherwise why the
 	// watcher relisted (ReasonExpired).
 	Reason Reason
-	// Streaming is true when the list is a WatchList stream.
-	Streaming bool
 	// Counts of entries emitted (set on SyncFinished): Added, Modified and
-	// Deleted (tombstones, and the deletes a WatchList streams before its
-	// end marker); Unchanged counts listed objects that produced no entry.
+	// Deleted (objects the list found gone); Unchanged counts listed
+	// objects that produced no entry.
 	Added, Modified, Deleted, Unchanged int
 	// ResourceVersion the watch continues from (set on SyncFinished).
 	ResourceVersion string
-}
-
-// settings is a validated Config with defaults applied.
-type settings struct {
-	listPriority int
-	pageSize     int64
-	idle         time.Duration
-	backoff      Backoff
-	metrics      Metrics
-	logger       *slog.Logger
-	labels       []string
-	annotations  []string
-	maxFinal     int
-	perKey       int
 }
 
 // Errors returned by New for an invalid Config.
@@ -235,79 +194,47 @@ var (
 	ErrInvalidConfig = errors.New("watcher: invalid config")
 )
 
-func (c *Config[T]) validate() (settings, error) {
-	bad := func(format string, args ...any) (settings, error) {
-		return settings{}, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
+// withDefaults validates c and returns it with its defaults applied.
+func (c Config[T]) withDefaults() (Config[T], error) {
+	bad := func(format string, args ...any) (Config[T], error) {
+		return c, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
 	}
-	if c.Client == nil {
+	b := &c.Backoff
+	switch err := c.Resource.Validate(); {
+	case c.Client == nil:
 		return bad("Client is nil")
-	}
-	if c.Queue == nil {
+	case c.Queue == nil:
 		return bad("Queue is nil")
-	}
-	if err := c.Resource.Validate(); err != nil {
+	case err != nil:
 		return bad("%v", err)
-	}
-	if !c.Resource.Namespaced && c.Namespace != "" {
+	case !c.Resource.Namespaced && c.Namespace != "":
 		return bad("resource %s is cluster-scoped but Namespace is %q", c.Resource.GroupVersionResource, c.Namespace)
+	case c.PageSize < 0 || c.IdleTimeout < 0 || c.MaxFinalStates < 0 || c.MaxDeletesPerKey < 0:
+		return bad("PageSize, IdleTimeout, MaxFinalStates and MaxDeletesPerKey must not be negative")
+	case b.Base < 0 || b.Cap < 0 || b.Reset < 0 || b.Slow < 0:
+		return bad("Backoff has a negative duration: %+v", *b)
 	}
 	if err := checkPointerToStruct[T](); err != nil {
 		return bad("%v", err)
 	}
-	if c.PageSize < 0 {
-		return bad("PageSize %d is negative", c.PageSize)
-	}
-	if c.IdleTimeout < 0 || c.MaxFinalStates < 0 || c.MaxDeletesPerKey < 0 {
-		return bad("IdleTimeout, MaxFinalStates and MaxDeletesPerKey must not be negative")
-	}
-	if c.WatchList > WatchListOff {
-		return bad("unknown WatchList mode %d", c.WatchList)
-	}
-	b := c.Backoff
-	if b.Base < 0 || b.Cap < 0 || b.Reset < 0 || b.Slow < 0 {
-		return bad("Backoff has a negative duration: %+v", b)
-	}
-	if b.Base == 0 {
-		b.Base = DefaultBackoffBase
-	}
-	if b.Cap == 0 {
-		b.Cap = max(DefaultBackoffCap, b.Base)
-	}
-	if b.Reset == 0 {
-		b.Reset = DefaultBackoffReset
-	}
-	if b.Slow == 0 {
-		b.Slow = DefaultBackoffSlow
-	}
+	b.Base = cmp.Or(b.Base, DefaultBackoffBase)
+	b.Cap = cmp.Or(b.Cap, max(DefaultBackoffCap, b.Base))
+	b.Reset, b.Slow = cmp.Or(b.Reset, DefaultBackoffReset), cmp.Or(b.Slow, DefaultBackoffSlow)
 	if b.Base > b.Cap {
 		return bad("Backoff.Base %v exceeds Backoff.Cap %v", b.Base, b.Cap)
 	}
-	s := settings{
-		listPriority: DefaultListPriority,
-		pageSize:     c.PageSize,
-		idle:         c.IdleTimeout,
-		backoff:      b,
-		metrics:      c.Metrics,
-		logger:       c.Logger,
-		labels:       append([]string(nil), c.WatchLabels...),
-		annotations:  append([]string(nil), c.WatchAnnotations...),
-		maxFinal:     cmp.Or(c.MaxFinalStates, DefaultMaxFinalStates),
-		perKey:       cmp.Or(c.MaxDeletesPerKey, DefaultMaxDeletesPerKey),
+	if c.ListPriority == nil {
+		c.ListPriority = new(DefaultListPriority)
 	}
-	if c.ListPriority != nil {
-		s.listPriority = *c.ListPriority
+	c.PageSize, c.IdleTimeout = cmp.Or(c.PageSize, DefaultPageSize), cmp.Or(c.IdleTimeout, DefaultIdleTimeout)
+	c.MaxFinalStates = cmp.Or(c.MaxFinalStates, DefaultMaxFinalStates)
+	c.MaxDeletesPerKey = cmp.Or(c.MaxDeletesPerKey, DefaultMaxDeletesPerKey)
+	c.WatchLabels, c.WatchAnnotations = slices.Clone(c.WatchLabels), slices.Clone(c.WatchAnnotations)
+	if c.Metrics == nil {
+		c.Metrics = nopMetrics{}
 	}
-	if s.pageSize == 0 {
-		s.pageSize = DefaultPageSize
+	if c.Logger == nil {
+		c.Logger = slog.Default()
 	}
-	if s.idle == 0 {
-		s.idle = DefaultIdleTimeout
-	}
-	if s.metrics == nil {
-		s.metrics = nopMetrics{}
-	}
-	if s.logger == nil {
-		s.logger = slog.Default()
-	}
-	return s, nil
+	return c, nil
 }

@@ -43,11 +43,8 @@
 //     state (and of the labels and annotations named in
 //     [Config.WatchLabels] and [Config.WatchAnnotations]); never the
 //     object. Only a delete keeps its final state, until it is settled.
-//   - Where the server supports it, the initial sync is a streaming
-//     WatchList (sendInitialEvents=true, resourceVersionMatch=NotOlderThan,
-//     ending at the "k8s.io/initial-events-end" bookmark), falling back to a
-//     paginated list when the server refuses it or its streams keep
-//     ending before their initial events do. See [WatchListMode].
+//   - Lists are paginated ([Config.PageSize] objects per page, from one
+//     consistent snapshot).
 //
 // # Errors
 //

@@ -220,14 +220,13 @@ func (m *metrics) get(f func(*metrics) int) int {
 
 var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
 
-// config returns a Config for widgets with a recorder queue, WatchList off
-// (the fake does not serve it) and a silent logger.
+// config returns a Config for widgets with a recorder queue and a
+// silent logger.
 func config(client *dynfake.FakeDynamicClient, q *recorder) watcher.Config[*Widget] {
 	return watcher.Config[*Widget]{
 		Client:    client,
 		Resource:  widgets,
 		Queue:     q,
-		WatchList: watcher.WatchListOff,
 		Logger:    discard,
 	}
 }

@@ -75,7 +75,6 @@ func TestTheEndOfAListPrunesNamespaces(t *testing.T) {
 			Client:    c,
 			Resource:  opkit.Resource{GroupVersionResource: gvr, Kind: "ConfigMap", Namespaced: true},
 			Queue:     queueFunc{},
-			WatchList: WatchListOff,
 			Logger:    slog.New(slog.DiscardHandler),
 		})
 		if err != nil {

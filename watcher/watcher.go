@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -17,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/util/watchlist"
 
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/internal/typed"
@@ -43,16 +41,13 @@ var (
 // [New]; run it with [Watcher.Run].
 type Watcher[T opkit.Object] struct {
 	cfg Config[T]
-	s   settings
 	log *slog.Logger
 	res dynamic.ResourceInterface
 	// name is the resource as logs and errors show it: "widgets.example.com/v1".
 	name string
 
-	running atomic.Bool
-
 	mu      sync.Mutex // guards active, synced, lastErr
-	active  bool
+	active  bool // a Run is active
 	synced  bool
 	lastErr error
 
@@ -62,29 +57,16 @@ type Watcher[T opkit.Object] struct {
 
 // New validates cfg and returns a Watcher. It starts nothing.
 func New[T opkit.Object](cfg Config[T]) (*Watcher[T], error) {
-	s, err := cfg.validate()
+	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
 	}
 	gvr := cfg.Resource.GroupVersionResource
-	name := gvr.Resource
-	if gvr.Group != "" {
-		name += "." + gvr.Group
-	}
-	name += "/" + gvr.Version
-	w := &Watcher[T]{
-		name:  name,
-		cfg:   cfg,
-		s:     s,
-		track: newTracker[T](),
-		log: s.logger.With("resource", name,
-			"namespace", cfg.Namespace),
-	}
-	r := cfg.Client.Resource(cfg.Resource.GroupVersionResource)
+	name := gvr.GroupResource().String() + "/" + gvr.Version
+	w := &Watcher[T]{name: name, cfg: cfg, track: newTracker[T](), log: cfg.Logger.With("resource", name, "namespace", cfg.Namespace)}
+	w.res = cfg.Client.Resource(gvr)
 	if cfg.Resource.Namespaced && cfg.Namespace != "" {
-		w.res = r.Namespace(cfg.Namespace)
-	} else {
-		w.res = r
+		w.res = cfg.Client.Resource(gvr).Namespace(cfg.Namespace)
 	}
 	return w, nil
 }
@@ -130,34 +112,15 @@ func (w *Watcher[T]) Check() error {
 	switch {
 	case !w.active:
 		return ErrNotRunning
-	case !w.synced && w.lastErr == nil:
+	case w.lastErr == nil && !w.synced:
 		return ErrNotSynced
-	case w.lastErr != nil:
-		return &healthError{synced: w.synced, cause: w.lastErr}
+	case w.lastErr == nil:
+		return nil
+	case !w.synced:
+		return fmt.Errorf("%w, %w: %w", ErrNotSynced, ErrDisconnected, w.lastErr)
 	}
-	return nil
+	return fmt.Errorf("%w: %w", ErrDisconnected, w.lastErr)
 }
-
-// healthError is Check's answer while the latest call failed: it is
-// ErrDisconnected (and ErrNotSynced before the first list) and unwraps to
-// the call's error.
-type healthError struct {
-	synced bool
-	cause  error
-}
-
-func (e *healthError) Error() string {
-	if e.synced {
-		return "watcher: not connected: " + e.cause.Error()
-	}
-	return "watcher: not synced, not connected: " + e.cause.Error()
-}
-
-func (e *healthError) Is(target error) bool {
-	return target == ErrDisconnected || (!e.synced && target == ErrNotSynced)
-}
-
-func (e *healthError) Unwrap() error { return e.cause }
 
 func (w *Watcher[T]) setErr(err error) {
 	w.mu.Lock()
@@ -178,11 +141,11 @@ func (w *Watcher[T]) setSynced() {
 // A Watcher may be Run again after Run returns: each Run starts with a full
 // list (see the package documentation).
 func (w *Watcher[T]) Run(ctx context.Context) error {
-	if !w.running.CompareAndSwap(false, true) {
+	w.mu.Lock()
+	if w.active {
+		w.mu.Unlock()
 		return ErrAlreadyRunning
 	}
-	defer w.running.Store(false)
-	w.mu.Lock()
 	w.active, w.synced, w.lastErr = true, false, nil
 	w.mu.Unlock()
 	defer func() {
@@ -191,31 +154,17 @@ func (w *Watcher[T]) Run(ctx context.Context) error {
 		w.mu.Unlock()
 	}()
 
-	r := &run[T]{
-		w:         w,
-		watchList: w.cfg.WatchList == WatchListAuto && !watchlist.DoesClientNotSupportWatchListSemantics(w.cfg.Client),
-	}
+	r := &run[T]{w: w}
 	r.loop(ctx)
 	return nil
 }
 
 // run is the state of one Run; it lives on Run's goroutine.
 type run[T opkit.Object] struct {
-	w         *Watcher[T]
-	watchList bool // try WatchList for the next (re)list
-	failures  int  // consecutive failed calls, for backoff
-	listed    bool // a list of this Run has completed (finishList): later ones are relists
-	// unfinished counts the WatchList streams in a row that ended before
-	// their end marker; at maxUnfinished the Run lists by pages instead.
-	unfinished int
+	w        *Watcher[T]
+	failures int  // consecutive failed calls, for backoff
+	listed   bool // a list of this Run has completed: later ones are relists
 }
-
-// maxUnfinished is how many WatchList streams in a row may end before
-// their end marker (closed, expired or failed, for whatever reason: a
-// proxy that cuts long streams, a server that cannot finish them) before
-// the Run gives up on WatchList and lists by pages, as it does at once when
-// the server refuses WatchList.
-const maxUnfinished = 3
 
 // outcome is how a watch (or a list) ended.
 type outcome struct {
@@ -233,30 +182,19 @@ func (r *run[T]) loop(ctx context.Context) {
 	for ctx.Err() == nil {
 		if needList {
 			// The Run's first list is the initial one until a list has
-			// completed, also one that completed inside a WatchList stream
-			// that expired afterwards: what follows is a relist.
-			initial := !r.listed
-			if !initial && listReason == ReasonInitial {
+			// completed: what follows is a relist.
+			if r.listed && listReason == ReasonInitial {
 				listReason = ReasonExpired
 			}
-			w.s.metrics.Relist(listReason)
-			var (
-				newRV string
-				out   outcome
-				ok    bool
-			)
-			if r.watchList {
-				newRV, ok, out = r.streamList(ctx, initial, listReason)
-			} else {
-				newRV, ok, out = r.pagedList(ctx, initial, listReason)
-			}
+			w.cfg.Metrics.Relist(listReason)
+			newRV, ok, out := r.list(ctx, !r.listed, listReason)
 			if !ok {
 				if ctx.Err() != nil {
 					return
 				}
 				if out.reason == ReasonExpired {
-					// A continue token or the stream's snapshot expired:
-					// list again from a fresh snapshot, no wait.
+					// A continue token expired: list again from a fresh
+					// snapshot, no wait.
 					continue
 				}
 				if !r.wait(ctx, out) {
@@ -265,11 +203,6 @@ func (r *run[T]) loop(ctx context.Context) {
 				continue
 			}
 			rv, needList = newRV, false
-			if r.watchList {
-				// The stream continued as a watch after its end bookmark and
-				// has ended since; resume from where it stopped.
-				continue
-			}
 		}
 
 		started := time.Now()
@@ -289,18 +222,18 @@ func (r *run[T]) loop(ctx context.Context) {
 			continue
 		}
 		w.setErr(nil)
-		out := r.consume(ctx, wi, &rv, nil)
+		out := r.consume(ctx, wi, &rv)
 		if ctx.Err() != nil {
 			return
 		}
-		w.s.metrics.WatchRestart(out.reason)
+		w.cfg.Metrics.WatchRestart(out.reason)
 		short := r.afterWatch(started)
 		switch out.reason {
 		case ReasonExpired:
 			w.log.Info("watch expired; relisting", "resourceVersion", rv)
 			needList, listReason = true, ReasonExpired
 		case ReasonIdle:
-			w.log.Warn("watch idle; restarting", "idleTimeout", w.s.idle, "resourceVersion", rv)
+			w.log.Warn("watch idle; restarting", "idleTimeout", w.cfg.IdleTimeout, "resourceVersion", rv)
 		case ReasonClosed:
 			w.log.Debug("watch closed; resuming", "resourceVersion", rv)
 			// A server that keeps closing watches at once is not hammered.
@@ -322,7 +255,7 @@ func (r *run[T]) loop(ctx context.Context) {
 // afterWatch forgets past failures once a watch stayed open for Reset. It
 // reports whether the watch was short-lived.
 func (r *run[T]) afterWatch(started time.Time) (short bool) {
-	if time.Since(started) >= r.w.s.backoff.Reset {
+	if time.Since(started) >= r.w.cfg.Backoff.Reset {
 		r.failures = 0
 		return false
 	}
@@ -357,14 +290,14 @@ func (r *run[T]) failure(call string, err error) outcome {
 	w := r.w
 	reason := classify(err)
 	if reason == ReasonExpired {
-		w.s.metrics.Error(reason)
+		w.cfg.Metrics.Error(reason)
 		w.log.Info(call+" expired; relisting", "err", err)
 		return outcome{reason: reason, err: err}
 	}
 	r.failures++
 	wrapped := fmt.Errorf("%s %s: %w", call, w.name, err)
 	w.setErr(wrapped)
-	w.s.metrics.Error(reason)
+	w.cfg.Metrics.Error(reason)
 	switch reason {
 	case ReasonForbidden:
 		w.log.Error("permission denied: the identity needs list and watch on the resource; retrying slowly", "call", call, "err", err)
@@ -392,7 +325,7 @@ func classify(err error) Reason {
 
 // wait sleeps before the next attempt after a failure; false if ctx ended.
 func (r *run[T]) wait(ctx context.Context, out outcome) bool {
-	b := r.w.s.backoff
+	b := r.w.cfg.Backoff
 	d := b.delay(r.failures)
 	switch out.reason {
 	case ReasonForbidden, ReasonNotFound:
@@ -416,21 +349,7 @@ func (r *run[T]) wait(ctx context.Context, out outcome) bool {
 type listing struct {
 	initial bool
 	reason  Reason
-	stream  bool
 	ev      SyncEvent
-}
-
-func (r *run[T]) beginList(initial bool, reason Reason, stream bool) *listing {
-	t := r.w.track
-	t.epoch++
-	l := &listing{initial: initial, reason: reason, stream: stream}
-	l.ev = SyncEvent{Initial: initial, Reason: reason, Streaming: stream}
-	if f := r.w.cfg.OnSync; f != nil {
-		ev := l.ev
-		ev.Phase = SyncStarted
-		f(ev)
-	}
-	return l
 }
 
 // finishList records the delete of every object the list did not see
@@ -441,20 +360,20 @@ func (r *run[T]) finishList(l *listing, rv string) {
 	w := r.w
 	r.listed = true
 	for _, v := range w.track.vanished() {
-		w.gone(v.key, v.uid, v.rv, *new(T), w.s.listPriority)
+		w.gone(v.key, v.uid, v.rv, *new(T), *w.cfg.ListPriority)
 		l.ev.Deleted++
 	}
 	if l.initial {
 		for _, k := range w.track.ledgerKeys() {
-			w.emit(k, opkit.Cause[T]{Sources: opkit.Sources(opkit.APIServer)}, opkit.Deleted, w.s.listPriority)
+			w.emit(k, opkit.Cause[T]{Sources: opkit.Sources(opkit.APIServer)}, opkit.Deleted, *w.cfg.ListPriority)
 		}
 	}
-	w.s.metrics.Tracked(w.track.count())
+	w.cfg.Metrics.Tracked(w.track.count())
 	w.track.pruneNamespaces()
 	w.setErr(nil)
 	w.setSynced()
 	l.ev.Phase, l.ev.ResourceVersion = SyncFinished, rv
-	w.log.Info("list done", "initial", l.initial, "reason", l.reason, "streaming", l.stream,
+	w.log.Info("list done", "initial", l.initial, "reason", l.reason,
 		"added", l.ev.Added, "modified", l.ev.Modified, "deleted", l.ev.Deleted,
 		"unchanged", l.ev.Unchanged, "resourceVersion", rv)
 	if f := w.cfg.OnSync; f != nil {
@@ -462,14 +381,20 @@ func (r *run[T]) finishList(l *listing, rv string) {
 	}
 }
 
-// pagedList lists the resource page by page from one snapshot.
-func (r *run[T]) pagedList(ctx context.Context, initial bool, reason Reason) (string, bool, outcome) {
+// list lists the resource page by page from one snapshot.
+func (r *run[T]) list(ctx context.Context, initial bool, reason Reason) (string, bool, outcome) {
 	w := r.w
-	l := r.beginList(initial, reason, false)
+	w.track.epoch++
+	l := &listing{initial: initial, reason: reason, ev: SyncEvent{Initial: initial, Reason: reason}}
+	if f := w.cfg.OnSync; f != nil {
+		ev := l.ev
+		ev.Phase = SyncStarted
+		f(ev)
+	}
 	opts := metav1.ListOptions{
 		LabelSelector: w.cfg.LabelSelector,
 		FieldSelector: w.cfg.FieldSelector,
-		Limit:         w.s.pageSize,
+		Limit:         w.cfg.PageSize,
 	}
 	for {
 		page, err := w.res.List(ctx, opts)
@@ -491,182 +416,46 @@ func (r *run[T]) pagedList(ctx context.Context, initial bool, reason Reason) (st
 	}
 }
 
-// streamList runs a WatchList: the initial objects arrive as Added events,
-// a bookmark marks their end, and the stream then goes on as an ordinary
-// watch, which streamList consumes until it ends. ok reports whether the
-// initial phase completed; rv is where to resume.
-func (r *run[T]) streamList(ctx context.Context, initial bool, reason Reason) (rv string, ok bool, out outcome) {
-	w := r.w
-	send := true
-	opts := r.watchOptions("")
-	// The server must not end the stream before its initial phase's own
-	// deadline (IdleTimeout, see consume): a stream it ends first is
-	// retried as a WatchList, so with an IdleTimeout above the watch
-	// timeout a server that never sends the end marker would be streamed
-	// from again and again, never falling back.
-	if least := int64((w.s.idle + time.Minute) / time.Second); *opts.TimeoutSeconds < least {
-		opts.TimeoutSeconds = &least
-	}
-	opts.SendInitialEvents = &send
-	opts.ResourceVersionMatch = metav1.ResourceVersionMatchNotOlderThan
-	started := time.Now()
-	wi, err := w.res.Watch(ctx, opts)
-	if err != nil {
-		if ctx.Err() != nil {
-			return "", false, outcome{}
-		}
-		if refusesWatchList(err) {
-			w.log.Info("server refused WatchList; using paginated lists", "err", err)
-			r.watchList = false
-			return r.pagedList(ctx, initial, reason)
-		}
-		return "", false, r.failure("list (WatchList)", err)
-	}
-	w.setErr(nil)
-	l := r.beginList(initial, reason, true)
-	out = r.consume(ctx, wi, &rv, l)
-	if ctx.Err() != nil {
-		return "", false, outcome{}
-	}
-	if l.ev.Phase != SyncFinished {
-		// The stream ended before the end bookmark.
-		if out.reason == ReasonIdle {
-			w.log.Warn("WatchList did not finish its initial events; using paginated lists", "idleTimeout", w.s.idle)
-			r.watchList = false
-			return "", false, outcome{reason: ReasonExpired} // relist at once
-		}
-		if out.err != nil && refusesWatchList(out.err) {
-			w.log.Info("server refused WatchList; using paginated lists", "err", out.err)
-			r.watchList = false
-			return "", false, outcome{reason: ReasonExpired}
-		}
-		r.unfinished++
-		if r.unfinished >= maxUnfinished {
-			w.log.Warn("WatchList streams keep ending before their initial events; using paginated lists", "streams", r.unfinished)
-			r.watchList = false
-		}
-		if out.reason == ReasonClosed || out.reason == ReasonExpired {
-			r.failures++
-			w.setErr(fmt.Errorf("list (WatchList) %s: the stream ended before its initial events did", w.name))
-			return "", false, outcome{reason: ReasonError}
-		}
-		return "", false, out
-	}
-	r.unfinished = 0
-	// Synced; the stream then ran as a plain watch and has ended.
-	w.s.metrics.WatchRestart(out.reason)
-	short := r.afterWatch(started)
-	switch out.reason {
-	case ReasonExpired:
-		w.log.Info("watch expired; relisting", "resourceVersion", rv)
-		return "", false, outcome{reason: ReasonExpired}
-	case ReasonIdle:
-		w.log.Warn("watch idle; restarting", "idleTimeout", w.s.idle, "resourceVersion", rv)
-	case ReasonClosed:
-		if short {
-			r.closedEarly(started)
-			r.wait(ctx, out)
-		}
-	default:
-		r.wait(ctx, out)
-	}
-	return rv, true, outcome{}
-}
-
-// refusesWatchList reports whether err means the server does not serve
-// WatchList requests (as opposed to a transient failure).
-func refusesWatchList(err error) bool {
-	return apierrors.IsBadRequest(err) || apierrors.IsInvalid(err) ||
-		apierrors.IsMethodNotSupported(err) || apierrors.IsNotAcceptable(err) ||
-		apierrors.IsUnsupportedMediaType(err)
-}
-
 // consume reads a watch until it ends, the idle timer fires or ctx is
 // cancelled; it stops the watch before returning. rv advances with every
-// event and bookmark. When l is not nil the stream is a WatchList in its
-// initial phase: events count for the list until the end bookmark.
-func (r *run[T]) consume(ctx context.Context, wi watch.Interface, rv *string, l *listing) outcome {
+// event and bookmark.
+func (r *run[T]) consume(ctx context.Context, wi watch.Interface, rv *string) outcome {
 	w := r.w
 	defer wi.Stop()
-	idle := time.NewTimer(w.s.idle)
+	idle := time.NewTimer(w.cfg.IdleTimeout)
 	defer idle.Stop()
-	// A WatchList's initial phase as a whole must end within IdleTimeout;
-	// events that keep coming do not extend it.
-	var initialEnd <-chan time.Time
-	if l != nil {
-		t := time.NewTimer(w.s.idle)
-		defer t.Stop()
-		initialEnd = t.C
-	}
 	for {
 		select {
 		case <-ctx.Done():
 			return outcome{reason: ReasonClosed}
 		case <-idle.C:
 			return outcome{reason: ReasonIdle}
-		case <-initialEnd:
-			return outcome{reason: ReasonIdle}
 		case ev, ok := <-wi.ResultChan():
 			if !ok {
 				return outcome{reason: ReasonClosed}
 			}
-			// During a WatchList's initial phase only objects prove
-			// progress: a server that ignores sendInitialEvents sends
-			// plain bookmarks and never the end marker.
-			if l == nil || ev.Type != watch.Bookmark {
-				idle.Reset(w.s.idle)
-			}
-			w.s.metrics.Observed(time.Now())
-			switch ev.Type {
-			case watch.Added, watch.Modified:
-				u, isU := ev.Object.(*unstructured.Unstructured)
-				if !isU {
-					continue
-				}
-				w.observe(u, l)
-				*rv = u.GetResourceVersion()
-				if l == nil {
-					w.s.metrics.Tracked(w.track.count())
-				}
-			case watch.Deleted:
-				u, isU := ev.Object.(*unstructured.Unstructured)
-				if !isU {
-					continue
-				}
-				if n := w.deleted(u); l != nil {
-					l.ev.Deleted += n
-				}
-				*rv = u.GetResourceVersion()
-			case watch.Bookmark:
-				u, isU := ev.Object.(*unstructured.Unstructured)
-				if !isU {
-					continue
-				}
-				*rv = u.GetResourceVersion()
-				if l != nil && l.ev.Phase != SyncFinished && u.GetAnnotations()[metav1.InitialEventsAnnotationKey] == "true" {
-					initialEnd = nil
-					// The end marker proves the stream alive (the bookmarks
-					// before it did not count): the watch it goes on as
-					// gets a full IdleTimeout from here.
-					idle.Reset(w.s.idle)
-					r.finishList(l, *rv)
-					l.ev.Phase = SyncFinished
-					l = nil
-				}
-			case watch.Error:
+			idle.Reset(w.cfg.IdleTimeout)
+			w.cfg.Metrics.Observed(time.Now())
+			if ev.Type == watch.Error {
 				err := apierrors.FromObject(ev.Object)
 				if classify(err) == ReasonExpired {
-					w.s.metrics.Error(ReasonExpired)
+					w.cfg.Metrics.Error(ReasonExpired)
 					return outcome{reason: ReasonExpired, err: err}
-				}
-				if l != nil && refusesWatchList(err) {
-					// Not a failure (no backoff, no Check error):
-					// streamList falls back to a paginated list at once,
-					// as when the request itself is refused.
-					return outcome{reason: ReasonError, err: err}
 				}
 				return r.failure("watch", err)
 			}
+			u, isU := ev.Object.(*unstructured.Unstructured)
+			if !isU {
+				continue
+			}
+			switch ev.Type {
+			case watch.Added, watch.Modified:
+				w.observe(u, nil)
+				w.cfg.Metrics.Tracked(w.track.count())
+			case watch.Deleted:
+				w.deleted(u)
+			}
+			*rv = u.GetResourceVersion()
 		}
 	}
 }
@@ -676,11 +465,11 @@ func (r *run[T]) consume(ctx context.Context, wi watch.Interface, rv *string, l 
 // watch events.
 func (w *Watcher[T]) observe(u *unstructured.Unstructured, l *listing) {
 	t := w.track
-	m := readMeta(u, w.s.labels, w.s.annotations)
+	m := readMeta(u, w.cfg.WatchLabels, w.cfg.WatchAnnotations)
 	old, known := t.get(m.key)
 	prio := w.cfg.Priority
 	if l != nil {
-		prio = w.s.listPriority
+		prio = *w.cfg.ListPriority
 	}
 	t.back(m.key, m.uid)
 	var typ opkit.Type
@@ -711,7 +500,7 @@ func (w *Watcher[T]) observe(u *unstructured.Unstructured, l *listing) {
 	}
 	obj, err := typed.FromUnstructured[T](u)
 	if err != nil {
-		w.s.metrics.Error(ReasonDecode)
+		w.cfg.Metrics.Error(ReasonDecode)
 		w.log.Error("cannot decode object into the user's type; no entry emitted", "key", m.key.String(), "err", err)
 		return
 	}
@@ -725,25 +514,21 @@ func (w *Watcher[T]) observe(u *unstructured.Unstructured, l *listing) {
 	}
 }
 
-// deleted handles a Deleted watch event and returns how many deletes it
-// recorded, for a list in progress to count.
-func (w *Watcher[T]) deleted(u *unstructured.Unstructured) int {
+// deleted handles a Deleted watch event.
+func (w *Watcher[T]) deleted(u *unstructured.Unstructured) {
 	key := opkit.Key{Namespace: u.GetNamespace(), Name: u.GetName()}
 	uid, rv := string(u.GetUID()), u.GetResourceVersion()
-	n := 1
 	if e, ok := w.track.get(key); ok && e.uid != uid {
 		// The object tracked under the name went without an event.
 		w.gone(key, e.uid, e.rv, *new(T), w.cfg.Priority)
-		n++
 	}
 	obj, err := typed.FromUnstructured[T](u)
 	if err != nil {
-		w.s.metrics.Error(ReasonDecode)
+		w.cfg.Metrics.Error(ReasonDecode)
 		w.log.Error("cannot decode deleted object; recording a tombstone", "key", key.String(), "err", err)
 	}
 	w.gone(key, uid, rv, obj, w.cfg.Priority)
-	w.s.metrics.Tracked(w.track.count())
-	return n
+	w.cfg.Metrics.Tracked(w.track.count())
 }
 
 // gone records the delete of the object key (uid, last resourceVersion
@@ -751,10 +536,10 @@ func (w *Watcher[T]) deleted(u *unstructured.Unstructured) int {
 // the key to the queue. The record is in place before the queue sees the
 // key, so the worker that takes it finds the delete.
 func (w *Watcher[T]) gone(key opkit.Key, uid, rv string, final T, prio int) {
-	if d := w.track.gone(key, uid, rv, final, w.s.maxFinal, w.s.perKey); d != nil {
-		w.s.metrics.Error(ReasonOverflow)
+	if d := w.track.gone(key, uid, rv, final, w.cfg.MaxFinalStates, w.cfg.MaxDeletesPerKey); d != nil {
+		w.cfg.Metrics.Error(ReasonOverflow)
 		w.log.Error("too many unsettled deletes of one name: the oldest is dropped and will not be reconciled",
-			"key", key.String(), "uid", d.uid, "resourceVersion", d.rv, "maxDeletesPerKey", w.s.perKey)
+			"key", key.String(), "uid", d.uid, "resourceVersion", d.rv, "maxDeletesPerKey", w.cfg.MaxDeletesPerKey)
 	}
 	w.emit(key, opkit.Cause[T]{Sources: opkit.Sources(opkit.APIServer)}, opkit.Deleted, prio)
 }
@@ -818,7 +603,7 @@ func (w *Watcher[T]) tombstone(key opkit.Key, uid types.UID, rv string) T {
 // documentation).
 func (w *Watcher[T]) emit(key opkit.Key, c opkit.Cause[T], typ opkit.Type, prio int) queue.Outcome {
 	out := w.cfg.Queue.Add(key, c, queue.AddOptions{Priority: prio})
-	w.s.metrics.Event(typ, out)
+	w.cfg.Metrics.Event(typ, out)
 	if !out.Accepted() {
 		w.log.Debug("queue did not accept the entry", "key", key.String(), "type", typ, "outcome", out)
 	}
