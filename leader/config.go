@@ -1,11 +1,11 @@
 package leader
 
 import (
-	"crypto/rand"
-	"encoding/hex"
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"strings"
 	"time"
@@ -23,11 +23,6 @@ const (
 	DefaultRetryPeriod   = 2 * time.Second
 	DefaultClockSkew     = 1 * time.Second
 )
-
-// retryJitter is the largest fraction taken at random off RetryPeriod
-// between a follower's polls, so that followers started together do not
-// poll together.
-const retryJitter = 0.2
 
 // Errors returned by the package. Use errors.Is to test for them.
 var (
@@ -135,23 +130,16 @@ func (nopGate) Suspend()   {}
 func (nopGate) Resume()    {}
 func (nopGate) Clear() int { return 0 }
 
-var (
-	_ Metrics    = nopMetrics{}
-	_ queue.Gate = nopGate{}
-)
-
 // withDefaults returns cfg with defaults applied, or an error wrapping
 // ErrInvalidConfig.
 func (cfg Config) withDefaults() (Config, error) {
 	invalid := func(format string, args ...any) (Config, error) {
-		return Config{}, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
+		return Config{}, fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
 	}
 	if cfg.Client == nil {
 		return invalid("Client is nil")
 	}
-	if cfg.Namespace == "" || cfg.Name == "" {
-		return invalid("Namespace and Name are required (got %q/%q)", cfg.Namespace, cfg.Name)
-	}
+	// These also reject an empty Namespace or Name.
 	if errs := validation.IsDNS1123Label(cfg.Namespace); len(errs) > 0 {
 		return invalid("Namespace %q: %s", cfg.Namespace, strings.Join(errs, "; "))
 	}
@@ -161,57 +149,29 @@ func (cfg Config) withDefaults() (Config, error) {
 	if cfg.LeaseDuration < 0 || cfg.RenewDeadline < 0 || cfg.RetryPeriod < 0 || cfg.ClockSkew < 0 {
 		return invalid("negative duration")
 	}
-	if cfg.LeaseDuration == 0 {
-		cfg.LeaseDuration = DefaultLeaseDuration
-	}
-	if cfg.RenewDeadline == 0 {
-		cfg.RenewDeadline = DefaultRenewDeadline
-	}
-	if cfg.RetryPeriod == 0 {
-		cfg.RetryPeriod = DefaultRetryPeriod
-	}
-	if cfg.ClockSkew == 0 {
-		cfg.ClockSkew = DefaultClockSkew
-	}
-	if cfg.LeaseDuration < time.Second {
+	cfg.LeaseDuration = cmp.Or(cfg.LeaseDuration, DefaultLeaseDuration)
+	cfg.RenewDeadline = cmp.Or(cfg.RenewDeadline, DefaultRenewDeadline)
+	cfg.RetryPeriod = cmp.Or(cfg.RetryPeriod, DefaultRetryPeriod)
+	cfg.ClockSkew = cmp.Or(cfg.ClockSkew, DefaultClockSkew)
+	switch {
+	case cfg.LeaseDuration < time.Second:
 		return invalid("LeaseDuration %s is less than 1s (the Lease stores whole seconds)", cfg.LeaseDuration)
-	}
-	if cfg.RenewDeadline >= cfg.LeaseDuration {
+	case cfg.RenewDeadline >= cfg.LeaseDuration:
 		return invalid("RenewDeadline %s must be less than LeaseDuration %s", cfg.RenewDeadline, cfg.LeaseDuration)
-	}
-	if cfg.RetryPeriod >= cfg.RenewDeadline {
+	case cfg.RetryPeriod >= cfg.RenewDeadline:
 		return invalid("RetryPeriod %s must be less than RenewDeadline %s", cfg.RetryPeriod, cfg.RenewDeadline)
-	}
-	if cfg.RenewDeadline+cfg.ClockSkew >= cfg.LeaseDuration {
+	case cfg.RenewDeadline+cfg.ClockSkew >= cfg.LeaseDuration:
 		return invalid("ClockSkew %s too large: RenewDeadline %s + ClockSkew must be less than LeaseDuration %s", cfg.ClockSkew, cfg.RenewDeadline, cfg.LeaseDuration)
 	}
 	if cfg.Identity == "" {
-		id, err := defaultIdentity()
+		host, err := os.Hostname()
 		if err != nil {
 			return Config{}, fmt.Errorf("leader: default identity: %w", err)
 		}
-		cfg.Identity = id
+		cfg.Identity = fmt.Sprintf("%s_%08x", host, rand.Uint32())
 	}
-	if cfg.Gate == nil {
-		cfg.Gate = nopGate{}
-	}
-	if cfg.Metrics == nil {
-		cfg.Metrics = nopMetrics{}
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	cfg.Gate = cmp.Or[queue.Gate](cfg.Gate, nopGate{})
+	cfg.Metrics = cmp.Or[Metrics](cfg.Metrics, nopMetrics{})
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	return cfg, nil
-}
-
-func defaultIdentity() (string, error) {
-	host, err := os.Hostname()
-	if err != nil {
-		return "", err
-	}
-	var b [4]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return "", err
-	}
-	return host + "_" + hex.EncodeToString(b[:]), nil
 }

@@ -8,11 +8,10 @@
 // called from it. Run starts and owns helper goroutines: the term's work;
 // while campaigning, one Lease watch and at most one Lease read in flight;
 // while leading, at most one renew request in flight. All have exited when
-// Run returns, except
-// a renew request whose client ignores its context's cancellation (its
-// result is then dropped when it finally returns). The accessors
-// ([Elector.Leader], [Elector.IsLeader], [Elector.Identity],
-// [Elector.Check]) may be called from any goroutine.
+// Run returns, except a renew request whose client ignores its context's
+// cancellation (its result is then dropped when it finally returns). The
+// accessors ([Elector.Leader], [Elector.IsLeader], [Elector.Identity],
+// [Elector.WorkDeadline], [Elector.Check]) may be called from any goroutine.
 //
 // # Guarantees
 //
@@ -23,9 +22,9 @@
 //     runs on its own goroutine and the loop watches the deadline), when
 //     another holder is observed, when work returns (or panics: the panic
 //     becomes Run's error, [ErrWorkPanicked], and the Lease is released as
-//     after a returned error), or when Run's context is cancelled. The end of a term is always, in this order: suspend the
-//     intake, cancel the term's context, clear the queue, wait for work to
-//     return.
+//     after a returned error), or when Run's context is cancelled. The end
+//     of a term is always, in this order: suspend the intake, cancel the
+//     term's context, clear the queue, wait for work to return.
 //   - The term's work must return before LeaseDuration - ClockSkew has
 //     passed since the start of the last successful renew request; followers
 //     never consider the Lease expired before LeaseDuration has passed since

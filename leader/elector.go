@@ -30,6 +30,8 @@ type Elector struct {
 	log    *slog.Logger
 	ran    atomic.Bool
 
+	// The fields below are written only by Run's goroutine, under mu; that
+	// goroutine reads them without it.
 	mu        sync.Mutex
 	holder    string    // last observed holder identity
 	leading   bool      // between Gate.Resume and Gate.Suspend
@@ -103,16 +105,14 @@ func (e *Elector) WorkDeadline() time.Time {
 func (e *Elector) Check() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.overrun {
+	age, refused := time.Since(e.lastRenew), cmp.Or(e.refusedWrite, e.refusedRead)
+	switch {
+	case e.overrun:
 		return ErrWorkOverrun
-	}
-	if err := cmp.Or(e.refusedWrite, e.refusedRead); err != nil && !e.leading {
-		return fmt.Errorf("%w: %w", ErrCannotCampaign, err)
-	}
-	if e.leading {
-		if age := time.Since(e.lastRenew); age > e.cfg.RenewDeadline {
-			return fmt.Errorf("%w: last renewed %s ago", ErrNotRenewed, age.Round(time.Millisecond))
-		}
+	case e.leading && age > e.cfg.RenewDeadline:
+		return fmt.Errorf("%w: last renewed %s ago", ErrNotRenewed, age.Round(time.Millisecond))
+	case !e.leading && refused != nil:
+		return fmt.Errorf("%w: %w", ErrCannotCampaign, refused)
 	}
 	return nil
 }
@@ -159,24 +159,8 @@ func (e *Elector) Run(ctx context.Context, work func(ctx context.Context) error)
 			e.log.Warn("acquisition too slow, not starting a term", "took", time.Since(sent))
 			continue
 		}
-		end := e.lead(ctx, lease, sent, work)
-		switch end.reason {
-		case endShutdown:
-			e.release(ctx, end.lease, end.log)
-			return nil
-		case endWorkReturned:
-			e.release(ctx, end.lease, end.log)
-			if end.err != nil {
-				return fmt.Errorf("leader: term %d work: %w", end.term.Number, end.err)
-			}
-			return nil
-		case endLost:
-			if e.cfg.ExitOnLoss {
-				return fmt.Errorf("%w: term %d: %w", ErrLeadershipLost, end.term.Number, end.err)
-			}
-			if ctx.Err() != nil {
-				return nil
-			}
+		if done, err := e.lead(ctx, lease, sent, work); done {
+			return err
 		}
 	}
 }
@@ -185,74 +169,44 @@ func (e *Elector) Run(ctx context.Context, work func(ctx context.Context) error)
 
 // observation is the follower's view of the Lease.
 type observation struct {
-	known bool                  // a Get or a watch event has answered
-	lease *coordinationv1.Lease // nil: the Lease does not exist
-	at    time.Time             // when its current resourceVersion (or its absence) was first seen
-	// gone is the Lease last seen before it was deleted, if it named
-	// another replica: that replica may still lead until its next renew
+	known bool                  // a read or a watch event has answered
+	lease *coordinationv1.Lease // the Lease last seen; nil if none was
+	at    time.Time             // when lease's resourceVersion was first seen
+	// deleted: the Lease does not exist now. lease is kept: if it named
+	// another replica, that replica may still lead until its next renew
 	// fails, so the Lease is treated as held by it until it would have
-	// expired (at is left at its last change: the holder cannot renew a
-	// deleted Lease, so its promise ends there).
-	gone *coordinationv1.Lease
+	// expired (at stays put: the holder cannot renew a deleted Lease).
+	deleted bool
 }
 
-type pollResult struct {
+// leaseRead is the answer of a read or a watch event: a Lease, nil if it
+// does not exist, or an error.
+type leaseRead struct {
 	lease *coordinationv1.Lease
 	err   error
 }
 
-type leaseEvent struct {
-	lease   *coordinationv1.Lease
-	deleted bool
-}
-
+// observe records l, the Lease just read or watched (nil: it does not exist).
 func (e *Elector) observe(obs *observation, l *coordinationv1.Lease) {
-	now := time.Now()
-	if l == nil {
-		if !obs.known || obs.lease != nil {
-			obs.gone = nil
-			if obs.lease != nil && holderOf(obs.lease) != "" && holderOf(obs.lease) != e.cfg.Identity {
-				// Deleted under a holder (a leader releases by clearing
-				// its name, never by deleting): by hand, to force a
-				// failover, or by a cleanup. The holder learns of it only
-				// at its next renew.
-				obs.gone = obs.lease
-			} else {
-				obs.at = now
-			}
-		}
-		obs.known, obs.lease = true, nil
-		e.setHolder(holderOf(obs.gone))
-		return
-	}
 	// The wait for expiry restarts only when the Lease changed: a failed
 	// write of ours (a 5xx, a timeout) makes us read it again, and an
 	// unchanged Lease must not cost another LeaseDuration.
-	if obs.lease == nil || obs.lease.ResourceVersion != l.ResourceVersion {
-		obs.at = now
+	if l != nil && (obs.lease == nil || obs.lease.ResourceVersion != l.ResourceVersion) {
+		obs.lease, obs.at = l, time.Now()
 	}
-	obs.known, obs.lease, obs.gone = true, l, nil
-	e.setHolder(holderOf(l))
+	obs.known, obs.deleted = true, l == nil
+	e.setHolder(holderOf(obs.lease))
 }
 
 // untilAcquirable returns how long until the observed Lease may be taken;
 // zero or less means now.
 func (e *Elector) untilAcquirable(obs observation) time.Duration {
-	l := obs.lease
-	if l == nil {
-		if obs.gone == nil {
-			return 0
-		}
-		l = obs.gone
-	}
-	h := holderOf(l)
-	if h == "" || h == e.cfg.Identity {
+	if h := holderOf(obs.lease); h == "" || h == e.cfg.Identity {
 		return 0
 	}
 	d := e.cfg.LeaseDuration
-	if l.Spec.LeaseDurationSeconds != nil && *l.Spec.LeaseDurationSeconds > 0 {
-		// The holder's own promise is what counts.
-		d = time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
+	if s := obs.lease.Spec.LeaseDurationSeconds; s != nil && *s > 0 {
+		d = time.Duration(*s) * time.Second // the holder's own promise is what counts
 	}
 	return time.Until(obs.at.Add(d))
 }
@@ -264,55 +218,45 @@ func (e *Elector) campaign(ctx context.Context) (*coordinationv1.Lease, time.Tim
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer stopWatch()
-	leaseEvents := make(chan leaseEvent)
-	wg.Go(func() { e.watchLease(wctx, leaseEvents) })
+	watched := make(chan leaseRead)
+	wg.Go(func() { e.watchLease(wctx, watched) })
 
 	var obs observation
-	var polling chan pollResult // non-nil while a read is in flight
+	var polling chan leaseRead // non-nil while a read is in flight
 	// events counts the watch's deliveries, pollAfter is that count when
 	// the read in flight was sent: a read overtaken by a watch event may
 	// answer with an older version, which must not count as a change.
 	var events, pollAfter int
-	poll := time.NewTimer(0)
-	defer poll.Stop()
-	expiry := time.NewTimer(time.Hour)
-	expiry.Stop()
-	defer expiry.Stop()
+	poll := time.After(0)
+	var expiry <-chan time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return nil, time.Time{}, ctx.Err()
-		case ev := <-leaseEvents:
+		case ev := <-watched:
 			events++
-			if ev.deleted {
-				e.observe(&obs, nil)
-			} else {
-				e.observe(&obs, ev.lease)
-			}
-		case <-poll.C:
+			e.observe(&obs, ev.lease)
+		case <-poll:
 			// The read runs on its own goroutine so that a slow API server
 			// does not hold back the watch events meanwhile.
 			if polling == nil {
 				pollAfter = events
-				polling = make(chan pollResult, 1)
+				polling = make(chan leaseRead, 1)
 				ch := polling
 				wg.Go(func() {
 					l, err := e.get(wctx)
-					ch <- pollResult{l, err}
+					ch <- leaseRead{l, err}
 				})
 			}
 			continue
 		case r := <-polling:
 			polling = nil
+			poll = time.After(e.pollPeriod())
 			switch {
-			case (r.err == nil || apierrors.IsNotFound(r.err)) && events != pollAfter:
-				// Overtaken by the watch, which is at least as fresh.
-				e.refused(&e.refusedRead, nil)
 			case r.err == nil:
-				e.observe(&obs, r.lease)
-				e.refused(&e.refusedRead, nil)
-			case apierrors.IsNotFound(r.err):
-				e.observe(&obs, nil)
+				if events == pollAfter { // else overtaken by the watch, which is at least as fresh
+					e.observe(&obs, r.lease)
+				}
 				e.refused(&e.refusedRead, nil)
 			case ctx.Err() != nil:
 				return nil, time.Time{}, ctx.Err()
@@ -322,8 +266,7 @@ func (e *Elector) campaign(ctx context.Context) (*coordinationv1.Lease, time.Tim
 			default:
 				e.log.Warn("reading lease", "err", r.err)
 			}
-			poll.Reset(jittered(e.cfg.RetryPeriod))
-		case <-expiry.C:
+		case <-expiry:
 		}
 		if !obs.known {
 			continue
@@ -333,38 +276,44 @@ func (e *Elector) campaign(ctx context.Context) (*coordinationv1.Lease, time.Tim
 			// earlier refused write says nothing about now (a Role applied
 			// meanwhile); the next attempt will tell.
 			e.refused(&e.refusedWrite, nil)
-			expiry.Reset(wait)
+			expiry = time.After(wait)
 			continue
 		}
-		lease, sent, err := e.acquire(ctx, obs.lease)
+		cur := obs.lease
+		if obs.deleted {
+			cur = nil
+		}
+		lease, sent, err := e.acquire(ctx, cur)
 		if err == nil {
-			e.refused(&e.refusedWrite, nil)
 			return lease, sent, nil
 		}
 		if ctx.Err() != nil {
 			// The cancellation may have cut off the response of a request
 			// the API server applied: release a Lease that names us, so
-			// that the next leader need not wait for it to expire.
-			e.releaseIfOurs(ctx)
+			// that the next leader need not wait for it to expire. No work
+			// ran under it, so there is nothing to wait for.
+			if l, err := e.get(context.WithoutCancel(ctx)); err == nil && holderOf(l) == e.cfg.Identity {
+				e.release(ctx, l, e.log)
+			}
 			return nil, time.Time{}, ctx.Err()
 		}
 		// Someone else wrote first (conflict, already exists) or the API
 		// failed: read again before the next attempt (a watch event may
 		// well come first).
 		obs.known = false
+		retry := e.pollPeriod()
 		switch {
 		case apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err):
 			e.log.Debug("lost the race to acquire", "err", err)
-			poll.Reset(0)
-		case refusal(err) || apierrors.IsNotFound(err) && obs.lease == nil:
+			retry = 0
+		case refusal(err) || apierrors.IsNotFound(err) && cur == nil:
 			// A Create answered NotFound: the namespace does not exist.
 			e.refused(&e.refusedWrite, err)
 			e.log.Error("acquiring lease refused: this replica cannot lead until that is fixed", "err", err)
-			poll.Reset(jittered(e.cfg.RetryPeriod))
 		default:
 			e.log.Warn("acquiring lease", "err", err)
-			poll.Reset(jittered(e.cfg.RetryPeriod))
 		}
+		poll = time.After(retry)
 	}
 }
 
@@ -384,210 +333,147 @@ func (e *Elector) refused(slot *error, err error) {
 	e.mu.Unlock()
 }
 
-// watchLease streams the Lease's changes to out until ctx ends, restarting
-// the watch whenever it closes.
-func (e *Elector) watchLease(ctx context.Context, out chan<- leaseEvent) {
-	sel := fields.OneTermEqualSelector("metadata.name", e.cfg.Name).String()
+// watchLease sends the Lease's changes to out until ctx ends, restarting
+// the watch whenever it closes, at most once per RetryPeriod (the poll
+// keeps the follower informed meanwhile).
+func (e *Elector) watchLease(ctx context.Context, out chan<- leaseRead) {
 	timeout := int64(300)
+	opts := metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", e.cfg.Name).String(), TimeoutSeconds: &timeout}
 	for ctx.Err() == nil {
 		started := time.Now()
-		w, err := e.leases.Watch(ctx, metav1.ListOptions{FieldSelector: sel, TimeoutSeconds: &timeout})
-		if err != nil {
+		if w, err := e.leases.Watch(ctx, opts); err != nil {
 			e.log.Debug("watching lease", "err", err)
 		} else {
-			e.forward(ctx, w, out)
+			stop := context.AfterFunc(ctx, w.Stop) // ends the range below
+			for ev := range w.ResultChan() {
+				l, ok := ev.Object.(*coordinationv1.Lease)
+				if !ok || l.Name != e.cfg.Name { // an error or a bookmark
+					continue
+				}
+				if ev.Type == watch.Deleted {
+					l = nil
+				}
+				select {
+				case out <- leaseRead{lease: l}:
+				case <-ctx.Done():
+				}
+			}
+			stop()
 			w.Stop()
 		}
-		if time.Since(started) < e.cfg.RetryPeriod {
-			// Do not spin on a failing or instantly closing watch; the poll
-			// keeps the follower informed meanwhile.
-			t := time.NewTimer(e.cfg.RetryPeriod)
-			select {
-			case <-ctx.Done():
-			case <-t.C:
-			}
-			t.Stop()
-		}
-	}
-}
-
-func (e *Elector) forward(ctx context.Context, w watch.Interface, out chan<- leaseEvent) {
-	for {
 		select {
 		case <-ctx.Done():
-			return
-		case ev, ok := <-w.ResultChan():
-			if !ok {
-				return
-			}
-			l, isLease := ev.Object.(*coordinationv1.Lease)
-			if !isLease || l.Name != e.cfg.Name {
-				if ev.Type == watch.Error {
-					return
-				}
-				continue
-			}
-			var le leaseEvent
-			switch ev.Type {
-			case watch.Added, watch.Modified:
-				le = leaseEvent{lease: l}
-			case watch.Deleted:
-				le = leaseEvent{deleted: true}
-			default:
-				continue
-			}
-			select {
-			case out <- le:
-			case <-ctx.Done():
-				return
-			}
+		case <-time.After(time.Until(started.Add(e.cfg.RetryPeriod))):
 		}
 	}
 }
 
 // acquire writes this replica as holder: Create if the Lease does not
-// exist, otherwise Update with the observed resourceVersion.
+// exist (observed is nil), otherwise Update with the observed
+// resourceVersion.
 func (e *Elector) acquire(ctx context.Context, observed *coordinationv1.Lease) (*coordinationv1.Lease, time.Time, error) {
+	l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: e.cfg.Name, Namespace: e.cfg.Namespace}}
+	var n int32
+	if observed != nil {
+		l = observed.DeepCopy()
+		if observed.Spec.LeaseTransitions != nil {
+			n = *observed.Spec.LeaseTransitions + 1
+		}
+	}
 	sent := time.Now()
+	now, id, secs := metav1.NewMicroTime(sent), e.cfg.Identity, e.leaseSeconds()
+	l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds, l.Spec.LeaseTransitions = &id, &secs, &n
+	l.Spec.AcquireTime, l.Spec.RenewTime = &now, &now
 	rctx, cancel := context.WithTimeout(ctx, e.cfg.RenewDeadline)
 	defer cancel()
-	now := metav1.NewMicroTime(sent)
-	id := e.cfg.Identity
-	secs := e.leaseSeconds()
 	if observed == nil {
-		var zero int32
-		l := &coordinationv1.Lease{
-			ObjectMeta: metav1.ObjectMeta{Name: e.cfg.Name, Namespace: e.cfg.Namespace},
-			Spec: coordinationv1.LeaseSpec{
-				HolderIdentity:       &id,
-				LeaseDurationSeconds: &secs,
-				AcquireTime:          &now,
-				RenewTime:            &now,
-				LeaseTransitions:     &zero,
-			},
-		}
 		got, err := e.leases.Create(rctx, l, metav1.CreateOptions{})
 		return got, sent, err
 	}
-	l := observed.DeepCopy()
-	var n int32
-	if l.Spec.LeaseTransitions != nil {
-		n = *l.Spec.LeaseTransitions + 1
-	}
-	l.Spec.HolderIdentity = &id
-	l.Spec.LeaseDurationSeconds = &secs
-	l.Spec.AcquireTime = &now
-	l.Spec.RenewTime = &now
-	l.Spec.LeaseTransitions = &n
 	got, err := e.leases.Update(rctx, l, metav1.UpdateOptions{})
 	return got, sent, err
 }
 
 // ---- leading ----
 
-type endReason int
-
-const (
-	endShutdown endReason = iota + 1
-	endWorkReturned
-	endLost
-)
-
-type termEnd struct {
-	reason endReason
-	err    error // work's error (endWorkReturned) or the cause (endLost)
-	term   Term
-	lease  *coordinationv1.Lease // the Lease as last written by us
-	log    *slog.Logger
-}
-
 type renewResult struct {
-	lease *coordinationv1.Lease
+	lease *coordinationv1.Lease // as written; if lost, as found (nil: deleted)
 	sent  time.Time
 	err   error
 	lost  bool // another holder (or no Lease) was found
 }
 
 // lead runs one term: it resumes the intake, runs work, renews the Lease
-// every RetryPeriod, and ends the term in the documented order.
-func (e *Elector) lead(ctx context.Context, lease *coordinationv1.Lease, acquired time.Time, work func(context.Context) error) termEnd {
-	term := Term{Identity: e.cfg.Identity, Acquired: acquired}
-	if lease.Spec.LeaseTransitions != nil {
-		term.Number = *lease.Spec.LeaseTransitions
-	}
+// every RetryPeriod, ends the term in the documented order and, unless the
+// term was lost, releases the Lease. done reports whether Run must return
+// err rather than campaign again.
+func (e *Elector) lead(ctx context.Context, lease *coordinationv1.Lease, acquired time.Time, work func(context.Context) error) (done bool, err error) {
+	term := Term{Number: transitions(lease), Identity: e.cfg.Identity, Acquired: acquired}
 	log := e.log.With("term", term.Number)
 	m := e.cfg.Metrics
 
 	e.mu.Lock()
-	e.leading, e.lastRenew, e.holder = true, acquired, e.cfg.Identity
+	e.leading, e.lastRenew, e.holder, e.refusedWrite = true, term.Acquired, e.cfg.Identity, nil
 	e.mu.Unlock()
 	e.cfg.Gate.Resume()
 	m.Leading(true)
-	m.Renewed(acquired)
+	m.Renewed(term.Acquired)
 	log.Info("acquired leadership")
 
 	// The term's context keeps ctx's values but not its cancellation: on
 	// shutdown the intake must be suspended before the work sees the end.
-	termCtx, cancelTerm := context.WithCancel(withTerm(context.WithoutCancel(ctx), term))
+	termCtx, cancelTerm := context.WithCancel(context.WithValue(context.WithoutCancel(ctx), termKey{}, term))
 	defer cancelTerm()
 	workDone := make(chan error, 1)
-	go func() { workDone <- runWork(termCtx, work) }()
+	go func() {
+		defer func() {
+			if r := recover(); r != nil {
+				workDone <- fmt.Errorf("%w: %v\n%s", ErrWorkPanicked, r, debug.Stack())
+			}
+		}()
+		workDone <- work(termCtx)
+	}()
 
-	renewCtx, cancelRenew := context.WithCancel(ctx)
-	defer cancelRenew()
-	lastRenew := acquired
-	current := lease
-	deadline := time.NewTimer(time.Until(lastRenew.Add(e.cfg.RenewDeadline)))
-	defer deadline.Stop()
-	tick := time.NewTimer(e.cfg.RetryPeriod)
+	deadline := time.After(e.cfg.RenewDeadline - time.Since(term.Acquired))
+	tick := time.NewTicker(e.cfg.RetryPeriod)
 	defer tick.Stop()
 	var renewing chan renewResult // non-nil while a renew is in flight
-	var renewDeadline time.Time   // the in-flight renew's deadline
-
-	end := termEnd{term: term, log: log}
-	workReturned := false
+	var lost, workErr error       // why the term was lost; what work returned
+	workReturned, newHolder := false, ""
 loop:
 	for {
 		select {
 		case <-ctx.Done():
-			end.reason = endShutdown
 			break loop
-		case err := <-workDone:
+		case workErr = <-workDone:
 			workReturned = true
-			end.reason, end.err = endWorkReturned, err
 			break loop
-		case <-deadline.C:
-			end.reason = endLost
-			end.err = fmt.Errorf("not renewed within RenewDeadline %s", e.cfg.RenewDeadline)
+		case <-deadline:
+			lost = fmt.Errorf("not renewed within RenewDeadline %s", e.cfg.RenewDeadline)
 			break loop
 		case <-tick.C:
 			if renewing == nil {
 				renewing = make(chan renewResult, 1) // the sender never blocks, even if abandoned
-				renewDeadline = lastRenew.Add(e.cfg.RenewDeadline)
-				go e.renew(renewCtx, renewDeadline, current, renewing)
+				ch, cur, until := renewing, lease, e.lastRenew.Add(e.cfg.RenewDeadline)
+				go func() { ch <- e.renew(termCtx, until, cur) }()
 			}
 		case r := <-renewing:
 			renewing = nil
 			switch {
 			case r.err == nil:
-				lastRenew, current = r.sent, r.lease
+				lease = r.lease
 				e.mu.Lock()
-				e.lastRenew = lastRenew
+				e.lastRenew = r.sent
 				e.mu.Unlock()
-				m.Renewed(lastRenew)
-				deadline.Reset(time.Until(lastRenew.Add(e.cfg.RenewDeadline)))
-				tick.Reset(e.cfg.RetryPeriod)
+				m.Renewed(r.sent)
+				deadline = time.After(e.cfg.RenewDeadline - time.Since(r.sent))
 			case r.lost:
-				end.reason = endLost
-				end.err = fmt.Errorf("lease now held by %q", holderOf(r.lease))
-				if r.lease != nil {
-					e.setHolder(holderOf(r.lease))
-				}
+				newHolder = holderOf(r.lease)
+				lost = fmt.Errorf("lease now held by %q", newHolder)
 				break loop
 			default:
 				m.RenewFailed()
-				log.Warn("renewing lease failed", "err", r.err, "since_last_renew", time.Since(lastRenew))
-				tick.Reset(e.cfg.RetryPeriod)
+				log.Warn("renewing lease failed", "err", r.err, "since_last_renew", time.Since(e.lastRenew))
 			}
 		}
 	}
@@ -596,199 +482,158 @@ loop:
 	// winds down; only then tell the work, and drop what is queued.
 	e.cfg.Gate.Suspend()
 	e.mu.Lock()
-	e.leading = false
-	if e.holder == e.cfg.Identity {
-		// Our term is over: until the Lease is read again the leader is
-		// unknown, and naming ourselves would send callers back here.
-		e.holder = ""
-	}
+	// Our term is over: until the Lease is read again the leader is unknown
+	// (unless a renew found it), and naming ourselves would send callers
+	// back here.
+	e.leading, e.holder = false, newHolder
 	e.mu.Unlock()
 	m.Leading(false)
 	cancelTerm()
 	cleared := e.cfg.Gate.Clear()
-	cancelRenew()
-	switch end.reason {
-	case endLost:
-		log.Warn("lost leadership; intake suspended", "cause", end.err, "cleared", cleared)
-	case endShutdown:
+	switch {
+	case lost != nil:
+		log.Warn("lost leadership; intake suspended", "cause", lost, "cleared", cleared)
+	case workReturned:
+		log.Info("work returned; stepping down", "err", workErr, "cleared", cleared)
+	default:
 		log.Info("shutting down; intake suspended", "cleared", cleared)
-	case endWorkReturned:
-		log.Info("work returned; stepping down", "err", end.err, "cleared", cleared)
 	}
 	if !workReturned {
-		err := e.awaitWork(workDone, lastRenew.Add(e.cfg.LeaseDuration-e.cfg.ClockSkew), log)
-		if err != nil && !errors.Is(err, context.Canceled) {
-			log.Warn("term work returned an error", "err", err)
-		}
+		e.awaitWork(workDone, log)
 	}
 	if renewing != nil {
 		// A renew still in flight was cancelled above; a well-behaved client
 		// returns at once. Its outcome tells release which resourceVersion
 		// to use. A client that ignores its context is not waited for past
 		// the request's own deadline; release then copes by re-reading.
-		t := time.NewTimer(time.Until(renewDeadline))
 		select {
 		case r := <-renewing:
 			if r.err == nil {
-				current = r.lease
+				lease = r.lease
 			}
-		case <-t.C:
+		case <-time.After(time.Until(e.lastRenew.Add(e.cfg.RenewDeadline))):
 		}
-		t.Stop()
 	}
-	end.lease = current
-	return end
+	if lost != nil {
+		if e.cfg.ExitOnLoss {
+			return true, fmt.Errorf("%w: term %d: %w", ErrLeadershipLost, term.Number, lost)
+		}
+		return ctx.Err() != nil, nil
+	}
+	e.release(ctx, lease, log)
+	if workErr != nil {
+		return true, fmt.Errorf("leader: term %d work: %w", term.Number, workErr)
+	}
+	return true, nil
 }
 
-// awaitWork waits for the term's work to return. Past bound, another
-// replica may acquire the Lease: that is reported loudly, and the wait goes
-// on, because campaigning again while the old work runs could make this
-// replica run two terms at once.
-func (e *Elector) awaitWork(done <-chan error, bound time.Time, log *slog.Logger) error {
+// awaitWork waits for the term's work to return. Past LeaseDuration -
+// ClockSkew after the last renew, another replica may acquire the Lease:
+// that is reported loudly, and the wait goes on, because campaigning again
+// while the old work runs could make this replica run two terms at once.
+func (e *Elector) awaitWork(done <-chan error, log *slog.Logger) {
+	bound := e.lastRenew.Add(e.cfg.LeaseDuration - e.cfg.ClockSkew)
+	var err error
 	select {
-	case err := <-done:
-		return err
+	case err = <-done: // returned already: no overrun, even past the bound
 	default:
+		select {
+		case err = <-done:
+		case <-time.After(time.Until(bound)):
+			e.mu.Lock()
+			e.overrun = true
+			e.mu.Unlock()
+			e.cfg.Metrics.WorkOverran()
+			log.Error("term work ignores its context and still runs after another replica may have acquired the lease; not campaigning until it returns",
+				"bound", bound)
+			err = <-done
+			e.mu.Lock()
+			e.overrun = false
+			e.mu.Unlock()
+			log.Error("overrunning term work returned", "late_by", time.Since(bound))
+		}
 	}
-	t := time.NewTimer(time.Until(bound))
-	defer t.Stop()
-	select {
-	case err := <-done:
-		return err
-	case <-t.C:
+	if err != nil && !errors.Is(err, context.Canceled) {
+		log.Warn("term work returned an error", "err", err)
 	}
-	e.mu.Lock()
-	e.overrun = true
-	e.mu.Unlock()
-	e.cfg.Metrics.WorkOverran()
-	log.Error("term work ignores its context and still runs after another replica may have acquired the lease; not campaigning until it returns",
-		"bound", bound)
-	err := <-done
-	e.mu.Lock()
-	e.overrun = false
-	e.mu.Unlock()
-	log.Error("overrunning term work returned", "late_by", time.Since(bound))
-	return err
 }
 
 // renew writes a new renewTime with the resourceVersion of cur. A conflict
 // caused by someone else touching the Lease while we still hold it is
 // retried once with the fresh resourceVersion. The request cannot outlive
 // the term: its context ends at deadline.
-func (e *Elector) renew(ctx context.Context, deadline time.Time, cur *coordinationv1.Lease, out chan<- renewResult) {
+func (e *Elector) renew(ctx context.Context, deadline time.Time, cur *coordinationv1.Lease) renewResult {
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	for attempt := 0; ; attempt++ {
 		sent := time.Now()
 		l := cur.DeepCopy()
-		now := metav1.NewMicroTime(sent)
-		secs := e.leaseSeconds()
-		l.Spec.RenewTime = &now
-		l.Spec.LeaseDurationSeconds = &secs
+		now, secs := metav1.NewMicroTime(sent), e.leaseSeconds()
+		l.Spec.RenewTime, l.Spec.LeaseDurationSeconds = &now, &secs
 		got, err := e.leases.Update(ctx, l, metav1.UpdateOptions{})
-		if err == nil {
-			out <- renewResult{lease: got, sent: sent}
-			return
-		}
-		if apierrors.IsNotFound(err) {
-			out <- renewResult{lost: true, err: err}
-			return
-		}
-		if !apierrors.IsConflict(err) || attempt > 0 {
-			out <- renewResult{err: err}
-			return
-		}
-		fresh, gerr := e.get(ctx)
 		switch {
-		case apierrors.IsNotFound(gerr):
-			out <- renewResult{lost: true, err: gerr}
-			return
-		case gerr != nil:
-			out <- renewResult{err: fmt.Errorf("after conflict: %w", gerr)}
-			return
-		case holderOf(fresh) != e.cfg.Identity || transitions(fresh) != transitions(cur):
-			out <- renewResult{lost: true, lease: fresh, err: err}
-			return
+		case err == nil:
+			return renewResult{lease: got, sent: sent}
+		case apierrors.IsNotFound(err):
+			return renewResult{lost: true}
+		case !apierrors.IsConflict(err) || attempt > 0:
+			return renewResult{err: err}
+		}
+		fresh, err := e.get(ctx)
+		if err != nil {
+			return renewResult{err: fmt.Errorf("after conflict: %w", err)}
+		}
+		if holderOf(fresh) != e.cfg.Identity || transitions(fresh) != transitions(cur) {
+			return renewResult{lost: true, lease: fresh}
 		}
 		cur = fresh
 	}
 }
 
 // release clears the holder of the Lease if it still names this replica,
-// with a resourceVersion precondition; it is called only after the term's
-// work has returned.
+// with a resourceVersion precondition (cur's, then on a conflict that of
+// the Lease read again); it is called only after the term's work has
+// returned.
 func (e *Elector) release(ctx context.Context, cur *coordinationv1.Lease, log *slog.Logger) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.RenewDeadline)
 	defer cancel()
-	for attempt := 0; attempt < 3; attempt++ {
+	for range 3 {
 		if holderOf(cur) != e.cfg.Identity {
-			log.Info("not releasing: lease held by another replica", "holder", holderOf(cur))
+			log.Info("not releasing: the lease no longer names this replica", "holder", holderOf(cur))
 			e.setHolder(holderOf(cur))
 			return
 		}
 		l := cur.DeepCopy()
-		empty := ""
-		now := metav1.NewMicroTime(time.Now())
-		l.Spec.HolderIdentity = &empty
-		l.Spec.RenewTime = &now
+		empty, now := "", metav1.NewMicroTime(time.Now())
+		l.Spec.HolderIdentity, l.Spec.RenewTime = &empty, &now
 		_, err := e.leases.Update(rctx, l, metav1.UpdateOptions{})
 		if err == nil {
 			e.setHolder("")
 			log.Info("released lease")
 			return
 		}
-		if !apierrors.IsConflict(err) {
+		if apierrors.IsConflict(err) {
+			cur, err = e.get(rctx)
+		}
+		if err != nil {
 			log.Warn("releasing lease failed; it will expire", "err", err)
 			return
 		}
-		fresh, gerr := e.get(rctx)
-		if gerr != nil {
-			if !apierrors.IsNotFound(gerr) {
-				log.Warn("releasing lease failed; it will expire", "err", gerr)
-			}
-			return
-		}
-		cur = fresh
 	}
 	log.Warn("releasing lease: too many conflicts; it will expire")
 }
 
-// runWork calls work, turning a panic into an error wrapping
-// ErrWorkPanicked with the panic value and stack.
-func runWork(ctx context.Context, work func(context.Context) error) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("%w: %v\n%s", ErrWorkPanicked, r, debug.Stack())
-		}
-	}()
-	return work(ctx)
-}
-
-// releaseIfOurs reads the Lease (with a context of its own, bounded by
-// RenewDeadline, as ctx has ended) and releases it if it names this
-// replica. No work ran under it, so there is nothing to wait for.
-func (e *Elector) releaseIfOurs(ctx context.Context) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.RenewDeadline)
-	defer cancel()
-	l, err := e.get(rctx)
-	if err != nil {
-		if !apierrors.IsNotFound(err) {
-			e.log.Warn("reading lease after a cancelled acquisition failed; if it was acquired, it will expire", "err", err)
-		}
-		return
-	}
-	if holderOf(l) == e.cfg.Identity {
-		e.log.Info("a cancelled acquisition had taken the lease; releasing it")
-		e.release(ctx, l, e.log)
-	}
-}
-
 // ---- helpers ----
 
+// get reads the Lease; a Lease that does not exist is nil, not an error.
 func (e *Elector) get(ctx context.Context) (*coordinationv1.Lease, error) {
-	rctx, cancel := context.WithTimeout(ctx, e.cfg.RenewDeadline)
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.RenewDeadline)
 	defer cancel()
-	return e.leases.Get(rctx, e.cfg.Name, metav1.GetOptions{})
+	l, err := e.leases.Get(ctx, e.cfg.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	return l, err
 }
 
 func (e *Elector) setHolder(h string) {
@@ -803,6 +648,13 @@ func (e *Elector) leaseSeconds() int32 {
 	return int32((e.cfg.LeaseDuration + time.Second - 1) / time.Second)
 }
 
+// pollPeriod is RetryPeriod shortened by up to a fifth at random (opkit's
+// one backoff helper), so that followers started together do not poll
+// together.
+func (e *Elector) pollPeriod() time.Duration {
+	return queue.Backoff{Base: e.cfg.RetryPeriod, Cap: e.cfg.RetryPeriod, Jitter: 0.2}.Delay(1)
+}
+
 func holderOf(l *coordinationv1.Lease) string {
 	if l == nil || l.Spec.HolderIdentity == nil {
 		return ""
@@ -815,9 +667,4 @@ func transitions(l *coordinationv1.Lease) int32 {
 		return 0
 	}
 	return *l.Spec.LeaseTransitions
-}
-
-// jittered returns d shortened by up to retryJitter at random.
-func jittered(d time.Duration) time.Duration {
-	return queue.Backoff{Base: d, Cap: d, Jitter: retryJitter}.Delay(1)
 }

@@ -24,7 +24,3 @@ func TermFrom(ctx context.Context) (Term, bool) {
 	t, ok := ctx.Value(termKey{}).(Term)
 	return t, ok
 }
-
-func withTerm(ctx context.Context, t Term) context.Context {
-	return context.WithValue(ctx, termKey{}, t)
-}
