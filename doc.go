@@ -1,7 +1,7 @@
 // Package opkit is a small, framework-free SDK for Kubernetes operators that
 // makes external reconciliation triggers first-class; this root package holds
-// only the vocabulary its subpackages share ([Type], [Source], [Key],
-// [Object], [Resource], [Event]) and owns no goroutine.
+// only the vocabulary its subpackages share ([Type], [Source], [Sources],
+// [Key], [Object], [Resource], [Cause]) and owns no goroutine.
 //
 // An operator reconciles custom resources. The Kubernetes watch stream drives
 // most reconciles, but outsiders need to ask for one too: a CI/CD pipeline
@@ -17,52 +17,46 @@
 //
 // # Packages
 //
-//   - [github.com/opkit/opkit/queue]: a keyed, deduplicating priority/delay work
-//     queue with a suspendable intake; one per controller. It imports nothing
-//     of opkit's and owns no goroutine.
-//   - [github.com/opkit/opkit/watcher]: a raw list+watch loop (no informer) that
-//     turns what the API server says into queue entries of source [APIServer],
-//     relists with a diff after 410 Gone, and keeps about 240 bytes per
-//     object (key, UID, resourceVersion, generation, a fingerprint) instead
-//     of the object. Its Run owns its goroutines.
-//   - [github.com/opkit/opkit/leader]: Lease-based leader election whose caller of
-//     Run owns the campaign loop and the queue's intake gate: suspended at
-//     start, resumed for a term, suspended first when a term ends.
-//   - [github.com/opkit/opkit/trigger]: external triggers of source [Operator]:
-//     Enqueue, the HTTP endpoint POST /reconcile/{namespace}/{name}, and a
-//     message-bus consumer that never acknowledges a dropped trigger.
+//   - [github.com/opkit/opkit/queue]: a keyed, deduplicating priority/delay
+//     work queue with a suspendable intake; one per controller. What it holds
+//     for a key merges as a join, so the order of adds cannot matter. It
+//     imports nothing of opkit's and owns no goroutine.
+//   - [github.com/opkit/opkit/watcher]: a raw list+watch loop (no informer)
+//     that adds the key of every change to the queue, records every delete
+//     with its final state in a ledger until it is settled, relists with a
+//     diff after 410 Gone, and keeps a few hundred bytes per live object
+//     instead of the object.
+//   - [github.com/opkit/opkit/leader]: Lease-based leader election that
+//     drives the queue's intake gate: suspended at start, resumed for a
+//     term, suspended first when a term ends.
+//   - [github.com/opkit/opkit/trigger]: external triggers of source
+//     [Operator]: Enqueue, the HTTP endpoint POST /reconcile/{namespace}/{name},
+//     and a message-bus consumer that never acknowledges a dropped trigger.
 //   - [github.com/opkit/opkit/reconcile]: the Reconciler contract and the
-//     controller that wires one queue, one watcher, optionally a leader
-//     elector, a trigger and N workers; helpers for finalizers, status and
-//     Events; a runnable group for the whole process.
-//   - [github.com/opkit/opkit/reconcile/reconciletest]: runs a reconciler
-//     synchronously against client-go's fake clients, for unit tests.
+//     controller that wires them; helpers for finalizers, status and Events;
+//     a runnable group for the whole process. Its subpackage reconciletest
+//     runs a reconciler against client-go's fake clients, for unit tests.
 //
 // watcher, leader and trigger depend on the queue's small interfaces
 // (queue.Adder, queue.Gate), never on each other; reconcile wires them.
 //
 // # How a request flows
 //
-// A watch event: the watcher's goroutine decodes the object into your type
-// and adds an [Event] under its [Key] to the queue (deduplicated with
-// whatever is already pending for that key). A worker goroutine, owned by
-// the controller's Run, takes the key from the queue (no other worker gets
-// the same key until it is done), re-fetches the object if the entry waited,
-// and calls your Reconciler.
-//
-// An external trigger: an HTTP handler (goroutine of net/http) or the
-// consumer's goroutine re-fetches the object from the API server (a trigger
-// carries only a pointer, never a snapshot), then calls trigger Enqueue,
-// which adds the event at a priority above the watch stream's, so it is
-// served ahead of a relist backlog. From there on it is the same path. Each
-// package is crossed once.
+// The queue holds keys, each with a [Cause]: who asked, why, and the newest
+// state of the object that came along. The watcher's goroutine adds the key
+// of every change (a delete goes to its ledger first); a trigger (the HTTP
+// handler's goroutine, the consumer's, or your code) reads the object and
+// adds its key at a priority above the watch stream's. A worker goroutine,
+// owned by the controller's Run, takes a key (no other worker gets it until
+// it is done) and reconciles its unsettled deletes, oldest first, then the
+// object that has the name now, as the watch last saw it or as read from
+// the API server. Each package is crossed once.
 //
 // With leader election, only the replica holding the Lease runs the watcher
 // and the workers; on every other replica the queue's intake is suspended and
 // Enqueue returns false, which the HTTP endpoint answers with 503 and the
 // leader's identity; the consumer takes no message there, so triggers wait
-// in the broker for the leader (one that arrives as leadership moves is
-// negatively acknowledged, and the broker redelivers it).
+// in the broker for the leader.
 //
 // # A minimal operator
 //

@@ -18,7 +18,8 @@ const (
 	Added Type = iota + 1
 	// Modified: the object changed, or an external trigger asks for a reconcile.
 	Modified
-	// Deleted: the object is gone; the event carries its last known state.
+	// Deleted: the object is gone (or a trigger asked for a teardown); the
+	// request carries its final state.
 	Deleted
 )
 
@@ -216,28 +217,14 @@ func newer(a, b string) bool {
 }
 
 // unionReasons returns the sorted union of a and b (each sorted and
-// distinct), at most MaxReasons long. It returns a unchanged when b adds
-// nothing, and never writes to a or b.
+// distinct), at most MaxReasons long; a itself when b adds nothing. It
+// never writes to a or b.
 func unionReasons(a, b []string) []string {
 	if len(b) == 0 {
 		return a
 	}
-	out := make([]string, 0, min(len(a)+len(b), MaxReasons))
-	i, j := 0, 0
-	for len(out) < MaxReasons && (i < len(a) || j < len(b)) {
-		switch {
-		case j == len(b) || i < len(a) && a[i] < b[j]:
-			out = append(out, a[i])
-			i++
-		case i == len(a) || b[j] < a[i]:
-			out = append(out, b[j])
-			j++
-		default: // equal
-			out = append(out, a[i])
-			i, j = i+1, j+1
-		}
-	}
-	if slices.Equal(out, a) {
+	out := slices.Compact(slices.Sorted(slices.Values(slices.Concat(a, b))))
+	if out = out[:min(len(out), MaxReasons)]; slices.Equal(out, a) {
 		return a
 	}
 	return out
@@ -246,16 +233,7 @@ func unionReasons(a, b []string) []string {
 // ReasonsOf returns reasons as a Cause holds them: sorted, distinct, empty
 // ones dropped, at most MaxReasons.
 func ReasonsOf(reasons ...string) []string {
-	out := slices.DeleteFunc(slices.Clone(reasons), func(r string) bool { return r == "" })
-	slices.Sort(out)
-	out = slices.Compact(out)
-	if len(out) > MaxReasons {
-		out = out[:MaxReasons]
-	}
-	if len(out) == 0 {
-		return nil
-	}
-	return out
+	return unionReasons(nil, slices.DeleteFunc(slices.Clone(reasons), func(r string) bool { return r == "" }))
 }
 
 // isNil reports whether obj is a nil T (T is a pointer type).

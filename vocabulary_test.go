@@ -1,6 +1,9 @@
 package opkit_test
 
 import (
+	"math/rand/v2"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -84,5 +87,84 @@ func TestResourceValidate(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: Validate() = %v, want an error containing %q", tc.name, err, tc.want)
 		}
+	}
+}
+
+// Cause.Merge is a join: the same causes merged in any order, grouped in
+// any way, repeated or not, give the same cause.
+func TestCauseMergeIsAJoin(t *testing.T) {
+	cm := func(rv string) *corev1.ConfigMap {
+		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "a", ResourceVersion: rv}}
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	reasons := []string{"a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k"}
+	random := func() opkit.Cause[*corev1.ConfigMap] {
+		var c opkit.Cause[*corev1.ConfigMap]
+		if rng.IntN(3) > 0 {
+			c.Object = cm(strconv.Itoa(rng.IntN(120))) // 9 and 10 and 100: lengths differ
+		}
+		c.Sources = opkit.Sources(rng.IntN(4))
+		var rs []string
+		for range rng.IntN(5) {
+			rs = append(rs, reasons[rng.IntN(len(reasons))])
+		}
+		c.Reasons = opkit.ReasonsOf(rs...)
+		c.Added, c.Teardown, c.Retries = rng.IntN(2) == 0, rng.IntN(4) == 0, rng.IntN(3)
+		return c
+	}
+	merge := func(cs ...opkit.Cause[*corev1.ConfigMap]) opkit.Cause[*corev1.ConfigMap] {
+		out := cs[0]
+		for _, c := range cs[1:] {
+			out.Merge(c)
+		}
+		return out
+	}
+	same := func(a, b opkit.Cause[*corev1.ConfigMap]) bool {
+		rv := func(c opkit.Cause[*corev1.ConfigMap]) string {
+			if c.Object == nil {
+				return "none"
+			}
+			return c.Object.ResourceVersion
+		}
+		return rv(a) == rv(b) && a.Sources == b.Sources && slices.Equal(a.Reasons, b.Reasons) &&
+			a.Added == b.Added && a.Teardown == b.Teardown && a.Retries == b.Retries
+	}
+	for range 2000 {
+		a, b, c := random(), random(), random()
+		switch {
+		case !same(merge(a, b), merge(b, a)):
+			t.Fatalf("not commutative: %+v, %+v", a, b)
+		case !same(merge(merge(a, b), c), merge(a, merge(b, c))):
+			t.Fatalf("not associative: %+v, %+v, %+v", a, b, c)
+		case !same(merge(a, a), a):
+			t.Fatalf("not idempotent: %+v", a)
+		}
+		all := merge(a, b, c)
+		if len(all.Reasons) > opkit.MaxReasons || !slices.IsSorted(all.Reasons) {
+			t.Fatalf("reasons %q: want at most %d, sorted", all.Reasons, opkit.MaxReasons)
+		}
+	}
+	// The newest object by resourceVersion wins, numerically.
+	x := opkit.Cause[*corev1.ConfigMap]{Object: cm("99")}
+	x.Merge(opkit.Cause[*corev1.ConfigMap]{Object: cm("100")})
+	if x.Object.ResourceVersion != "100" {
+		t.Fatalf("merged object at %s, want 100", x.Object.ResourceVersion)
+	}
+}
+
+func TestSourcesAndReasons(t *testing.T) {
+	both := opkit.Sources(opkit.APIServer) | opkit.Sources(opkit.Operator)
+	if !both.Has(opkit.APIServer) || !both.Has(opkit.Operator) || both.String() != "APIServer|Operator" || opkit.Sources(0).String() != "none" {
+		t.Fatalf("sources %v", both)
+	}
+	if got := opkit.ReasonsOf("b", "", "a", "b"); !slices.Equal(got, []string{"a", "b"}) {
+		t.Fatalf("ReasonsOf = %q, want [a b]", got)
+	}
+	if got := opkit.ReasonsOf(""); got != nil {
+		t.Fatalf("ReasonsOf(\"\") = %q, want nil", got)
+	}
+	many := opkit.ReasonsOf("9", "8", "7", "6", "5", "4", "3", "2", "1", "0")
+	if !slices.Equal(many, []string{"0", "1", "2", "3", "4", "5", "6", "7"}) {
+		t.Fatalf("ReasonsOf(10 reasons) = %q, want the 8 that sort first", many)
 	}
 }

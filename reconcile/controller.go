@@ -14,6 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/dynamic"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/internal/typed"
 	"github.com/opkit/opkit/leader"
@@ -22,155 +24,79 @@ import (
 	"github.com/opkit/opkit/watcher"
 )
 
-// Defaults applied by [NewController] to zero fields of [Config].
+// Defaults applied by [NewController] to zero fields of [Config] (20
+// retries with the default backoff are about 25 minutes).
 const (
-	// DefaultConcurrency is the number of worker goroutines.
-	DefaultConcurrency = 4
-	// DefaultMaxRetries is how many retries in a row the controller makes
-	// on its own before it gives up on what keeps failing: with the
-	// queue's default backoff (5ms doubling, capped at 5m) about 25
-	// minutes of retries.
-	DefaultMaxRetries = 20
-	// DefaultTimeout bounds one reconcile call.
-	DefaultTimeout = 5 * time.Minute
-	// DefaultShutdownTimeout is how long in-flight reconciles may run on
-	// after shutdown began before their contexts are cancelled.
+	DefaultConcurrency     = 4
+	DefaultMaxRetries      = 20
+	DefaultTimeout         = 5 * time.Minute
 	DefaultShutdownTimeout = 30 * time.Second
 )
 
-// Errors returned by the controller.
+// Errors of the controller: ErrInvalidConfig wraps NewController's,
+// ErrAlreadyRunning is Run's when called again, and ErrPanic is wrapped by
+// the error a panicking reconcile is turned into.
 var (
-	// ErrInvalidConfig wraps every configuration error from NewController.
-	ErrInvalidConfig = errors.New("reconcile: invalid config")
-	// ErrAlreadyRunning is returned by Run when it is called again.
+	ErrInvalidConfig  = errors.New("reconcile: invalid config")
 	ErrAlreadyRunning = errors.New("reconcile: controller already running")
-	// ErrPanic is wrapped by the error a panicking reconcile is turned into.
-	ErrPanic = errors.New("reconcile: panic")
+	ErrPanic          = errors.New("reconcile: panic")
 )
 
-// Config configures a [Controller]. Name, Resource, Dynamic and Reconciler
-// are required; every other zero field means its documented default.
+// Config configures a [Controller]; a zero field means its default (the
+// Default constants).
 type Config[T opkit.Object] struct {
-	// Name identifies the controller in logs and as the reporting
-	// controller of its Kubernetes Events, e.g. "demo.opkit.dev/demo".
-	Name string
-	// Resource is the resource T is served as (group, version, plural,
-	// kind, scope).
-	Resource opkit.Resource
-	// Dynamic reads, watches and re-fetches objects.
-	Dynamic dynamic.Interface
-	// Reconciler is called for every request.
+	// Name (in logs and as the Events' reporting controller, e.g.
+	// "demo.opkit.dev/demo"), Resource, Dynamic and Reconciler: required.
+	Name       string
+	Resource   opkit.Resource
+	Dynamic    dynamic.Interface
 	Reconciler Reconciler[T]
 
-	// Concurrency is the number of worker goroutines that take every
-	// entry; default DefaultConcurrency (4).
-	Concurrency int
-	// ReservedWorkers is the number of additional workers that take only
-	// entries of TriggerPriority or higher (queue.GetAtLeast): external
-	// triggers, and their retries and requeues-on-error, which keep the
-	// trigger's priority. With them a trigger never waits for a backlog
-	// reconcile to finish when the Concurrency workers are all busy.
-	// Per-key exclusivity still holds across all workers. Zero means 1
-	// when Concurrency > 1 and 0 when Concurrency is 1 (a controller
-	// configured for one reconcile at a time keeps it); negative means
-	// none. Up to Concurrency + ReservedWorkers reconciles may run at once.
-	// Entries the watcher produces at or above TriggerPriority (if
-	// Watch.Priority is set that high) use the reserved workers too.
-	ReservedWorkers int
-	// MaxRetries is how many retries in a row the controller makes on its
-	// own (turns that no change or trigger asked for) before it gives up
-	// on the requests that keep failing (a delete is then settled; the
-	// streak ends); default DefaultMaxRetries (20); negative means retry
-	// forever. A turn that a change or a trigger asked for is always made,
-	// so an object that keeps changing is never given up on. A key given
-	// up on waits for its next change: there is no periodic resync (return
-	// RequeueAfter to look at an object again periodically). A failing reconcile that itself writes a changing
-	// status makes its own events and loops at the speed of the API
-	// server: write status only when it changes, or set
-	// Watch.SkipStatusOnly.
+	// Concurrency is the number of workers that take every entry.
+	// ReservedWorkers more take only entries at TriggerPriority or above,
+	// so that a trigger never waits for a backlog reconcile: zero means 1
+	// when Concurrency > 1, else none; negative means none.
+	Concurrency, ReservedWorkers int
+	// MaxRetries: once a key failed this many turns in a row, a failure in
+	// a retry of the controller's own (no change or trigger asked for the
+	// turn) gives up on what failed (a delete is settled); a turn a change
+	// or trigger asked for is always made. Negative: retry forever.
 	MaxRetries int
-	// Backoff is the retry delay policy; the zero value means the queue's
-	// defaults (queue.DefaultBackoffBase 5ms doubling to
-	// queue.DefaultBackoffCap 5m, queue.DefaultBackoffJitter 10%). The
-	// delay grows with the key's consecutive failed turns: a change merged
-	// into a pending retry is reconciled at once, but when that fails too
-	// its retry waits longer than the last one, as with controller-
-	// runtime's per-item rate limiter.
+	// Backoff turns the key's failed turns into the retry delay (zero
+	// fields: the queue's defaults, 5ms doubling to 5m, 10% jitter).
 	Backoff queue.Backoff
-	// Timeout bounds each reconcile call (its context's deadline); default
-	// DefaultTimeout (5m); negative means none.
-	Timeout time.Duration
-	// ShutdownTimeout is how long in-flight reconciles may go on after Run's
-	// context is cancelled before their contexts are cancelled too; default
-	// DefaultShutdownTimeout (30s). With Leader it is also capped so that
-	// the drain ends before another replica may acquire the Lease: one
-	// RetryPeriod before the elector's bound, LeaseDuration - ClockSkew
-	// after the term's last successful renew ([leader.Elector.WorkDeadline]);
-	// at most 12s with the leader defaults, less when renewals were failing.
-	ShutdownTimeout time.Duration
-	// Watch configures the watcher. Client, Resource and Queue are set by
-	// the controller and must be left zero; a nil Logger means the
-	// controller's.
+	// Timeout bounds each reconcile call (negative: none). ShutdownTimeout
+	// is how long in-flight reconciles may go on after Run's context ends;
+	// with Leader the drain ends a RetryPeriod before another replica may
+	// take the Lease ([leader.Elector.WorkDeadline]).
+	Timeout, ShutdownTimeout time.Duration
+	// Watch configures the watcher; the controller sets Client, Resource,
+	// Queue (leave them zero) and a nil Logger.
 	Watch watcher.Config[T]
-
-	// Leader, if set, makes the controller active only while this replica
-	// holds the Lease (see package leader): each term runs the watcher
-	// (with a fresh list), the workers and the term work, under a context
-	// that ends with the term, and every reconcile log line carries the
-	// term number. Gate is set by the controller (its queue) and must be
-	// left nil; Client is required; a nil Logger means the controller's.
-	// nil Leader: the controller is always active.
+	// Leader, if set, runs the watcher, the workers and the term work only
+	// while this replica holds the Lease, under a context that ends with
+	// the term; the controller sets Gate (leave it nil) and a nil Logger.
 	Leader *leader.Config
 
-	// TriggerPriority is the queue priority of external triggers
-	// (Controller.Trigger); zero means trigger.DefaultPriority.
+	// TriggerPriority is the queue priority of triggers (zero:
+	// trigger.DefaultPriority).
 	TriggerPriority int
-	// NoEvents turns off Kubernetes Events. By default the controller
-	// records a Warning Event (events.k8s.io/v1, through Dynamic) on the
-	// object when it gives up on it (after MaxRetries, or on a terminal
-	// error); the identity needs "create" on events.events.k8s.io.
-	NoEvents bool
-	// RecordTriggerEvents also records a Normal Event ("Triggered") on the
-	// object for every reconcile requested by an external trigger (source
-	// Operator), with the trigger's reason: once per trigger, not for its
-	// retries or for the requeues that follow it.
-	RecordTriggerEvents bool
+	// NoEvents turns off the Warning Events; RecordTriggerEvents also
+	// records a Normal Event ("Triggered") for every turn a trigger asked.
+	NoEvents, RecordTriggerEvents bool
 
-	// Logger receives the controller's logs; every line about a reconcile
-	// carries key, type, source, retry and term (when leading). nil means
-	// slog.Default().
-	Logger *slog.Logger
-	// Metrics receives the controller's measurements; nil means none.
-	Metrics Metrics
-	// QueueMetrics receives the queue's measurements; nil means none.
-	QueueMetrics queue.Metrics
-	// TriggerMetrics receives the measurements of Controller.Trigger
-	// (enqueues by outcome, rejected input); nil means none.
+	// Logger receives the logs (nil: slog.Default()); Metrics,
+	// QueueMetrics and TriggerMetrics the measurements (nil: none).
+	Logger         *slog.Logger
+	Metrics        Metrics
+	QueueMetrics   queue.Metrics
 	TriggerMetrics trigger.Metrics
 }
 
-// elector is what the controller needs of a *leader.Elector.
-type elector interface {
-	Run(ctx context.Context, work func(ctx context.Context) error) error
-	Check() error
-	IsLeader() bool
-}
-
-// Controller runs a [Reconciler] over one resource: one queue, one watcher,
-// optionally a leader elector, Concurrency workers and ReservedWorkers
-// workers kept for triggers. Build it with
-// [NewController], start it with [Controller.Run].
-//
-// Goroutines: Run owns all of them — the watcher's Run, the workers, and
-// with Leader the elector's campaign (whose terms run the watcher and the
-// workers). None is left when Run returns.
-//
-// Termination: when Run's context is cancelled the controller stops its
-// intake (the watcher stops, workers take no more entries), lets the
-// reconciles in flight finish for up to ShutdownTimeout, then cancels their
-// contexts and waits for them; entries still queued are abandoned (the next
-// start relists). When a leadership term ends, in-flight reconciles are
-// cancelled at once: another replica may take over.
+// Controller runs a [Reconciler] over one resource; its Run owns every
+// goroutine it starts. When Run's context ends, in-flight reconciles get
+// ShutdownTimeout to finish and the queue is abandoned (the next start
+// lists everything); when a leadership term ends, they are cancelled.
 type Controller[T opkit.Object] struct {
 	cfg     Config[T]
 	log     *slog.Logger
@@ -178,192 +104,119 @@ type Controller[T opkit.Object] struct {
 	queue   *queue.Queue[opkit.Key, opkit.Cause[T]]
 	client  *typed.Client[T]
 	watch   *watcher.Watcher[T]
-	elector elector         // nil without Leader
-	leader  *leader.Elector // the same, typed
-	// termOf reads the leadership term from a term's context.
-	termOf func(context.Context) (int32, bool)
-	trig   *trigger.Trigger[T]
-	sel    labels.Selector // the watch's label selector; nil for none
-	rec    *Recorder
-	drain  time.Duration
-	// drainMargin is how long before the elector's WorkDeadline a leader's
-	// shutdown drain ends: its RetryPeriod.
-	drainMargin time.Duration
+	leader  *leader.Elector // nil without Config.Leader
+	trig    *trigger.Trigger[T]
+	sel     labels.Selector // the watch's label selector; nil for none
+	rec     *Recorder       // nil with NoEvents
+	retries retries         // the retry policy: failed turns per key
 
-	retries retries // the retry policy: failed turns per key
-
-	mu        sync.Mutex
-	running   bool
-	termWork  []Runnable
-	termReady map[string]func() error
+	mu       sync.Mutex
+	running  bool
+	termWork []Runnable
 }
 
-// NewController validates cfg, applies its defaults and builds the queue,
-// the watcher, the trigger and (with Leader) the elector. It starts nothing.
+// NewController validates cfg and builds the controller; it starts
+// nothing.
 func NewController[T opkit.Object](cfg Config[T]) (*Controller[T], error) {
 	bad := func(format string, args ...any) (*Controller[T], error) {
 		return nil, fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
 	}
-	switch {
-	case cfg.Name == "":
-		return bad("Name is required")
-	case cfg.Dynamic == nil:
-		return bad("Dynamic is required")
-	case cfg.Reconciler == nil:
-		return bad("Reconciler is required")
+	switch err := cfg.Resource.Validate(); {
+	case cfg.Name == "" || cfg.Dynamic == nil || cfg.Reconciler == nil:
+		return bad("Name, Dynamic and Reconciler are required")
+	case err != nil:
+		return bad("%v", err)
 	case cfg.Watch.Client != nil || cfg.Watch.Queue != nil || cfg.Watch.Resource != (opkit.Resource{}):
 		return bad("Watch.Client, Watch.Resource and Watch.Queue are set by the controller")
 	case cfg.Leader != nil && cfg.Leader.Gate != nil:
 		return bad("Leader.Gate is set by the controller")
 	case cfg.RecordTriggerEvents && cfg.NoEvents:
 		return bad("RecordTriggerEvents contradicts NoEvents")
-	case cfg.Concurrency < 0:
-		return bad("negative Concurrency %d", cfg.Concurrency)
-	case cfg.ShutdownTimeout < 0:
-		return bad("negative ShutdownTimeout %v", cfg.ShutdownTimeout)
+	case cfg.Concurrency < 0 || cfg.ShutdownTimeout < 0:
+		return bad("negative Concurrency or ShutdownTimeout")
 	}
-	if err := cfg.Resource.Validate(); err != nil {
-		return bad("%v", err)
-	}
-	if cfg.Concurrency == 0 {
-		cfg.Concurrency = DefaultConcurrency
-	}
-	switch {
-	case cfg.ReservedWorkers < 0:
-		cfg.ReservedWorkers = 0
-	case cfg.ReservedWorkers == 0 && cfg.Concurrency > 1:
+	cfg.Concurrency = cmp.Or(cfg.Concurrency, DefaultConcurrency)
+	if cfg.ReservedWorkers == 0 && cfg.Concurrency > 1 {
 		cfg.ReservedWorkers = 1
 	}
-	if cfg.TriggerPriority == 0 {
-		cfg.TriggerPriority = trigger.DefaultPriority
-	}
-	if cfg.MaxRetries == 0 {
-		cfg.MaxRetries = DefaultMaxRetries
-	}
-	if cfg.Timeout == 0 {
-		cfg.Timeout = DefaultTimeout
-	}
-	if cfg.ShutdownTimeout == 0 {
-		cfg.ShutdownTimeout = DefaultShutdownTimeout
-	}
-	log := cfg.Logger
-	if log == nil {
-		log = slog.Default()
-	}
-	log = log.With("controller", cfg.Name)
-	c := &Controller[T]{
-		cfg:       cfg,
-		log:       log,
-		metrics:   cfg.Metrics,
-		client:    typed.New[T](cfg.Dynamic, cfg.Resource),
-		drain:     cfg.ShutdownTimeout,
-		retries:   retries{backoff: cfg.Backoff},
-		termReady: map[string]func() error{},
-	}
+	cfg.ReservedWorkers = max(cfg.ReservedWorkers, 0)
+	cfg.TriggerPriority = cmp.Or(cfg.TriggerPriority, trigger.DefaultPriority)
+	cfg.MaxRetries = cmp.Or(cfg.MaxRetries, DefaultMaxRetries)
+	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultTimeout)
+	cfg.ShutdownTimeout = cmp.Or(cfg.ShutdownTimeout, DefaultShutdownTimeout)
+	log := cmp.Or(cfg.Logger, slog.Default()).With("controller", cfg.Name)
+	c := &Controller[T]{cfg: cfg, log: log, metrics: cfg.Metrics, client: typed.New[T](cfg.Dynamic, cfg.Resource), retries: retries{backoff: cfg.Backoff}}
 	if c.metrics == nil {
 		c.metrics = noMetrics{}
 	}
 	c.queue = queue.New[opkit.Key](queue.Config[opkit.Cause[T]]{Merge: (*opkit.Cause[T]).Merge, Metrics: cfg.QueueMetrics})
-
 	wcfg := cfg.Watch
-	wcfg.Client, wcfg.Resource, wcfg.Queue = cfg.Dynamic, cfg.Resource, c.queue
-	if wcfg.Logger == nil {
-		wcfg.Logger = log
-	}
-	w, err := watcher.New(wcfg)
-	if err != nil {
+	wcfg.Client, wcfg.Resource, wcfg.Queue, wcfg.Logger = cfg.Dynamic, cfg.Resource, c.queue, cmp.Or(wcfg.Logger, log)
+	var err error
+	if c.watch, err = watcher.New(wcfg); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	c.watch = w
-
 	// Triggers reach only what the watch sees: another namespace, or labels
 	// the watch's selector leaves out, would be reconciled by a controller
 	// not meant to handle them (e.g. one shard of several).
-	var sel labels.Selector
 	if cfg.Watch.LabelSelector != "" {
-		if sel, err = labels.Parse(cfg.Watch.LabelSelector); err != nil {
+		if c.sel, err = labels.Parse(cfg.Watch.LabelSelector); err != nil {
 			return nil, fmt.Errorf("%w: Watch.LabelSelector: %w", ErrInvalidConfig, err)
 		}
 	}
-	tr, err := trigger.New(trigger.Config[T]{Queue: c.queue, Get: c.client.Get, Resource: cfg.Resource, Namespace: cfg.Watch.Namespace, Selector: sel,
-		Priority: cfg.TriggerPriority, Metrics: cfg.TriggerMetrics, Logger: log})
-	if err != nil {
+	if c.trig, err = trigger.New(trigger.Config[T]{Queue: c.queue, Get: c.client.Get, Resource: cfg.Resource, Namespace: cfg.Watch.Namespace,
+		Selector: c.sel, Priority: cfg.TriggerPriority, Metrics: cfg.TriggerMetrics, Logger: log}); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	c.trig, c.sel = tr, sel
-
 	if !cfg.NoEvents {
 		if c.rec, err = NewRecorder(RecorderConfig{Dynamic: cfg.Dynamic, Controller: cfg.Name, Resource: cfg.Resource}); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
 	}
-
 	if cfg.Leader != nil {
 		// Closed from the start, not only from the elector's Run: a trigger
 		// endpoint or consumer may be serving before Run is called, and this
 		// replica does not lead yet.
 		c.queue.Suspend()
 		lcfg := *cfg.Leader
-		lcfg.Gate = c.queue
-		if lcfg.Logger == nil {
-			lcfg.Logger = log
-		}
-		el, err := leader.New(lcfg)
-		if err != nil {
+		lcfg.Gate, lcfg.Logger = c.queue, cmp.Or(lcfg.Logger, log)
+		if c.leader, err = leader.New(lcfg); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
-		c.elector, c.leader = el, el
-		c.termOf = func(ctx context.Context) (int32, bool) {
-			t, ok := leader.TermFrom(ctx)
-			return t.Number, ok
-		}
-		c.drainMargin = cmp.Or(lcfg.RetryPeriod, leader.DefaultRetryPeriod)
 	}
 	return c, nil
 }
 
-// Elector returns the leader elector, or nil without Config.Leader. Use it
-// to report the current leader (e.g. in a follower's 503 answers).
+// Elector returns the leader elector, or nil without Config.Leader.
 func (c *Controller[T]) Elector() *leader.Elector { return c.leader }
 
-// Trigger returns the trigger bound to the controller's queue, for the
-// HTTP handler, message consumers and the operator's own code. Its adds are
-// dropped (false) while this replica is not the leader. Its scope is the
-// watch's: Config.Watch.Namespace and LabelSelector (trigger.ErrOutOfScope).
+// Trigger returns the trigger bound to the controller's queue, with the
+// watch's namespace and label selector as its scope.
 func (c *Controller[T]) Trigger() *trigger.Trigger[T] { return c.trig }
 
-// Runnable returns the controller as a [Group] component: its Name, Run
-// and Check.
+// Runnable returns the controller as a [Group] component.
 func (c *Controller[T]) Runnable() Runnable {
 	return Runnable{Name: c.cfg.Name, Run: c.Run, Ready: c.Check}
 }
 
-// Queue returns the controller's queue (its length, for diagnostics).
+// Queue returns the controller's queue, for diagnostics.
 func (c *Controller[T]) Queue() *queue.Queue[opkit.Key, opkit.Cause[T]] { return c.queue }
 
-// Check is a readiness check: nil for a follower standing by; for an
-// active controller, the watcher's health (running, synced, connected);
-// with Leader also the elector's. It is safe to call from any goroutine.
+// Check is a readiness check: the elector's health, and for an active
+// controller the watcher's (running, synced, connected).
 func (c *Controller[T]) Check() error {
-	var errs []error
-	if c.elector != nil {
-		if err := c.elector.Check(); err != nil {
-			errs = append(errs, err)
-		}
-		if !c.elector.IsLeader() {
-			return errors.Join(errs...)
-		}
+	if c.leader == nil {
+		return c.watch.Check()
 	}
-	if err := c.watch.Check(); err != nil {
-		errs = append(errs, err)
+	err := c.leader.Check()
+	if !c.leader.IsLeader() {
+		return err
 	}
-	return errors.Join(errs...)
+	return errors.Join(err, c.watch.Check())
 }
 
-// AddTermWork registers r to run alongside the watcher and the workers:
-// in every leadership term with Leader (its context ends with the term),
-// for the whole of Run without. It must be called before Run. Its Ready
-// check, if any, is ignored here (a [Group] reports it).
+// AddTermWork registers r, before Run, to run beside the workers: in
+// every leadership term, or for the whole Run without Leader.
 func (c *Controller[T]) AddTermWork(r Runnable) error {
 	if r.Run == nil || r.Name == "" {
 		return errors.New("reconcile: term work needs a Name and a Run func")
@@ -377,11 +230,8 @@ func (c *Controller[T]) AddTermWork(r Runnable) error {
 	return nil
 }
 
-// Run runs the controller until ctx is cancelled, then shuts down as
-// described on [Controller], and returns nil once every goroutine it
-// started has returned. It returns an error if a component fails (the
-// watcher, term work, the elector with ExitOnLoss), and ErrAlreadyRunning
-// if called twice.
+// Run runs the controller until ctx ends and returns nil, or the error of
+// a component that failed.
 func (c *Controller[T]) Run(ctx context.Context) error {
 	c.mu.Lock()
 	if c.running {
@@ -393,60 +243,42 @@ func (c *Controller[T]) Run(ctx context.Context) error {
 	c.mu.Unlock()
 	defer c.queue.ShutDown()
 
-	if c.elector == nil {
+	if c.leader == nil {
 		return c.runTerm(ctx, ctx, work)
 	}
-	return c.elector.Run(ctx, func(termCtx context.Context) error {
+	return c.leader.Run(ctx, func(termCtx context.Context) error {
 		return c.runTerm(ctx, termCtx, work)
 	})
 }
 
 // runTerm runs the watcher, the term work and the workers until termCtx
 // ends (or a component fails), then stops them: at once when the term was
-// lost, after a drain of up to c.drain when runCtx (the process) is ending.
+// lost, after a drain of up to ShutdownTimeout when runCtx (the process)
+// is ending.
 func (c *Controller[T]) runTerm(runCtx, termCtx context.Context, work []Runnable) error {
 	log := c.log
-	if c.termOf != nil {
-		if term, ok := c.termOf(termCtx); ok {
-			log = log.With("term", term)
-		}
+	if term, ok := leader.TermFrom(termCtx); ok {
+		log = log.With("term", term.Number)
 	}
-	// Intake side: the watcher, term work and workers' Get stop with it.
-	intakeCtx, stopIntake := context.WithCancel(termCtx)
-	defer stopIntake()
+	// Intake side: the watcher, term work and workers' Get stop with it,
+	// and the first component to fail ends it (context.Cause tells).
+	g, intakeCtx := errgroup.WithContext(termCtx)
 	// Reconciles run under workCtx: it keeps termCtx's values (the term)
 	// but is cancelled separately, after the drain.
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(termCtx))
 	defer cancelWork()
-
-	var (
-		wg       sync.WaitGroup
-		errMu    sync.Mutex
-		firstErr error
-	)
-	fail := func(err error) {
-		errMu.Lock()
-		if firstErr == nil {
-			firstErr = err
-		}
-		errMu.Unlock()
-		stopIntake()
-	}
-	failed := func() error {
-		errMu.Lock()
-		defer errMu.Unlock()
-		return firstErr
-	}
-	wg.Go(func() {
+	g.Go(func() error {
 		if err := c.watch.Run(intakeCtx); err != nil {
-			fail(fmt.Errorf("reconcile: watcher: %w", err))
+			return fmt.Errorf("reconcile: watcher: %w", err)
 		}
+		return nil
 	})
 	for _, r := range work {
-		wg.Go(func() {
+		g.Go(func() error {
 			if err := r.Run(intakeCtx); err != nil && intakeCtx.Err() == nil {
-				fail(fmt.Errorf("reconcile: %s: %w", r.Name, err))
+				return fmt.Errorf("reconcile: %s: %w", r.Name, err)
 			}
+			return nil
 		})
 	}
 	var workers sync.WaitGroup
@@ -461,16 +293,17 @@ func (c *Controller[T]) runTerm(runCtx, termCtx context.Context, work []Runnable
 	}
 
 	<-intakeCtx.Done()
-	if runCtx.Err() != nil && failed() == nil {
+	if runCtx.Err() != nil && errors.Is(context.Cause(intakeCtx), context.Canceled) {
 		// Graceful shutdown: no new intake; in-flight reconciles get the drain.
-		if c.elector == nil {
+		drain := c.cfg.ShutdownTimeout
+		if c.leader == nil {
 			c.queue.ShutDown()
-		}
-		drain := c.drain
-		if c.leader != nil {
-			// Measured from the term's last successful renew, not from now:
-			// when renewals were failing the Lease expires sooner.
-			drain = max(0, min(drain, time.Until(c.leader.WorkDeadline().Add(-c.drainMargin))))
+		} else {
+			// Measured from the term's last successful renew, not from now
+			// (when renewals were failing the Lease expires sooner), and
+			// one RetryPeriod before that bound.
+			margin := cmp.Or(c.cfg.Leader.RetryPeriod, leader.DefaultRetryPeriod)
+			drain = max(0, min(drain, time.Until(c.leader.WorkDeadline().Add(-margin))))
 		}
 		log.Info("controller stopping: draining in-flight reconciles", "deadline", drain)
 		t := time.AfterFunc(drain, cancelWork)
@@ -481,11 +314,11 @@ func (c *Controller[T]) runTerm(runCtx, termCtx context.Context, work []Runnable
 	}
 	workers.Wait()
 	cancelWork()
-	wg.Wait()
+	err := g.Wait()
 	// Retries this term could not add (the intake closed) and reconciles
 	// it interrupted leave streaks no entry stands for.
 	c.retries.reset()
-	return failed()
+	return err
 }
 
 // worker takes entries with get until intakeCtx ends and runs their turns
@@ -525,11 +358,8 @@ type turn[T opkit.Object] struct {
 func (c *Controller[T]) runTurn(ctx context.Context, item queue.Item[opkit.Key, opkit.Cause[T]], log *slog.Logger) {
 	key, cause := item.Key, item.Value
 	t := &turn[T]{key: key, retries: c.retries.count(key, cause.Retries), asked: cause.Sources, log: log.With("key", key.String())}
-	var term int32
-	if c.termOf != nil {
-		term, _ = c.termOf(ctx)
-	}
-	base := Request[T]{Key: key, Sources: cause.Sources, Reasons: cause.Reasons, Retries: t.retries, Term: term}
+	term, _ := leader.TermFrom(ctx)
+	base := Request[T]{Key: key, Sources: cause.Sources, Reasons: cause.Reasons, Retries: t.retries, Term: term.Number}
 	deletes := c.watch.Deletes(key)
 	for _, d := range deletes {
 		req := base

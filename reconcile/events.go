@@ -1,6 +1,7 @@
 package reconcile
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -16,95 +17,57 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/opkit/opkit"
 )
 
-// Event types for [Recorder.Record].
+// Event types for [Recorder.Record], and the default timeout of one write.
 const (
-	EventNormal  = corev1.EventTypeNormal
-	EventWarning = corev1.EventTypeWarning
+	EventNormal         = corev1.EventTypeNormal
+	EventWarning        = corev1.EventTypeWarning
+	DefaultEventTimeout = 5 * time.Second
 )
 
 // EventsResource is the resource Events are written to.
 var EventsResource = schema.GroupVersionResource{Group: "events.k8s.io", Version: "v1", Resource: "events"}
 
-// DefaultEventTimeout bounds one Event write when RecorderConfig.Timeout is zero.
-const DefaultEventTimeout = 5 * time.Second
-
-// RecorderConfig configures a [Recorder].
+// RecorderConfig configures a [Recorder]: the client the Events are
+// created with (required), the reporting Controller (required) and
+// Instance (default: Controller), the Resource that gives the kind of
+// objects whose TypeMeta is empty, and the Timeout of each write.
 type RecorderConfig struct {
-	// Dynamic is the client Events are created with, as events.k8s.io/v1
-	// objects (the controller's dynamic client will do, and reconciletest's
-	// fake records them). One of Dynamic and Kube is required.
-	Dynamic dynamic.Interface
-	// Kube, if set, creates the Events through its EventsV1 client
-	// instead of Dynamic.
-	Kube kubernetes.Interface
-	// Controller is the reporting controller, e.g. "demo.opkit.dev/demo-operator".
-	// Required.
+	Dynamic    dynamic.Interface
 	Controller string
-	// Instance is the reporting instance (e.g. the pod name). Default: the
-	// Controller name.
-	Instance string
-	// Resource supplies the apiVersion and kind of objects whose TypeMeta is
-	// empty (typed objects decoded by client-go often have none). Optional.
-	Resource opkit.Resource
-	// Timeout bounds each Event write. Zero means [DefaultEventTimeout].
-	Timeout time.Duration
+	Instance   string
+	Resource   opkit.Resource
+	Timeout    time.Duration
 }
 
-// Recorder records Kubernetes Events (events.k8s.io/v1) about objects.
-//
-// Recording is synchronous: Record creates the Event with one API call,
-// bounded by the configured timeout, on the caller's goroutine. There is no
-// broadcaster, no goroutine per object or per recorder, and nothing to stop;
-// the caller decides whether an Event is worth the wait. Events are not
-// aggregated into series: opkit records them only for rare occurrences
-// (the last failed retry, a terminal error, an external trigger).
-//
-// A nil *Recorder is valid and records nothing. A Recorder is safe for
-// concurrent use.
+// Recorder records Events (events.k8s.io/v1) about objects with one API
+// call on the caller's goroutine: no broadcaster, nothing to stop. A nil
+// *Recorder records nothing. It is safe for concurrent use.
 type Recorder struct {
 	cfg RecorderConfig
 }
 
 // NewRecorder validates cfg and returns a recorder.
 func NewRecorder(cfg RecorderConfig) (*Recorder, error) {
-	if cfg.Dynamic == nil && cfg.Kube == nil {
-		return nil, errors.New("reconcile: recorder needs a dynamic or a kubernetes client")
+	if cfg.Dynamic == nil || cfg.Controller == "" || cfg.Timeout < 0 {
+		return nil, errors.New("reconcile: recorder needs a Dynamic client, a Controller name and a Timeout that is not negative")
 	}
-	if cfg.Controller == "" {
-		return nil, errors.New("reconcile: recorder needs a Controller name")
-	}
-	if cfg.Timeout < 0 {
-		return nil, fmt.Errorf("reconcile: recorder: negative Timeout %v", cfg.Timeout)
-	}
-	if cfg.Timeout == 0 {
-		cfg.Timeout = DefaultEventTimeout
-	}
-	if cfg.Instance == "" {
-		cfg.Instance = cfg.Controller
-	}
+	cfg.Timeout, cfg.Instance = cmp.Or(cfg.Timeout, DefaultEventTimeout), cmp.Or(cfg.Instance, cfg.Controller)
 	return &Recorder{cfg: cfg}, nil
 }
 
-// EventSpec is what an Event says.
+// EventSpec is what an Event says: its Type (EventNormal, the default, or
+// EventWarning), a machine-readable UpperCamelCase Reason, the Action done
+// or failed ("Reconcile"), and a Note (cut to 1 KiB).
 type EventSpec struct {
-	// Type is EventNormal or EventWarning (default EventNormal).
-	Type string
-	// Reason is a short UpperCamelCase machine-readable reason, e.g. "ReconcileFailed".
-	Reason string
-	// Action is what was done or failed, e.g. "Reconcile".
-	Action string
-	// Note is the human-readable message (truncated to 1 KiB).
-	Note string
+	Type, Reason, Action, Note string
 }
 
-// Record creates an Event about obj. Cluster-scoped objects get their Events
-// in the "default" namespace. It returns the API error, if any; a nil
-// Recorder returns nil at once.
+// Record creates an Event about obj (in "default" for a cluster-scoped
+// one) and returns the API error, if any.
 func (r *Recorder) Record(ctx context.Context, obj opkit.Object, spec EventSpec) error {
 	if r == nil {
 		return nil
@@ -115,12 +78,6 @@ func (r *Recorder) Record(ctx context.Context, obj opkit.Object, spec EventSpec)
 	ev := r.build(obj, spec, time.Now())
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
 	defer cancel()
-	if r.cfg.Kube != nil {
-		if _, err := r.cfg.Kube.EventsV1().Events(ev.Namespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
-			return fmt.Errorf("reconcile: record event %s on %s: %w", spec.Reason, opkit.KeyOf(obj), err)
-		}
-		return nil
-	}
 	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(ev)
 	if err != nil {
 		return fmt.Errorf("reconcile: record event: %w", err)

@@ -7,8 +7,8 @@ import (
 
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	kfake "k8s.io/client-go/kubernetes/fake"
 
 	"github.com/opkit/opkit/reconcile"
 )
@@ -57,9 +57,9 @@ func TestNewRecorderValidatesItsConfig(t *testing.T) {
 	}
 }
 
-func TestRecorderWritesThroughAClientsetWhenGivenOne(t *testing.T) {
-	kube := kfake.NewClientset()
-	r, err := reconcile.NewRecorder(reconcile.RecorderConfig{Kube: kube, Controller: "test.opkit.dev/widgets", Resource: widgets})
+func TestRecorderPutsEventsOfClusterScopedObjectsInDefault(t *testing.T) {
+	dyn := newFakeDynamic(t)
+	r, err := reconcile.NewRecorder(reconcile.RecorderConfig{Dynamic: dyn, Controller: "test.opkit.dev/widgets", Resource: widgets})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,8 +68,14 @@ func TestRecorderWritesThroughAClientsetWhenGivenOne(t *testing.T) {
 	if err := r.Record(context.Background(), cluster, reconcile.EventSpec{Reason: "Triggered", Note: "by CI"}); err != nil {
 		t.Fatal(err)
 	}
-	l, err := kube.EventsV1().Events("default").List(context.Background(), metav1.ListOptions{})
-	if err != nil || len(l.Items) != 1 || l.Items[0].Reason != "Triggered" || l.Items[0].Type != "Normal" || l.Items[0].Regarding.Name != "c" {
+	l, err := dyn.Resource(reconcile.EventsResource).Namespace("default").List(context.Background(), metav1.ListOptions{})
+	if err != nil || len(l.Items) != 1 {
 		t.Fatalf("events %+v, %v", l, err)
+	}
+	if reason, _, _ := unstructured.NestedString(l.Items[0].Object, "reason"); reason != "Triggered" {
+		t.Fatalf("event %+v", l.Items[0].Object)
+	}
+	if name, _, _ := unstructured.NestedString(l.Items[0].Object, "regarding", "name"); name != "c" {
+		t.Fatalf("event %+v", l.Items[0].Object)
 	}
 }

@@ -17,8 +17,8 @@ import (
 	"github.com/opkit/opkit/internal/typed"
 )
 
-// DefaultConflictRetries is how many times the finalizer and status helpers
-// re-read an object and try again after a 409 Conflict before giving up.
+// DefaultConflictRetries is how often the finalizer and status helpers try
+// again after a 409 Conflict.
 const DefaultConflictRetries = 5
 
 // FinalizeFunc cleans up what an object owns outside Kubernetes before the
@@ -27,22 +27,18 @@ const DefaultConflictRetries = 5
 type FinalizeFunc[T opkit.Object] func(ctx context.Context, obj T) error
 
 // Finalizer keeps one finalizer on the objects of a resource and runs the
-// user's finalize step when they are being deleted.
-//
-// Every write is a JSON merge patch of metadata.finalizers that carries the
-// resourceVersion the change was computed from, so the API server applies
-// it only to that exact state: a concurrent writer makes it fail with 409
-// Conflict (never silently drops the other writer's finalizers), and the
-// helper then re-reads the object and recomputes, up to
-// [DefaultConflictRetries] times. A Finalizer holds no goroutines; it is safe
-// for concurrent use.
+// finalize step when they are being deleted. Each write is a merge patch
+// of metadata.finalizers at the resourceVersion it was computed from: a
+// concurrent writer makes it fail with 409, and it reads the object and
+// recomputes (up to [DefaultConflictRetries] times). It is safe for
+// concurrent use.
 type Finalizer[T opkit.Object] struct {
 	name   string
 	client *typed.Client[T]
 }
 
-// NewFinalizer returns a helper for the finalizer name (a qualified name
-// such as "demo.opkit.dev/cleanup") on objects of res.
+// NewFinalizer returns a helper for the finalizer name (such as
+// "demo.opkit.dev/cleanup") on objects of res.
 func NewFinalizer[T opkit.Object](dyn dynamic.Interface, res opkit.Resource, name string) (*Finalizer[T], error) {
 	if dyn == nil {
 		return nil, errors.New("reconcile: finalizer needs a dynamic client")
@@ -59,20 +55,12 @@ func NewFinalizer[T opkit.Object](dyn dynamic.Interface, res opkit.Resource, nam
 // Name returns the finalizer's name.
 func (f *Finalizer[T]) Name() string { return f.name }
 
-// Handle runs the finalizer protocol for obj and tells the caller whether to
-// go on with its normal reconcile:
-//
-//   - obj is not being deleted: the finalizer is added if missing (the
-//     first reconcile); live is true and the returned object is the
-//     updated one.
-//   - obj is being deleted and carries the finalizer: finalize runs; if it
-//     fails, its error is returned (the reconcile is retried) and the
-//     finalizer stays; once it succeeded the finalizer is removed. live is
-//     false.
-//   - obj is being deleted without the finalizer, or is gone: nothing is
-//     written, live is false.
-//
-// Deleted requests need no call: the object has already gone.
+// Handle runs the finalizer protocol and says whether to go on with the
+// normal reconcile (live): an object not being deleted gets the finalizer
+// if missing (live, the returned object updated); one being deleted with
+// the finalizer is finalized, then the finalizer is removed (a finalize
+// error is returned and the finalizer stays); one being deleted without
+// it, or gone, is left alone. Deleted requests need no call.
 func (f *Finalizer[T]) Handle(ctx context.Context, obj T, finalize FinalizeFunc[T]) (out T, live bool, err error) {
 	if isNil(obj) {
 		return obj, false, errors.New("reconcile: finalizer: nil object")
@@ -106,9 +94,8 @@ func (f *Finalizer[T]) Handle(ctx context.Context, obj T, finalize FinalizeFunc[
 	return out, false, err
 }
 
-// Add puts the finalizer on obj unless it is there already or obj is being
-// deleted (the API server refuses new finalizers then). It returns the
-// object as the server returned it (obj itself when nothing was written).
+// Add puts the finalizer on obj unless it is there or obj is being
+// deleted, and returns the object as written (or obj).
 func (f *Finalizer[T]) Add(ctx context.Context, obj T) (T, error) {
 	return f.update(ctx, obj, func(o T) ([]string, bool) {
 		fins := o.GetFinalizers()

@@ -14,30 +14,20 @@ import (
 	"github.com/opkit/opkit/internal/typed"
 )
 
-// StatusConfig configures a [Status] helper. The zero value of every
-// optional field is its default.
+// StatusConfig configures a [Status] helper (Dynamic and Resource are
+// required). Unless SkipObservedGeneration, status.observedGeneration is
+// set to metadata.generation when T's status has it.
 type StatusConfig struct {
-	// Dynamic is the client to write with. Required.
-	Dynamic dynamic.Interface
-	// Resource is the resource written to; it must have a status
-	// subresource. Required.
-	Resource opkit.Resource
-	// SkipObservedGeneration turns off setting status.observedGeneration
-	// to metadata.generation on every write. Default false: it is set, when
-	// T's status declares that field (json name "observedGeneration").
+	Dynamic                dynamic.Interface
+	Resource               opkit.Resource
 	SkipObservedGeneration bool
-	// ConflictRetries is how many times to re-read and re-apply after a 409
-	// Conflict. Zero means [DefaultConflictRetries]; negative is an error.
-	ConflictRetries int
+	ConflictRetries        int
 }
 
-// Status writes the status subresource of one resource with optimistic
-// concurrency: the user's mutate function is applied to the object, the
-// status is written with the object's resourceVersion, and on a 409
-// Conflict the object is read again and mutate applied again to the fresh
-// state. A mutate that changes nothing (observedGeneration included) writes
-// nothing, so a reconcile that has converged makes no API call. A Status
-// holds no goroutines; it is safe for concurrent use.
+// Status writes the status subresource with optimistic concurrency: on a
+// 409 Conflict it reads the object again and applies mutate again. A
+// mutate that changes nothing writes nothing. It is safe for concurrent
+// use.
 type Status[T opkit.Object] struct {
 	client  *typed.Client[T]
 	cfg     StatusConfig
@@ -62,11 +52,8 @@ func NewStatus[T opkit.Object](cfg StatusConfig) (*Status[T], error) {
 	return s, nil
 }
 
-// Update applies mutate to obj (the caller's copy is modified) and writes
-// the status if it changed. mutate must compute the status from the object
-// it is given: after a conflict it is called again on a freshly read copy.
-// Update returns the object as last written (or as read, when nothing
-// changed). An error from mutate is returned as is, and nothing is written.
+// Update applies mutate to obj (after a conflict, to a fresh copy) and
+// writes the status if it changed; a mutate error is returned as is.
 func (s *Status[T]) Update(ctx context.Context, obj T, mutate func(obj T) error) (T, error) {
 	if isNil(obj) {
 		return obj, errors.New("reconcile: status: nil object")

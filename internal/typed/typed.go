@@ -100,31 +100,23 @@ func (c *Client[T]) Patch(ctx context.Context, key opkit.Key, pt types.PatchType
 // UpdateStatus writes obj's status subresource (optimistic concurrency on
 // obj's resourceVersion) and returns the object the server returned.
 func (c *Client[T]) UpdateStatus(ctx context.Context, obj T) (T, error) {
-	u, err := ToUnstructured(obj)
-	if err != nil {
-		var zero T
-		return zero, err
-	}
-	c.setGVK(u)
-	out, err := c.Dynamic(obj.GetNamespace()).UpdateStatus(ctx, u, metav1.UpdateOptions{})
-	if err != nil {
-		var zero T
-		return zero, err
-	}
-	return FromUnstructured[T](out)
+	return c.update(ctx, obj, "status")
 }
 
 // Update writes obj (optimistic concurrency on its resourceVersion).
 func (c *Client[T]) Update(ctx context.Context, obj T) (T, error) {
+	return c.update(ctx, obj)
+}
+
+func (c *Client[T]) update(ctx context.Context, obj T, subresources ...string) (T, error) {
+	var zero T
 	u, err := ToUnstructured(obj)
 	if err != nil {
-		var zero T
 		return zero, err
 	}
 	c.setGVK(u)
-	out, err := c.Dynamic(obj.GetNamespace()).Update(ctx, u, metav1.UpdateOptions{})
+	out, err := c.Dynamic(obj.GetNamespace()).Update(ctx, u, metav1.UpdateOptions{}, subresources...)
 	if err != nil {
-		var zero T
 		return zero, err
 	}
 	return FromUnstructured[T](out)
