@@ -1,6 +1,7 @@
 package trigger
 
 import (
+	"cmp"
 	"container/list"
 	"context"
 	"crypto/sha256"
@@ -105,10 +106,9 @@ type KubeAuthConfig struct {
 // both briefly. Tokens are held only as SHA-256 hashes. It is safe for
 // concurrent use.
 type KubeAuthenticator struct {
-	cfg    KubeAuthConfig
+	cfg    KubeAuthConfig // validated, defaults applied
 	tokens *ttlCache[tokenResult]
-	perms  *ttlCache[error]
-	now    func() time.Time
+	perms  *ttlCache[error] // nil: allowed; else wraps ErrForbidden
 }
 
 var _ Authenticator = (*KubeAuthenticator)(nil)
@@ -120,42 +120,25 @@ type tokenResult struct {
 
 // NewKubeAuthenticator validates cfg and returns the authenticator.
 func NewKubeAuthenticator(cfg KubeAuthConfig) (*KubeAuthenticator, error) {
-	if cfg.Client == nil {
-		return nil, errors.New("trigger: KubeAuthConfig.Client is required")
-	}
 	if cfg.Audiences == nil {
 		cfg.Audiences = []string{DefaultAudience}
 	}
-	if len(cfg.Audiences) == 0 || slices.Contains(cfg.Audiences, "") {
+	switch {
+	case cfg.Client == nil:
+		return nil, errors.New("trigger: KubeAuthConfig.Client is required")
+	case len(cfg.Audiences) == 0 || slices.Contains(cfg.Audiences, ""):
 		return nil, errors.New("trigger: KubeAuthConfig.Audiences must not be empty")
-	}
-	if cfg.Group != "" && cfg.Resource == "" {
+	case cfg.Group != "" && cfg.Resource == "":
 		return nil, fmt.Errorf("trigger: KubeAuthConfig.Group %q without Resource would be ignored (the trigger's own resource and group are checked); set Resource too", cfg.Group)
-	}
-	if cfg.Verb == "" {
-		cfg.Verb = "update"
-	}
-	if cfg.PositiveTTL < 0 || cfg.NegativeTTL < 0 || cfg.MaxEntries < 0 {
+	case cfg.PositiveTTL < 0 || cfg.NegativeTTL < 0 || cfg.MaxEntries < 0:
 		return nil, errors.New("trigger: KubeAuthConfig TTLs and MaxEntries must not be negative")
 	}
-	if cfg.PositiveTTL == 0 {
-		cfg.PositiveTTL = 10 * time.Second
-	}
-	if cfg.NegativeTTL == 0 {
-		cfg.NegativeTTL = 5 * time.Second
-	}
-	if cfg.MaxEntries == 0 {
-		cfg.MaxEntries = 4096
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	return &KubeAuthenticator{
-		cfg:    cfg,
-		tokens: newTTLCache[tokenResult](cfg.MaxEntries),
-		perms:  newTTLCache[error](cfg.MaxEntries),
-		now:    time.Now,
-	}, nil
+	cfg.Verb = cmp.Or(cfg.Verb, "update")
+	cfg.PositiveTTL = cmp.Or(cfg.PositiveTTL, 10*time.Second)
+	cfg.NegativeTTL = cmp.Or(cfg.NegativeTTL, 5*time.Second)
+	cfg.MaxEntries = cmp.Or(cfg.MaxEntries, 4096)
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
+	return &KubeAuthenticator{cfg: cfg, tokens: newTTLCache[tokenResult](cfg.MaxEntries), perms: newTTLCache[error](cfg.MaxEntries)}, nil
 }
 
 // bearerToken returns the token of an "Authorization: Bearer ..." header.
@@ -179,47 +162,29 @@ func (a *KubeAuthenticator) Authorize(ctx context.Context, req AuthRequest) (str
 		return "", fmt.Errorf("%w: a bearer token (Authorization: Bearer ...) for audience %q is required", ErrUnauthenticated, a.cfg.Audiences[0])
 	}
 	sum := sha256.Sum256([]byte(tok))
-	tokKey := string(sum[:])
-
-	tr, err := a.review(ctx, tokKey, tok)
+	user, err := a.review(ctx, string(sum[:]), tok)
 	if err != nil {
 		return "", err
 	}
-	if tr.err != nil {
-		return "", tr.err
-	}
-	attrs := a.attributes(req)
-	permKey := tokKey + "\x00" + attrs.Verb + "\x00" + attrs.Group + "\x00" + attrs.Resource + "\x00" + attrs.Subresource + "\x00" + attrs.Namespace + "\x00" + attrs.Name
-	if denied, ok := a.perms.get(permKey, a.now()); ok {
-		return tr.user.Username, denied
-	}
-	denied, err := a.access(ctx, tr.user, attrs)
-	if err != nil {
-		return tr.user.Username, err
-	}
-	ttl := a.cfg.PositiveTTL
-	if denied != nil {
-		ttl = a.cfg.NegativeTTL
-		a.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "trigger: caller denied", slog.String("user", tr.user.Username), slog.Any("reason", denied))
-	}
-	a.perms.put(permKey, denied, a.now().Add(ttl))
-	return tr.user.Username, denied
+	return user.Username, a.access(ctx, string(sum[:]), user, req)
 }
 
-func (a *KubeAuthenticator) review(ctx context.Context, tokKey, tok string) (tokenResult, error) {
-	if tr, ok := a.tokens.get(tokKey, a.now()); ok {
-		return tr, nil
+// review returns the user of tok (cached by its hash, tokKey) from a
+// TokenReview: an error wrapping ErrUnauthenticated when it refused the
+// token (cached too), any other error when the review failed.
+func (a *KubeAuthenticator) review(ctx context.Context, tokKey, tok string) (authnv1.UserInfo, error) {
+	if tr, ok := a.tokens.get(tokKey); ok {
+		return tr.user, tr.err
 	}
 	rev, err := a.cfg.Client.AuthenticationV1().TokenReviews().Create(ctx, &authnv1.TokenReview{
 		Spec: authnv1.TokenReviewSpec{Token: tok, Audiences: a.cfg.Audiences},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		a.cfg.Logger.LogAttrs(ctx, slog.LevelError, "trigger: TokenReview failed", slog.Any("error", err))
-		return tokenResult{}, fmt.Errorf("TokenReview: %w", err)
+		return authnv1.UserInfo{}, fmt.Errorf("TokenReview: %w", err)
 	}
 	var tr tokenResult
-	st := rev.Status
-	switch {
+	switch st := rev.Status; {
 	case !st.Authenticated:
 		// Status.Error is the API server's explanation (expired, wrong
 		// audience, unknown); it never contains the token.
@@ -235,95 +200,88 @@ func (a *KubeAuthenticator) review(ctx context.Context, tokKey, tok string) (tok
 	default:
 		tr.user = st.User
 	}
-	ttl := a.cfg.PositiveTTL
 	if tr.err != nil {
-		ttl = a.cfg.NegativeTTL
 		a.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "trigger: token refused", slog.Any("reason", tr.err))
 	}
-	a.tokens.put(tokKey, tr, a.now().Add(ttl))
-	return tr, nil
+	a.tokens.put(tokKey, tr, a.expiry(tr.err))
+	return tr.user, tr.err
 }
 
-func (a *KubeAuthenticator) attributes(req AuthRequest) authzv1.ResourceAttributes {
-	group, resource := req.Resource.Group, req.Resource.Resource
+// access asks a SubjectAccessReview whether user may act on req's object
+// (cached by token and attributes): nil when allowed, an error wrapping
+// ErrForbidden when denied (cached too), any other error when the review
+// failed.
+func (a *KubeAuthenticator) access(ctx context.Context, tokKey string, user authnv1.UserInfo, req AuthRequest) error {
+	attrs := authzv1.ResourceAttributes{Namespace: req.Key.Namespace, Verb: a.cfg.Verb, Group: req.Resource.Group,
+		Resource: req.Resource.Resource, Subresource: a.cfg.Subresource, Name: req.Key.Name}
 	if a.cfg.Resource != "" {
-		group, resource = a.cfg.Group, a.cfg.Resource
+		attrs.Group, attrs.Resource = a.cfg.Group, a.cfg.Resource
 	}
-	return authzv1.ResourceAttributes{
-		Namespace:   req.Key.Namespace,
-		Verb:        a.cfg.Verb,
-		Group:       group,
-		Resource:    resource,
-		Subresource: a.cfg.Subresource,
-		Name:        req.Key.Name,
+	key := strings.Join([]string{tokKey, attrs.Verb, attrs.Group, attrs.Resource, attrs.Subresource, attrs.Namespace, attrs.Name}, "\x00")
+	if denied, ok := a.perms.get(key); ok {
+		return denied
 	}
-}
-
-// access returns (nil, nil) when allowed, (refusal wrapping ErrForbidden,
-// nil) when denied, and (nil, err) when the review failed.
-func (a *KubeAuthenticator) access(ctx context.Context, user authnv1.UserInfo, attrs authzv1.ResourceAttributes) (error, error) {
 	extra := make(map[string]authzv1.ExtraValue, len(user.Extra))
 	for k, v := range user.Extra {
 		extra[k] = authzv1.ExtraValue(v)
 	}
 	sar, err := a.cfg.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authzv1.SubjectAccessReview{
-		Spec: authzv1.SubjectAccessReviewSpec{
-			ResourceAttributes: &attrs,
-			User:               user.Username,
-			UID:                user.UID,
-			Groups:             user.Groups,
-			Extra:              extra,
-		},
+		Spec: authzv1.SubjectAccessReviewSpec{ResourceAttributes: &attrs, User: user.Username, UID: user.UID, Groups: user.Groups, Extra: extra},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		a.cfg.Logger.LogAttrs(ctx, slog.LevelError, "trigger: SubjectAccessReview failed", slog.Any("error", err))
-		return nil, fmt.Errorf("SubjectAccessReview: %w", err)
+		return fmt.Errorf("SubjectAccessReview: %w", err)
 	}
-	if sar.Status.Allowed && !sar.Status.Denied {
-		return nil, nil
-	}
-	if sar.Status.EvaluationError != "" {
+	var denied error
+	switch st := sar.Status; {
+	case st.Allowed && !st.Denied:
+	case st.EvaluationError != "":
 		// Not allowed, and an authorizer failed (say, an unreachable
 		// webhook, whether it then had no opinion or, with failurePolicy
 		// Deny, denied): the check failed. Like the API server's own
 		// filter, which answers an authorizer error before a denial,
 		// answer with an error (a 502 here) and cache nothing.
 		a.cfg.Logger.LogAttrs(ctx, slog.LevelError, "trigger: SubjectAccessReview could not be evaluated",
-			slog.String("user", user.Username), slog.String("evaluationError", sar.Status.EvaluationError))
-		return nil, fmt.Errorf("SubjectAccessReview: not evaluated: %s", sar.Status.EvaluationError)
+			slog.String("user", user.Username), slog.String("evaluationError", st.EvaluationError))
+		return fmt.Errorf("SubjectAccessReview: not evaluated: %s", st.EvaluationError)
+	default:
+		what := attrs.Resource
+		if attrs.Group != "" {
+			what += "." + attrs.Group
+		}
+		if attrs.Subresource != "" {
+			what += "/" + attrs.Subresource
+		}
+		msg := fmt.Sprintf("user %q may not %s %s %q", user.Username, attrs.Verb, what, attrs.Name)
+		if attrs.Namespace != "" {
+			msg += fmt.Sprintf(" in namespace %q", attrs.Namespace)
+		}
+		if st.Reason != "" {
+			msg += ": " + st.Reason
+		}
+		denied = fmt.Errorf("%w: %s", ErrForbidden, msg)
+		a.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "trigger: caller denied", slog.String("user", user.Username), slog.Any("reason", denied))
 	}
-	what := attrs.Resource
-	if attrs.Group != "" {
-		what += "." + attrs.Group
-	}
-	if attrs.Subresource != "" {
-		what += "/" + attrs.Subresource
-	}
-	msg := fmt.Sprintf("%s: user %q may not %s %s %q", ErrForbidden, user.Username, attrs.Verb, what, attrs.Name)
-	if attrs.Namespace != "" {
-		msg += fmt.Sprintf(" in namespace %q", attrs.Namespace)
-	}
-	if sar.Status.Reason != "" {
-		msg += ": " + sar.Status.Reason
-	}
-	return &refusal{base: ErrForbidden, msg: msg}, nil
+	a.perms.put(key, denied, a.expiry(denied))
+	return denied
 }
 
-type refusal struct {
-	base error
-	msg  string
+// expiry is when a decision made now leaves the cache: refusals (err
+// not nil) after NegativeTTL, grants after PositiveTTL.
+func (a *KubeAuthenticator) expiry(err error) time.Time {
+	if err != nil {
+		return time.Now().Add(a.cfg.NegativeTTL)
+	}
+	return time.Now().Add(a.cfg.PositiveTTL)
 }
-
-func (r *refusal) Error() string { return r.msg }
-func (r *refusal) Unwrap() error { return r.base }
 
 // ttlCache is a bounded map with per-entry expiry and least-recently-used
 // eviction. Keys are hashes, never raw tokens.
 type ttlCache[V any] struct {
 	mu    sync.Mutex
 	max   int
-	items map[string]*list.Element
-	order *list.List // front = most recently used
+	items map[string]*list.Element // of *cacheEntry[V]
+	order *list.List               // front: most recently used
 }
 
 type cacheEntry[V any] struct {
@@ -336,20 +294,17 @@ func newTTLCache[V any](max int) *ttlCache[V] {
 	return &ttlCache[V]{max: max, items: map[string]*list.Element{}, order: list.New()}
 }
 
-func (c *ttlCache[V]) get(key string, now time.Time) (V, bool) {
+func (c *ttlCache[V]) get(key string) (val V, ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	el, ok := c.items[key]
-	if !ok {
-		var zero V
-		return zero, false
+	el := c.items[key]
+	if el == nil {
+		return val, false
 	}
 	e := el.Value.(*cacheEntry[V])
-	if !now.Before(e.expires) {
-		c.order.Remove(el)
-		delete(c.items, key)
-		var zero V
-		return zero, false
+	if !time.Now().Before(e.expires) {
+		c.remove(el)
+		return val, false
 	}
 	c.order.MoveToFront(el)
 	return e.val, true
@@ -358,24 +313,18 @@ func (c *ttlCache[V]) get(key string, now time.Time) (V, bool) {
 func (c *ttlCache[V]) put(key string, val V, expires time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if el, ok := c.items[key]; ok {
-		e := el.Value.(*cacheEntry[V])
-		e.val, e.expires = val, expires
-		c.order.MoveToFront(el)
-		return
+	if el := c.items[key]; el != nil {
+		c.remove(el)
 	}
 	c.items[key] = c.order.PushFront(&cacheEntry[V]{key: key, val: val, expires: expires})
-	for c.order.Len() > c.max {
-		last := c.order.Back()
-		c.order.Remove(last)
-		delete(c.items, last.Value.(*cacheEntry[V]).key)
+	if c.order.Len() > c.max {
+		c.remove(c.order.Back())
 	}
 }
 
-func (c *ttlCache[V]) len() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.order.Len()
+func (c *ttlCache[V]) remove(el *list.Element) {
+	c.order.Remove(el)
+	delete(c.items, el.Value.(*cacheEntry[V]).key)
 }
 
 type reviewClient struct {

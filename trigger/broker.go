@@ -93,19 +93,12 @@ const (
 	BrokerNotFound
 )
 
+var brokerErrorKinds = [...]string{"Unknown", "Disconnected", "Permission", "Quota", "NotFound"}
+
 // String returns the kind's name, as used in logs, metrics and Check.
 func (k BrokerErrorKind) String() string {
-	switch k {
-	case BrokerUnknown:
-		return "Unknown"
-	case BrokerDisconnected:
-		return "Disconnected"
-	case BrokerPermission:
-		return "Permission"
-	case BrokerQuota:
-		return "Quota"
-	case BrokerNotFound:
-		return "NotFound"
+	if int(k) < len(brokerErrorKinds) {
+		return brokerErrorKinds[k]
 	}
 	return "BrokerErrorKind(?)"
 }
@@ -140,8 +133,7 @@ func (e *BrokerError) Unwrap() error { return e.Err }
 // KindOf returns the kind of the first *BrokerError in err's chain, or
 // BrokerUnknown when there is none.
 func KindOf(err error) BrokerErrorKind {
-	var be *BrokerError
-	if errors.As(err, &be) {
+	if be, ok := errors.AsType[*BrokerError](err); ok {
 		return be.Kind
 	}
 	return BrokerUnknown

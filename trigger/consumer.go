@@ -1,6 +1,7 @@
 package trigger
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -91,9 +92,7 @@ type ConsumerConfig[T opkit.Object] struct {
 // Consumer turns broker messages {"namespace", "name", "reason"} into
 // reconciles. See the package documentation for the ack/nack/term rules.
 type Consumer[T opkit.Object] struct {
-	cfg     ConsumerConfig[T]
-	metrics ConsumerMetrics
-	log     *slog.Logger
+	cfg ConsumerConfig[T] // validated, defaults applied
 
 	running atomic.Bool
 	paused  atomic.Bool // in pause: receiving nothing
@@ -105,74 +104,43 @@ type Consumer[T opkit.Object] struct {
 
 // NewConsumer validates cfg and returns a Consumer; call Run to start it.
 func NewConsumer[T opkit.Object](cfg ConsumerConfig[T]) (*Consumer[T], error) {
-	if cfg.Broker == nil {
+	switch {
+	case cfg.Broker == nil:
 		return nil, errors.New("trigger: ConsumerConfig.Broker is required")
-	}
-	if cfg.Trigger == nil {
+	case cfg.Trigger == nil:
 		return nil, errors.New("trigger: ConsumerConfig.Trigger is required")
-	}
-	if cfg.Trigger.get == nil {
+	case cfg.Trigger.cfg.Get == nil:
 		return nil, errNoGetter
 	}
-	if cfg.Type == 0 {
-		cfg.Type = opkit.Modified
-	}
+	cfg.Type = cmp.Or(cfg.Type, opkit.Modified)
 	if !cfg.Type.Valid() {
 		return nil, fmt.Errorf("trigger: ConsumerConfig.Type %v is invalid", cfg.Type)
 	}
-	for _, f := range []struct {
-		name string
-		v    *time.Duration
-		def  time.Duration
-	}{
-		{"APITimeout", &cfg.APITimeout, 10 * time.Second},
-		{"BrokerTimeout", &cfg.BrokerTimeout, 5 * time.Second},
-		{"RetryBase", &cfg.RetryBase, time.Second},
-		{"RetryCap", &cfg.RetryCap, time.Minute},
-		{"DroppedDelay", &cfg.DroppedDelay, time.Second},
-		{"ReconnectBase", &cfg.ReconnectBase, 500 * time.Millisecond},
-		{"ReconnectCap", &cfg.ReconnectCap, 30 * time.Second},
-		{"PausePoll", &cfg.PausePoll, 250 * time.Millisecond},
-	} {
-		if *f.v < 0 {
-			return nil, fmt.Errorf("trigger: ConsumerConfig.%s is negative", f.name)
-		}
-		if *f.v == 0 {
-			*f.v = f.def
-		}
+	if cfg.Concurrency < 0 || cfg.MaxMessageBytes < 0 || min(cfg.APITimeout, cfg.BrokerTimeout, cfg.RetryBase, cfg.RetryCap,
+		cfg.DroppedDelay, cfg.ReconnectBase, cfg.ReconnectCap, cfg.PausePoll) < 0 {
+		return nil, errors.New("trigger: ConsumerConfig sizes, counts and durations (but LagInterval) must not be negative")
 	}
-	if cfg.LagInterval == 0 {
-		cfg.LagInterval = 15 * time.Second
-	}
+	cfg.Concurrency = cmp.Or(cfg.Concurrency, 1)
+	cfg.MaxMessageBytes = cmp.Or(cfg.MaxMessageBytes, DefaultMaxMessageBytes)
+	cfg.APITimeout = cmp.Or(cfg.APITimeout, 10*time.Second)
+	cfg.BrokerTimeout = cmp.Or(cfg.BrokerTimeout, 5*time.Second)
+	cfg.RetryBase = cmp.Or(cfg.RetryBase, time.Second)
+	cfg.RetryCap = cmp.Or(cfg.RetryCap, time.Minute)
+	cfg.DroppedDelay = cmp.Or(cfg.DroppedDelay, time.Second)
+	cfg.ReconnectBase = cmp.Or(cfg.ReconnectBase, 500*time.Millisecond)
+	cfg.ReconnectCap = cmp.Or(cfg.ReconnectCap, 30*time.Second)
+	cfg.PausePoll = cmp.Or(cfg.PausePoll, 250*time.Millisecond)
+	cfg.LagInterval = cmp.Or(cfg.LagInterval, 15*time.Second)
+	cfg.Metrics = cmp.Or[ConsumerMetrics](cfg.Metrics, nopMetrics{})
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	if cfg.Paused == nil {
-		suspended, _ := cfg.Trigger.q.(interface{ Suspended() bool })
-		shut, _ := cfg.Trigger.q.(interface{ ShuttingDown() bool })
-		switch {
-		case suspended != nil && shut != nil:
-			cfg.Paused = func() bool { return suspended.Suspended() || shut.ShuttingDown() }
-		case suspended != nil:
-			cfg.Paused = suspended.Suspended
-		case shut != nil:
-			cfg.Paused = shut.ShuttingDown
+		suspended, _ := cfg.Trigger.cfg.Queue.(interface{ Suspended() bool })
+		shut, _ := cfg.Trigger.cfg.Queue.(interface{ ShuttingDown() bool })
+		if suspended != nil || shut != nil {
+			cfg.Paused = func() bool { return suspended != nil && suspended.Suspended() || shut != nil && shut.ShuttingDown() }
 		}
 	}
-	if cfg.Concurrency < 0 || cfg.MaxMessageBytes < 0 {
-		return nil, errors.New("trigger: ConsumerConfig.Concurrency and MaxMessageBytes must not be negative")
-	}
-	if cfg.Concurrency == 0 {
-		cfg.Concurrency = 1
-	}
-	if cfg.MaxMessageBytes == 0 {
-		cfg.MaxMessageBytes = DefaultMaxMessageBytes
-	}
-	c := &Consumer[T]{cfg: cfg, metrics: cfg.Metrics, log: cfg.Logger}
-	if c.metrics == nil {
-		c.metrics = nopConsumerMetrics{}
-	}
-	if c.log == nil {
-		c.log = slog.Default()
-	}
-	return c, nil
+	return &Consumer[T]{cfg: cfg}, nil
 }
 
 // Run receives and handles messages until ctx ends, then stops gracefully:
@@ -189,37 +157,15 @@ func (c *Consumer[T]) Run(ctx context.Context) error {
 		return errors.New("trigger: consumer is already running")
 	}
 	defer c.running.Store(false)
-	c.setErr(&c.recvErr, nil)
-	c.setErr(&c.ackErr, nil)
 	c.setErr(&c.lagErr, nil)
+	c.forget()
 
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	if lb, ok := c.cfg.Broker.(Lag); ok && c.cfg.LagInterval > 0 {
 		wg.Go(func() { c.pollLag(ctx, lb) })
 	}
-
-	// While Receive blocks, a watcher asks Paused every PausePoll and ends
-	// the Receive when it reports true, so that a replica that loses its
-	// leadership while waiting for a message stops taking them.
-	var receiveMu sync.Mutex
-	var cancelReceive context.CancelFunc // set while Receive runs
-	if c.cfg.Paused != nil {
-		wg.Go(func() {
-			for sleep(ctx, c.cfg.PausePoll) {
-				if c.cfg.Paused() {
-					receiveMu.Lock()
-					if cancelReceive != nil {
-						cancelReceive()
-					}
-					receiveMu.Unlock()
-				}
-			}
-		})
-	}
-
-	// work outlives ctx so that in-flight messages finish after a stop.
-	work := context.WithoutCancel(ctx)
+	work := context.WithoutCancel(ctx) // in-flight messages finish after a stop
 	slots := make(chan struct{}, c.cfg.Concurrency)
 	failures := 0
 	for {
@@ -238,50 +184,33 @@ func (c *Consumer[T]) Run(ctx context.Context) error {
 			failures = 0
 			continue
 		}
-		rctx, rcancel := context.WithCancel(ctx)
-		receiveMu.Lock()
-		cancelReceive = rcancel
-		receiveMu.Unlock()
-		msg, err := c.cfg.Broker.Receive(rctx)
-		receiveMu.Lock()
-		cancelReceive = nil
-		receiveMu.Unlock()
-		pausedWhileReceiving := rctx.Err() != nil && ctx.Err() == nil
-		rcancel()
-		if err == nil && msg == nil {
-			err = &BrokerError{Kind: BrokerUnknown, Op: "receive", Err: errors.New("broker returned no message and no error")}
-		}
+		msg, paused, err := c.receive(ctx, &wg)
 		if err != nil {
 			<-slots
 			if ctx.Err() != nil {
 				return nil
 			}
-			if pausedWhileReceiving {
+			if paused {
 				continue // the check above pauses
 			}
 			failures++
-			kind := KindOf(err)
 			c.setErr(&c.recvErr, err)
-			c.metrics.BrokerError(kind)
-			wait := c.backoff(c.cfg.ReconnectBase, c.cfg.ReconnectCap, failures)
-			c.log.LogAttrs(ctx, slog.LevelError, "trigger consumer: receive failed",
-				slog.String("kind", kind.String()), slog.Any("error", err), slog.Duration("retryIn", wait))
+			wait := backoff(c.cfg.ReconnectBase, c.cfg.ReconnectCap, failures)
+			c.brokerFailed(ctx, slog.LevelError, "trigger consumer: receive failed", err, slog.Duration("retryIn", wait))
 			if !sleep(ctx, wait) {
 				return nil
 			}
 			continue
 		}
 		if failures > 0 {
-			c.log.LogAttrs(ctx, slog.LevelInfo, "trigger consumer: receiving again", slog.Int("failures", failures))
+			c.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "trigger consumer: receiving again", slog.Int("failures", failures))
 		}
 		failures = 0
 		c.setErr(&c.recvErr, nil)
-		c.metrics.Received()
+		c.cfg.Metrics.Received()
 		start := time.Now()
 		if ctx.Err() != nil {
-			// Received but not handled: hand it back at once.
-			c.nack(work, msg, NackStopping, 0, start)
-			<-slots
+			c.nack(work, msg, NackStopping, 0, start) // received but not handled: hand it back at once
 			return nil
 		}
 		wg.Go(func() {
@@ -289,6 +218,29 @@ func (c *Consumer[T]) Run(ctx context.Context) error {
 			c.handle(work, msg, start)
 		})
 	}
+}
+
+// receive calls the broker's Receive. While it blocks, a goroutine (in wg)
+// asks Paused every PausePoll and ends the Receive once it reports true,
+// so that a replica that loses its leadership while waiting for a message
+// stops taking them; paused reports that it did.
+func (c *Consumer[T]) receive(ctx context.Context, wg *sync.WaitGroup) (msg Message, paused bool, err error) {
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if c.cfg.Paused != nil {
+		wg.Go(func() {
+			for sleep(rctx, c.cfg.PausePoll) {
+				if c.cfg.Paused() {
+					cancel()
+				}
+			}
+		})
+	}
+	msg, err = c.cfg.Broker.Receive(rctx)
+	if err == nil && msg == nil {
+		err = &BrokerError{Kind: BrokerUnknown, Op: "receive", Err: errors.New("broker returned no message and no error")}
+	}
+	return msg, rctx.Err() != nil && ctx.Err() == nil, err
 }
 
 // pause waits, receiving nothing, until Paused reports false (true) or ctx
@@ -299,23 +251,18 @@ func (c *Consumer[T]) Run(ctx context.Context) error {
 // paused, and the first Receive after the pause tests the broker afresh.
 func (c *Consumer[T]) pause(ctx context.Context) bool {
 	c.paused.Store(true)
+	c.forget()
 	defer func() {
-		c.setErr(&c.recvErr, nil)
-		c.setErr(&c.ackErr, nil)
+		c.forget()
 		c.paused.Store(false)
 	}()
-	c.setErr(&c.recvErr, nil)
-	c.setErr(&c.ackErr, nil)
-	c.log.LogAttrs(ctx, slog.LevelInfo, "trigger consumer: paused (the queue's intake is suspended or shut down: not the leader); receiving nothing until it resumes")
+	c.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "trigger consumer: paused (the queue's intake is suspended or shut down: not the leader); receiving nothing until it resumes")
 	if r, ok := c.cfg.Broker.(Releaser); ok {
 		bctx, cancel := context.WithTimeout(ctx, c.cfg.BrokerTimeout)
 		err := r.Release(bctx)
 		cancel()
 		if err != nil && ctx.Err() == nil {
-			kind := KindOf(err)
-			c.metrics.BrokerError(kind)
-			c.log.LogAttrs(ctx, slog.LevelError, "trigger consumer: releasing buffered messages failed; they return to the broker when their acknowledgement deadline passes",
-				slog.String("kind", kind.String()), slog.Any("error", err))
+			c.brokerFailed(ctx, slog.LevelError, "trigger consumer: releasing buffered messages failed; they return to the broker when their acknowledgement deadline passes", err)
 		}
 	}
 	for c.cfg.Paused() {
@@ -323,7 +270,7 @@ func (c *Consumer[T]) pause(ctx context.Context) bool {
 			return false
 		}
 	}
-	c.log.LogAttrs(ctx, slog.LevelInfo, "trigger consumer: intake resumed; receiving")
+	c.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "trigger consumer: intake resumed; receiving")
 	return true
 }
 
@@ -357,6 +304,20 @@ func (c *Consumer[T]) setErr(p *error, err error) {
 	c.mu.Unlock()
 }
 
+// forget clears the Receive and settle failures.
+func (c *Consumer[T]) forget() {
+	c.mu.Lock()
+	c.recvErr, c.ackErr = nil, nil
+	c.mu.Unlock()
+}
+
+// brokerFailed counts and logs a failed broker call.
+func (c *Consumer[T]) brokerFailed(ctx context.Context, level slog.Level, msg string, err error, attrs ...slog.Attr) {
+	kind := KindOf(err)
+	c.cfg.Metrics.BrokerError(kind)
+	c.cfg.Logger.LogAttrs(ctx, level, msg, append(attrs, slog.String("kind", kind.String()), slog.Any("error", err))...)
+}
+
 // decodeMessage parses one message body {"namespace", "name", "reason"}
 // into a Pointer; Intake validates it.
 func decodeMessage(data []byte, maxBytes int, allowUnknown bool) (Pointer, TermReason, error) {
@@ -367,7 +328,7 @@ func decodeMessage(data []byte, maxBytes int, allowUnknown bool) (Pointer, TermR
 	if err := decodeObject(data, []member{{"namespace", &p.Key.Namespace}, {"name", &p.Key.Name}, {"reason", &p.Reason}}, allowUnknown); err != nil {
 		return p, TermMalformed, invalid("message: %w", err)
 	}
-	return p, "", nil
+	return p, TermInvalid, nil
 }
 
 func (c *Consumer[T]) handle(ctx context.Context, msg Message, start time.Time) {
@@ -378,26 +339,30 @@ func (c *Consumer[T]) handle(ctx context.Context, msg Message, start time.Time) 
 		ictx, cancel := context.WithTimeout(ctx, c.cfg.APITimeout)
 		_, o, err = c.cfg.Trigger.Intake(ictx, p, nil)
 		cancel()
-		term = TermInvalid
 	}
-	key := p.Key.String()
+	key := slog.String("key", p.Key.String())
 	switch {
 	case errors.Is(err, ErrInvalid):
-		c.log.LogAttrs(ctx, slog.LevelError, "trigger consumer: dead-lettering message",
+		c.cfg.Logger.LogAttrs(ctx, slog.LevelError, "trigger consumer: dead-lettering message",
 			slog.String("reason", string(term)), slog.Any("error", err), slog.Int("deliveries", msg.Deliveries()))
-		c.term(ctx, msg, term, start)
+		c.settle(ctx, msg, start, "term", func(ctx context.Context) error { return msg.Term(ctx, string(term)) }, func() { c.cfg.Metrics.Terminated(term) })
 	case errors.Is(err, ErrOutOfScope):
-		c.outOfScope(ctx, msg, p.Key, err, start)
+		// Never acknowledged: controllers of other scopes (shards by
+		// namespace or label) may share the subscription and get it on
+		// redelivery; if none does, the broker's delivery limit
+		// dead-letters it, where it stays visible.
+		c.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "trigger consumer: object outside this controller's scope; handing it back",
+			key, slog.Any("error", err), slog.Int("deliveries", msg.Deliveries()))
+		c.nack(ctx, msg, NackOutOfScope, c.cfg.DroppedDelay, start)
 	case errors.Is(err, ErrNotFound):
-		c.log.LogAttrs(ctx, slog.LevelWarn, "trigger consumer: object no longer exists; acknowledging",
-			slog.String("key", key), slog.String("triggerReason", p.Reason))
+		c.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "trigger consumer: object no longer exists; acknowledging", key, slog.String("triggerReason", p.Reason))
 		c.ack(ctx, msg, AckNotFound, start)
 	case err != nil:
 		// The API server failed, or returned something the trigger
 		// refuses (another kind): not the message's fault.
-		delay := c.backoff(c.cfg.RetryBase, c.cfg.RetryCap, msg.Deliveries())
-		c.log.LogAttrs(ctx, slog.LevelError, "trigger consumer: reading the object failed; nacking",
-			slog.String("key", key), slog.Any("error", err), slog.Int("deliveries", msg.Deliveries()), slog.Duration("delay", delay))
+		delay := backoff(c.cfg.RetryBase, c.cfg.RetryCap, msg.Deliveries())
+		c.cfg.Logger.LogAttrs(ctx, slog.LevelError, "trigger consumer: reading the object failed; nacking",
+			key, slog.Any("error", err), slog.Int("deliveries", msg.Deliveries()), slog.Duration("delay", delay))
 		c.nack(ctx, msg, NackAPIError, delay, start)
 	case !o.Accepted():
 		// Never ack a dropped trigger: the broker must redeliver it, to the
@@ -408,69 +373,38 @@ func (c *Consumer[T]) handle(ctx context.Context, msg Message, start time.Time) 
 	}
 }
 
-// outOfScope hands back a message for an object this consumer's controller
-// does not handle. It is never acknowledged: controllers of other scopes
-// (shards by namespace or label) may share the subscription and get it on
-// redelivery; if none does, the broker's delivery limit dead-letters it,
-// where it stays visible.
-func (c *Consumer[T]) outOfScope(ctx context.Context, msg Message, key opkit.Key, err error, start time.Time) {
-	c.log.LogAttrs(ctx, slog.LevelWarn, "trigger consumer: object outside this controller's scope; handing it back",
-		slog.String("key", key.String()), slog.Any("error", err), slog.Int("deliveries", msg.Deliveries()))
-	c.nack(ctx, msg, NackOutOfScope, c.cfg.DroppedDelay, start)
-}
-
-func (c *Consumer[T]) settled(ctx context.Context, op string, err error, start time.Time) {
-	c.metrics.Processed(time.Since(start))
+// settle makes one Ack, Nack or Term call (op) within BrokerTimeout and,
+// once it succeeded, counts it.
+func (c *Consumer[T]) settle(ctx context.Context, msg Message, start time.Time, op string, call func(context.Context) error, count func()) {
+	bctx, cancel := context.WithTimeout(ctx, c.cfg.BrokerTimeout)
+	err := call(bctx)
+	cancel()
+	c.cfg.Metrics.Processed(time.Since(start))
+	c.setErr(&c.ackErr, err)
 	if err != nil {
-		kind := KindOf(err)
-		c.metrics.BrokerError(kind)
-		c.setErr(&c.ackErr, err)
-		c.log.LogAttrs(ctx, slog.LevelError, "trigger consumer: broker "+op+" failed",
-			slog.String("kind", kind.String()), slog.Any("error", err))
+		c.brokerFailed(ctx, slog.LevelError, "trigger consumer: broker "+op+" failed", err)
 		return
 	}
-	c.setErr(&c.ackErr, nil)
+	count()
 }
 
 func (c *Consumer[T]) ack(ctx context.Context, msg Message, r AckReason, start time.Time) {
-	bctx, cancel := context.WithTimeout(ctx, c.cfg.BrokerTimeout)
-	defer cancel()
-	err := msg.Ack(bctx)
-	if err == nil {
-		c.metrics.Acked(r)
-	}
-	c.settled(ctx, "ack", err, start)
+	c.settle(ctx, msg, start, "ack", msg.Ack, func() { c.cfg.Metrics.Acked(r) })
 }
 
 func (c *Consumer[T]) nack(ctx context.Context, msg Message, r NackReason, delay time.Duration, start time.Time) {
-	bctx, cancel := context.WithTimeout(ctx, c.cfg.BrokerTimeout)
-	defer cancel()
-	err := msg.Nack(bctx, delay)
-	if err == nil {
+	c.settle(ctx, msg, start, "nack", func(ctx context.Context) error { return msg.Nack(ctx, delay) }, func() {
 		if dl, ok := msg.(DeadLetterer); ok && dl.DeadLettered() {
-			c.metrics.Terminated(TermMaxDeliveries)
-			c.log.LogAttrs(ctx, slog.LevelWarn, "trigger consumer: message dead-lettered by the broker on its last delivery",
+			c.cfg.Metrics.Terminated(TermMaxDeliveries)
+			c.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "trigger consumer: message dead-lettered by the broker on its last delivery",
 				slog.String("nackReason", string(r)), slog.Int("deliveries", msg.Deliveries()))
-		} else {
-			c.metrics.Nacked(r)
+			return
 		}
-	}
-	c.settled(ctx, "nack", err, start)
-}
-
-func (c *Consumer[T]) term(ctx context.Context, msg Message, r TermReason, start time.Time) {
-	bctx, cancel := context.WithTimeout(ctx, c.cfg.BrokerTimeout)
-	defer cancel()
-	err := msg.Term(bctx, string(r))
-	if err == nil {
-		c.metrics.Terminated(r)
-	}
-	c.settled(ctx, "term", err, start)
+		c.cfg.Metrics.Nacked(r)
+	})
 }
 
 func (c *Consumer[T]) pollLag(ctx context.Context, lb Lag) {
-	t := time.NewTicker(c.cfg.LagInterval)
-	defer t.Stop()
 	for {
 		lctx, cancel := context.WithTimeout(ctx, c.cfg.BrokerTimeout)
 		n, err := lb.Lag(lctx)
@@ -478,26 +412,21 @@ func (c *Consumer[T]) pollLag(ctx context.Context, lb Lag) {
 		switch {
 		case err == nil:
 			c.setErr(&c.lagErr, nil)
-			c.metrics.Lag(n)
+			c.cfg.Metrics.Lag(n)
 		case ctx.Err() == nil:
 			// The Lag gauge keeps its last value: Check says it is stale.
 			c.setErr(&c.lagErr, fmt.Errorf("%w: %w", ErrLagUnavailable, err))
-			kind := KindOf(err)
-			c.metrics.BrokerError(kind)
-			c.log.LogAttrs(ctx, slog.LevelWarn, "trigger consumer: lag unavailable",
-				slog.String("kind", kind.String()), slog.Any("error", err))
+			c.brokerFailed(ctx, slog.LevelWarn, "trigger consumer: lag unavailable", err)
 		}
-		select {
-		case <-ctx.Done():
+		if !sleep(ctx, c.cfg.LagInterval) {
 			return
-		case <-t.C:
 		}
 	}
 }
 
 // backoff returns base*2^(n-1) capped at limit, for n >= 1, without jitter
 // (a broker's redelivery is its own to spread).
-func (c *Consumer[T]) backoff(base, limit time.Duration, n int) time.Duration {
+func backoff(base, limit time.Duration, n int) time.Duration {
 	return queue.Backoff{Base: base, Cap: limit, Jitter: -1}.Delay(max(n, 1))
 }
 

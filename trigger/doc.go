@@ -2,156 +2,111 @@
 // a [Trigger] puts requests into a controller's queue, an HTTP endpoint
 // ([NewHandler], served by a [Server]) answers POST
 // /reconcile/{namespace}/{name}, and a [Consumer] turns messages from any
-// broker ([Broker]) into reconciles.
+// broker ([Broker]) into reconciles. Package brokertest holds an in-memory
+// Broker for tests.
 //
-// Goroutines: a Trigger owns none. The HTTP handler runs on net/http's
-// request goroutines. A Consumer's Run owns its receive loop, its handler
-// goroutines (at most ConsumerConfig.Concurrency) and the lag poller, and
-// returns only after all of them have finished. A Server's Serve owns the
-// net/http server goroutines until it returns. Package brokertest holds an
-// in-memory Broker for tests.
+// # What a trigger queues
 //
-// Guarantees:
+// The controller's queue holds keys, each with an [opkit.Cause]. A trigger
+// adds its object's key with source Operator, its reason and the object
+// it carries; a trigger of type Added marks the cause Added, and one of
+// type Deleted asks for a teardown, a mark on the key's entry (see
+// [Trigger.Enqueue]). The causes of one key merge as a join, so the order
+// in which they arrive never matters: sources and reasons unite (at most
+// [opkit.MaxReasons], 8, distinct reasons are kept), the newest object by
+// resourceVersion is kept, and the entry takes the earliest due time and
+// the highest priority. A delay is therefore an upper bound, not a "not
+// before": another event for the object in the meantime reconciles it
+// sooner, once. Triggers rank above watch events (0) and relists (-1)
+// ([DefaultPriority], 100), so they are not stuck behind a relist backlog.
 //
-//   - Enqueue never blocks and tells "scheduled" (true), "dropped" (false;
-//     [Trigger.Submit] gives the queue's reason, a queue.Outcome) and "not
-//     scheduled" (an error: bad input wraps [ErrInvalid], an object the
-//     controller does not handle [ErrOutOfScope], a context already ended
-//     its error) apart. Source APIServer is refused: it is reserved for the
-//     watch stream.
-//   - Triggers outrank watch events (0) and relists (-1) in the queue
-//     ([DefaultPriority], 100), so they are not stuck behind a relist backlog.
-//   - The HTTP handler and the consumer never trust a payload: they re-fetch
-//     the object from the API server and enqueue what it returned, marked
-//     [Request.Fetched], so that the controller's worker reconciles it
-//     without reading it a second time when it starts within
-//     reconcile.Config.FreshFor (1s) and the object is still the latest
-//     state the controller's watch has seen.
-//   - The handler is secure by default: [NewHandler] refuses to build
-//     without an [Authenticator] unless HandlerConfig.InsecureSkipAuth is
-//     set. The Kubernetes-native one ([NewKubeAuthenticator], or just
-//     HandlerConfig.Reviews) checks the bearer token with a TokenReview for
-//     the endpoint's own audience ([DefaultAudience]) and the caller's
-//     permission with a SubjectAccessReview (default: verb update on the
-//     object), caching decisions briefly and never logging tokens.
-//   - Every API call and every broker call has a timeout; the handler never
-//     waits on the queue.
-//   - The consumer never acknowledges a trigger it could not schedule: a
-//     dropped enqueue is nacked so the broker redelivers it (to the leader,
-//     or later); malformed messages are dead-lettered, messages for objects
-//     that no longer exist are acknowledged with a warning. A replica whose
-//     queue intake is suspended (a follower) takes no message at all, so
-//     triggers wait in the broker for the leader rather than bouncing off
-//     followers, and no delivery is spent while no replica leads.
+// [Trigger.Enqueue] and [Trigger.Submit] never block and tell "scheduled",
+// "dropped" (the queue is suspended on a follower, or shut down) and "not
+// scheduled" (an error: bad input wraps [ErrInvalid], an object the
+// controller does not handle [ErrOutOfScope], an ended context its error)
+// apart. Source APIServer is
+// refused: it is reserved for the watch stream.
 //
-// # Deploying the endpoint
-//
-// The operator's ServiceAccount needs create on tokenreviews and
-// subjectaccessreviews (the system:auth-delegator ClusterRole) and get on
-// the resource. A caller gets a token for the endpoint with
-// `kubectl create token SA --audience opkit-trigger` (or a projected
-// ServiceAccount token volume with that audience) and RBAC permission to
-// update the object (or the verb/subresource configured in
-// KubeAuthConfig). Serve it over HTTPS with [NewServer] and restrict who can
-// reach it with a NetworkPolicy.
-//
-// # HTTP status codes
-//
-//	202 scheduled; JSON [Accepted] {key, namespace, name, uid, resourceVersion, delay, outcome}
-//	400 invalid namespace (DNS-1123 label) or name (see [CheckName]), a path with empty, "." or ".." segments,
-//	    invalid delay, reason, query parameter or JSON body
-//	    (the path is checked before authentication, the rest after it)
-//	401 missing, invalid or wrong-audience bearer token (WWW-Authenticate: Bearer,
-//	    with error="invalid_token" when a token was presented)
-//	403 the SubjectAccessReview denied the caller
-//	404 the object does not exist, or is outside the controller's scope (another
-//	    namespace, labels its selector does not match: ErrOutOfScope), or no such
-//	    route (a resource the API server does not serve, e.g. a CRD not
-//	    installed, is a 502)
-//	405 a method other than POST (Allow: POST)
-//	413 a body larger than HandlerConfig.MaxBodyBytes
-//	415 a body whose Content-Type is not application/json
-//	429 the rate or in-flight limit is exceeded (Retry-After)
-//	500 the API server returned an object the trigger refuses (another kind)
-//	502 the API server failed (re-fetch, TokenReview or SubjectAccessReview, including
-//	    a review an authorizer failed to evaluate: not allowed, with an EvaluationError)
-//	503 the enqueue was dropped: Retry-After, X-Opkit-Leader and "leader" in the body;
-//	    or the caller went away before the enqueue (nothing was queued)
-//	504 an API call timed out (HandlerConfig.APITimeout)
-//
-// Every error body is a [Status], a JSON object shaped like a Kubernetes
-// metav1.Status ({"kind":"Status","apiVersion":"v1","status":"Failure",
-// "reason","message","code"}).
-//
-// # Consumer semantics
-//
-// A message is a JSON object {"namespace": ..., "name": ..., "reason": ...}
-// (reason optional; namespace only for namespaced resources) of at most
-// ConsumerConfig.MaxMessageBytes.
-//
-//	malformed or invalid message  Term (dead-letter), counted by TermReason, logged
-//	object not found              Ack, logged as a warning
-//	object outside the scope      Nack after DroppedDelay (ErrOutOfScope: another controller
-//	                              sharing the subscription may own it), logged as a warning
-//	API server error              Nack, delay RetryBase*2^(deliveries-1) up to RetryCap
-//	enqueue dropped               Nack after DroppedDelay (never Ack)
-//	scheduled                     Ack
-//	a Nack the broker turns into  counted as terminated (TermMaxDeliveries), not as a
-//	a dead letter (DeadLetterer)  nack, logged as a warning
-//
-// Before each receive the consumer asks ConsumerConfig.Paused (by default
-// the queue's Suspended or ShuttingDown): while it is paused it receives nothing and a
-// broker that implements [Releaser] hands back what it had buffered. Drops
-// then happen only around a leadership change, for messages received just
-// before it.
-//
-// A scheduled trigger is one queue entry among the others for its object,
-// merged by the controller's rule (reconcile.MergeEvents): a watch event
-// for the object while the trigger waits keeps the trigger's source and
-// reason; a second trigger while the first waits replaces it (one
-// reconcile, the newer reason), except that a Deleted trigger does not
-// replace a pending change of its object (both run, or it merges into a
-// Deleted trigger held before); a trigger that arrives while the object
-// is being reconciled gets a reconcile of its own after that one, which
-// the controller's retry or requeue of the running one does not replace
-// (the retry or requeue of a delete runs after it); a trigger for an
-// object whose delete has not run yet (pending, or parked behind the
-// running reconcile) merges into that delete, and the trigger's source,
-// reason and type give way to the delete's (a Deleted trigger merged into
-// another Deleted trigger gives way to it too, unless that one is a
-// re-add), except that a Deleted trigger meeting the watch's delete of
-// its object keeps an entry of its own, and one waiting when the watch's
-// delete arrives takes that delete in; a trigger does not wait for a
-// delete's retry or requeue due later than itself: it runs in front of it
-// (see reconcile.MergeEvents).
-// A Deleted trigger (a teardown) is not dropped when its object leaves the
-// watch's label selector and comes back.
-// A delay is an upper bound, not a promise of "not before": entries for a
-// key merge to the earliest due time, so another event for the object in
-// the meantime reconciles it sooner, once, and nothing runs again at the
-// delay. A caller that needs a reconcile at a given time, whatever happens
-// before, asks for it then.
+// The HTTP handler and the consumer never trust a payload: both take
+// [Trigger.Intake], which validates the pointer (key, type, delay, reason),
+// calls an authorization hook, checks the scope, reads the object from the
+// API server and submits what it read. The object read travels with the
+// key, and the controller reconciles it without reading it again when it
+// is still the latest state its watch has seen. A Trigger without
+// Config.Get or Config.Dynamic cannot read: NewHandler and NewConsumer
+// refuse it.
 //
 // What an acknowledgement (or a 202) promises: the trigger is in the
-// leader's queue, not yet reconciled. If that replica loses its term before
-// a worker takes the entry, the queue is cleared with everything else the
-// term held, and the trigger's reconcile comes from the next leader instead:
-// a new term starts the watcher with a full list, which reconciles every
-// existing object (source APIServer, so the trigger's reason is not
-// carried). No object is left unreconciled after a trigger; only the
-// attribution can be lost: in a failover, to a newer trigger, or to a
-// waiting delete (above). A Deleted trigger (a teardown) of an object that
-// still exists loses its type in a failover too: the next term's list
-// reconciles the object as it is, so a caller whose teardown was
-// acknowledged just before a leadership change must ask again (or mark the
-// object, e.g. by deleting it). Callers that need the reason to
-// survive a crash must make it part of the object (a field or an
-// annotation) rather than of the trigger. The example module's
-// TestFlipLosesNoTriggerOverNATS checks this against a real JetStream
-// server while leadership flips.
+// leader's queue, not yet reconciled. If the leader's term ends first, the
+// queue is cleared and the next leader's full list reconciles every object
+// instead, without the trigger's reason (or teardown mark). Callers that
+// need the reason to survive a failover make it part of the object (a
+// field or an annotation).
 //
-// Broker failures are classified by the adapter as a [BrokerError]
-// (Disconnected, Permission, Quota, NotFound) and reported by that name in
-// logs, [ConsumerMetrics] and [Consumer.Check]; a failing Receive is
-// retried with backoff.
+// Goroutines: a Trigger owns none; the HTTP handler runs on net/http's
+// request goroutines; a Consumer's Run and a Server's Serve own theirs and
+// return only after all of them have finished. Every API call and every
+// Ack, Nack, Term, Lag and Release has a timeout, and the handler never
+// waits on the queue.
+//
+// # The HTTP endpoint
+//
+// [NewHandler] refuses to build without an [Authenticator] unless
+// HandlerConfig.InsecureSkipAuth is set. The Kubernetes-native one
+// ([NewKubeAuthenticator], or just HandlerConfig.Reviews) checks the
+// bearer token with a TokenReview for the endpoint's own audience
+// ([DefaultAudience]) and the caller's permission with a
+// SubjectAccessReview (default: verb update on the object), caching both
+// briefly and never logging tokens. The operator's ServiceAccount needs
+// create on tokenreviews and subjectaccessreviews (the
+// system:auth-delegator ClusterRole) and get on the resource; a caller
+// gets a token with `kubectl create token SA --audience opkit-trigger`.
+// Serve it over HTTPS with [NewServer] and restrict who can reach it.
+//
+// The handler checks the route and method, its rate and in-flight limits,
+// then the query, the body and the key, and only then authenticates and
+// authorizes the caller, reads the object and enqueues it:
+//
+//	202       scheduled: an [Accepted] {key, namespace, name, uid, resourceVersion, delay, outcome}
+//	400       an invalid key ([CheckName]), delay, reason, query or body; a path with empty, "." or ".." segments
+//	401       no valid bearer token for the audience (WWW-Authenticate: Bearer, error="invalid_token" if sent)
+//	403       the SubjectAccessReview denied the caller
+//	404       no such object, an object outside the controller's scope (ErrOutOfScope), or no such route
+//	405       a method other than POST (Allow: POST)
+//	413, 415  a body larger than HandlerConfig.MaxBodyBytes; a body that is not application/json
+//	429       the rate or in-flight limit is exceeded (Retry-After)
+//	502, 504  the API server failed or returned an object of another kind; 504: a call timed out (APITimeout)
+//	503       the enqueue was dropped (Retry-After, X-Opkit-Leader, "leader" in the body), or the caller left first
+//
+// A review an authorizer failed to evaluate (not allowed, with an
+// EvaluationError) and a resource the API server does not serve (a CRD not
+// installed) are 502s. Every error body is a [Status] shaped like a
+// Kubernetes metav1.Status. Answers about the object (401, 403, its 404,
+// 502, 503, 504) name it in Details; 400, 413 and 415 carry no Details.
+//
+// # The consumer
+//
+// A message is a JSON object {"namespace": ..., "name": ..., "reason": ...}
+// (reason optional, namespace only for namespaced resources) of at most
+// ConsumerConfig.MaxMessageBytes; member names match exactly, at most once,
+// and unknown members are malformed unless AllowUnknownFields.
+//
+//	malformed, too large or invalid    Term (dead-letter), counted by TermReason
+//	object not found                   Ack, logged as a warning
+//	object outside the scope           Nack after DroppedDelay: another controller on the subscription may own it
+//	API server error, another kind     Nack after RetryBase*2^(deliveries-1), at most RetryCap
+//	enqueue dropped                    Nack after DroppedDelay, never Ack
+//	scheduled                          Ack
+//	received while Run is stopping     Nack at once
+//	a Nack the broker dead-letters     counted as terminated (TermMaxDeliveries, see [DeadLetterer])
+//
+// Before each receive, and every PausePoll while a Receive blocks, the
+// consumer asks ConsumerConfig.Paused (by default: the queue is suspended
+// or shut down). While paused it receives nothing, so triggers wait in the
+// broker for the leader instead of spending deliveries on followers, and a
+// broker that implements [Releaser] hands back what it buffered. A failing
+// Receive is retried with backoff. Broker failures are classified by the
+// adapter as a [BrokerError] (Disconnected, Permission, Quota, NotFound)
+// and reported by that name in logs, [ConsumerMetrics] and
+// [Consumer.Check].
 package trigger

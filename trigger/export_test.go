@@ -1,4 +1,10 @@
 package trigger
 
 // AuthCacheLen returns how many entries a KubeAuthenticator caches, for tests.
-func AuthCacheLen(a *KubeAuthenticator) int { return a.tokens.len() + a.perms.len() }
+func AuthCacheLen(a *KubeAuthenticator) int {
+	a.tokens.mu.Lock()
+	defer a.tokens.mu.Unlock()
+	a.perms.mu.Lock()
+	defer a.perms.mu.Unlock()
+	return a.tokens.order.Len() + a.perms.order.Len()
+}

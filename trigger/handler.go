@@ -2,6 +2,7 @@ package trigger
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,7 +13,7 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
-	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -127,15 +128,10 @@ type Status struct {
 }
 
 type handler[T opkit.Object] struct {
-	cfg      HandlerConfig[T]
-	trig     *Trigger[T]
-	res      opkit.Resource
-	auth     Authenticator
-	metrics  HandlerMetrics
-	log      *slog.Logger
-	inflight chan struct{} // nil when unlimited
-	bucket   *bucket       // nil when unlimited
-	mux      *http.ServeMux
+	cfg      HandlerConfig[T] // validated, defaults applied
+	auth     Authenticator    // nil with InsecureSkipAuth
+	inflight chan struct{}    // nil when unlimited
+	bucket   *bucket          // nil when unlimited
 }
 
 // NewHandler validates cfg and returns the HTTP trigger endpoint. It serves
@@ -149,17 +145,14 @@ func NewHandler[T opkit.Object](cfg HandlerConfig[T]) (http.Handler, error) {
 	if cfg.Trigger == nil {
 		return nil, errors.New("trigger: HandlerConfig.Trigger is required")
 	}
-	if cfg.Trigger.get == nil {
+	if cfg.Trigger.cfg.Get == nil {
 		return nil, errNoGetter
 	}
-	h := &handler[T]{cfg: cfg, trig: cfg.Trigger, res: cfg.Trigger.Resource(), metrics: cfg.Metrics, log: cfg.Logger}
+	h := &handler[T]{auth: cfg.Authenticator}
 	switch {
-	case cfg.InsecureSkipAuth:
-		if cfg.Authenticator != nil || cfg.Reviews != nil {
-			return nil, errors.New("trigger: HandlerConfig.InsecureSkipAuth contradicts Authenticator/Reviews")
-		}
-	case cfg.Authenticator != nil:
-		h.auth = cfg.Authenticator
+	case cfg.InsecureSkipAuth && (cfg.Authenticator != nil || cfg.Reviews != nil):
+		return nil, errors.New("trigger: HandlerConfig.InsecureSkipAuth contradicts Authenticator/Reviews")
+	case cfg.InsecureSkipAuth, cfg.Authenticator != nil:
 	case cfg.Reviews != nil:
 		a, err := NewKubeAuthenticator(KubeAuthConfig{Client: cfg.Reviews, Logger: cfg.Logger})
 		if err != nil {
@@ -169,138 +162,67 @@ func NewHandler[T opkit.Object](cfg HandlerConfig[T]) (http.Handler, error) {
 	default:
 		return nil, errors.New("trigger: HandlerConfig needs an Authenticator (or Reviews for the Kubernetes-native one); set InsecureSkipAuth to run without authentication")
 	}
-	if cfg.Type == 0 {
-		h.cfg.Type = opkit.Modified
-	}
-	if !h.cfg.Type.Valid() {
+	cfg.Type = cmp.Or(cfg.Type, opkit.Modified)
+	switch {
+	case !cfg.Type.Valid():
 		return nil, fmt.Errorf("trigger: HandlerConfig.Type %v is invalid", cfg.Type)
-	}
-	if cfg.MaxDelay < 0 || cfg.MaxBodyBytes < 0 || cfg.APITimeout < 0 || cfg.RetryAfter < 0 || cfg.RateLimit < 0 || cfg.RateBurst < 0 || math.IsNaN(cfg.RateLimit) || math.IsInf(cfg.RateLimit, 0) {
+	case cfg.MaxDelay < 0 || cfg.MaxBodyBytes < 0 || cfg.APITimeout < 0 || cfg.RetryAfter < 0 || cfg.RateLimit < 0 || cfg.RateBurst < 0 ||
+		math.IsNaN(cfg.RateLimit) || math.IsInf(cfg.RateLimit, 0):
 		return nil, errors.New("trigger: HandlerConfig durations, sizes and limits must be finite and not negative")
-	}
-	if cfg.RateBurst > 0 && cfg.RateLimit == 0 {
+	case cfg.RateBurst > 0 && cfg.RateLimit == 0:
 		return nil, errors.New("trigger: HandlerConfig.RateBurst without RateLimit would have no effect; set RateLimit too")
 	}
-	if h.cfg.MaxDelay == 0 {
-		h.cfg.MaxDelay = time.Hour
-	}
-	if h.cfg.MaxBodyBytes == 0 {
-		h.cfg.MaxBodyBytes = DefaultMaxBodyBytes
-	}
-	if h.cfg.APITimeout == 0 {
-		h.cfg.APITimeout = 5 * time.Second
-	}
-	if h.cfg.RetryAfter == 0 {
-		h.cfg.RetryAfter = 5 * time.Second
-	}
-	if cfg.MaxInFlight == 0 {
-		h.cfg.MaxInFlight = 64
-	}
-	if h.cfg.MaxInFlight > 0 {
-		h.inflight = make(chan struct{}, h.cfg.MaxInFlight)
+	cfg.MaxDelay = cmp.Or(cfg.MaxDelay, time.Hour)
+	cfg.MaxBodyBytes = cmp.Or(cfg.MaxBodyBytes, DefaultMaxBodyBytes)
+	cfg.APITimeout = cmp.Or(cfg.APITimeout, 5*time.Second)
+	cfg.RetryAfter = cmp.Or(cfg.RetryAfter, 5*time.Second)
+	cfg.MaxInFlight = cmp.Or(cfg.MaxInFlight, 64)
+	cfg.Metrics = cmp.Or[HandlerMetrics](cfg.Metrics, nopMetrics{})
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
+	if cfg.MaxInFlight > 0 {
+		h.inflight = make(chan struct{}, cfg.MaxInFlight)
 	}
 	if cfg.RateLimit > 0 {
-		burst := float64(cfg.RateBurst)
-		if burst == 0 {
-			burst = max(1, math.Ceil(cfg.RateLimit))
-		}
+		burst := cmp.Or(float64(cfg.RateBurst), max(1, math.Ceil(cfg.RateLimit)))
 		h.bucket = &bucket{rate: cfg.RateLimit, burst: burst, tokens: burst}
 	}
-	if h.metrics == nil {
-		h.metrics = nopHandlerMetrics{}
-	}
-	if h.log == nil {
-		h.log = slog.Default()
-	}
-	h.mux = http.NewServeMux()
-	// Patterns without a method, so that other methods get this package's
-	// JSON 405 rather than the mux's plain-text one.
-	if h.res.Namespaced {
-		h.mux.HandleFunc("/reconcile/{namespace}/{name}", h.serve)
-		h.mux.HandleFunc("/reconcile/{name}", h.wrongScope)
-	} else {
-		h.mux.HandleFunc("/reconcile/{name}", h.serve)
-		h.mux.HandleFunc("/reconcile/{namespace}/{name}", h.wrongScope)
-	}
-	h.mux.HandleFunc("/", h.noRoute)
+	h.cfg = cfg
 	return h, nil
 }
 
+// ServeHTTP answers every request with a JSON body: an [Accepted] or a
+// [Status].
 func (h *handler[T]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if !strings.HasPrefix(r.URL.Path, "/") {
-		// Behind http.StripPrefix("/x/") the path has lost its leading
-		// slash; the mux would redirect it out of the prefix.
-		u := *r.URL
-		u.Path = "/" + u.Path
-		if u.RawPath != "" {
-			u.RawPath = "/" + u.RawPath
-		}
-		r = r.Clone(r.Context())
-		r.URL = &u
-	}
-	// The mux would answer a path with "." or ".." segments or empty ones
-	// with a bare redirect to its cleaned form (a client following it
-	// triggers another name than it wrote); such a path is refused.
-	if p := r.URL.Path; p != cleanPath(p) {
-		h.fail(w, r, time.Now(), http.StatusBadRequest, metav1.StatusReasonBadRequest,
-			fmt.Sprintf("the path %q has empty, dot or dot-dot segments; use POST %s", p, h.route()), nil)
-		return
-	}
-	h.mux.ServeHTTP(w, r)
-}
-
-// cleanPath is p as net/http's ServeMux cleans it before routing: rooted,
-// without empty, "." or ".." segments, keeping a trailing slash.
-func cleanPath(p string) string {
-	if p == "" {
-		return "/"
-	}
-	if p[0] != '/' {
-		p = "/" + p
-	}
-	np := path.Clean(p)
-	if p[len(p)-1] == '/' && np != "/" {
-		np += "/"
-	}
-	return np
-}
-
-func (h *handler[T]) noRoute(w http.ResponseWriter, r *http.Request) {
-	h.fail(w, r, time.Now(), http.StatusNotFound, metav1.StatusReasonNotFound, "no such route; use POST "+h.route(), nil)
-}
-
-func (h *handler[T]) wrongScope(w http.ResponseWriter, r *http.Request) {
-	h.fail(w, r, time.Now(), http.StatusNotFound, metav1.StatusReasonNotFound,
-		fmt.Sprintf("%s is %s; use POST %s", h.res.Resource, scope(h.res), h.route()), nil)
-}
-
-func (h *handler[T]) route() string {
-	if h.res.Namespaced {
-		return "/reconcile/{namespace}/{name}"
-	}
-	return "/reconcile/{name}"
-}
-
-func scope(res opkit.Resource) string {
-	if res.Namespaced {
-		return "namespaced"
-	}
-	return "cluster-scoped"
-}
-
-// request is a parsed trigger request.
-type request struct {
-	key    opkit.Key
-	delay  time.Duration
-	reason string
-}
-
-func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
+	body := h.serve(w, r)
+	code, reason := http.StatusAccepted, "Accepted"
+	if st, ok := body.(*Status); ok {
+		code, reason = st.Code, string(st.Reason)
+		if code >= 500 || code == http.StatusUnauthorized || code == http.StatusForbidden {
+			h.cfg.Logger.LogAttrs(r.Context(), slog.LevelWarn, "trigger: request refused", slog.Int("code", code),
+				slog.String("reason", reason), slog.String("message", st.Message), slog.String("path", r.URL.Path))
+		}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(body)
+	h.cfg.Metrics.Request(code, reason, time.Since(start))
+}
+
+// serve handles r in the order the package documentation's status table
+// relies on: route, method, limits, query and body, then Intake (the key,
+// the caller's authorization, the scope, the read, the enqueue). It
+// returns an Accepted or a *Status.
+func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request) any {
+	key, st := h.route(r)
+	if st != nil {
+		return st
+	}
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
-		h.fail(w, r, start, http.StatusMethodNotAllowed, metav1.StatusReasonMethodNotAllowed, "only POST triggers a reconcile", nil)
-		return
+		return h.fail(http.StatusMethodNotAllowed, "only POST triggers a reconcile", nil)
 	}
 	if h.inflight != nil {
 		select {
@@ -308,214 +230,171 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request) {
 			defer func() { <-h.inflight }()
 		default:
 			h.retryAfter(w)
-			h.fail(w, r, start, http.StatusTooManyRequests, metav1.StatusReasonTooManyRequests, "too many requests in flight", nil)
-			return
+			return h.fail(http.StatusTooManyRequests, "too many requests in flight", nil)
 		}
 	}
 	if h.bucket != nil && !h.bucket.allow(time.Now()) {
 		h.retryAfter(w)
-		h.fail(w, r, start, http.StatusTooManyRequests, metav1.StatusReasonTooManyRequests, "request rate limit exceeded", nil)
-		return
+		return h.fail(http.StatusTooManyRequests, "request rate limit exceeded", nil)
 	}
-	req := request{key: opkit.Key{Namespace: r.PathValue("namespace"), Name: r.PathValue("name")}}
-	if code, reason, err := h.parse(w, r, &req); err != nil {
-		h.fail(w, r, start, code, reason, err.Error(), nil)
-		return
+	p := Pointer{Key: key, Type: h.cfg.Type}
+	if code, err := h.parse(w, r, &p); err != nil {
+		return h.fail(code, err.Error(), nil)
 	}
-	ctx := r.Context()
-	// The key is valid when authorize runs: who asks is checked before
-	// anything is read, and the trigger path is the Trigger's Intake.
-	user := ""
+	var user string
 	var authErr error
 	authorize := func(ctx context.Context, key opkit.Key) error {
 		if h.auth == nil {
 			return nil
 		}
-		user, authErr = h.auth.Authorize(ctx, AuthRequest{HTTP: r, Resource: h.res, Key: key})
+		user, authErr = h.auth.Authorize(ctx, AuthRequest{HTTP: r, Resource: h.cfg.Trigger.Resource(), Key: key})
 		return authErr
 	}
-	ictx, cancel := context.WithTimeout(ctx, h.cfg.APITimeout)
-	obj, o, err := h.trig.Intake(ictx, Pointer{Key: req.key, Type: h.cfg.Type, Reason: req.reason, Delay: req.delay}, authorize)
+	ctx, cancel := context.WithTimeout(r.Context(), h.cfg.APITimeout)
+	obj, o, err := h.cfg.Trigger.Intake(ctx, p, authorize)
 	cancel()
 	switch {
-	case err == nil:
 	case errors.Is(err, ErrInvalid):
-		h.fail(w, r, start, http.StatusBadRequest, metav1.StatusReasonBadRequest, err.Error(), nil)
-		return
-	case authErr != nil:
-		h.authFailure(w, r, start, authErr, &req)
-		return
-	case errors.Is(err, ErrOutOfScope), errors.Is(err, ErrNotFound):
-		h.fail(w, r, start, http.StatusNotFound, metav1.StatusReasonNotFound, err.Error(), &req)
-		return
-	default:
-		h.apiFailure(w, r, start, "read", err, &req, true)
-		return
-	}
-	if !o.Accepted() {
-		h.dropped(w, r, start, o, &req)
-		return
-	}
-	h.log.LogAttrs(ctx, slog.LevelDebug, "trigger: scheduled", slog.String("key", req.key.String()), slog.String("user", user), slog.String("outcome", o.String()))
-	writeJSON(w, http.StatusAccepted, Accepted{
-		Key:             req.key.String(),
-		Namespace:       req.key.Namespace,
-		Name:            req.key.Name,
-		UID:             string(obj.GetUID()),
-		ResourceVersion: obj.GetResourceVersion(),
-		Delay:           req.delay.String(),
-		Outcome:         o.String(),
-	})
-	h.metrics.Request(http.StatusAccepted, "Accepted", time.Since(start))
-}
-
-// authFailure answers a refused or failed authorization.
-func (h *handler[T]) authFailure(w http.ResponseWriter, r *http.Request, start time.Time, err error, req *request) {
-	switch {
-	case errors.Is(err, ErrUnauthenticated):
+		return h.fail(http.StatusBadRequest, err.Error(), nil)
+	case errors.Is(authErr, ErrUnauthenticated):
 		// RFC 6750: an error code only when a token was presented.
 		challenge := `Bearer realm="opkit-trigger"`
 		if _, ok := bearerToken(r); ok {
 			challenge += `, error="invalid_token"`
 		}
 		w.Header().Set("WWW-Authenticate", challenge)
-		h.fail(w, r, start, http.StatusUnauthorized, metav1.StatusReasonUnauthorized, err.Error(), req)
-	case errors.Is(err, ErrForbidden):
-		h.fail(w, r, start, http.StatusForbidden, metav1.StatusReasonForbidden, err.Error(), req)
-	default:
-		// The caller is not authenticated or not authorized yet: the
-		// API server's answer (which may describe the operator's own
-		// RBAC) goes to the log only.
-		h.apiFailure(w, r, start, "authorization", err, req, false)
+		return h.fail(http.StatusUnauthorized, err.Error(), &key)
+	case errors.Is(authErr, ErrForbidden):
+		return h.fail(http.StatusForbidden, err.Error(), &key)
+	case authErr != nil:
+		// The caller is not authenticated or not authorized yet: the API
+		// server's answer (which may describe the operator's own RBAC)
+		// goes to the log only.
+		return h.apiFailure(r, "authorization", err, key, false)
+	case errors.Is(err, ErrOutOfScope), errors.Is(err, ErrNotFound):
+		return h.fail(http.StatusNotFound, err.Error(), &key)
+	case err != nil:
+		return h.apiFailure(r, "read", err, key, true)
+	case !o.Accepted():
+		return h.dropped(w, o, key)
 	}
+	h.cfg.Logger.LogAttrs(r.Context(), slog.LevelDebug, "trigger: scheduled", slog.String("key", key.String()), slog.String("user", user), slog.String("outcome", o.String()))
+	return Accepted{Key: key.String(), Namespace: key.Namespace, Name: key.Name, UID: string(obj.GetUID()),
+		ResourceVersion: obj.GetResourceVersion(), Delay: p.Delay.String(), Outcome: o.String()}
 }
 
-// parse validates the query and the optional body into req (the key is
-// Intake's to validate).
-func (h *handler[T]) parse(w http.ResponseWriter, r *http.Request, req *request) (int, metav1.StatusReason, error) {
-	bad := func(err error) (int, metav1.StatusReason, error) {
-		return http.StatusBadRequest, metav1.StatusReasonBadRequest, err
+// route returns the key named by r's path: /reconcile/{namespace}/{name}
+// for a namespaced resource, /reconcile/{name} for a cluster-scoped one
+// (behind http.StripPrefix the leading slash may be missing). Segments are
+// unescaped one by one, so "a%2Fb" is one (invalid) name. A path with
+// empty, "." or ".." segments is refused: a mux would redirect it to its
+// cleaned form, and a client following that would trigger another name
+// than it wrote.
+func (h *handler[T]) route(r *http.Request) (opkit.Key, *Status) {
+	res := h.cfg.Trigger.Resource()
+	want, scope, use := 1, "cluster-scoped", "use POST /reconcile/{name}"
+	if res.Namespaced {
+		want, scope, use = 2, "namespaced", "use POST /reconcile/{namespace}/{name}"
 	}
+	segs := strings.Split(strings.TrimPrefix(r.URL.Path, "/"), "/")
+	if slices.Contains(segs[:len(segs)-1], "") || slices.Contains(segs, ".") || slices.Contains(segs, "..") {
+		return opkit.Key{}, h.fail(http.StatusBadRequest, fmt.Sprintf("the path %q has empty, dot or dot-dot segments; %s", r.URL.Path, use), nil)
+	}
+	rest, ok := strings.CutPrefix(strings.TrimPrefix(r.URL.EscapedPath(), "/"), "reconcile/")
+	if segs = strings.Split(rest, "/"); !ok || len(segs) != want || slices.Contains(segs, "") {
+		return opkit.Key{}, h.fail(http.StatusNotFound, fmt.Sprintf("no such route: %s is %s; %s", res.Resource, scope, use), nil)
+	}
+	for i, seg := range segs {
+		var err error
+		if segs[i], err = url.PathUnescape(seg); err != nil {
+			return opkit.Key{}, h.fail(http.StatusBadRequest, fmt.Sprintf("the path %q: %v", r.URL.Path, err), nil)
+		}
+	}
+	if want == 1 {
+		return opkit.Key{Name: segs[0]}, nil
+	}
+	return opkit.Key{Namespace: segs[0], Name: segs[1]}, nil
+}
+
+// parse reads the query's delay and reason, and the reason of the
+// optional application/json body ({"reason": "..."}), into p; on failure
+// it returns the status code (400, 413 or 415). Intake checks the key and
+// the reason.
+func (h *handler[T]) parse(w http.ResponseWriter, r *http.Request, p *Pointer) (int, error) {
 	q, err := url.ParseQuery(r.URL.RawQuery)
 	if err != nil {
-		return bad(invalid("query: %v", err))
+		return http.StatusBadRequest, invalid("query: %v", err)
 	}
 	for k, v := range q {
-		switch k {
-		case "delay", "reason":
-			if len(v) != 1 {
-				return bad(invalid("query parameter %q given %d times", k, len(v)))
-			}
-		default:
-			return bad(invalid("unknown query parameter %q (known: delay, reason)", k))
+		if k != "delay" && k != "reason" {
+			return http.StatusBadRequest, invalid("unknown query parameter %q (known: delay, reason)", k)
+		}
+		if len(v) != 1 {
+			return http.StatusBadRequest, invalid("query parameter %q given %d times", k, len(v))
 		}
 	}
-	if v, ok := q["delay"]; ok {
-		d, err := time.ParseDuration(v[0])
-		if err != nil {
-			return bad(invalid("delay: %v", err))
+	if q.Has("delay") {
+		if p.Delay, err = time.ParseDuration(q.Get("delay")); err != nil {
+			return http.StatusBadRequest, invalid("delay: %v", err)
 		}
-		if d < 0 || d > h.cfg.MaxDelay {
-			return bad(invalid("delay %v is outside [0, %v]", d, h.cfg.MaxDelay))
+		if p.Delay < 0 || p.Delay > h.cfg.MaxDelay {
+			return http.StatusBadRequest, invalid("delay %v is outside [0, %v]", p.Delay, h.cfg.MaxDelay)
 		}
-		req.delay = d
 	}
-	reasonInQuery := false
-	if v, ok := q["reason"]; ok {
-		req.reason, reasonInQuery = v[0], true
-	}
+	p.Reason = q.Get("reason")
 
 	// The body is optional and never describes the object: at most a reason.
-	if r.ContentLength > h.cfg.MaxBodyBytes {
-		return http.StatusRequestEntityTooLarge, metav1.StatusReasonRequestEntityTooLarge,
-			invalid("body of %d bytes exceeds the limit of %d", r.ContentLength, h.cfg.MaxBodyBytes)
-	}
 	var rb io.ReadCloser = http.NoBody
 	if r.Body != nil { // a server request always has one; a hand-made one may not
 		rb = r.Body
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, rb, h.cfg.MaxBodyBytes))
+	if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+		return http.StatusRequestEntityTooLarge, invalid("body exceeds the limit of %d bytes", h.cfg.MaxBodyBytes)
+	}
 	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			return http.StatusRequestEntityTooLarge, metav1.StatusReasonRequestEntityTooLarge,
-				invalid("body exceeds the limit of %d bytes", h.cfg.MaxBodyBytes)
-		}
-		return bad(invalid("reading the body: %v", err))
+		return http.StatusBadRequest, invalid("reading the body: %v", err)
 	}
-	if len(body) > 0 {
-		mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
-		if err != nil || mt != "application/json" {
-			return http.StatusUnsupportedMediaType, metav1.StatusReasonUnsupportedMediaType,
-				invalid("a body must be application/json ({\"reason\": \"...\"})")
-		}
-		var reason *string // nil: no reason member, or a body of null
-		if string(bytes.TrimSpace(body)) != "null" {
-			if err := decodeObject(body, []member{{"reason", &reason}}, false); err != nil {
-				return bad(invalid("body: %w", err))
-			}
-		}
-		if reason != nil {
-			if reasonInQuery {
-				return bad(invalid("reason given both in the query and in the body"))
-			}
-			req.reason = *reason
+	if len(body) == 0 {
+		return 0, nil
+	}
+	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+		return http.StatusUnsupportedMediaType, invalid(`a body must be application/json ({"reason": "..."})`)
+	}
+	var reason *string // nil: no reason member, or a body of null
+	if string(bytes.TrimSpace(body)) != "null" {
+		if err := decodeObject(body, []member{{"reason", &reason}}, false); err != nil {
+			return http.StatusBadRequest, invalid("body: %w", err)
 		}
 	}
-	if err := CheckReason(req.reason); err != nil {
-		return bad(err)
+	if reason != nil {
+		if q.Has("reason") {
+			return http.StatusBadRequest, invalid("reason given both in the query and in the body")
+		}
+		p.Reason = *reason
 	}
-	return 0, "", nil
+	return 0, nil
 }
 
-func (h *handler[T]) retryAfter(w http.ResponseWriter) {
-	secs := int64(math.Ceil(h.cfg.RetryAfter.Seconds()))
-	w.Header().Set("Retry-After", strconv.FormatInt(max(secs, 1), 10))
-}
-
-func (h *handler[T]) dropped(w http.ResponseWriter, r *http.Request, start time.Time, o queue.Outcome, req *request) {
-	leader := ""
-	if h.cfg.Leader != nil {
-		leader = h.cfg.Leader()
-	}
-	h.retryAfter(w)
-	msg := "the enqueue was dropped: this replica is not the leader or leadership is changing"
-	if o == queue.DroppedShutDown {
-		msg = "the enqueue was dropped: the controller is shutting down"
-	}
-	if leader != "" {
-		w.Header().Set(LeaderHeader, leader)
-		msg += "; current leader: " + leader
-	}
-	h.log.LogAttrs(r.Context(), slog.LevelWarn, "trigger: dropped", slog.String("key", req.key.String()), slog.String("outcome", o.String()), slog.String("leader", leader))
-	st := status(http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable, msg, h.res, req)
-	st.Leader, st.Outcome = leader, o.String()
-	writeJSON(w, http.StatusServiceUnavailable, st)
-	h.metrics.Request(http.StatusServiceUnavailable, string(st.Reason), time.Since(start))
-}
-
-// apiFailure answers 504 when err is a timeout, else 502; the body carries
-// err's text only if detail (the log always does).
-func (h *handler[T]) apiFailure(w http.ResponseWriter, r *http.Request, start time.Time, what string, err error, req *request, detail bool) {
+// apiFailure answers a failed API call: 504 when it timed out, else 502,
+// and 503 when the caller went away and cut it short (nothing was queued).
+// The body carries err's text only if detail; the log always does.
+func (h *handler[T]) apiFailure(r *http.Request, call string, err error, key opkit.Key, detail bool) *Status {
 	if r.Context().Err() != nil {
-		// The caller went away: the API call was cut short by it, not
-		// failed by the API server. Nothing was queued.
-		h.fail(w, r, start, http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable, "request cancelled during the "+what, req)
-		return
+		return h.fail(http.StatusServiceUnavailable, "request cancelled during the "+call, &key)
 	}
-	code, reason := http.StatusBadGateway, ReasonBadGateway
-	if isTimeout(err) {
-		code, reason = http.StatusGatewayTimeout, metav1.StatusReasonTimeout
-	}
-	h.log.LogAttrs(r.Context(), slog.LevelError, "trigger: API server call failed", slog.String("call", what), slog.String("key", req.key.String()), slog.Any("error", err))
-	msg := fmt.Sprintf("%s failed: %v", what, err)
+	h.cfg.Logger.LogAttrs(r.Context(), slog.LevelError, "trigger: API server call failed", slog.String("call", call), slog.String("key", key.String()), slog.Any("error", err))
+	code, msg := http.StatusBadGateway, fmt.Sprintf("%s failed: %v", call, err)
 	if !detail {
-		msg = what + " failed: the API server's review failed (details in the operator's log)"
-		if code == http.StatusGatewayTimeout {
-			msg = what + " timed out: the API server did not answer the review in time"
+		msg = call + " failed: the API server's review failed (details in the operator's log)"
+	}
+	if isTimeout(err) {
+		code = http.StatusGatewayTimeout
+		if !detail {
+			msg = call + " timed out: the API server did not answer the review in time"
 		}
 	}
-	h.fail(w, r, start, code, reason, msg, req)
+	return h.fail(code, msg, &key)
 }
 
 // isTimeout reports whether err says an API call ran out of time: the
@@ -527,41 +406,62 @@ func isTimeout(err error) bool {
 		strings.Contains(err.Error(), "would exceed context deadline")
 }
 
-func (h *handler[T]) fail(w http.ResponseWriter, r *http.Request, start time.Time, code int, reason metav1.StatusReason, msg string, req *request) {
-	if code >= 500 || code == http.StatusUnauthorized || code == http.StatusForbidden {
-		attrs := []slog.Attr{slog.Int("code", code), slog.String("reason", string(reason)), slog.String("message", msg)}
-		if req != nil {
-			attrs = append(attrs, slog.String("key", req.key.String()))
-		}
-		h.log.LogAttrs(r.Context(), slog.LevelWarn, "trigger: request refused", attrs...)
+// dropped answers an enqueue the queue dropped: 503, naming the leader
+// when it is known.
+func (h *handler[T]) dropped(w http.ResponseWriter, o queue.Outcome, key opkit.Key) *Status {
+	msg := "the enqueue was dropped: this replica is not the leader or leadership is changing"
+	if o == queue.DroppedShutDown {
+		msg = "the enqueue was dropped: the controller is shutting down"
 	}
-	writeJSON(w, code, status(code, reason, msg, h.res, req))
-	h.metrics.Request(code, string(reason), time.Since(start))
+	leader := ""
+	if h.cfg.Leader != nil {
+		leader = h.cfg.Leader()
+	}
+	if leader != "" {
+		w.Header().Set(LeaderHeader, leader)
+		msg += "; current leader: " + leader
+	}
+	h.retryAfter(w)
+	st := h.fail(http.StatusServiceUnavailable, msg, &key)
+	st.Leader, st.Outcome = leader, o.String()
+	return st
 }
 
-func status(code int, reason metav1.StatusReason, msg string, res opkit.Resource, req *request) Status {
-	st := Status{Kind: "Status", APIVersion: "v1", Status: metav1.StatusFailure, Message: msg, Reason: reason, Code: code}
-	if req != nil {
-		st.Details = &metav1.StatusDetails{Name: req.key.Name, Group: res.Group, Kind: res.Resource}
+func (h *handler[T]) retryAfter(w http.ResponseWriter) {
+	w.Header().Set("Retry-After", strconv.FormatInt(max(1, int64(math.Ceil(h.cfg.RetryAfter.Seconds()))), 10))
+}
+
+// statusReasons are the Status reasons of the handler's error codes.
+var statusReasons = map[int]metav1.StatusReason{
+	http.StatusBadRequest:            metav1.StatusReasonBadRequest,
+	http.StatusUnauthorized:          metav1.StatusReasonUnauthorized,
+	http.StatusForbidden:             metav1.StatusReasonForbidden,
+	http.StatusNotFound:              metav1.StatusReasonNotFound,
+	http.StatusMethodNotAllowed:      metav1.StatusReasonMethodNotAllowed,
+	http.StatusRequestEntityTooLarge: metav1.StatusReasonRequestEntityTooLarge,
+	http.StatusUnsupportedMediaType:  metav1.StatusReasonUnsupportedMediaType,
+	http.StatusTooManyRequests:       metav1.StatusReasonTooManyRequests,
+	http.StatusBadGateway:            ReasonBadGateway,
+	http.StatusServiceUnavailable:    metav1.StatusReasonServiceUnavailable,
+	http.StatusGatewayTimeout:        metav1.StatusReasonTimeout,
+}
+
+// fail returns the Status of an error answer; key, once the request named
+// a valid object, goes into its Details.
+func (h *handler[T]) fail(code int, msg string, key *opkit.Key) *Status {
+	st := &Status{Kind: "Status", APIVersion: "v1", Status: metav1.StatusFailure, Message: msg, Reason: statusReasons[code], Code: code}
+	if key != nil {
+		res := h.cfg.Trigger.Resource()
+		st.Details = &metav1.StatusDetails{Name: key.Name, Group: res.Group, Kind: res.Resource}
 	}
 	return st
 }
 
-func writeJSON(w http.ResponseWriter, code int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(code)
-	_ = json.NewEncoder(w).Encode(v)
-}
-
 // bucket is a token bucket: rate tokens per second up to burst.
 type bucket struct {
-	mu     sync.Mutex
-	rate   float64
-	burst  float64
-	tokens float64
-	last   time.Time
+	mu                  sync.Mutex
+	rate, burst, tokens float64
+	last                time.Time
 }
 
 func (b *bucket) allow(now time.Time) bool {

@@ -36,14 +36,12 @@ type member struct {
 // expected; they do not wrap ErrInvalid (callers do).
 func decodeObject(data []byte, members []member, allowUnknown bool) error {
 	dec := json.NewDecoder(bytes.NewReader(data))
-	tok, err := dec.Token()
-	if err == io.EOF {
+	switch tok, err := dec.Token(); {
+	case err == io.EOF:
 		return errors.New("empty: want a JSON object")
-	}
-	if err != nil {
+	case err != nil:
 		return unended(err)
-	}
-	if d, ok := tok.(json.Delim); !ok || d != '{' {
+	case tok != json.Delim('{'):
 		return errors.New("not a JSON object")
 	}
 	seen := make([]bool, len(members))
@@ -53,26 +51,21 @@ func decodeObject(data []byte, members []member, allowUnknown bool) error {
 			return unended(err)
 		}
 		name := tok.(string) // inside an object, the decoder returns names as strings
-		var raw json.RawMessage
-		if err := dec.Decode(&raw); err != nil {
-			return fmt.Errorf("member %q: %w", name, unended(err))
-		}
 		i := slices.IndexFunc(members, func(m member) bool { return m.name == name })
+		var dst any = new(json.RawMessage) // an unknown member's value, skipped
 		switch {
-		case i < 0 && allowUnknown:
-			continue
-		case i < 0:
-			return fmt.Errorf("unknown member %q (known: %s)", name, names(members))
-		case seen[i]:
+		case i >= 0 && seen[i]:
 			return fmt.Errorf("member %q given twice", name)
+		case i >= 0:
+			seen[i], dst = true, members[i].dst
+		case !allowUnknown:
+			return fmt.Errorf("unknown member %q (known: %s)", name, names(members))
 		}
-		seen[i] = true
-		if err := json.Unmarshal(raw, members[i].dst); err != nil {
-			var typeErr *json.UnmarshalTypeError
-			if errors.As(err, &typeErr) {
-				return fmt.Errorf("member %q: want a JSON %s, got %s", name, typeErr.Type, typeErr.Value)
+		if err := dec.Decode(dst); err != nil {
+			if te, ok := errors.AsType[*json.UnmarshalTypeError](err); ok {
+				return fmt.Errorf("member %q: want a JSON %s, got %s", name, te.Type, te.Value)
 			}
-			return fmt.Errorf("member %q: %w", name, err)
+			return fmt.Errorf("member %q: %w", name, unended(err))
 		}
 	}
 	if _, err := dec.Token(); err != nil { // the closing brace

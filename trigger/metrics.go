@@ -17,11 +17,6 @@ type Metrics interface {
 	Rejected()
 }
 
-type nopMetrics struct{}
-
-func (nopMetrics) Enqueued(queue.Outcome) {}
-func (nopMetrics) Rejected()              {}
-
 // HandlerMetrics receives the HTTP handler's counts. Implementations must be
 // safe for concurrent use and must not block. nil means none.
 type HandlerMetrics interface {
@@ -30,10 +25,6 @@ type HandlerMetrics interface {
 	// how long the handler took.
 	Request(code int, reason string, took time.Duration)
 }
-
-type nopHandlerMetrics struct{}
-
-func (nopHandlerMetrics) Request(int, string, time.Duration) {}
 
 // ConsumerMetrics receives a Consumer's counts. Implementations must be
 // safe for concurrent use and must not block. nil means none.
@@ -55,12 +46,17 @@ type ConsumerMetrics interface {
 	BrokerError(kind BrokerErrorKind)
 }
 
-type nopConsumerMetrics struct{}
+// nopMetrics discards every count: it stands in for a nil Metrics,
+// HandlerMetrics or ConsumerMetrics.
+type nopMetrics struct{}
 
-func (nopConsumerMetrics) Received()                   {}
-func (nopConsumerMetrics) Acked(AckReason)             {}
-func (nopConsumerMetrics) Nacked(NackReason)           {}
-func (nopConsumerMetrics) Terminated(TermReason)       {}
-func (nopConsumerMetrics) Processed(time.Duration)     {}
-func (nopConsumerMetrics) Lag(int64)                   {}
-func (nopConsumerMetrics) BrokerError(BrokerErrorKind) {}
+func (nopMetrics) Enqueued(queue.Outcome)             {}
+func (nopMetrics) Rejected()                          {}
+func (nopMetrics) Request(int, string, time.Duration) {}
+func (nopMetrics) Received()                          {}
+func (nopMetrics) Acked(AckReason)                    {}
+func (nopMetrics) Nacked(NackReason)                  {}
+func (nopMetrics) Terminated(TermReason)              {}
+func (nopMetrics) Processed(time.Duration)            {}
+func (nopMetrics) Lag(int64)                          {}
+func (nopMetrics) BrokerError(BrokerErrorKind)        {}

@@ -1,6 +1,7 @@
 package trigger
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -51,48 +52,34 @@ type Server struct {
 // NewServer validates cfg (and loads the certificate, if any) and returns
 // a Server; call Run to serve.
 func NewServer(cfg ServerConfig) (*Server, error) {
-	if cfg.Handler == nil {
+	switch {
+	case cfg.Handler == nil:
 		return nil, errors.New("trigger: ServerConfig.Handler is required")
-	}
-	if (cfg.CertFile == "") != (cfg.KeyFile == "") {
+	case (cfg.CertFile == "") != (cfg.KeyFile == ""):
 		return nil, errors.New("trigger: ServerConfig needs both CertFile and KeyFile, or neither")
+	case min(cfg.ReadHeaderTimeout, cfg.ReadTimeout, cfg.WriteTimeout, cfg.IdleTimeout, cfg.ShutdownTimeout) < 0:
+		return nil, errors.New("trigger: ServerConfig timeouts must not be negative")
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	for _, f := range []struct {
-		v   *time.Duration
-		def time.Duration
-	}{
-		{&cfg.ReadHeaderTimeout, 5 * time.Second},
-		{&cfg.ReadTimeout, 10 * time.Second},
-		{&cfg.WriteTimeout, 30 * time.Second},
-		{&cfg.IdleTimeout, 60 * time.Second},
-		{&cfg.ShutdownTimeout, 10 * time.Second},
-	} {
-		if *f.v < 0 {
-			return nil, errors.New("trigger: ServerConfig timeouts must not be negative")
-		}
-		if *f.v == 0 {
-			*f.v = f.def
-		}
-	}
-	if cfg.MaxHeaderBytes == 0 {
-		cfg.MaxHeaderBytes = 16 << 10
-	}
+	cfg.ReadHeaderTimeout = cmp.Or(cfg.ReadHeaderTimeout, 5*time.Second)
+	cfg.ReadTimeout = cmp.Or(cfg.ReadTimeout, 10*time.Second)
+	cfg.WriteTimeout = cmp.Or(cfg.WriteTimeout, 30*time.Second)
+	cfg.IdleTimeout = cmp.Or(cfg.IdleTimeout, 60*time.Second)
+	cfg.ShutdownTimeout = cmp.Or(cfg.ShutdownTimeout, 10*time.Second)
+	cfg.MaxHeaderBytes = cmp.Or(cfg.MaxHeaderBytes, 16<<10)
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	s := &Server{cfg: cfg}
 	if cfg.CertFile != "" {
 		s.certs = &certReloader{certFile: cfg.CertFile, keyFile: cfg.KeyFile, log: cfg.Logger}
-		if err := s.certs.reload(); err != nil {
-			return nil, fmt.Errorf("trigger: %w", err)
+		st, err := s.certs.stamps()
+		if err == nil {
+			err = s.certs.load(st)
 		}
-	}
-	if s.cfg.Addr == "" {
-		s.cfg.Addr = ":8080"
-		if s.certs != nil {
-			s.cfg.Addr = ":8443"
+		if err != nil {
+			return nil, fmt.Errorf("trigger: certificate: %w", err)
 		}
+		s.cfg.Addr = cmp.Or(cfg.Addr, ":8443")
 	}
+	s.cfg.Addr = cmp.Or(s.cfg.Addr, ":8080")
 	return s, nil
 }
 
@@ -148,10 +135,9 @@ type certReloader struct {
 	certFile, keyFile string
 	log               *slog.Logger
 
-	mu       sync.Mutex
-	cert     *tls.Certificate
-	certStat fileStamp
-	keyStat  fileStamp
+	mu     sync.Mutex
+	cert   *tls.Certificate
+	loaded [2]fileStamp // the files' stamps at the last load
 }
 
 type fileStamp struct {
@@ -159,36 +145,26 @@ type fileStamp struct {
 	size int64
 }
 
-func stamp(path string) (fileStamp, error) {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return fileStamp{}, err
+// stamps returns the modification time and size of the two files.
+func (c *certReloader) stamps() ([2]fileStamp, error) {
+	var st [2]fileStamp
+	for i, f := range []string{c.certFile, c.keyFile} {
+		fi, err := os.Stat(f)
+		if err != nil {
+			return st, err
+		}
+		st[i] = fileStamp{mod: fi.ModTime(), size: fi.Size()}
 	}
-	return fileStamp{mod: fi.ModTime(), size: fi.Size()}, nil
+	return st, nil
 }
 
-// reload loads the pair unconditionally.
-func (c *certReloader) reload() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.reloadLocked()
-}
-
-func (c *certReloader) reloadLocked() error {
-	cs, err := stamp(c.certFile)
-	if err != nil {
-		return fmt.Errorf("certificate: %w", err)
-	}
-	ks, err := stamp(c.keyFile)
-	if err != nil {
-		return fmt.Errorf("key: %w", err)
-	}
-	// Record the stamps first: a broken pair is retried only after the
-	// files change again, not on every handshake.
-	c.certStat, c.keyStat = cs, ks
+// load loads the pair, recording the files' stamps first: a broken pair
+// is retried only after the files change again, not on every handshake.
+func (c *certReloader) load(st [2]fileStamp) error {
+	c.loaded = st
 	pair, err := tls.LoadX509KeyPair(c.certFile, c.keyFile)
 	if err != nil {
-		return fmt.Errorf("certificate pair: %w", err)
+		return err
 	}
 	c.cert = &pair
 	return nil
@@ -197,10 +173,8 @@ func (c *certReloader) reloadLocked() error {
 func (c *certReloader) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	cs, cerr := stamp(c.certFile)
-	ks, kerr := stamp(c.keyFile)
-	if cerr == nil && kerr == nil && (cs != c.certStat || ks != c.keyStat) {
-		if err := c.reloadLocked(); err != nil {
+	if st, err := c.stamps(); err == nil && st != c.loaded {
+		if err := c.load(st); err != nil {
 			c.log.Error("trigger: certificate reload failed; serving the previous one", "error", err)
 		} else {
 			c.log.Info("trigger: certificate reloaded", "cert", c.certFile)

@@ -1,6 +1,7 @@
 package trigger
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -9,8 +10,10 @@ import (
 	"reflect"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
+	"k8s.io/apimachinery/pkg/api/validation/path"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/dynamic"
@@ -28,20 +31,13 @@ const DefaultPriority = 100
 // MaxReasonLen is the longest Reason (in bytes) a trigger may carry.
 const MaxReasonLen = 1024
 
-// CheckReason returns an error wrapping ErrInvalid unless reason is valid
-// UTF-8 of at most MaxReasonLen bytes: the reason every trigger path (Submit,
-// the HTTP handler, the consumer) accepts. A publisher can check with it
-// before sending what a consumer would otherwise dead-letter.
-func CheckReason(reason string) error {
-	if len(reason) > MaxReasonLen || !utf8.ValidString(reason) {
-		return invalid("reason must be valid UTF-8 of at most %d bytes", MaxReasonLen)
-	}
-	return nil
-}
+// MaxNameLen is the longest object name a trigger accepts, in bytes: the
+// longest a DNS-1123 subdomain, which most resources' names are, may be.
+const MaxNameLen = validation.DNS1123SubdomainMaxLength
 
 // ErrInvalid is wrapped by every error that reports bad input to Enqueue,
-// Submit, the HTTP handler's parser and the consumer's message decoder.
-// Check it with errors.Is.
+// Submit, Intake, the HTTP handler's parser and the consumer's message
+// decoder. Check it with errors.Is.
 var ErrInvalid = errors.New("invalid trigger")
 
 // ErrOutOfScope is wrapped by the errors of Enqueue, Submit and
@@ -57,6 +53,20 @@ var ErrOutOfScope = errors.New("object outside the controller's scope")
 // exist. The HTTP handler answers 404; the consumer acknowledges the
 // message.
 var ErrNotFound = errors.New("object not found")
+
+// errNoGetter is what Intake, NewHandler and NewConsumer answer for a
+// Trigger that cannot read objects.
+var errNoGetter = errors.New("trigger: the Trigger reads objects for the HTTP handler and the consumer: set Config.Get or Config.Dynamic")
+
+// Getter re-fetches one object from the API server. It must return API
+// errors unchanged (or wrapped) so that apierrors.IsNotFound and
+// apierrors.IsTimeout work on them. An object counts as gone only when the
+// NotFound status names it (as the API server's and client-go's fake
+// clients' do): a NotFound without the object's name is the API server not
+// serving the resource (a CRD not installed yet, a version not served), and
+// the trigger is retried (consumer) or answered 502 (handler) rather than
+// dropped. The default Getter (Config.Dynamic) is a typed client.
+type Getter[T opkit.Object] func(ctx context.Context, key opkit.Key) (T, error)
 
 // Config configures a Trigger. The zero value of every optional field means
 // its documented default.
@@ -106,14 +116,7 @@ type Config[T opkit.Object] struct {
 // Trigger puts external reconcile requests into a controller's queue. It
 // holds no goroutines; its methods are safe for concurrent use.
 type Trigger[T opkit.Object] struct {
-	q        queue.Adder[opkit.Key, opkit.Cause[T]]
-	get      Getter[T]
-	res      opkit.Resource
-	ns       string
-	sel      labels.Selector
-	priority int
-	metrics  Metrics
-	log      *slog.Logger
+	cfg Config[T] // validated, defaults applied
 }
 
 // New validates cfg and returns a Trigger bound to cfg.Queue.
@@ -136,43 +139,17 @@ func New[T opkit.Object](cfg Config[T]) (*Trigger[T], error) {
 	if cfg.Get == nil && cfg.Dynamic != nil {
 		cfg.Get = typed.New[T](cfg.Dynamic, cfg.Resource).Get
 	}
-	t := &Trigger[T]{
-		q:        cfg.Queue,
-		get:      cfg.Get,
-		res:      cfg.Resource,
-		ns:       cfg.Namespace,
-		sel:      cfg.Selector,
-		priority: cfg.Priority,
-		metrics:  cfg.Metrics,
-		log:      cfg.Logger,
-	}
-	if t.priority == 0 {
-		t.priority = DefaultPriority
-	}
-	if t.metrics == nil {
-		t.metrics = nopMetrics{}
-	}
-	if t.log == nil {
-		t.log = slog.Default()
-	}
-	return t, nil
+	cfg.Priority = cmp.Or(cfg.Priority, DefaultPriority)
+	cfg.Metrics = cmp.Or[Metrics](cfg.Metrics, nopMetrics{})
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
+	return &Trigger[T]{cfg: cfg}, nil
 }
 
 // Resource returns the resource the trigger is bound to.
-func (t *Trigger[T]) Resource() opkit.Resource { return t.res }
-
-// checkScope returns an error wrapping ErrOutOfScope when key is in a
-// namespace the trigger's controller does not handle (Config.Namespace).
-// The labels (Config.Selector) need the object.
-func (t *Trigger[T]) checkScope(key opkit.Key) error {
-	if t.ns != "" && key.Namespace != t.ns {
-		return fmt.Errorf("trigger: %w: %s %s is not in namespace %q, the only one this controller handles", ErrOutOfScope, t.res.Resource, key, t.ns)
-	}
-	return nil
-}
+func (t *Trigger[T]) Resource() opkit.Resource { return t.cfg.Resource }
 
 // Priority returns the queue priority of triggered entries.
-func (t *Trigger[T]) Priority() int { return t.priority }
+func (t *Trigger[T]) Priority() int { return t.cfg.Priority }
 
 // Request is one reconcile request for [Trigger.Submit].
 type Request[T opkit.Object] struct {
@@ -229,10 +206,7 @@ type Request[T opkit.Object] struct {
 //     ctx's error when ctx has already ended. Nothing was queued.
 func (t *Trigger[T]) Enqueue(ctx context.Context, obj T, typ opkit.Type, src opkit.Source, delay time.Duration, retries int) (bool, error) {
 	o, err := t.Submit(ctx, Request[T]{Object: obj, Type: typ, Source: src, Delay: delay, Retries: retries})
-	if err != nil {
-		return false, err
-	}
-	return o.Accepted(), nil
+	return o.Accepted(), err
 }
 
 // Submit is Enqueue with a reason and the queue's outcome: Queued or Merged
@@ -240,7 +214,7 @@ func (t *Trigger[T]) Enqueue(ctx context.Context, obj T, typ opkit.Type, src opk
 // error is nil). On error the outcome is zero and nothing was queued.
 func (t *Trigger[T]) Submit(ctx context.Context, req Request[T]) (queue.Outcome, error) {
 	if err := ctx.Err(); err != nil {
-		t.metrics.Rejected()
+		t.cfg.Metrics.Rejected()
 		return 0, fmt.Errorf("trigger: enqueue: %w", err)
 	}
 	if err := t.validate(req); err != nil {
@@ -248,29 +222,60 @@ func (t *Trigger[T]) Submit(ctx context.Context, req Request[T]) (queue.Outcome,
 		return 0, err
 	}
 	key := opkit.KeyOf(req.Object)
-	c := opkit.Cause[T]{
+	o := t.cfg.Queue.Add(key, opkit.Cause[T]{
 		Object:   req.Object,
 		Sources:  opkit.Sources(req.Source),
 		Reasons:  opkit.ReasonsOf(req.Reason),
 		Added:    req.Type == opkit.Added,
 		Teardown: req.Type == opkit.Deleted,
 		Retries:  req.Retries,
-	}
-	o := t.q.Add(key, c, queue.AddOptions{Delay: req.Delay, Priority: t.priority})
-	t.metrics.Enqueued(o)
+	}, queue.AddOptions{Delay: req.Delay, Priority: t.cfg.Priority})
+	t.cfg.Metrics.Enqueued(o)
 	if !o.Accepted() {
-		t.log.LogAttrs(ctx, slog.LevelInfo, "trigger dropped",
-			slog.String("resource", t.res.GroupVersionResource.String()),
-			slog.String("key", key.String()),
-			slog.String("outcome", o.String()),
-			slog.String("reason", req.Reason))
+		t.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "trigger dropped", slog.String("resource", t.cfg.Resource.GroupVersionResource.String()),
+			slog.String("key", key.String()), slog.String("outcome", o.String()), slog.String("reason", req.Reason))
 	}
 	return o, nil
 }
 
-func (t *Trigger[T]) rejected(ctx context.Context, err error) {
-	t.metrics.Rejected()
-	t.log.LogAttrs(ctx, slog.LevelWarn, "trigger rejected", slog.String("resource", t.res.GroupVersionResource.String()), slog.Any("error", err))
+// validate checks req as Submit takes it.
+func (t *Trigger[T]) validate(req Request[T]) error {
+	if isNil(req.Object) {
+		return invalid("nil object")
+	}
+	key := opkit.KeyOf(req.Object)
+	if err := t.check(key, req.Type, req.Delay, req.Reason); err != nil {
+		return err
+	}
+	if req.Source != opkit.Operator {
+		return invalid("source %v: external triggers use Operator (APIServer is reserved for the watch stream)", req.Source)
+	}
+	if req.Retries < 0 || req.Retries > math.MaxInt32 {
+		return invalid("retries %d outside [0, %d]", req.Retries, math.MaxInt32)
+	}
+	if err := t.checkNamespace(key); err != nil {
+		return err
+	}
+	// A Deleted trigger is judged on the object it carries: there may be
+	// nothing left to read.
+	if req.Type == opkit.Deleted {
+		if err := t.checkLabels(req.Object); err != nil {
+			return err
+		}
+	}
+	if ok := req.Object.GetObjectKind(); ok != nil {
+		// Kind and group must match when set; the version may differ
+		// (the same object served through another version). The group is
+		// set only with apiVersion: a kind alone says nothing about it.
+		gvk := ok.GroupVersionKind()
+		if gvk.Kind != "" && gvk.Kind != t.cfg.Resource.Kind {
+			return invalid("object %s is a %s, not a %s", key, gvk.Kind, t.cfg.Resource.Kind)
+		}
+		if gvk.Version != "" && gvk.Group != t.cfg.Resource.Group {
+			return invalid("object %s is in API group %q, not %q", key, gvk.Group, t.cfg.Resource.Group)
+		}
+	}
+	return nil
 }
 
 // Pointer is what an external trigger carries: which object and why,
@@ -301,39 +306,34 @@ type Pointer struct {
 // it is still the latest state its watch has seen.
 func (t *Trigger[T]) Intake(ctx context.Context, p Pointer, authorize func(context.Context, opkit.Key) error) (T, queue.Outcome, error) {
 	var none T
-	if p.Type == 0 {
-		p.Type = opkit.Modified
-	}
-	err := validateKey(t.res, p.Key)
-	if err == nil {
-		err = t.checkPointer(p)
-	}
-	if err != nil {
+	reject := func(err error) (T, queue.Outcome, error) {
 		t.rejected(ctx, err)
 		return none, 0, err
+	}
+	p.Type = cmp.Or(p.Type, opkit.Modified)
+	if err := t.check(p.Key, p.Type, p.Delay, p.Reason); err != nil {
+		return reject(err)
 	}
 	if authorize != nil {
 		if err := authorize(ctx, p.Key); err != nil {
 			return none, 0, err
 		}
 	}
-	if err := t.checkScope(p.Key); err != nil {
-		t.rejected(ctx, err)
-		return none, 0, err
+	if err := t.checkNamespace(p.Key); err != nil {
+		return reject(err)
 	}
-	if t.get == nil {
+	if t.cfg.Get == nil {
 		return none, 0, errNoGetter
 	}
-	obj, err := t.get(ctx, p.Key)
+	obj, err := t.cfg.Get(ctx, p.Key)
 	switch {
 	case typed.Gone(err, p.Key.Name):
-		return none, 0, fmt.Errorf("trigger: %w: %s %q", ErrNotFound, t.res.Resource, p.Key)
+		return none, 0, fmt.Errorf("trigger: %w: %s %q", ErrNotFound, t.cfg.Resource.Resource, p.Key)
 	case err != nil:
-		return none, 0, fmt.Errorf("trigger: reading %s %q: %w", t.res.Resource, p.Key, typed.Explain(err, t.res, p.Key.Name))
-	case t.sel != nil && !t.sel.Matches(labels.Set(obj.GetLabels())):
-		err = fmt.Errorf("trigger: %w: %s %s does not match the controller's label selector %q", ErrOutOfScope, t.res.Resource, p.Key, t.sel.String())
-		t.rejected(ctx, err)
-		return none, 0, err
+		return none, 0, fmt.Errorf("trigger: reading %s %q: %w", t.cfg.Resource.Resource, p.Key, typed.Explain(err, t.cfg.Resource, p.Key.Name))
+	}
+	if err := t.checkLabels(obj); err != nil {
+		return reject(err)
 	}
 	o, err := t.Submit(ctx, Request[T]{Object: obj, Type: p.Type, Source: opkit.Operator, Delay: p.Delay, Reason: p.Reason})
 	if errors.Is(err, ErrInvalid) {
@@ -344,90 +344,96 @@ func (t *Trigger[T]) Intake(ctx context.Context, p Pointer, authorize func(conte
 	return obj, o, err
 }
 
-// errNoGetter is what NewHandler and NewConsumer answer for a Trigger
-// that cannot read objects.
-var errNoGetter = errors.New("trigger: the Trigger reads objects for the HTTP handler and the consumer: set Config.Get or Config.Dynamic")
-
-// checkPointer checks the fields of p that Submit checks again, so that
-// Intake refuses bad input before it reads anything.
-func (t *Trigger[T]) checkPointer(p Pointer) error {
+// check validates what every trigger carries besides the object: the key
+// (see [CheckName]; the namespace must be a DNS-1123 label for a
+// namespaced resource and empty for a cluster-scoped one), the type, the
+// delay and the reason ([CheckReason]). Errors wrap ErrInvalid.
+func (t *Trigger[T]) check(key opkit.Key, typ opkit.Type, delay time.Duration, reason string) error {
+	res := t.cfg.Resource
 	switch {
-	case !p.Type.Valid():
-		return invalid("type %v is not Added, Modified or Deleted", p.Type)
-	case p.Delay < 0:
-		return invalid("negative delay %v", p.Delay)
+	case res.Namespaced && key.Namespace == "":
+		return invalid("%s is namespaced: a namespace is required", res.Resource)
+	case !res.Namespaced && key.Namespace != "":
+		return invalid("%s is cluster-scoped: no namespace may be given (got %q)", res.Resource, key.Namespace)
+	case !typ.Valid():
+		return invalid("type %v is not Added, Modified or Deleted", typ)
+	case delay < 0:
+		return invalid("negative delay %v", delay)
 	}
-	return CheckReason(p.Reason)
+	if errs := validation.IsDNS1123Label(key.Namespace); key.Namespace != "" && len(errs) > 0 {
+		return invalid("namespace %q: %s", key.Namespace, strings.Join(errs, "; "))
+	}
+	if err := CheckName(key.Name); err != nil {
+		return err
+	}
+	return CheckReason(reason)
+}
+
+// checkNamespace returns an error wrapping ErrOutOfScope when key is in a
+// namespace the controller does not handle (Config.Namespace).
+func (t *Trigger[T]) checkNamespace(key opkit.Key) error {
+	if t.cfg.Namespace != "" && key.Namespace != t.cfg.Namespace {
+		return fmt.Errorf("trigger: %w: %s %s is not in namespace %q, the only one this controller handles", ErrOutOfScope, t.cfg.Resource.Resource, key, t.cfg.Namespace)
+	}
+	return nil
+}
+
+// checkLabels returns an error wrapping ErrOutOfScope when obj's labels do
+// not match the controller's label selector (Config.Selector).
+func (t *Trigger[T]) checkLabels(obj T) error {
+	if t.cfg.Selector != nil && !t.cfg.Selector.Matches(labels.Set(obj.GetLabels())) {
+		return fmt.Errorf("trigger: %w: %s %s does not match the controller's label selector %q", ErrOutOfScope, t.cfg.Resource.Resource, opkit.KeyOf(obj), t.cfg.Selector)
+	}
+	return nil
+}
+
+func (t *Trigger[T]) rejected(ctx context.Context, err error) {
+	t.cfg.Metrics.Rejected()
+	t.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "trigger rejected", slog.String("resource", t.cfg.Resource.GroupVersionResource.String()), slog.Any("error", err))
+}
+
+// CheckName reports, with an error wrapping [ErrInvalid], whether name is
+// not one a trigger accepts: it must be non-empty, at most [MaxNameLen]
+// bytes of UTF-8 text without control characters, and a valid path
+// segment (not "." or "..", no "/" or "%": the rule the API server applies
+// to every resource's names). Stricter rules of a resource (most want a
+// DNS-1123 subdomain; RBAC roles take names such as
+// "system:aggregate-to-admin") are left to the API server, which answers
+// NotFound for a name it could not hold. A producer can check a name with
+// it before sending a trigger.
+func CheckName(name string) error {
+	if name == "" {
+		return invalid("a name is required")
+	}
+	if len(name) > MaxNameLen {
+		return invalid("name %.40q...: longer than %d bytes", name, MaxNameLen)
+	}
+	if errs := path.IsValidPathSegmentName(name); len(errs) > 0 {
+		return invalid("name %q: %s", name, strings.Join(errs, "; "))
+	}
+	if !utf8.ValidString(name) || strings.IndexFunc(name, unicode.IsControl) >= 0 {
+		return invalid("name %q: must be UTF-8 text without control characters", name)
+	}
+	return nil
+}
+
+// CheckReason returns an error wrapping ErrInvalid unless reason is valid
+// UTF-8 of at most MaxReasonLen bytes: the reason every trigger path (Submit,
+// the HTTP handler, the consumer) accepts. A publisher can check with it
+// before sending what a consumer would otherwise dead-letter.
+func CheckReason(reason string) error {
+	if len(reason) > MaxReasonLen || !utf8.ValidString(reason) {
+		return invalid("reason must be valid UTF-8 of at most %d bytes", MaxReasonLen)
+	}
+	return nil
 }
 
 func invalid(format string, args ...any) error {
 	return fmt.Errorf("trigger: %w: "+format, append([]any{ErrInvalid}, args...)...)
 }
 
-func isNil(obj any) bool {
-	if obj == nil {
-		return true
-	}
-	v := reflect.ValueOf(obj)
-	switch v.Kind() {
-	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice:
-		return v.IsNil()
-	}
-	return false
-}
-
-func (t *Trigger[T]) validate(req Request[T]) error {
-	if isNil(req.Object) {
-		return invalid("nil object")
-	}
-	if !req.Type.Valid() {
-		return invalid("type %v is not Added, Modified or Deleted", req.Type)
-	}
-	switch req.Source {
-	case opkit.Operator:
-	case opkit.APIServer:
-		return invalid("source APIServer is reserved for the watch stream; external triggers use Operator")
-	default:
-		return invalid("source %v is not Operator", req.Source)
-	}
-	if req.Delay < 0 {
-		return invalid("negative delay %v", req.Delay)
-	}
-	if req.Retries < 0 {
-		return invalid("negative retries %d", req.Retries)
-	}
-	if err := CheckReason(req.Reason); err != nil {
-		return err
-	}
-	if req.Retries > math.MaxInt32 {
-		return invalid("retries %d out of range (at most %d)", req.Retries, math.MaxInt32)
-	}
-	obj := req.Object
-	// The key must fit the resource's scope and be one the worker can read
-	// back (or, for a Deleted trigger, one an object could have had), as
-	// for keys from outside.
-	if err := validateKey(t.res, opkit.KeyOf(obj)); err != nil {
-		return err
-	}
-	if err := t.checkScope(opkit.KeyOf(obj)); err != nil {
-		return err
-	}
-	// A Deleted trigger is judged on the object it carries: there may be
-	// nothing left to read.
-	if t.sel != nil && req.Type == opkit.Deleted && !t.sel.Matches(labels.Set(obj.GetLabels())) {
-		return fmt.Errorf("trigger: %w: %s %s does not match the controller's label selector %q", ErrOutOfScope, t.res.Resource, opkit.KeyOf(obj), t.sel.String())
-	}
-	if ok := obj.GetObjectKind(); ok != nil {
-		gvk := ok.GroupVersionKind()
-		// Kind and group must match when set; the version may differ
-		// (the same object served through another version). The group is
-		// set only with apiVersion: a kind alone says nothing about it.
-		if gvk.Kind != "" && gvk.Kind != t.res.Kind {
-			return invalid("object %s is a %s, not a %s", opkit.KeyOf(obj), gvk.Kind, t.res.Kind)
-		}
-		if gvk.Version != "" && gvk.Group != t.res.Group {
-			return invalid("object %s is in API group %q, not %q", opkit.KeyOf(obj), gvk.Group, t.res.Group)
-		}
-	}
-	return nil
+// isNil reports whether v is nil or a nil pointer.
+func isNil(v any) bool {
+	rv := reflect.ValueOf(v)
+	return !rv.IsValid() || rv.Kind() == reflect.Pointer && rv.IsNil()
 }

@@ -247,27 +247,15 @@ func (h *Harness[T]) Events() []string {
 }
 
 func isWrite(verb string) bool {
-	switch verb {
-	case "create", "update", "patch", "delete", "deletecollection":
-		return true
-	}
-	return false
+	return slices.Contains([]string{"create", "update", "patch", "delete", "deletecollection"}, verb)
 }
 
 func actionKey(a k8stesting.Action) string {
 	name := ""
 	switch a := a.(type) {
-	case k8stesting.GetAction:
+	case interface{ GetName() string }: // get, patch, delete
 		name = a.GetName()
-	case k8stesting.UpdateAction:
-		if o, err := meta.Accessor(a.GetObject()); err == nil {
-			name = o.GetName()
-		}
-	case k8stesting.PatchAction:
-		name = a.GetName()
-	case k8stesting.DeleteAction:
-		name = a.GetName()
-	case k8stesting.CreateAction:
+	case interface{ GetObject() runtime.Object }: // create, update
 		if o, err := meta.Accessor(a.GetObject()); err == nil {
 			name = o.GetName()
 		}

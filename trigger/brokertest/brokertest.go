@@ -120,11 +120,46 @@ func (b *Broker) Publish(data []byte) uint64 {
 	return e.id
 }
 
+// makeReady queues e for delivery and wakes up the receivers.
 func (b *Broker) makeReady(e *entry) {
 	e.state = ready
 	b.queue = append(b.queue, e.id)
+	b.wakeUp()
+}
+
+func (b *Broker) wakeUp() {
 	close(b.wake)
 	b.wake = make(chan struct{})
+}
+
+// redeliverAfter makes e, in flight, ready again after d (at once if d is
+// not positive).
+func (b *Broker) redeliverAfter(e *entry, d time.Duration) {
+	if d <= 0 {
+		b.makeReady(e)
+		return
+	}
+	e.state = delayed
+	time.AfterFunc(d, func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if e.state == delayed {
+			b.makeReady(e)
+		}
+	})
+}
+
+// count returns how many entries are in one of the states.
+func (b *Broker) count(states ...state) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := 0
+	for _, e := range b.entries {
+		if slices.Contains(states, e.state) {
+			n++
+		}
+	}
+	return n
 }
 
 // Receive returns the oldest ready message, blocking until there is one or
@@ -160,17 +195,12 @@ func (b *Broker) Receive(ctx context.Context) (trigger.Message, error) {
 // Lag returns how many messages wait for delivery (ready or delayed).
 func (b *Broker) Lag(context.Context) (int64, error) {
 	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.lagErr != nil {
-		return 0, b.lagErr
+	err := b.lagErr
+	b.mu.Unlock()
+	if err != nil {
+		return 0, err
 	}
-	var n int64
-	for _, e := range b.entries {
-		if e.state == ready || e.state == delayed {
-			n++
-		}
-	}
-	return n, nil
+	return int64(b.count(ready, delayed)), nil
 }
 
 // FailReceive makes every Receive return err until FailReceive(nil). A
@@ -179,8 +209,7 @@ func (b *Broker) FailReceive(err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.recvErr = err
-	close(b.wake)
-	b.wake = make(chan struct{})
+	b.wakeUp()
 }
 
 // FailSettle makes every Ack, Nack and Term return err until
@@ -210,13 +239,7 @@ func (b *Broker) Events() []Event {
 func (b *Broker) EventsFor(id uint64) []Event {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	var out []Event
-	for _, ev := range b.events {
-		if ev.ID == id {
-			out = append(out, ev)
-		}
-	}
-	return out
+	return slices.DeleteFunc(slices.Clone(b.events), func(ev Event) bool { return ev.ID != id })
 }
 
 // DeadLetters returns the terminated messages, in order.
@@ -228,30 +251,10 @@ func (b *Broker) DeadLetters() []DeadLetter {
 
 // Outstanding returns how many published messages are neither acked nor
 // dead-lettered (ready, delayed or in flight).
-func (b *Broker) Outstanding() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	n := 0
-	for _, e := range b.entries {
-		if e.state != done {
-			n++
-		}
-	}
-	return n
-}
+func (b *Broker) Outstanding() int { return b.count(ready, delayed, inFlight) }
 
 // InFlight returns how many deliveries are received but not settled.
-func (b *Broker) InFlight() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	n := 0
-	for _, e := range b.entries {
-		if e.state == inFlight {
-			n++
-		}
-	}
-	return n
-}
+func (b *Broker) InFlight() int { return b.count(inFlight) }
 
 type message struct {
 	b        *Broker
@@ -288,15 +291,7 @@ func (m *message) settle(ctx context.Context, f func()) error {
 		if wait <= 0 {
 			wait = 30 * time.Second
 		}
-		e := m.e
-		e.state = delayed
-		time.AfterFunc(wait, func() {
-			b.mu.Lock()
-			defer b.mu.Unlock()
-			if e.state == delayed {
-				b.makeReady(e)
-			}
-		})
+		b.redeliverAfter(m.e, wait)
 		return b.settleErr
 	}
 	f()
@@ -320,19 +315,7 @@ func (m *message) Nack(ctx context.Context, delay time.Duration) error {
 			m.dead = true
 			return
 		}
-		if delay <= 0 {
-			b.makeReady(m.e)
-			return
-		}
-		m.e.state = delayed
-		e := m.e
-		time.AfterFunc(delay, func() {
-			b.mu.Lock()
-			defer b.mu.Unlock()
-			if e.state == delayed {
-				b.makeReady(e)
-			}
-		})
+		b.redeliverAfter(m.e, delay)
 	})
 }
 
