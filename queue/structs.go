@@ -1,5 +1,7 @@
 package queue
 
+import "slices"
+
 // The containers behind the queue: a FIFO ring per priority level for due
 // entries, and a binary min-heap keyed by due time for delayed ones. Both
 // hold small pointer-free elements (a slot index and the slot's meta word
@@ -69,132 +71,82 @@ func mkDelem(due int64, idx int32) delem {
 
 func (e delem) due() int64 { return int64(uint64(e.hi)<<32 | uint64(e.lo)) }
 
-// delayHeap is a binary min-heap of delems by due time, stored in pages of
-// heapPage elements, so that growing it never copies, wastes at most one
-// page, and gives pages back as it shrinks. Pages are arrays, so indexing
-// within one needs no bounds check.
-type delayHeap struct {
-	pages []*[heapPage]delem
-	n     int
-}
+// delayHeap is a binary min-heap of delems by due time. It gives memory
+// back as it shrinks: below a quarter of its capacity, past 1,024 elements,
+// it moves to a slice half the size.
+type delayHeap struct{ e []delem }
 
-const (
-	heapPageBits = 10
-	heapPage     = 1 << heapPageBits // 12 KiB of 12-byte elements: a size class of its own
-)
+func (h *delayHeap) len() int { return len(h.e) }
 
-func (h *delayHeap) len() int { return h.n }
-
-// at returns element i < h.n.
-func (h *delayHeap) at(i int) *delem { return &h.pages[i>>heapPageBits][i&(heapPage-1)] }
-
-// top returns the earliest element. The heap must not be empty (callers
-// check len first): an emptied heap keeps its first page, so top would
-// return a stale element rather than panic.
-func (h *delayHeap) top() delem { return h.pages[0][0] }
+// top returns the earliest element; the heap must not be empty.
+func (h *delayHeap) top() delem { return h.e[0] }
 
 func (h *delayHeap) push(e delem) {
-	if h.n>>heapPageBits == len(h.pages) {
-		h.pages = append(h.pages, new([heapPage]delem))
-	}
-	*h.at(h.n) = e
-	h.n++
-	h.up(h.n - 1)
+	h.e = append(h.e, e)
+	h.up(len(h.e) - 1)
 }
 
 func (h *delayHeap) pop() delem {
-	e := h.top()
-	h.n--
-	if h.n > 0 {
-		*h.at(0) = *h.at(h.n)
+	e, n := h.e[0], len(h.e)-1
+	h.e[0] = h.e[n]
+	h.e = h.e[:n]
+	if n > 0 {
 		h.down(0)
 	}
-	h.trim()
+	if c := cap(h.e); c > 1024 && n < c/4 {
+		h.e = append(make([]delem, 0, c/2), h.e...)
+	}
 	return e
 }
 
-// trim frees the pages beyond the one after the last page in use, so
-// that a heap that grew in a burst shrinks back, without thrashing when it
-// hovers at a page boundary.
-func (h *delayHeap) trim() {
-	keep := 2
-	if h.n > heapPage {
-		keep = (h.n-1)>>heapPageBits + 2
-	}
-	if len(h.pages) > keep {
-		clear(h.pages[keep:])
-		h.pages = h.pages[:keep]
-	}
-}
-
-// reset empties the heap, keeping only its first page.
+// reset empties the heap, keeping its memory if it is small.
 func (h *delayHeap) reset() {
-	h.n = 0
-	if len(h.pages) > 1 {
-		clear(h.pages[1:])
-		h.pages = h.pages[:1]
+	if cap(h.e) > 1024 {
+		h.e = nil
 	}
+	h.e = h.e[:0]
 }
 
 // filter keeps the elements for which keep returns true and restores the
 // heap order.
 func (h *delayHeap) filter(keep func(delem) bool) {
-	j := 0
-	for i := range h.n {
-		if e := *h.at(i); keep(e) {
-			*h.at(j) = e
-			j++
-		}
-	}
-	h.n = j
-	for i := h.n/2 - 1; i >= 0; i-- {
+	h.e = slices.DeleteFunc(h.e, func(e delem) bool { return !keep(e) })
+	for i := len(h.e)/2 - 1; i >= 0; i-- {
 		h.down(i)
 	}
-	h.trim()
 }
 
 func (h *delayHeap) up(i int) {
-	e := *h.at(i)
+	e := h.e[i]
 	for i > 0 {
 		p := (i - 1) / 2
-		pe := h.at(p)
-		if pe.due() <= e.due() {
+		if h.e[p].due() <= e.due() {
 			break
 		}
-		*h.at(i) = *pe
+		h.e[i] = h.e[p]
 		i = p
 	}
-	*h.at(i) = e
+	h.e[i] = e
 }
 
 func (h *delayHeap) down(i int) {
-	n := h.n
-	e := *h.at(i)
+	n, e := len(h.e), h.e[i]
 	for {
 		c := 2*i + 1
 		if c >= n {
 			break
 		}
-		ce := h.at(c)
-		if r := c + 1; r < n {
-			if re := h.at(r); re.due() < ce.due() {
-				c, ce = r, re
-			}
+		if r := c + 1; r < n && h.e[r].due() < h.e[c].due() {
+			c = r
 		}
-		if e.due() <= ce.due() {
+		if e.due() <= h.e[c].due() {
 			break
 		}
-		*h.at(i) = *ce
+		h.e[i] = h.e[c]
 		i = c
 	}
-	*h.at(i) = e
+	h.e[i] = e
 }
 
-// bytes returns the memory held by the heap's pages.
-func (h *delayHeap) bytes() int {
-	n := 0
-	for _, p := range h.pages {
-		n += len(p) * 12
-	}
-	return n
-}
+// bytes returns the memory held by the heap.
+func (h *delayHeap) bytes() int { return cap(h.e) * 12 }

@@ -6,12 +6,11 @@ import (
 	"testing"
 )
 
-// The delay heap across page boundaries: every element comes out in due
-// order, filtering keeps exactly the chosen ones, and pages are given back
-// as it shrinks.
-func TestDelayHeapAcrossPages(t *testing.T) {
+// The delay heap: every element comes out in due order, filtering keeps
+// exactly the chosen ones, and memory is given back as it shrinks.
+func TestDelayHeap(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
-	for _, n := range []int{0, 1, heapPage - 1, heapPage, heapPage + 1, 3*heapPage + 5} {
+	for _, n := range []int{0, 1, 1023, 1024, 1025, 3*1024 + 5} {
 		var h delayHeap
 		want := make([]int64, 0, n)
 		for i := range n {
@@ -38,8 +37,8 @@ func TestDelayHeapAcrossPages(t *testing.T) {
 				t.Fatalf("n=%d: filtered element %d came out", n, e.idx)
 			}
 			got = append(got, e.due())
-			if pages := len(h.pages); pages > max(2, (h.len()-1)>>heapPageBits+2) {
-				t.Fatalf("n=%d: %d pages held for %d elements", n, pages, h.len())
+			if c := cap(h.e); c > 1024 && c > 8*h.len() {
+				t.Fatalf("n=%d: room for %d elements held for %d", n, c, h.len())
 			}
 		}
 		if !slices.Equal(got, kept) {
@@ -48,18 +47,18 @@ func TestDelayHeapAcrossPages(t *testing.T) {
 	}
 }
 
-// A heap reset after a burst keeps one page, and works again after it.
+// A heap reset after a burst gives its memory back, and works again after it.
 func TestDelayHeapReset(t *testing.T) {
 	var h delayHeap
-	for i := range 2*heapPage + 1 {
-		h.push(mkDelem(int64(2*heapPage-i), int32(i)))
+	for i := range 2*1024 + 1 {
+		h.push(mkDelem(int64(2*1024-i), int32(i)))
 	}
 	h.reset()
-	if h.len() != 0 || len(h.pages) != 1 {
-		t.Fatalf("after reset: len %d, %d pages; want 0 and 1", h.len(), len(h.pages))
+	if h.len() != 0 || cap(h.e) > 1024 {
+		t.Fatalf("after reset: len %d, room for %d; want 0 and at most 1,024", h.len(), cap(h.e))
 	}
-	for i := range heapPage + 2 {
-		h.push(mkDelem(int64(heapPage+2-i), int32(i)))
+	for i := range 1024 + 2 {
+		h.push(mkDelem(int64(1024+2-i), int32(i)))
 	}
 	for want := int64(1); h.len() > 0; want++ {
 		if e := h.pop(); e.due() != want {
