@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"slices"
 	"time"
 
@@ -61,17 +62,6 @@ type Backoff struct {
 	Cap   time.Duration // longest delay; default DefaultBackoffCap
 	Reset time.Duration // healthy watch time that forgets failures; default DefaultBackoffReset
 	Slow  time.Duration // delay for 403/404; default DefaultBackoffSlow
-}
-
-// delay returns the jittered wait after the n-th consecutive failure.
-func (b Backoff) delay(n int) time.Duration {
-	return queue.Backoff{Base: b.Base, Cap: b.Cap, Jitter: 0.5}.Delay(max(n, 1))
-}
-
-// slow returns the jittered wait after a permission or missing-resource
-// error.
-func (b Backoff) slow() time.Duration {
-	return queue.Backoff{Base: b.Slow, Cap: b.Slow, Jitter: 0.5}.Delay(1)
 }
 
 // Config configures a [Watcher]. Client, Resource and Queue are required;
@@ -188,18 +178,15 @@ type SyncEvent struct {
 	ResourceVersion string
 }
 
-// Errors returned by New for an invalid Config.
-var (
-	// ErrInvalidConfig wraps every configuration error from New.
-	ErrInvalidConfig = errors.New("watcher: invalid config")
-)
+// ErrInvalidConfig wraps every configuration error returned by New.
+var ErrInvalidConfig = errors.New("watcher: invalid config")
 
 // withDefaults validates c and returns it with its defaults applied.
 func (c Config[T]) withDefaults() (Config[T], error) {
 	bad := func(format string, args ...any) (Config[T], error) {
 		return c, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
 	}
-	b := &c.Backoff
+	b, typ := &c.Backoff, reflect.TypeFor[T]()
 	switch err := c.Resource.Validate(); {
 	case c.Client == nil:
 		return bad("Client is nil")
@@ -213,9 +200,8 @@ func (c Config[T]) withDefaults() (Config[T], error) {
 		return bad("PageSize, IdleTimeout, MaxFinalStates and MaxDeletesPerKey must not be negative")
 	case b.Base < 0 || b.Cap < 0 || b.Reset < 0 || b.Slow < 0:
 		return bad("Backoff has a negative duration: %+v", *b)
-	}
-	if err := checkPointerToStruct[T](); err != nil {
-		return bad("%v", err)
+	case typ.Kind() != reflect.Pointer || typ.Elem().Kind() != reflect.Struct:
+		return bad("type parameter %v is not a pointer to a struct", typ)
 	}
 	b.Base = cmp.Or(b.Base, DefaultBackoffBase)
 	b.Cap = cmp.Or(b.Cap, max(DefaultBackoffCap, b.Base))
@@ -230,11 +216,9 @@ func (c Config[T]) withDefaults() (Config[T], error) {
 	c.MaxFinalStates = cmp.Or(c.MaxFinalStates, DefaultMaxFinalStates)
 	c.MaxDeletesPerKey = cmp.Or(c.MaxDeletesPerKey, DefaultMaxDeletesPerKey)
 	c.WatchLabels, c.WatchAnnotations = slices.Clone(c.WatchLabels), slices.Clone(c.WatchAnnotations)
-	if c.Metrics == nil {
-		c.Metrics = nopMetrics{}
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
+	c.Metrics, c.Logger = cmp.Or(c.Metrics, Metrics(nopMetrics{})), cmp.Or(c.Logger, slog.Default())
+	if c.OnSync == nil {
+		c.OnSync = func(SyncEvent) {}
 	}
 	return c, nil
 }

@@ -224,10 +224,10 @@ var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
 // silent logger.
 func config(client *dynfake.FakeDynamicClient, q *recorder) watcher.Config[*Widget] {
 	return watcher.Config[*Widget]{
-		Client:    client,
-		Resource:  widgets,
-		Queue:     q,
-		Logger:    discard,
+		Client:   client,
+		Resource: widgets,
+		Queue:    q,
+		Logger:   discard,
 	}
 }
 

@@ -72,5 +72,3 @@ func (nopMetrics) WatchRestart(Reason)             {}
 func (nopMetrics) Error(Reason)                    {}
 func (nopMetrics) Tracked(int)                     {}
 func (nopMetrics) Observed(time.Time)              {}
-
-var _ Metrics = nopMetrics{}

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	dynfake "k8s.io/client-go/dynamic/fake"
 
 	"github.com/opkit/opkit"
@@ -20,28 +21,38 @@ import (
 // The tracker interns namespaces; those no tracked key uses any more are
 // dropped by a later list, those in use stay interned.
 func TestNamespacesOfObjectsLongGoneAreNotKept(t *testing.T) {
-	tr := newTracker[*corev1.ConfigMap]()
-	tr.epoch = 1
-	meta := func(ns, uid string) meta {
-		return readMeta(&unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{
-			"namespace": ns, "name": "x", "uid": uid, "resourceVersion": "1"}}}, nil, nil)
+	gvr := schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
+	tr, err := New(Config[*corev1.ConfigMap]{
+		Client:   dynfake.NewSimpleDynamicClient(runtime.NewScheme()),
+		Resource: opkit.Resource{GroupVersionResource: gvr, Kind: "ConfigMap", Namespaced: true},
+		Queue:    queueFunc{},
+		Logger:   slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
-	kept := meta("kept", "k")
-	tr.store(kept, true, entry{}, false)
+	tr.epoch = 1
+	meta := func(ns, uid string) (opkit.Key, entry) {
+		return tr.readMeta(&unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{
+			"namespace": ns, "name": "x", "uid": uid, "resourceVersion": "1"}}})
+	}
+	kept, keptEntry := meta("kept", "k")
+	tr.store(kept, keptEntry, entry{})
 	for i := range 1000 { // a namespace per CI run, each gone again
-		m := meta(fmt.Sprintf("ci-%d", i), fmt.Sprint(i))
-		tr.store(m, true, entry{}, false)
-		tr.gone(m.key, m.uid, "2", nil, 10, 10)
-		tr.settle(m.key, m.uid, "2")
+		k, e := meta(fmt.Sprintf("ci-%d", i), fmt.Sprint(i))
+		tr.store(k, e, entry{})
+		e.rv = "2"
+		tr.gone(k, e, nil, 0)
+		tr.Settle(k, types.UID(e.uid), "2")
 	}
 	tr.pruneNamespaces() // as a list's end does
-	if n := tr.count(); n != 1 {
+	if n := len(tr.entries) + tr.nRecords; n != 1 {
 		t.Fatalf("tracked %d, want 1", n)
 	}
 	if n := len(tr.namespaces); n != 1 {
 		t.Errorf("%d namespaces interned, want 1 (the one in use)", n)
 	}
-	e, ok := tr.get(kept.key)
+	e, ok := tr.get(kept)
 	if !ok || e.uid != "k" {
 		t.Fatalf("the object in the namespace in use: %v %v", e, ok)
 	}
@@ -72,10 +83,10 @@ func TestTheEndOfAListPrunesNamespaces(t *testing.T) {
 		c := dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
 			map[schema.GroupVersionResource]string{gvr: "ConfigMapList"}, cm("kept"))
 		w, err := New(Config[*corev1.ConfigMap]{
-			Client:    c,
-			Resource:  opkit.Resource{GroupVersionResource: gvr, Kind: "ConfigMap", Namespaced: true},
-			Queue:     queueFunc{},
-			Logger:    slog.New(slog.DiscardHandler),
+			Client:   c,
+			Resource: opkit.Resource{GroupVersionResource: gvr, Kind: "ConfigMap", Namespaced: true},
+			Queue:    queueFunc{},
+			Logger:   slog.New(slog.DiscardHandler),
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -106,11 +117,11 @@ func TestTheEndOfAListPrunesNamespaces(t *testing.T) {
 				}
 			}
 		})
-		if n := len(w.track.namespaces); n != 101 {
+		if n := len(w.namespaces); n != 101 {
 			t.Fatalf("%d namespaces interned after the watch, want 101 (not pruned yet)", n)
 		}
 		run(func() {}) // the next Run's list
-		if n := len(w.track.namespaces); n != 1 {
+		if n := len(w.namespaces); n != 1 {
 			t.Errorf("%d namespaces interned after a list, want 1 (the one in use)", n)
 		}
 	})

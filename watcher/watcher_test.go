@@ -901,7 +901,6 @@ func TestRunIsExclusiveAndCancelStopsEveryWatch(t *testing.T) {
 	})
 }
 
-
 func TestWorksWithTheRealQueue(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := abFake()
@@ -996,4 +995,3 @@ func TestCheckReportsAWatchClosedAtOnce(t *testing.T) {
 		}
 	})
 }
-
