@@ -17,6 +17,7 @@ import (
 	authnv1 "k8s.io/api/authentication/v1"
 	authzv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	authnclient "k8s.io/client-go/kubernetes/typed/authentication/v1"
 	authzclient "k8s.io/client-go/kubernetes/typed/authorization/v1"
 	"k8s.io/client-go/rest"
@@ -188,11 +189,7 @@ func (a *KubeAuthenticator) review(ctx context.Context, tokKey, tok string) (aut
 	case !st.Authenticated:
 		// Status.Error is the API server's explanation (expired, wrong
 		// audience, unknown); it never contains the token.
-		msg := "the bearer token was not accepted"
-		if st.Error != "" {
-			msg += ": " + st.Error
-		}
-		tr.err = fmt.Errorf("%w: %s (audience %q)", ErrUnauthenticated, msg, a.cfg.Audiences)
+		tr.err = fmt.Errorf("%w: the bearer token was not accepted: %s (audience %q)", ErrUnauthenticated, cmp.Or(st.Error, "no reason given"), a.cfg.Audiences)
 	case !slices.ContainsFunc(st.Audiences, func(s string) bool { return slices.Contains(a.cfg.Audiences, s) }):
 		// An authenticator that ignores audiences would accept an API
 		// server token here; refuse unless the review confirms ours.
@@ -245,10 +242,7 @@ func (a *KubeAuthenticator) access(ctx context.Context, tokKey string, user auth
 			slog.String("user", user.Username), slog.String("evaluationError", st.EvaluationError))
 		return fmt.Errorf("SubjectAccessReview: not evaluated: %s", st.EvaluationError)
 	default:
-		what := attrs.Resource
-		if attrs.Group != "" {
-			what += "." + attrs.Group
-		}
+		what := schema.GroupResource{Group: attrs.Group, Resource: attrs.Resource}.String()
 		if attrs.Subresource != "" {
 			what += "/" + attrs.Subresource
 		}
@@ -297,17 +291,14 @@ func newTTLCache[V any](max int) *ttlCache[V] {
 func (c *ttlCache[V]) get(key string) (val V, ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	el := c.items[key]
-	if el == nil {
-		return val, false
+	if el := c.items[key]; el != nil {
+		if e := el.Value.(*cacheEntry[V]); time.Now().Before(e.expires) {
+			c.order.MoveToFront(el)
+			return e.val, true
+		}
+		c.remove(el) // expired
 	}
-	e := el.Value.(*cacheEntry[V])
-	if !time.Now().Before(e.expires) {
-		c.remove(el)
-		return val, false
-	}
-	c.order.MoveToFront(el)
-	return e.val, true
+	return val, false
 }
 
 func (c *ttlCache[V]) put(key string, val V, expires time.Time) {
@@ -338,13 +329,10 @@ func (c reviewClient) AuthorizationV1() authzclient.AuthorizationV1Interface   {
 // NewReviewClient returns a ReviewClient for the API server cfg points to,
 // for callers that have no kubernetes.Interface at hand.
 func NewReviewClient(cfg *rest.Config) (ReviewClient, error) {
-	authn, err := authnclient.NewForConfig(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("trigger: authentication client: %w", err)
-	}
-	authz, err := authzclient.NewForConfig(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("trigger: authorization client: %w", err)
+	authn, authnErr := authnclient.NewForConfig(cfg)
+	authz, authzErr := authzclient.NewForConfig(cfg)
+	if err := cmp.Or(authnErr, authzErr); err != nil {
+		return nil, fmt.Errorf("trigger: review client: %w", err)
 	}
 	return reviewClient{authn: authn, authz: authz}, nil
 }

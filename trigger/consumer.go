@@ -104,6 +104,7 @@ type Consumer[T opkit.Object] struct {
 
 // NewConsumer validates cfg and returns a Consumer; call Run to start it.
 func NewConsumer[T opkit.Object](cfg ConsumerConfig[T]) (*Consumer[T], error) {
+	cfg.Type = cmp.Or(cfg.Type, opkit.Modified)
 	switch {
 	case cfg.Broker == nil:
 		return nil, errors.New("trigger: ConsumerConfig.Broker is required")
@@ -111,13 +112,10 @@ func NewConsumer[T opkit.Object](cfg ConsumerConfig[T]) (*Consumer[T], error) {
 		return nil, errors.New("trigger: ConsumerConfig.Trigger is required")
 	case cfg.Trigger.cfg.Get == nil:
 		return nil, errNoGetter
-	}
-	cfg.Type = cmp.Or(cfg.Type, opkit.Modified)
-	if !cfg.Type.Valid() {
+	case !cfg.Type.Valid():
 		return nil, fmt.Errorf("trigger: ConsumerConfig.Type %v is invalid", cfg.Type)
-	}
-	if cfg.Concurrency < 0 || cfg.MaxMessageBytes < 0 || min(cfg.APITimeout, cfg.BrokerTimeout, cfg.RetryBase, cfg.RetryCap,
-		cfg.DroppedDelay, cfg.ReconnectBase, cfg.ReconnectCap, cfg.PausePoll) < 0 {
+	case cfg.Concurrency < 0 || cfg.MaxMessageBytes < 0 || min(cfg.APITimeout, cfg.BrokerTimeout, cfg.RetryBase, cfg.RetryCap,
+		cfg.DroppedDelay, cfg.ReconnectBase, cfg.ReconnectCap, cfg.PausePoll) < 0:
 		return nil, errors.New("trigger: ConsumerConfig sizes, counts and durations (but LagInterval) must not be negative")
 	}
 	cfg.Concurrency = cmp.Or(cfg.Concurrency, 1)
@@ -134,11 +132,10 @@ func NewConsumer[T opkit.Object](cfg ConsumerConfig[T]) (*Consumer[T], error) {
 	cfg.Metrics = cmp.Or[ConsumerMetrics](cfg.Metrics, nopMetrics{})
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	if cfg.Paused == nil {
+		// A queue with neither method never pauses.
 		suspended, _ := cfg.Trigger.cfg.Queue.(interface{ Suspended() bool })
 		shut, _ := cfg.Trigger.cfg.Queue.(interface{ ShuttingDown() bool })
-		if suspended != nil || shut != nil {
-			cfg.Paused = func() bool { return suspended != nil && suspended.Suspended() || shut != nil && shut.ShuttingDown() }
-		}
+		cfg.Paused = func() bool { return suspended != nil && suspended.Suspended() || shut != nil && shut.ShuttingDown() }
 	}
 	return &Consumer[T]{cfg: cfg}, nil
 }
@@ -176,7 +173,7 @@ func (c *Consumer[T]) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		}
-		if c.cfg.Paused != nil && c.cfg.Paused() {
+		if c.cfg.Paused() {
 			<-slots
 			if !c.pause(ctx) {
 				return nil
@@ -227,15 +224,13 @@ func (c *Consumer[T]) Run(ctx context.Context) error {
 func (c *Consumer[T]) receive(ctx context.Context, wg *sync.WaitGroup) (msg Message, paused bool, err error) {
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	if c.cfg.Paused != nil {
-		wg.Go(func() {
-			for sleep(rctx, c.cfg.PausePoll) {
-				if c.cfg.Paused() {
-					cancel()
-				}
+	wg.Go(func() {
+		for sleep(rctx, c.cfg.PausePoll) {
+			if c.cfg.Paused() {
+				cancel()
 			}
-		})
-	}
+		}
+	})
 	msg, err = c.cfg.Broker.Receive(rctx)
 	if err == nil && msg == nil {
 		err = &BrokerError{Kind: BrokerUnknown, Op: "receive", Err: errors.New("broker returned no message and no error")}
@@ -245,17 +240,14 @@ func (c *Consumer[T]) receive(ctx context.Context, wg *sync.WaitGroup) (msg Mess
 
 // pause waits, receiving nothing, until Paused reports false (true) or ctx
 // ends (false). It first asks a Releaser broker to hand back what it
-// buffered. A paused consumer does not use the broker, so it forgets the
-// broker failures seen before (and Check ignores those of messages settled
-// meanwhile): a follower is ready whatever the broker did before it
-// paused, and the first Receive after the pause tests the broker afresh.
+// buffered. A paused consumer does not use the broker: Check ignores the
+// broker failures while it pauses (those seen before, and those of
+// messages settled meanwhile), and it forgets them when the pause ends, so
+// a follower is ready whatever the broker did before it paused, and the
+// first Receive after the pause tests the broker afresh.
 func (c *Consumer[T]) pause(ctx context.Context) bool {
 	c.paused.Store(true)
-	c.forget()
-	defer func() {
-		c.forget()
-		c.paused.Store(false)
-	}()
+	defer c.forget()
 	c.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "trigger consumer: paused (the queue's intake is suspended or shut down: not the leader); receiving nothing until it resumes")
 	if r, ok := c.cfg.Broker.(Releaser); ok {
 		bctx, cancel := context.WithTimeout(ctx, c.cfg.BrokerTimeout)
@@ -290,10 +282,8 @@ func (c *Consumer[T]) Check() error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, err := range []error{c.recvErr, c.ackErr, c.lagErr} {
-		if err != nil {
-			return fmt.Errorf("trigger: consumer: broker %s: %w", KindOf(err), err)
-		}
+	if err := cmp.Or(c.recvErr, c.ackErr, c.lagErr); err != nil {
+		return fmt.Errorf("trigger: consumer: broker %s: %w", KindOf(err), err)
 	}
 	return nil
 }
@@ -304,11 +294,12 @@ func (c *Consumer[T]) setErr(p *error, err error) {
 	c.mu.Unlock()
 }
 
-// forget clears the Receive and settle failures.
+// forget clears the Receive and settle failures, then the pause.
 func (c *Consumer[T]) forget() {
 	c.mu.Lock()
 	c.recvErr, c.ackErr = nil, nil
 	c.mu.Unlock()
+	c.paused.Store(false)
 }
 
 // brokerFailed counts and logs a failed broker call.
@@ -318,24 +309,25 @@ func (c *Consumer[T]) brokerFailed(ctx context.Context, level slog.Level, msg st
 	c.cfg.Logger.LogAttrs(ctx, level, msg, append(attrs, slog.String("kind", kind.String()), slog.Any("error", err))...)
 }
 
-// decodeMessage parses one message body {"namespace", "name", "reason"}
-// into a Pointer; Intake validates it.
-func decodeMessage(data []byte, maxBytes int, allowUnknown bool) (Pointer, TermReason, error) {
-	var p Pointer
-	if len(data) > maxBytes {
-		return p, TermTooLarge, invalid("message of %d bytes exceeds the limit of %d", len(data), maxBytes)
+// decode parses one message body {"namespace", "name", "reason"} into a
+// Pointer of the configured type; Intake validates it. The reason is what
+// to Term the message with if it fails (TermInvalid, if Intake refuses it).
+func (c *Consumer[T]) decode(data []byte) (Pointer, TermReason, error) {
+	p := Pointer{Type: c.cfg.Type}
+	if len(data) > c.cfg.MaxMessageBytes {
+		return p, TermTooLarge, invalid("message of %d bytes exceeds the limit of %d", len(data), c.cfg.MaxMessageBytes)
 	}
-	if err := decodeObject(data, []member{{"namespace", &p.Key.Namespace}, {"name", &p.Key.Name}, {"reason", &p.Reason}}, allowUnknown); err != nil {
+	members := map[string]any{"namespace": &p.Key.Namespace, "name": &p.Key.Name, "reason": &p.Reason}
+	if err := decodeObject(data, members, c.cfg.AllowUnknownFields); err != nil {
 		return p, TermMalformed, invalid("message: %w", err)
 	}
 	return p, TermInvalid, nil
 }
 
 func (c *Consumer[T]) handle(ctx context.Context, msg Message, start time.Time) {
-	p, term, err := decodeMessage(msg.Data(), c.cfg.MaxMessageBytes, c.cfg.AllowUnknownFields)
+	p, term, err := c.decode(msg.Data())
 	var o queue.Outcome
 	if err == nil {
-		p.Type = c.cfg.Type
 		ictx, cancel := context.WithTimeout(ctx, c.cfg.APITimeout)
 		_, o, err = c.cfg.Trigger.Intake(ictx, p, nil)
 		cancel()
@@ -345,7 +337,7 @@ func (c *Consumer[T]) handle(ctx context.Context, msg Message, start time.Time) 
 	case errors.Is(err, ErrInvalid):
 		c.cfg.Logger.LogAttrs(ctx, slog.LevelError, "trigger consumer: dead-lettering message",
 			slog.String("reason", string(term)), slog.Any("error", err), slog.Int("deliveries", msg.Deliveries()))
-		c.settle(ctx, msg, start, "term", func(ctx context.Context) error { return msg.Term(ctx, string(term)) }, func() { c.cfg.Metrics.Terminated(term) })
+		c.settle(ctx, start, "term", func(ctx context.Context) error { return msg.Term(ctx, string(term)) }, func() { c.cfg.Metrics.Terminated(term) })
 	case errors.Is(err, ErrOutOfScope):
 		// Never acknowledged: controllers of other scopes (shards by
 		// namespace or label) may share the subscription and get it on
@@ -375,7 +367,7 @@ func (c *Consumer[T]) handle(ctx context.Context, msg Message, start time.Time) 
 
 // settle makes one Ack, Nack or Term call (op) within BrokerTimeout and,
 // once it succeeded, counts it.
-func (c *Consumer[T]) settle(ctx context.Context, msg Message, start time.Time, op string, call func(context.Context) error, count func()) {
+func (c *Consumer[T]) settle(ctx context.Context, start time.Time, op string, call func(context.Context) error, count func()) {
 	bctx, cancel := context.WithTimeout(ctx, c.cfg.BrokerTimeout)
 	err := call(bctx)
 	cancel()
@@ -389,11 +381,11 @@ func (c *Consumer[T]) settle(ctx context.Context, msg Message, start time.Time, 
 }
 
 func (c *Consumer[T]) ack(ctx context.Context, msg Message, r AckReason, start time.Time) {
-	c.settle(ctx, msg, start, "ack", msg.Ack, func() { c.cfg.Metrics.Acked(r) })
+	c.settle(ctx, start, "ack", msg.Ack, func() { c.cfg.Metrics.Acked(r) })
 }
 
 func (c *Consumer[T]) nack(ctx context.Context, msg Message, r NackReason, delay time.Duration, start time.Time) {
-	c.settle(ctx, msg, start, "nack", func(ctx context.Context) error { return msg.Nack(ctx, delay) }, func() {
+	c.settle(ctx, start, "nack", func(ctx context.Context) error { return msg.Nack(ctx, delay) }, func() {
 		if dl, ok := msg.(DeadLetterer); ok && dl.DeadLettered() {
 			c.cfg.Metrics.Terminated(TermMaxDeliveries)
 			c.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "trigger consumer: message dead-lettered by the broker on its last delivery",
@@ -405,7 +397,7 @@ func (c *Consumer[T]) nack(ctx context.Context, msg Message, r NackReason, delay
 }
 
 func (c *Consumer[T]) pollLag(ctx context.Context, lb Lag) {
-	for {
+	for ctx.Err() == nil {
 		lctx, cancel := context.WithTimeout(ctx, c.cfg.BrokerTimeout)
 		n, err := lb.Lag(lctx)
 		cancel()
@@ -418,9 +410,7 @@ func (c *Consumer[T]) pollLag(ctx context.Context, lb Lag) {
 			c.setErr(&c.lagErr, fmt.Errorf("%w: %w", ErrLagUnavailable, err))
 			c.brokerFailed(ctx, slog.LevelWarn, "trigger consumer: lag unavailable", err)
 		}
-		if !sleep(ctx, c.cfg.LagInterval) {
-			return
-		}
+		sleep(ctx, c.cfg.LagInterval)
 	}
 }
 
@@ -432,12 +422,10 @@ func backoff(base, limit time.Duration, n int) time.Duration {
 
 // sleep waits d or until ctx ends; it reports whether d elapsed.
 func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
 	select {
 	case <-ctx.Done():
 		return false
-	case <-t.C:
+	case <-time.After(d):
 		return true
 	}
 }

@@ -16,11 +16,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/flowcontrol"
 
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/queue"
@@ -128,10 +128,9 @@ type Status struct {
 }
 
 type handler[T opkit.Object] struct {
-	cfg      HandlerConfig[T] // validated, defaults applied
-	auth     Authenticator    // nil with InsecureSkipAuth
-	inflight chan struct{}    // nil when unlimited
-	bucket   *bucket          // nil when unlimited
+	cfg      HandlerConfig[T]               // validated, defaults applied (no Authenticator: InsecureSkipAuth)
+	inflight chan struct{}                  // nil when unlimited
+	rate     flowcontrol.PassiveRateLimiter // nil when unlimited
 }
 
 // NewHandler validates cfg and returns the HTTP trigger endpoint. It serves
@@ -142,28 +141,16 @@ type handler[T opkit.Object] struct {
 // instead come in an application/json body {"reason": "..."}. The package
 // documentation lists the status codes.
 func NewHandler[T opkit.Object](cfg HandlerConfig[T]) (http.Handler, error) {
-	if cfg.Trigger == nil {
-		return nil, errors.New("trigger: HandlerConfig.Trigger is required")
-	}
-	if cfg.Trigger.cfg.Get == nil {
-		return nil, errNoGetter
-	}
-	h := &handler[T]{auth: cfg.Authenticator}
-	switch {
-	case cfg.InsecureSkipAuth && (cfg.Authenticator != nil || cfg.Reviews != nil):
-		return nil, errors.New("trigger: HandlerConfig.InsecureSkipAuth contradicts Authenticator/Reviews")
-	case cfg.InsecureSkipAuth, cfg.Authenticator != nil:
-	case cfg.Reviews != nil:
-		a, err := NewKubeAuthenticator(KubeAuthConfig{Client: cfg.Reviews, Logger: cfg.Logger})
-		if err != nil {
-			return nil, err
-		}
-		h.auth = a
-	default:
-		return nil, errors.New("trigger: HandlerConfig needs an Authenticator (or Reviews for the Kubernetes-native one); set InsecureSkipAuth to run without authentication")
-	}
 	cfg.Type = cmp.Or(cfg.Type, opkit.Modified)
 	switch {
+	case cfg.Trigger == nil:
+		return nil, errors.New("trigger: HandlerConfig.Trigger is required")
+	case cfg.Trigger.cfg.Get == nil:
+		return nil, errNoGetter
+	case cfg.InsecureSkipAuth && (cfg.Authenticator != nil || cfg.Reviews != nil):
+		return nil, errors.New("trigger: HandlerConfig.InsecureSkipAuth contradicts Authenticator/Reviews")
+	case !cfg.InsecureSkipAuth && cfg.Authenticator == nil && cfg.Reviews == nil:
+		return nil, errors.New("trigger: HandlerConfig needs an Authenticator (or Reviews for the Kubernetes-native one); set InsecureSkipAuth to run without authentication")
 	case !cfg.Type.Valid():
 		return nil, fmt.Errorf("trigger: HandlerConfig.Type %v is invalid", cfg.Type)
 	case cfg.MaxDelay < 0 || cfg.MaxBodyBytes < 0 || cfg.APITimeout < 0 || cfg.RetryAfter < 0 || cfg.RateLimit < 0 || cfg.RateBurst < 0 ||
@@ -179,19 +166,26 @@ func NewHandler[T opkit.Object](cfg HandlerConfig[T]) (http.Handler, error) {
 	cfg.MaxInFlight = cmp.Or(cfg.MaxInFlight, 64)
 	cfg.Metrics = cmp.Or[HandlerMetrics](cfg.Metrics, nopMetrics{})
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
+	if cfg.Authenticator == nil && cfg.Reviews != nil {
+		a, err := NewKubeAuthenticator(KubeAuthConfig{Client: cfg.Reviews, Logger: cfg.Logger})
+		if err != nil {
+			return nil, err
+		}
+		cfg.Authenticator = a
+	}
+	h := &handler[T]{cfg: cfg}
 	if cfg.MaxInFlight > 0 {
 		h.inflight = make(chan struct{}, cfg.MaxInFlight)
 	}
 	if cfg.RateLimit > 0 {
-		burst := cmp.Or(float64(cfg.RateBurst), max(1, math.Ceil(cfg.RateLimit)))
-		h.bucket = &bucket{rate: cfg.RateLimit, burst: burst, tokens: burst}
+		burst := cmp.Or(cfg.RateBurst, max(1, int(math.Ceil(cfg.RateLimit))))
+		h.rate = flowcontrol.NewTokenBucketPassiveRateLimiter(float32(cfg.RateLimit), burst)
 	}
-	h.cfg = cfg
 	return h, nil
 }
 
 // ServeHTTP answers every request with a JSON body: an [Accepted] or a
-// [Status].
+// [Status]; 429 and 503 answers carry Retry-After.
 func (h *handler[T]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	body := h.serve(w, r)
@@ -201,6 +195,9 @@ func (h *handler[T]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if code >= 500 || code == http.StatusUnauthorized || code == http.StatusForbidden {
 			h.cfg.Logger.LogAttrs(r.Context(), slog.LevelWarn, "trigger: request refused", slog.Int("code", code),
 				slog.String("reason", reason), slog.String("message", st.Message), slog.String("path", r.URL.Path))
+		}
+		if code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable {
+			w.Header().Set("Retry-After", strconv.FormatInt(max(1, int64(math.Ceil(h.cfg.RetryAfter.Seconds()))), 10))
 		}
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -229,12 +226,10 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request) any {
 		case h.inflight <- struct{}{}:
 			defer func() { <-h.inflight }()
 		default:
-			h.retryAfter(w)
 			return h.fail(http.StatusTooManyRequests, "too many requests in flight", nil)
 		}
 	}
-	if h.bucket != nil && !h.bucket.allow(time.Now()) {
-		h.retryAfter(w)
+	if h.rate != nil && !h.rate.TryAccept() {
 		return h.fail(http.StatusTooManyRequests, "request rate limit exceeded", nil)
 	}
 	p := Pointer{Key: key, Type: h.cfg.Type}
@@ -244,10 +239,10 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request) any {
 	var user string
 	var authErr error
 	authorize := func(ctx context.Context, key opkit.Key) error {
-		if h.auth == nil {
+		if h.cfg.Authenticator == nil {
 			return nil
 		}
-		user, authErr = h.auth.Authorize(ctx, AuthRequest{HTTP: r, Resource: h.cfg.Trigger.Resource(), Key: key})
+		user, authErr = h.cfg.Authenticator.Authorize(ctx, AuthRequest{HTTP: r, Resource: h.cfg.Trigger.Resource(), Key: key})
 		return authErr
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), h.cfg.APITimeout)
@@ -296,24 +291,21 @@ func (h *handler[T]) route(r *http.Request) (opkit.Key, *Status) {
 	if res.Namespaced {
 		want, scope, use = 2, "namespaced", "use POST /reconcile/{namespace}/{name}"
 	}
-	segs := strings.Split(strings.TrimPrefix(r.URL.Path, "/"), "/")
-	if slices.Contains(segs[:len(segs)-1], "") || slices.Contains(segs, ".") || slices.Contains(segs, "..") {
-		return opkit.Key{}, h.fail(http.StatusBadRequest, fmt.Sprintf("the path %q has empty, dot or dot-dot segments; %s", r.URL.Path, use), nil)
-	}
-	rest, ok := strings.CutPrefix(strings.TrimPrefix(r.URL.EscapedPath(), "/"), "reconcile/")
-	if segs = strings.Split(rest, "/"); !ok || len(segs) != want || slices.Contains(segs, "") {
-		return opkit.Key{}, h.fail(http.StatusNotFound, fmt.Sprintf("no such route: %s is %s; %s", res.Resource, scope, use), nil)
-	}
+	segs := strings.Split(strings.TrimPrefix(r.URL.EscapedPath(), "/"), "/")
 	for i, seg := range segs {
 		var err error
-		if segs[i], err = url.PathUnescape(seg); err != nil {
-			return opkit.Key{}, h.fail(http.StatusBadRequest, fmt.Sprintf("the path %q: %v", r.URL.Path, err), nil)
+		segs[i], err = url.PathUnescape(seg)
+		if err != nil || segs[i] == "." || segs[i] == ".." || segs[i] == "" && i < len(segs)-1 {
+			return opkit.Key{}, h.fail(http.StatusBadRequest, fmt.Sprintf("the path %q has an empty, dot, dot-dot or badly escaped segment; %s", r.URL.Path, use), nil)
 		}
 	}
-	if want == 1 {
-		return opkit.Key{Name: segs[0]}, nil
+	if len(segs) != 1+want || segs[0] != "reconcile" || slices.Contains(segs, "") {
+		return opkit.Key{}, h.fail(http.StatusNotFound, fmt.Sprintf("no such route: %s is %s; %s", res.Resource, scope, use), nil)
 	}
-	return opkit.Key{Namespace: segs[0], Name: segs[1]}, nil
+	if want == 1 {
+		return opkit.Key{Name: segs[1]}, nil
+	}
+	return opkit.Key{Namespace: segs[1], Name: segs[2]}, nil
 }
 
 // parse reads the query's delay and reason, and the reason of the
@@ -326,51 +318,39 @@ func (h *handler[T]) parse(w http.ResponseWriter, r *http.Request, p *Pointer) (
 		return http.StatusBadRequest, invalid("query: %v", err)
 	}
 	for k, v := range q {
-		if k != "delay" && k != "reason" {
-			return http.StatusBadRequest, invalid("unknown query parameter %q (known: delay, reason)", k)
-		}
-		if len(v) != 1 {
-			return http.StatusBadRequest, invalid("query parameter %q given %d times", k, len(v))
+		if k != "delay" && k != "reason" || len(v) != 1 {
+			return http.StatusBadRequest, invalid("query parameter %q: want at most one delay and one reason, and nothing else", k)
 		}
 	}
 	if q.Has("delay") {
-		if p.Delay, err = time.ParseDuration(q.Get("delay")); err != nil {
-			return http.StatusBadRequest, invalid("delay: %v", err)
-		}
-		if p.Delay < 0 || p.Delay > h.cfg.MaxDelay {
-			return http.StatusBadRequest, invalid("delay %v is outside [0, %v]", p.Delay, h.cfg.MaxDelay)
+		p.Delay, err = time.ParseDuration(q.Get("delay"))
+		if err != nil || p.Delay < 0 || p.Delay > h.cfg.MaxDelay {
+			return http.StatusBadRequest, invalid("delay %q: want a Go duration from 0 to %v", q.Get("delay"), h.cfg.MaxDelay)
 		}
 	}
 	p.Reason = q.Get("reason")
 
-	// The body is optional and never describes the object: at most a reason.
-	var rb io.ReadCloser = http.NoBody
-	if r.Body != nil { // a server request always has one; a hand-made one may not
-		rb = r.Body
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, rb, h.cfg.MaxBodyBytes))
-	if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-		return http.StatusRequestEntityTooLarge, invalid("body exceeds the limit of %d bytes", h.cfg.MaxBodyBytes)
-	}
-	if err != nil {
-		return http.StatusBadRequest, invalid("reading the body: %v", err)
-	}
-	if len(body) == 0 {
-		return 0, nil
-	}
-	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
-		return http.StatusUnsupportedMediaType, invalid(`a body must be application/json ({"reason": "..."})`)
-	}
+	// The body is optional and never describes the object: at most a
+	// reason. A server request always has one; a hand-made one may not.
+	// It is decoded at once; the checks below apply in this order.
+	body, err := io.ReadAll(http.MaxBytesReader(w, cmp.Or[io.ReadCloser](r.Body, http.NoBody), h.cfg.MaxBodyBytes))
+	mt, _, mtErr := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	var reason *string // nil: no reason member, or a body of null
-	if string(bytes.TrimSpace(body)) != "null" {
-		if err := decodeObject(body, []member{{"reason", &reason}}, false); err != nil {
-			return http.StatusBadRequest, invalid("body: %w", err)
-		}
-	}
-	if reason != nil {
-		if q.Has("reason") {
-			return http.StatusBadRequest, invalid("reason given both in the query and in the body")
-		}
+	jsonErr := decodeObject(body, map[string]any{"reason": &reason}, false)
+	switch {
+	case errors.As(err, new(*http.MaxBytesError)):
+		return http.StatusRequestEntityTooLarge, invalid("body exceeds the limit of %d bytes", h.cfg.MaxBodyBytes)
+	case err != nil:
+		return http.StatusBadRequest, invalid("reading the body: %v", err)
+	case len(body) == 0:
+		return 0, nil
+	case mtErr != nil || mt != "application/json":
+		return http.StatusUnsupportedMediaType, invalid(`a body must be application/json ({"reason": "..."})`)
+	case jsonErr != nil && string(bytes.TrimSpace(body)) != "null":
+		return http.StatusBadRequest, invalid("body: %w", jsonErr)
+	case reason != nil && q.Has("reason"):
+		return http.StatusBadRequest, invalid("reason given both in the query and in the body")
+	case reason != nil:
 		p.Reason = *reason
 	}
 	return 0, nil
@@ -385,14 +365,11 @@ func (h *handler[T]) apiFailure(r *http.Request, call string, err error, key opk
 	}
 	h.cfg.Logger.LogAttrs(r.Context(), slog.LevelError, "trigger: API server call failed", slog.String("call", call), slog.String("key", key.String()), slog.Any("error", err))
 	code, msg := http.StatusBadGateway, fmt.Sprintf("%s failed: %v", call, err)
-	if !detail {
-		msg = call + " failed: the API server's review failed (details in the operator's log)"
-	}
 	if isTimeout(err) {
 		code = http.StatusGatewayTimeout
-		if !detail {
-			msg = call + " timed out: the API server did not answer the review in time"
-		}
+	}
+	if !detail {
+		msg = call + " failed: the API server's review failed or timed out (details in the operator's log)"
 	}
 	return h.fail(code, msg, &key)
 }
@@ -421,14 +398,9 @@ func (h *handler[T]) dropped(w http.ResponseWriter, o queue.Outcome, key opkit.K
 		w.Header().Set(LeaderHeader, leader)
 		msg += "; current leader: " + leader
 	}
-	h.retryAfter(w)
 	st := h.fail(http.StatusServiceUnavailable, msg, &key)
 	st.Leader, st.Outcome = leader, o.String()
 	return st
-}
-
-func (h *handler[T]) retryAfter(w http.ResponseWriter) {
-	w.Header().Set("Retry-After", strconv.FormatInt(max(1, int64(math.Ceil(h.cfg.RetryAfter.Seconds()))), 10))
 }
 
 // statusReasons are the Status reasons of the handler's error codes.
@@ -455,25 +427,4 @@ func (h *handler[T]) fail(code int, msg string, key *opkit.Key) *Status {
 		st.Details = &metav1.StatusDetails{Name: key.Name, Group: res.Group, Kind: res.Resource}
 	}
 	return st
-}
-
-// bucket is a token bucket: rate tokens per second up to burst.
-type bucket struct {
-	mu                  sync.Mutex
-	rate, burst, tokens float64
-	last                time.Time
-}
-
-func (b *bucket) allow(now time.Time) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if !b.last.IsZero() {
-		b.tokens = min(b.burst, b.tokens+now.Sub(b.last).Seconds()*b.rate)
-	}
-	b.last = now
-	if b.tokens < 1 {
-		return false
-	}
-	b.tokens--
-	return true
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 )
@@ -20,21 +21,15 @@ const (
 	DefaultMaxMessageBytes = 8 << 10
 )
 
-// member is one known member of a JSON object decoded by decodeObject: its
-// exact name and where its value goes.
-type member struct {
-	name string
-	dst  any // a pointer, as for json.Unmarshal
-}
-
 // decodeObject decodes data, which must be one JSON object and nothing
-// after it, into the members' destinations. It is stricter than
-// encoding/json alone: a member's name must match exactly (encoding/json
-// would take "Reason" or "REASON" for "reason"), a member may appear only
-// once (encoding/json keeps the last), and, unless allowUnknown, a member
-// not listed is an error. The errors name the member and say what was
-// expected; they do not wrap ErrInvalid (callers do).
-func decodeObject(data []byte, members []member, allowUnknown bool) error {
+// after it, into the destinations of members (by member name, pointers as
+// for json.Unmarshal). It is stricter than encoding/json alone: a member's
+// name must match exactly (encoding/json would take "Reason" or "REASON"
+// for "reason"), a member may appear only once (encoding/json keeps the
+// last), and, unless allowUnknown, a member not listed is an error. The
+// errors name the member and say what was expected; they do not wrap
+// ErrInvalid (callers do).
+func decodeObject(data []byte, members map[string]any, allowUnknown bool) error {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	switch tok, err := dec.Token(); {
 	case err == io.EOF:
@@ -44,23 +39,23 @@ func decodeObject(data []byte, members []member, allowUnknown bool) error {
 	case tok != json.Delim('{'):
 		return errors.New("not a JSON object")
 	}
-	seen := make([]bool, len(members))
+	seen := map[string]bool{}
 	for dec.More() {
 		tok, err := dec.Token()
 		if err != nil {
 			return unended(err)
 		}
 		name := tok.(string) // inside an object, the decoder returns names as strings
-		i := slices.IndexFunc(members, func(m member) bool { return m.name == name })
-		var dst any = new(json.RawMessage) // an unknown member's value, skipped
+		dst, known := members[name]
 		switch {
-		case i >= 0 && seen[i]:
+		case known && seen[name]:
 			return fmt.Errorf("member %q given twice", name)
-		case i >= 0:
-			seen[i], dst = true, members[i].dst
-		case !allowUnknown:
-			return fmt.Errorf("unknown member %q (known: %s)", name, names(members))
+		case !known && !allowUnknown:
+			return fmt.Errorf("unknown member %q (known: %s)", name, strings.Join(slices.Sorted(maps.Keys(members)), ", "))
+		case !known:
+			dst = new(json.RawMessage) // an unknown member's value, skipped
 		}
+		seen[name] = true
 		if err := dec.Decode(dst); err != nil {
 			if te, ok := errors.AsType[*json.UnmarshalTypeError](err); ok {
 				return fmt.Errorf("member %q: want a JSON %s, got %s", name, te.Type, te.Value)
@@ -84,12 +79,4 @@ func unended(err error) error {
 		return fmt.Errorf("the JSON object does not end: %w", io.ErrUnexpectedEOF)
 	}
 	return err
-}
-
-func names(members []member) string {
-	s := make([]string, len(members))
-	for i, m := range members {
-		s[i] = m.name
-	}
-	return strings.Join(s, ", ")
 }

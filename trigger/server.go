@@ -69,14 +69,16 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	s := &Server{cfg: cfg}
 	if cfg.CertFile != "" {
-		s.certs = &certReloader{certFile: cfg.CertFile, keyFile: cfg.KeyFile, log: cfg.Logger}
-		st, err := s.certs.stamps()
-		if err == nil {
-			err = s.certs.load(st)
-		}
+		c := &certReloader{certFile: cfg.CertFile, keyFile: cfg.KeyFile, log: cfg.Logger}
+		// Stamped before the load, so that a change in between is loaded
+		// again; a missing file fails the load.
+		c.loaded, _ = c.stamps()
+		pair, err := tls.LoadX509KeyPair(cfg.CertFile, cfg.KeyFile)
 		if err != nil {
 			return nil, fmt.Errorf("trigger: certificate: %w", err)
 		}
+		c.cert = &pair
+		s.certs = c
 		s.cfg.Addr = cmp.Or(cfg.Addr, ":8443")
 	}
 	s.cfg.Addr = cmp.Or(s.cfg.Addr, ":8080")
@@ -85,8 +87,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 
 // Run listens on Addr and serves until ctx ends; see Serve.
 func (s *Server) Run(ctx context.Context) error {
-	var lc net.ListenConfig
-	ln, err := lc.Listen(ctx, "tcp", s.cfg.Addr)
+	ln, err := new(net.ListenConfig).Listen(ctx, "tcp", s.cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("trigger: listen: %w", err)
 	}
@@ -158,27 +159,22 @@ func (c *certReloader) stamps() ([2]fileStamp, error) {
 	return st, nil
 }
 
-// load loads the pair, recording the files' stamps first: a broken pair
-// is retried only after the files change again, not on every handshake.
-func (c *certReloader) load(st [2]fileStamp) error {
-	c.loaded = st
-	pair, err := tls.LoadX509KeyPair(c.certFile, c.keyFile)
-	if err != nil {
-		return err
-	}
-	c.cert = &pair
-	return nil
-}
-
+// get serves the pair, reloading it first when either file changed. The
+// files' stamps are recorded before the load: a broken pair is retried
+// only after the files change again, not on every handshake. A file it
+// cannot stat (mid-rotation) leaves the previous pair in service.
 func (c *certReloader) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if st, err := c.stamps(); err == nil && st != c.loaded {
-		if err := c.load(st); err != nil {
+		c.loaded = st
+		pair, err := tls.LoadX509KeyPair(c.certFile, c.keyFile)
+		if err != nil {
 			c.log.Error("trigger: certificate reload failed; serving the previous one", "error", err)
-		} else {
-			c.log.Info("trigger: certificate reloaded", "cert", c.certFile)
+			return c.cert, nil
 		}
+		c.cert = &pair
+		c.log.Info("trigger: certificate reloaded", "cert", c.certFile)
 	}
 	return c.cert, nil
 }

@@ -15,6 +15,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/validation/path"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/dynamic"
 
@@ -121,19 +122,17 @@ type Trigger[T opkit.Object] struct {
 
 // New validates cfg and returns a Trigger bound to cfg.Queue.
 func New[T opkit.Object](cfg Config[T]) (*Trigger[T], error) {
-	if isNil(cfg.Queue) {
+	resErr, nsErrs := cfg.Resource.Validate(), validation.IsDNS1123Label(cfg.Namespace)
+	switch {
+	case isNil(cfg.Queue):
 		return nil, errors.New("trigger: Config.Queue is required")
-	}
-	if err := cfg.Resource.Validate(); err != nil {
-		return nil, fmt.Errorf("trigger: Config.Resource: %w", err)
-	}
-	if cfg.Namespace != "" && !cfg.Resource.Namespaced {
+	case resErr != nil:
+		return nil, fmt.Errorf("trigger: Config.Resource: %w", resErr)
+	case cfg.Namespace != "" && !cfg.Resource.Namespaced:
 		return nil, fmt.Errorf("trigger: Config.Namespace %q for cluster-scoped %s", cfg.Namespace, cfg.Resource.Resource)
-	}
-	if errs := validation.IsDNS1123Label(cfg.Namespace); cfg.Namespace != "" && len(errs) > 0 {
-		return nil, fmt.Errorf("trigger: Config.Namespace %q: %s", cfg.Namespace, strings.Join(errs, "; "))
-	}
-	if cfg.Priority < math.MinInt32 || cfg.Priority > math.MaxInt32 {
+	case cfg.Namespace != "" && len(nsErrs) > 0:
+		return nil, fmt.Errorf("trigger: Config.Namespace %q: %s", cfg.Namespace, strings.Join(nsErrs, "; "))
+	case cfg.Priority < math.MinInt32 || cfg.Priority > math.MaxInt32:
 		return nil, fmt.Errorf("trigger: Config.Priority %d is outside the queue's priority range (int32)", cfg.Priority)
 	}
 	if cfg.Get == nil && cfg.Dynamic != nil {
@@ -218,8 +217,7 @@ func (t *Trigger[T]) Submit(ctx context.Context, req Request[T]) (queue.Outcome,
 		return 0, fmt.Errorf("trigger: enqueue: %w", err)
 	}
 	if err := t.validate(req); err != nil {
-		t.rejected(ctx, err)
-		return 0, err
+		return 0, t.rejected(ctx, err)
 	}
 	key := opkit.KeyOf(req.Object)
 	o := t.cfg.Queue.Add(key, opkit.Cause[T]{
@@ -244,14 +242,24 @@ func (t *Trigger[T]) validate(req Request[T]) error {
 		return invalid("nil object")
 	}
 	key := opkit.KeyOf(req.Object)
-	if err := t.check(key, req.Type, req.Delay, req.Reason); err != nil {
+	var gvk schema.GroupVersionKind
+	if kind := req.Object.GetObjectKind(); kind != nil {
+		gvk = kind.GroupVersionKind()
+	}
+	// Kind and group must match when set; the version may differ (the same
+	// object served through another version). The group is set only with
+	// apiVersion: a kind alone says nothing about it.
+	switch err := t.check(key, req.Type, req.Delay, req.Reason); {
+	case err != nil:
 		return err
-	}
-	if req.Source != opkit.Operator {
+	case req.Source != opkit.Operator:
 		return invalid("source %v: external triggers use Operator (APIServer is reserved for the watch stream)", req.Source)
-	}
-	if req.Retries < 0 || req.Retries > math.MaxInt32 {
+	case req.Retries < 0 || req.Retries > math.MaxInt32:
 		return invalid("retries %d outside [0, %d]", req.Retries, math.MaxInt32)
+	case gvk.Kind != "" && gvk.Kind != t.cfg.Resource.Kind:
+		return invalid("object %s is a %s, not a %s", key, gvk.Kind, t.cfg.Resource.Kind)
+	case gvk.Version != "" && gvk.Group != t.cfg.Resource.Group:
+		return invalid("object %s is in API group %q, not %q", key, gvk.Group, t.cfg.Resource.Group)
 	}
 	if err := t.checkNamespace(key); err != nil {
 		return err
@@ -259,21 +267,7 @@ func (t *Trigger[T]) validate(req Request[T]) error {
 	// A Deleted trigger is judged on the object it carries: there may be
 	// nothing left to read.
 	if req.Type == opkit.Deleted {
-		if err := t.checkLabels(req.Object); err != nil {
-			return err
-		}
-	}
-	if ok := req.Object.GetObjectKind(); ok != nil {
-		// Kind and group must match when set; the version may differ
-		// (the same object served through another version). The group is
-		// set only with apiVersion: a kind alone says nothing about it.
-		gvk := ok.GroupVersionKind()
-		if gvk.Kind != "" && gvk.Kind != t.cfg.Resource.Kind {
-			return invalid("object %s is a %s, not a %s", key, gvk.Kind, t.cfg.Resource.Kind)
-		}
-		if gvk.Version != "" && gvk.Group != t.cfg.Resource.Group {
-			return invalid("object %s is in API group %q, not %q", key, gvk.Group, t.cfg.Resource.Group)
-		}
+		return t.checkLabels(req.Object)
 	}
 	return nil
 }
@@ -306,13 +300,9 @@ type Pointer struct {
 // it is still the latest state its watch has seen.
 func (t *Trigger[T]) Intake(ctx context.Context, p Pointer, authorize func(context.Context, opkit.Key) error) (T, queue.Outcome, error) {
 	var none T
-	reject := func(err error) (T, queue.Outcome, error) {
-		t.rejected(ctx, err)
-		return none, 0, err
-	}
 	p.Type = cmp.Or(p.Type, opkit.Modified)
 	if err := t.check(p.Key, p.Type, p.Delay, p.Reason); err != nil {
-		return reject(err)
+		return none, 0, t.rejected(ctx, err)
 	}
 	if authorize != nil {
 		if err := authorize(ctx, p.Key); err != nil {
@@ -320,7 +310,7 @@ func (t *Trigger[T]) Intake(ctx context.Context, p Pointer, authorize func(conte
 		}
 	}
 	if err := t.checkNamespace(p.Key); err != nil {
-		return reject(err)
+		return none, 0, t.rejected(ctx, err)
 	}
 	if t.cfg.Get == nil {
 		return none, 0, errNoGetter
@@ -333,7 +323,7 @@ func (t *Trigger[T]) Intake(ctx context.Context, p Pointer, authorize func(conte
 		return none, 0, fmt.Errorf("trigger: reading %s %q: %w", t.cfg.Resource.Resource, p.Key, typed.Explain(err, t.cfg.Resource, p.Key.Name))
 	}
 	if err := t.checkLabels(obj); err != nil {
-		return reject(err)
+		return none, 0, t.rejected(ctx, err)
 	}
 	o, err := t.Submit(ctx, Request[T]{Object: obj, Type: p.Type, Source: opkit.Operator, Delay: p.Delay, Reason: p.Reason})
 	if errors.Is(err, ErrInvalid) {
@@ -349,24 +339,20 @@ func (t *Trigger[T]) Intake(ctx context.Context, p Pointer, authorize func(conte
 // namespaced resource and empty for a cluster-scoped one), the type, the
 // delay and the reason ([CheckReason]). Errors wrap ErrInvalid.
 func (t *Trigger[T]) check(key opkit.Key, typ opkit.Type, delay time.Duration, reason string) error {
-	res := t.cfg.Resource
+	res, nsErrs := t.cfg.Resource, validation.IsDNS1123Label(key.Namespace)
 	switch {
 	case res.Namespaced && key.Namespace == "":
 		return invalid("%s is namespaced: a namespace is required", res.Resource)
 	case !res.Namespaced && key.Namespace != "":
 		return invalid("%s is cluster-scoped: no namespace may be given (got %q)", res.Resource, key.Namespace)
+	case key.Namespace != "" && len(nsErrs) > 0:
+		return invalid("namespace %q: %s", key.Namespace, strings.Join(nsErrs, "; "))
 	case !typ.Valid():
 		return invalid("type %v is not Added, Modified or Deleted", typ)
 	case delay < 0:
 		return invalid("negative delay %v", delay)
 	}
-	if errs := validation.IsDNS1123Label(key.Namespace); key.Namespace != "" && len(errs) > 0 {
-		return invalid("namespace %q: %s", key.Namespace, strings.Join(errs, "; "))
-	}
-	if err := CheckName(key.Name); err != nil {
-		return err
-	}
-	return CheckReason(reason)
+	return cmp.Or(CheckName(key.Name), CheckReason(reason))
 }
 
 // checkNamespace returns an error wrapping ErrOutOfScope when key is in a
@@ -387,9 +373,11 @@ func (t *Trigger[T]) checkLabels(obj T) error {
 	return nil
 }
 
-func (t *Trigger[T]) rejected(ctx context.Context, err error) {
+// rejected counts and logs a refused trigger, and returns err.
+func (t *Trigger[T]) rejected(ctx context.Context, err error) error {
 	t.cfg.Metrics.Rejected()
 	t.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "trigger rejected", slog.String("resource", t.cfg.Resource.GroupVersionResource.String()), slog.Any("error", err))
+	return err
 }
 
 // CheckName reports, with an error wrapping [ErrInvalid], whether name is
@@ -402,16 +390,15 @@ func (t *Trigger[T]) rejected(ctx context.Context, err error) {
 // NotFound for a name it could not hold. A producer can check a name with
 // it before sending a trigger.
 func CheckName(name string) error {
-	if name == "" {
+	errs := path.IsValidPathSegmentName(name)
+	switch {
+	case name == "":
 		return invalid("a name is required")
-	}
-	if len(name) > MaxNameLen {
+	case len(name) > MaxNameLen:
 		return invalid("name %.40q...: longer than %d bytes", name, MaxNameLen)
-	}
-	if errs := path.IsValidPathSegmentName(name); len(errs) > 0 {
+	case len(errs) > 0:
 		return invalid("name %q: %s", name, strings.Join(errs, "; "))
-	}
-	if !utf8.ValidString(name) || strings.IndexFunc(name, unicode.IsControl) >= 0 {
+	case !utf8.ValidString(name) || strings.IndexFunc(name, unicode.IsControl) >= 0:
 		return invalid("name %q: must be UTF-8 text without control characters", name)
 	}
 	return nil

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/opkit/opkit/trigger"
@@ -89,9 +90,8 @@ type Broker struct {
 
 	mu        sync.Mutex
 	wake      chan struct{} // closed and replaced when a message becomes ready
-	next      uint64
-	entries   map[uint64]*entry
-	queue     []uint64 // ready entries, oldest first
+	entries   []*entry      // every message published; ids are 1, 2, ...
+	queue     []*entry      // ready entries, oldest first
 	events    []Event
 	dead      []DeadLetter
 	recvErr   error
@@ -106,16 +106,15 @@ var (
 
 // New returns an empty broker.
 func New() *Broker {
-	return &Broker{wake: make(chan struct{}), entries: map[uint64]*entry{}}
+	return &Broker{wake: make(chan struct{})}
 }
 
 // Publish adds a message and returns its id (1, 2, ...).
 func (b *Broker) Publish(data []byte) uint64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.next++
-	e := &entry{id: b.next, data: slices.Clone(data)}
-	b.entries[e.id] = e
+	e := &entry{id: uint64(len(b.entries) + 1), data: slices.Clone(data)}
+	b.entries = append(b.entries, e)
 	b.makeReady(e)
 	return e.id
 }
@@ -123,7 +122,7 @@ func (b *Broker) Publish(data []byte) uint64 {
 // makeReady queues e for delivery and wakes up the receivers.
 func (b *Broker) makeReady(e *entry) {
 	e.state = ready
-	b.queue = append(b.queue, e.id)
+	b.queue = append(b.queue, e)
 	b.wakeUp()
 }
 
@@ -133,7 +132,7 @@ func (b *Broker) wakeUp() {
 }
 
 // redeliverAfter makes e, in flight, ready again after d (at once if d is
-// not positive).
+// not positive). Nothing else touches a delayed entry.
 func (b *Broker) redeliverAfter(e *entry, d time.Duration) {
 	if d <= 0 {
 		b.makeReady(e)
@@ -143,9 +142,7 @@ func (b *Broker) redeliverAfter(e *entry, d time.Duration) {
 	time.AfterFunc(d, func() {
 		b.mu.Lock()
 		defer b.mu.Unlock()
-		if e.state == delayed {
-			b.makeReady(e)
-		}
+		b.makeReady(e)
 	})
 }
 
@@ -173,9 +170,8 @@ func (b *Broker) Receive(ctx context.Context) (trigger.Message, error) {
 			return nil, err
 		}
 		if len(b.queue) > 0 {
-			id := b.queue[0]
+			e := b.queue[0]
 			b.queue = b.queue[1:]
-			e := b.entries[id]
 			e.state = inFlight
 			e.deliveries++
 			m := &message{b: b, e: e, delivery: e.deliveries}
@@ -205,27 +201,22 @@ func (b *Broker) Lag(context.Context) (int64, error) {
 
 // FailReceive makes every Receive return err until FailReceive(nil). A
 // receiver blocked in Receive is woken up to see the error.
-func (b *Broker) FailReceive(err error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.recvErr = err
-	b.wakeUp()
-}
+func (b *Broker) FailReceive(err error) { b.fail(&b.recvErr, err) }
 
 // FailSettle makes every Ack, Nack and Term return err until
 // FailSettle(nil); the delivery is redelivered after AckWait, as a broker
 // would after its ack deadline.
-func (b *Broker) FailSettle(err error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.settleErr = err
-}
+func (b *Broker) FailSettle(err error) { b.fail(&b.settleErr, err) }
 
 // FailLag makes Lag return err until FailLag(nil).
-func (b *Broker) FailLag(err error) {
+func (b *Broker) FailLag(err error) { b.fail(&b.lagErr, err) }
+
+// fail sets one of the injected errors and wakes up blocked receivers.
+func (b *Broker) fail(p *error, err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.lagErr = err
+	*p = err
+	b.wakeUp()
 }
 
 // Events returns the settlements so far, in order.
@@ -237,9 +228,7 @@ func (b *Broker) Events() []Event {
 
 // EventsFor returns the settlements of message id, in order.
 func (b *Broker) EventsFor(id uint64) []Event {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return slices.DeleteFunc(slices.Clone(b.events), func(ev Event) bool { return ev.ID != id })
+	return slices.DeleteFunc(b.Events(), func(ev Event) bool { return ev.ID != id })
 }
 
 // DeadLetters returns the terminated messages, in order.
@@ -260,22 +249,19 @@ type message struct {
 	b        *Broker
 	e        *entry
 	delivery int
-	settled  bool // guarded by b.mu
-	dead     bool // its Nack dead-lettered it; guarded by b.mu
+	settled  bool        // guarded by b.mu
+	dead     atomic.Bool // its Nack dead-lettered it
 }
 
 func (m *message) Data() []byte { return slices.Clone(m.e.data) }
 
 // DeadLettered reports whether Nack dead-lettered the message (MaxDeliver).
-func (m *message) DeadLettered() bool {
-	m.b.mu.Lock()
-	defer m.b.mu.Unlock()
-	return m.dead
-}
-func (m *message) Deliveries() int { return m.delivery }
+func (m *message) DeadLettered() bool { return m.dead.Load() }
+func (m *message) Deliveries() int    { return m.delivery }
 
-// settle runs f under the lock if the delivery is still open.
-func (m *message) settle(ctx context.Context, f func()) error {
+// settle records ev (the delivery's settlement) and runs f under the lock
+// if the delivery is still open.
+func (m *message) settle(ctx context.Context, ev Event, f func()) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -294,36 +280,33 @@ func (m *message) settle(ctx context.Context, f func()) error {
 		b.redeliverAfter(m.e, wait)
 		return b.settleErr
 	}
+	ev.ID, ev.Delivery = m.e.id, m.delivery
+	b.events = append(b.events, ev)
 	f()
 	return nil
 }
 
 func (m *message) Ack(ctx context.Context) error {
-	return m.settle(ctx, func() {
-		m.e.state = done
-		m.b.events = append(m.b.events, Event{ID: m.e.id, Op: OpAck, Delivery: m.delivery})
-	})
+	return m.settle(ctx, Event{Op: OpAck}, func() { m.e.state = done })
 }
 
 func (m *message) Nack(ctx context.Context, delay time.Duration) error {
-	return m.settle(ctx, func() {
-		b := m.b
-		b.events = append(b.events, Event{ID: m.e.id, Op: OpNack, Delivery: m.delivery, Delay: delay})
-		if b.MaxDeliver > 0 && m.e.deliveries >= b.MaxDeliver {
-			m.e.state = done
-			b.dead = append(b.dead, DeadLetter{ID: m.e.id, Data: slices.Clone(m.e.data), Reason: string(trigger.TermMaxDeliveries)})
-			m.dead = true
+	return m.settle(ctx, Event{Op: OpNack, Delay: delay}, func() {
+		if m.b.MaxDeliver > 0 && m.e.deliveries >= m.b.MaxDeliver {
+			m.dead.Store(true)
+			m.deadLetter(string(trigger.TermMaxDeliveries))
 			return
 		}
-		b.redeliverAfter(m.e, delay)
+		m.b.redeliverAfter(m.e, delay)
 	})
 }
 
 func (m *message) Term(ctx context.Context, reason string) error {
-	return m.settle(ctx, func() {
-		b := m.b
-		m.e.state = done
-		b.events = append(b.events, Event{ID: m.e.id, Op: OpTerm, Delivery: m.delivery, Reason: reason})
-		b.dead = append(b.dead, DeadLetter{ID: m.e.id, Data: slices.Clone(m.e.data), Reason: reason})
-	})
+	return m.settle(ctx, Event{Op: OpTerm, Reason: reason}, func() { m.deadLetter(reason) })
+}
+
+// deadLetter moves the message to the dead letters; b.mu is held.
+func (m *message) deadLetter(reason string) {
+	m.e.state = done
+	m.b.dead = append(m.b.dead, DeadLetter{ID: m.e.id, Data: slices.Clone(m.e.data), Reason: reason})
 }
