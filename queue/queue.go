@@ -189,7 +189,6 @@ func (q *Queue[K, V]) addTime() int64 {
 	return q.lastNow
 }
 
-
 func clamp32(v int) int32 {
 	if v > math.MaxInt32 {
 		return math.MaxInt32

@@ -145,7 +145,7 @@ func NewController[T opkit.Object](cfg Config[T]) (*Controller[T], error) {
 	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultTimeout)
 	cfg.ShutdownTimeout = cmp.Or(cfg.ShutdownTimeout, DefaultShutdownTimeout)
 	log := cmp.Or(cfg.Logger, slog.Default()).With("controller", cfg.Name)
-	c := &Controller[T]{cfg: cfg, log: log, metrics: cfg.Metrics, client: typed.New[T](cfg.Dynamic, cfg.Resource), retries: retries{backoff: cfg.Backoff}}
+	c := &Controller[T]{cfg: cfg, log: log, metrics: cfg.Metrics, client: typed.New[T](cfg.Dynamic, cfg.Resource), retries: retries{backoff: cfg.Backoff, n: map[opkit.Key]int{}}}
 	if c.metrics == nil {
 		c.metrics = noMetrics{}
 	}
@@ -267,13 +267,7 @@ func (c *Controller[T]) runTerm(runCtx, termCtx context.Context, work []Runnable
 	// but is cancelled separately, after the drain.
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(termCtx))
 	defer cancelWork()
-	g.Go(func() error {
-		if err := c.watch.Run(intakeCtx); err != nil {
-			return fmt.Errorf("reconcile: watcher: %w", err)
-		}
-		return nil
-	})
-	for _, r := range work {
+	for _, r := range append([]Runnable{{Name: "watcher", Run: c.watch.Run}}, work...) {
 		g.Go(func() error {
 			if err := r.Run(intakeCtx); err != nil && intakeCtx.Err() == nil {
 				return fmt.Errorf("reconcile: %s: %w", r.Name, err)

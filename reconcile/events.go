@@ -95,13 +95,9 @@ func (r *Recorder) build(obj opkit.Object, spec EventSpec, now time.Time) *event
 	if gvk.Kind == "" {
 		gvk = r.cfg.Resource.GroupVersionKind()
 	}
-	ns := obj.GetNamespace()
-	if ns == "" {
-		ns = metav1.NamespaceDefault
-	}
-	typ := spec.Type
-	if typ == "" {
-		typ = EventNormal
+	apiVersion := ""
+	if gvk.Version != "" {
+		apiVersion = gvk.GroupVersion().String()
 	}
 	note := spec.Note
 	if len(note) > 1024 {
@@ -113,30 +109,15 @@ func (r *Recorder) build(obj opkit.Object, spec EventSpec, now time.Time) *event
 		}
 		note = note[:n] + "..."
 	}
-	apiVersion, kind := gvk.GroupVersion().String(), gvk.Kind
-	if gvk.Version == "" {
-		apiVersion = ""
-	}
 	return &eventsv1.Event{
 		ObjectMeta: metav1.ObjectMeta{
 			// Unique per call: the object's name plus time and randomness.
 			Name:      obj.GetName() + "." + strconv.FormatInt(now.UnixNano(), 36) + strconv.FormatUint(rand.Uint64()&0xffff, 36),
-			Namespace: ns,
+			Namespace: cmp.Or(obj.GetNamespace(), metav1.NamespaceDefault),
 		},
-		EventTime:           metav1.NewMicroTime(now),
-		ReportingController: r.cfg.Controller,
-		ReportingInstance:   r.cfg.Instance,
-		Action:              spec.Action,
-		Reason:              spec.Reason,
-		Type:                typ,
-		Note:                note,
-		Regarding: corev1.ObjectReference{
-			APIVersion:      apiVersion,
-			Kind:            kind,
-			Namespace:       obj.GetNamespace(),
-			Name:            obj.GetName(),
-			UID:             obj.GetUID(),
-			ResourceVersion: obj.GetResourceVersion(),
-		},
+		EventTime: metav1.NewMicroTime(now), ReportingController: r.cfg.Controller, ReportingInstance: r.cfg.Instance,
+		Action: spec.Action, Reason: spec.Reason, Type: cmp.Or(spec.Type, EventNormal), Note: note,
+		Regarding: corev1.ObjectReference{APIVersion: apiVersion, Kind: gvk.Kind, Namespace: obj.GetNamespace(),
+			Name: obj.GetName(), UID: obj.GetUID(), ResourceVersion: obj.GetResourceVersion()},
 	}
 }

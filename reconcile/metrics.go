@@ -18,19 +18,8 @@ const (
 
 // String returns the outcome's lowercase name, fit for a metric label.
 func (o Outcome) String() string {
-	switch o {
-	case OutcomeDone:
-		return "done"
-	case OutcomeRequeue:
-		return "requeue"
-	case OutcomeRetry:
-		return "retry"
-	case OutcomeTerminal:
-		return "terminal"
-	case OutcomeGaveUp:
-		return "gave_up"
-	case OutcomeInterrupted:
-		return "interrupted"
+	if names := [...]string{"unknown", "done", "requeue", "retry", "terminal", "gave_up", "interrupted"}; int(o) < len(names) {
+		return names[o]
 	}
 	return "unknown"
 }

@@ -27,9 +27,6 @@ func (r *retries) count(key opkit.Key, seed int) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if seed > r.n[key] {
-		if r.n == nil {
-			r.n = make(map[opkit.Key]int)
-		}
 		r.n[key] = seed
 	}
 	return r.n[key]
@@ -39,9 +36,6 @@ func (r *retries) count(key opkit.Key, seed int) int {
 func (r *retries) when(key opkit.Key) time.Duration {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.n == nil {
-		r.n = make(map[opkit.Key]int)
-	}
 	r.n[key]++
 	return r.backoff.Delay(r.n[key])
 }
