@@ -9,9 +9,9 @@
 //     and against client-go's dynamic fake (the same path without network
 //     round trips);
 //   - opkit's HTTP endpoint (trigger.NewHandler behind an httptest server on
-//     loopback, POST /reconcile/{namespace}/{name}, which re-fetches the
-//     object from a real API server before the enqueue and marks it
-//     Fetched, so the worker does not read it again);
+//     loopback, POST /reconcile/{namespace}/{name}, which reads the object
+//     from a real API server before the enqueue; the worker reconciles that
+//     state without reading it again when the watch has seen it too);
 //   - controller-runtime's external-trigger path: source.Channel with a
 //     GenericEvent into a controller built by controller.NewTypedUnmanaged
 //     (its default priority queue).
@@ -19,7 +19,10 @@
 // Each runs idle and behind a backlog of 100,000 entries queued at watch
 // priority, and at relist priority, before the first trigger; the
 // reconciler spends a short wait on every backlog entry so that the backlog
-// is still being drained while the triggers are fired.
+// is still being drained while the triggers are fired. opkit's watch sees
+// the backlog objects (a wrapper adds them to its lists; they exist nowhere
+// else), so each backlog entry is reconciled from the state it carries, as
+// a watch event's is, rather than skipped as a key the watch does not see.
 //
 // Metrics: p50-ns and p99-ns of the latency; for opkit also queue-p50-ns and
 // queue-p99-ns (how long triggers waited in the queue, the share its
