@@ -136,24 +136,21 @@ func (cfg Config) withDefaults() (Config, error) {
 	invalid := func(format string, args ...any) (Config, error) {
 		return Config{}, fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
 	}
-	if cfg.Client == nil {
-		return invalid("Client is nil")
-	}
-	// These also reject an empty Namespace or Name.
-	if errs := validation.IsDNS1123Label(cfg.Namespace); len(errs) > 0 {
-		return invalid("Namespace %q: %s", cfg.Namespace, strings.Join(errs, "; "))
-	}
-	if errs := validation.IsDNS1123Subdomain(cfg.Name); len(errs) > 0 {
-		return invalid("Name %q is not a valid Lease name: %s", cfg.Name, strings.Join(errs, "; "))
-	}
-	if cfg.LeaseDuration < 0 || cfg.RenewDeadline < 0 || cfg.RetryPeriod < 0 || cfg.ClockSkew < 0 {
-		return invalid("negative duration")
-	}
+	// The defaults replace zeros only: a negative duration stays for its case.
 	cfg.LeaseDuration = cmp.Or(cfg.LeaseDuration, DefaultLeaseDuration)
 	cfg.RenewDeadline = cmp.Or(cfg.RenewDeadline, DefaultRenewDeadline)
 	cfg.RetryPeriod = cmp.Or(cfg.RetryPeriod, DefaultRetryPeriod)
 	cfg.ClockSkew = cmp.Or(cfg.ClockSkew, DefaultClockSkew)
-	switch {
+	// The DNS checks also reject an empty Namespace or Name.
+	switch nsErrs, nameErrs := validation.IsDNS1123Label(cfg.Namespace), validation.IsDNS1123Subdomain(cfg.Name); {
+	case cfg.Client == nil:
+		return invalid("Client is nil")
+	case len(nsErrs) > 0:
+		return invalid("Namespace %q: %s", cfg.Namespace, strings.Join(nsErrs, "; "))
+	case len(nameErrs) > 0:
+		return invalid("Name %q is not a valid Lease name: %s", cfg.Name, strings.Join(nameErrs, "; "))
+	case cfg.LeaseDuration < 0 || cfg.RenewDeadline < 0 || cfg.RetryPeriod < 0 || cfg.ClockSkew < 0:
+		return invalid("negative duration")
 	case cfg.LeaseDuration < time.Second:
 		return invalid("LeaseDuration %s is less than 1s (the Lease stores whole seconds)", cfg.LeaseDuration)
 	case cfg.RenewDeadline >= cfg.LeaseDuration:
@@ -166,7 +163,7 @@ func (cfg Config) withDefaults() (Config, error) {
 	if cfg.Identity == "" {
 		host, err := os.Hostname()
 		if err != nil {
-			return Config{}, fmt.Errorf("leader: default identity: %w", err)
+			return Config{}, fmt.Errorf("%w: default identity: %w", ErrInvalidConfig, err)
 		}
 		cfg.Identity = fmt.Sprintf("%s_%08x", host, rand.Uint32())
 	}

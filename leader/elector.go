@@ -170,13 +170,14 @@ func (e *Elector) Run(ctx context.Context, work func(ctx context.Context) error)
 // observation is the follower's view of the Lease.
 type observation struct {
 	known bool                  // a read or a watch event has answered
-	lease *coordinationv1.Lease // the Lease last seen; nil if none was
-	at    time.Time             // when lease's resourceVersion was first seen
-	// deleted: the Lease does not exist now. lease is kept: if it named
-	// another replica, that replica may still lead until its next renew
-	// fails, so the Lease is treated as held by it until it would have
-	// expired (at stays put: the holder cannot renew a deleted Lease).
-	deleted bool
+	lease *coordinationv1.Lease // the Lease as it is now; nil if it does not exist
+	// last is the Lease last seen, nil if none was; it is kept when the
+	// Lease is deleted: if it named another replica, that replica may still
+	// lead until its next renew fails, so the Lease is treated as held by it
+	// until it would have expired (at stays put: the holder cannot renew a
+	// deleted Lease).
+	last *coordinationv1.Lease
+	at   time.Time // when last's resourceVersion was first seen
 }
 
 // leaseRead is the answer of a read or a watch event: a Lease, nil if it
@@ -191,21 +192,21 @@ func (e *Elector) observe(obs *observation, l *coordinationv1.Lease) {
 	// The wait for expiry restarts only when the Lease changed: a failed
 	// write of ours (a 5xx, a timeout) makes us read it again, and an
 	// unchanged Lease must not cost another LeaseDuration.
-	if l != nil && (obs.lease == nil || obs.lease.ResourceVersion != l.ResourceVersion) {
-		obs.lease, obs.at = l, time.Now()
+	if l != nil && (obs.last == nil || obs.last.ResourceVersion != l.ResourceVersion) {
+		obs.last, obs.at = l, time.Now()
 	}
-	obs.known, obs.deleted = true, l == nil
-	e.setHolder(holderOf(obs.lease))
+	obs.known, obs.lease = true, l
+	e.locked(func() { e.holder = holderOf(obs.last) })
 }
 
 // untilAcquirable returns how long until the observed Lease may be taken;
 // zero or less means now.
 func (e *Elector) untilAcquirable(obs observation) time.Duration {
-	if h := holderOf(obs.lease); h == "" || h == e.cfg.Identity {
+	if h := holderOf(obs.last); h == "" || h == e.cfg.Identity {
 		return 0
 	}
 	d := e.cfg.LeaseDuration
-	if s := obs.lease.Spec.LeaseDurationSeconds; s != nil && *s > 0 {
+	if s := obs.last.Spec.LeaseDurationSeconds; s != nil && *s > 0 {
 		d = time.Duration(*s) * time.Second // the holder's own promise is what counts
 	}
 	return time.Until(obs.at.Add(d))
@@ -257,11 +258,11 @@ func (e *Elector) campaign(ctx context.Context) (*coordinationv1.Lease, time.Tim
 				if events == pollAfter { // else overtaken by the watch, which is at least as fresh
 					e.observe(&obs, r.lease)
 				}
-				e.refused(&e.refusedRead, nil)
+				e.locked(func() { e.refusedRead = nil })
 			case ctx.Err() != nil:
 				return nil, time.Time{}, ctx.Err()
 			case refusal(r.err):
-				e.refused(&e.refusedRead, r.err)
+				e.locked(func() { e.refusedRead = r.err })
 				e.log.Error("reading lease refused: this replica cannot lead until that is fixed", "err", r.err)
 			default:
 				e.log.Warn("reading lease", "err", r.err)
@@ -275,15 +276,11 @@ func (e *Elector) campaign(ctx context.Context) (*coordinationv1.Lease, time.Tim
 			// Another replica leads: there is nothing to write, so an
 			// earlier refused write says nothing about now (a Role applied
 			// meanwhile); the next attempt will tell.
-			e.refused(&e.refusedWrite, nil)
+			e.locked(func() { e.refusedWrite = nil })
 			expiry = time.After(wait)
 			continue
 		}
-		cur := obs.lease
-		if obs.deleted {
-			cur = nil
-		}
-		lease, sent, err := e.acquire(ctx, cur)
+		lease, sent, err := e.acquire(ctx, obs.lease)
 		if err == nil {
 			return lease, sent, nil
 		}
@@ -306,9 +303,9 @@ func (e *Elector) campaign(ctx context.Context) (*coordinationv1.Lease, time.Tim
 		case apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err):
 			e.log.Debug("lost the race to acquire", "err", err)
 			retry = 0
-		case refusal(err) || apierrors.IsNotFound(err) && cur == nil:
+		case refusal(err) || apierrors.IsNotFound(err) && obs.lease == nil:
 			// A Create answered NotFound: the namespace does not exist.
-			e.refused(&e.refusedWrite, err)
+			e.locked(func() { e.refusedWrite = err })
 			e.log.Error("acquiring lease refused: this replica cannot lead until that is fixed", "err", err)
 		default:
 			e.log.Warn("acquiring lease", "err", err)
@@ -323,14 +320,6 @@ func (e *Elector) campaign(ctx context.Context) (*coordinationv1.Lease, time.Tim
 func refusal(err error) bool {
 	return apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) || apierrors.IsInvalid(err) ||
 		apierrors.IsBadRequest(err) || apierrors.IsMethodNotSupported(err)
-}
-
-// refused records err (nil: a success) as the last outcome of one kind of
-// campaign request, for Check.
-func (e *Elector) refused(slot *error, err error) {
-	e.mu.Lock()
-	*slot = err
-	e.mu.Unlock()
 }
 
 // watchLease sends the Lease's changes to out until ctx ends, restarting
@@ -410,14 +399,11 @@ type renewResult struct {
 func (e *Elector) lead(ctx context.Context, lease *coordinationv1.Lease, acquired time.Time, work func(context.Context) error) (done bool, err error) {
 	term := Term{Number: transitions(lease), Identity: e.cfg.Identity, Acquired: acquired}
 	log := e.log.With("term", term.Number)
-	m := e.cfg.Metrics
 
-	e.mu.Lock()
-	e.leading, e.lastRenew, e.holder, e.refusedWrite = true, term.Acquired, e.cfg.Identity, nil
-	e.mu.Unlock()
+	e.locked(func() { e.leading, e.lastRenew, e.holder, e.refusedWrite = true, term.Acquired, e.cfg.Identity, nil })
 	e.cfg.Gate.Resume()
-	m.Leading(true)
-	m.Renewed(term.Acquired)
+	e.cfg.Metrics.Leading(true)
+	e.cfg.Metrics.Renewed(term.Acquired)
 	log.Info("acquired leadership")
 
 	// The term's context keeps ctx's values but not its cancellation: on
@@ -462,17 +448,15 @@ loop:
 			switch {
 			case r.err == nil:
 				lease = r.lease
-				e.mu.Lock()
-				e.lastRenew = r.sent
-				e.mu.Unlock()
-				m.Renewed(r.sent)
+				e.locked(func() { e.lastRenew = r.sent })
+				e.cfg.Metrics.Renewed(r.sent)
 				deadline = time.After(e.cfg.RenewDeadline - time.Since(r.sent))
 			case r.lost:
 				newHolder = holderOf(r.lease)
 				lost = fmt.Errorf("lease now held by %q", newHolder)
 				break loop
 			default:
-				m.RenewFailed()
+				e.cfg.Metrics.RenewFailed()
 				log.Warn("renewing lease failed", "err", r.err, "since_last_renew", time.Since(e.lastRenew))
 			}
 		}
@@ -481,13 +465,11 @@ loop:
 	// First close the intake, so nothing new is accepted while the work
 	// winds down; only then tell the work, and drop what is queued.
 	e.cfg.Gate.Suspend()
-	e.mu.Lock()
 	// Our term is over: until the Lease is read again the leader is unknown
 	// (unless a renew found it), and naming ourselves would send callers
 	// back here.
-	e.leading, e.holder = false, newHolder
-	e.mu.Unlock()
-	m.Leading(false)
+	e.locked(func() { e.leading, e.holder = false, newHolder })
+	e.cfg.Metrics.Leading(false)
 	cancelTerm()
 	cleared := e.cfg.Gate.Clear()
 	switch {
@@ -540,16 +522,12 @@ func (e *Elector) awaitWork(done <-chan error, log *slog.Logger) {
 		select {
 		case err = <-done:
 		case <-time.After(time.Until(bound)):
-			e.mu.Lock()
-			e.overrun = true
-			e.mu.Unlock()
+			e.locked(func() { e.overrun = true })
 			e.cfg.Metrics.WorkOverran()
 			log.Error("term work ignores its context and still runs after another replica may have acquired the lease; not campaigning until it returns",
 				"bound", bound)
 			err = <-done
-			e.mu.Lock()
-			e.overrun = false
-			e.mu.Unlock()
+			e.locked(func() { e.overrun = false })
 			log.Error("overrunning term work returned", "late_by", time.Since(bound))
 		}
 	}
@@ -600,7 +578,7 @@ func (e *Elector) release(ctx context.Context, cur *coordinationv1.Lease, log *s
 	for range 3 {
 		if holderOf(cur) != e.cfg.Identity {
 			log.Info("not releasing: the lease no longer names this replica", "holder", holderOf(cur))
-			e.setHolder(holderOf(cur))
+			e.locked(func() { e.holder = holderOf(cur) })
 			return
 		}
 		l := cur.DeepCopy()
@@ -608,7 +586,7 @@ func (e *Elector) release(ctx context.Context, cur *coordinationv1.Lease, log *s
 		l.Spec.HolderIdentity, l.Spec.RenewTime = &empty, &now
 		_, err := e.leases.Update(rctx, l, metav1.UpdateOptions{})
 		if err == nil {
-			e.setHolder("")
+			e.locked(func() { e.holder = "" })
 			log.Info("released lease")
 			return
 		}
@@ -636,10 +614,11 @@ func (e *Elector) get(ctx context.Context) (*coordinationv1.Lease, error) {
 	return l, err
 }
 
-func (e *Elector) setHolder(h string) {
+// locked runs f, which writes fields that mu guards, under mu.
+func (e *Elector) locked(f func()) {
 	e.mu.Lock()
-	e.holder = h
-	e.mu.Unlock()
+	defer e.mu.Unlock()
+	f()
 }
 
 // leaseSeconds is LeaseDuration rounded up to whole seconds, so that the
