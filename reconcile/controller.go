@@ -100,13 +100,12 @@ type Config[T opkit.Object] struct {
 type Controller[T opkit.Object] struct {
 	cfg     Config[T]
 	log     *slog.Logger
-	metrics Metrics
 	queue   *queue.Queue[opkit.Key, opkit.Cause[T]]
 	client  *typed.Client[T]
 	watch   *watcher.Watcher[T]
 	leader  *leader.Elector // nil without Config.Leader
 	trig    *trigger.Trigger[T]
-	sel     labels.Selector // the watch's label selector; nil for none
+	sel     labels.Selector // the watch's label selector (everything for none)
 	rec     *Recorder       // nil with NoEvents
 	retries retries         // the retry policy: failed turns per key
 
@@ -144,11 +143,9 @@ func NewController[T opkit.Object](cfg Config[T]) (*Controller[T], error) {
 	cfg.MaxRetries = cmp.Or(cfg.MaxRetries, DefaultMaxRetries)
 	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultTimeout)
 	cfg.ShutdownTimeout = cmp.Or(cfg.ShutdownTimeout, DefaultShutdownTimeout)
+	cfg.Metrics = cmp.Or[Metrics](cfg.Metrics, noMetrics{})
 	log := cmp.Or(cfg.Logger, slog.Default()).With("controller", cfg.Name)
-	c := &Controller[T]{cfg: cfg, log: log, metrics: cfg.Metrics, client: typed.New[T](cfg.Dynamic, cfg.Resource), retries: retries{backoff: cfg.Backoff, n: map[opkit.Key]int{}}}
-	if c.metrics == nil {
-		c.metrics = noMetrics{}
-	}
+	c := &Controller[T]{cfg: cfg, log: log, client: typed.New[T](cfg.Dynamic, cfg.Resource), retries: retries{backoff: cfg.Backoff, n: map[opkit.Key]int{}}}
 	c.queue = queue.New[opkit.Key](queue.Config[opkit.Cause[T]]{Merge: (*opkit.Cause[T]).Merge, Metrics: cfg.QueueMetrics})
 	wcfg := cfg.Watch
 	wcfg.Client, wcfg.Resource, wcfg.Queue, wcfg.Logger = cfg.Dynamic, cfg.Resource, c.queue, cmp.Or(wcfg.Logger, log)
@@ -159,10 +156,8 @@ func NewController[T opkit.Object](cfg Config[T]) (*Controller[T], error) {
 	// Triggers reach only what the watch sees: another namespace, or labels
 	// the watch's selector leaves out, would be reconciled by a controller
 	// not meant to handle them (e.g. one shard of several).
-	if cfg.Watch.LabelSelector != "" {
-		if c.sel, err = labels.Parse(cfg.Watch.LabelSelector); err != nil {
-			return nil, fmt.Errorf("%w: Watch.LabelSelector: %w", ErrInvalidConfig, err)
-		}
+	if c.sel, err = labels.Parse(cfg.Watch.LabelSelector); err != nil {
+		return nil, fmt.Errorf("%w: Watch.LabelSelector: %w", ErrInvalidConfig, err)
 	}
 	if c.trig, err = trigger.New(trigger.Config[T]{Queue: c.queue, Get: c.client.Get, Resource: cfg.Resource, Namespace: cfg.Watch.Namespace,
 		Selector: c.sel, Priority: cfg.TriggerPriority, Metrics: cfg.TriggerMetrics, Logger: log}); err != nil {
@@ -276,14 +271,8 @@ func (c *Controller[T]) runTerm(runCtx, termCtx context.Context, work []Runnable
 		})
 	}
 	var workers sync.WaitGroup
-	for range c.cfg.Concurrency {
-		workers.Go(func() { c.worker(intakeCtx, workCtx, log, c.queue.Get) })
-	}
-	reserved := func(ctx context.Context) (queue.Item[opkit.Key, opkit.Cause[T]], error) {
-		return c.queue.GetAtLeast(ctx, c.cfg.TriggerPriority)
-	}
-	for range c.cfg.ReservedWorkers {
-		workers.Go(func() { c.worker(intakeCtx, workCtx, log, reserved) })
+	for i := range c.cfg.Concurrency + c.cfg.ReservedWorkers {
+		workers.Go(func() { c.worker(intakeCtx, workCtx, log, i >= c.cfg.Concurrency) })
 	}
 
 	<-intakeCtx.Done()
@@ -300,8 +289,7 @@ func (c *Controller[T]) runTerm(runCtx, termCtx context.Context, work []Runnable
 			drain = max(0, min(drain, time.Until(c.leader.WorkDeadline().Add(-margin))))
 		}
 		log.Info("controller stopping: draining in-flight reconciles", "deadline", drain)
-		t := time.AfterFunc(drain, cancelWork)
-		defer t.Stop()
+		defer time.AfterFunc(drain, cancelWork).Stop()
 	} else {
 		// Term lost or a component failed: stop at once.
 		cancelWork()
@@ -315,9 +303,15 @@ func (c *Controller[T]) runTerm(runCtx, termCtx context.Context, work []Runnable
 	return err
 }
 
-// worker takes entries with get until intakeCtx ends and runs their turns
-// under workCtx.
-func (c *Controller[T]) worker(intakeCtx, workCtx context.Context, log *slog.Logger, get func(context.Context) (queue.Item[opkit.Key, opkit.Cause[T]], error)) {
+// worker takes entries (a reserved one only those at TriggerPriority or
+// above) until intakeCtx ends and runs their turns under workCtx.
+func (c *Controller[T]) worker(intakeCtx, workCtx context.Context, log *slog.Logger, reserved bool) {
+	get := c.queue.Get
+	if reserved {
+		get = func(ctx context.Context) (queue.Item[opkit.Key, opkit.Cause[T]], error) {
+			return c.queue.GetAtLeast(ctx, c.cfg.TriggerPriority)
+		}
+	}
 	for {
 		item, err := get(intakeCtx)
 		if err != nil {
@@ -336,10 +330,7 @@ func (c *Controller[T]) worker(intakeCtx, workCtx context.Context, log *slog.Log
 // turn is one hand-out of a key: the reconciles of its unsettled deletes,
 // then of its live object, and what the key needs next.
 type turn[T opkit.Object] struct {
-	key     opkit.Key
-	retries int           // the key's failed turns before this one
-	asked   opkit.Sources // who asked for the turn: none for a retry of the controller's own
-	log     *slog.Logger
+	log *slog.Logger
 	// What the outcomes leave to do.
 	failed      bool          // a request failed and is retried
 	floor       time.Duration // the longest RequeueAfter of a failed request
@@ -351,9 +342,9 @@ type turn[T opkit.Object] struct {
 
 func (c *Controller[T]) runTurn(ctx context.Context, item queue.Item[opkit.Key, opkit.Cause[T]], log *slog.Logger) {
 	key, cause := item.Key, item.Value
-	t := &turn[T]{key: key, retries: c.retries.count(key, cause.Retries), asked: cause.Sources, log: log.With("key", key.String())}
 	term, _ := leader.TermFrom(ctx)
-	base := Request[T]{Key: key, Sources: cause.Sources, Reasons: cause.Reasons, Retries: t.retries, Term: term.Number}
+	base := Request[T]{Key: key, Sources: cause.Sources, Reasons: cause.Reasons, Retries: c.retries.count(key, cause.Retries), Term: term.Number}
+	t := &turn[T]{log: log.With("key", key.String())}
 	deletes := c.watch.Deletes(key)
 	for _, d := range deletes {
 		req := base
@@ -373,7 +364,7 @@ func (c *Controller[T]) runTurn(ctx context.Context, item queue.Item[opkit.Key, 
 	}
 	if t.failed {
 		delay := max(c.retries.when(key), t.floor)
-		t.log.Warn("turn failed: retrying", "after", delay, "failures", t.retries+1)
+		t.log.Warn("turn failed: retrying", "after", delay, "failures", base.Retries+1)
 		c.add(key, t.again, queue.AddOptions{Delay: delay, Priority: item.Priority}, t.log)
 	} else {
 		c.retries.forget(key)
@@ -416,17 +407,17 @@ func (c *Controller[T]) live(ctx context.Context, t *turn[T], req Request[T], ca
 		return
 	}
 	switch {
-	case !isNil(obj) && !cause.Teardown && c.sel != nil && !c.sel.Matches(labels.Set(obj.GetLabels())):
+	case !isNil(obj) && !cause.Teardown && !c.sel.Matches(labels.Set(obj.GetLabels())):
 		// Not an object the watch sees (a trigger's for another shard, or
 		// one that left the selector, whose delete the watch delivers).
 		t.log.Info("object does not match the watch's label selector: skipped", "selector", c.sel.String())
-		c.metrics.Skipped(SkipOutOfScope)
+		c.cfg.Metrics.Skipped(SkipOutOfScope)
 		return
 	case !isNil(obj):
 	case !cause.Teardown:
 		if cause.Sources.Has(opkit.Operator) {
 			t.log.Debug("triggered object not found: skipped")
-			c.metrics.Skipped(SkipGone)
+			c.cfg.Metrics.Skipped(SkipGone)
 		}
 		return
 	case hadDeletes:
@@ -463,12 +454,9 @@ func (c *Controller[T]) liveObject(ctx context.Context, key opkit.Key, cause opk
 	case !seen && !cause.Sources.Has(opkit.Operator) && !cause.Teardown:
 		return none, nil
 	}
-	c.metrics.Refetched()
-	if c.cfg.Timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, c.cfg.Timeout)
-		defer cancel()
-	}
+	c.cfg.Metrics.Refetched()
+	ctx, cancel := c.withTimeout(ctx)
+	defer cancel()
 	obj, err := c.client.Get(ctx, key)
 	if typed.Gone(err, key.Name) {
 		return none, nil
@@ -490,11 +478,11 @@ func (c *Controller[T]) outcome(ctx context.Context, t *turn[T], req Request[T],
 	after, requeue := res.Requeue()
 	switch {
 	case err == nil && !requeue:
-		c.metrics.Reconciled(OutcomeDone, took)
+		c.cfg.Metrics.Reconciled(OutcomeDone, took)
 		log.Debug("reconciled", "took", took)
 		return true
 	case err == nil:
-		c.metrics.Reconciled(OutcomeRequeue, took)
+		c.cfg.Metrics.Reconciled(OutcomeRequeue, took)
 		log.Debug("reconciled; requeued", "after", after, "took", took)
 		if !t.requeue || after < t.after {
 			t.requeue, t.after = true, after
@@ -503,22 +491,22 @@ func (c *Controller[T]) outcome(ctx context.Context, t *turn[T], req Request[T],
 	case ctx.Err() != nil:
 		// The term ended or the drain ran out: not the reconciler's failure,
 		// and nothing may be written any more.
-		c.metrics.Reconciled(OutcomeInterrupted, took)
+		c.cfg.Metrics.Reconciled(OutcomeInterrupted, took)
 		log.Info("reconcile interrupted by shutdown or the end of the term", "err", err)
 		t.interrupted = true
 		return false
 	case IsTerminal(err):
-		c.metrics.Reconciled(OutcomeTerminal, took)
+		c.cfg.Metrics.Reconciled(OutcomeTerminal, took)
 		log.Error("reconcile failed with a terminal error: not retried", "err", err)
 		c.record(ctx, req, "ReconcileTerminalError", err, log)
 		return true
-	case c.cfg.MaxRetries >= 0 && t.retries >= c.cfg.MaxRetries && t.asked == 0:
-		c.metrics.Reconciled(OutcomeGaveUp, took)
+	case c.cfg.MaxRetries >= 0 && req.Retries >= c.cfg.MaxRetries && req.Sources == 0: // a retry of the controller's own
+		c.cfg.Metrics.Reconciled(OutcomeGaveUp, took)
 		log.Error("reconcile failed on its last retry: given up", "err", err, "maxRetries", c.cfg.MaxRetries)
-		c.record(ctx, req, "ReconcileFailed", fmt.Errorf("gave up after %d retries: %w", t.retries, err), log)
+		c.record(ctx, req, "ReconcileFailed", fmt.Errorf("gave up after %d retries: %w", req.Retries, err), log)
 		return true
 	}
-	c.metrics.Reconciled(OutcomeRetry, took)
+	c.cfg.Metrics.Reconciled(OutcomeRetry, took)
 	log.Warn("reconcile failed", "err", err)
 	t.failed = true
 	if requeue {
@@ -530,19 +518,24 @@ func (c *Controller[T]) outcome(ctx context.Context, t *turn[T], req Request[T],
 // call runs the reconciler with the per-reconcile timeout and turns a panic
 // into an error.
 func (c *Controller[T]) call(ctx context.Context, req Request[T], log *slog.Logger) (res Result, err error) {
-	if c.cfg.Timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, c.cfg.Timeout)
-		defer cancel()
-	}
+	ctx, cancel := c.withTimeout(ctx)
+	defer cancel()
 	defer func() {
 		if p := recover(); p != nil {
-			c.metrics.Panicked()
+			c.cfg.Metrics.Panicked()
 			log.Error("reconcile panicked", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 			res, err = Done(), fmt.Errorf("%w: %v", ErrPanic, p)
 		}
 	}()
 	return c.cfg.Reconciler.Reconcile(ctx, req)
+}
+
+// withTimeout bounds ctx by the per-reconcile Timeout, unless it is negative.
+func (c *Controller[T]) withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	if c.cfg.Timeout < 0 {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, c.cfg.Timeout)
 }
 
 func (c *Controller[T]) add(key opkit.Key, cause opkit.Cause[T], opts queue.AddOptions, log *slog.Logger) {
@@ -551,13 +544,11 @@ func (c *Controller[T]) add(key opkit.Key, cause opkit.Cause[T], opts queue.AddO
 	}
 }
 
-// record writes a Warning Event about a failure of req: on its object, or
-// on the key when it has none (a read that failed); the recorder's own
-// timeout bounds it even when ctx has ended.
+// record writes a Warning Event about a failure of req (none with NoEvents:
+// a nil Recorder records nothing): on its object, or on the key when it has
+// none (a read that failed); the recorder's own timeout bounds it even when
+// ctx has ended.
 func (c *Controller[T]) record(ctx context.Context, req Request[T], reason string, err error, log *slog.Logger) {
-	if c.rec == nil {
-		return
-	}
 	obj := req.Object
 	if isNil(obj) {
 		obj = typed.Tombstone[T](req.Key, "", "")

@@ -13,12 +13,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 
 	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/internal/typed"
 )
 
 // Event types for [Recorder.Record], and the default timeout of one write.
@@ -78,11 +77,10 @@ func (r *Recorder) Record(ctx context.Context, obj opkit.Object, spec EventSpec)
 	ev := r.build(obj, spec, time.Now())
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
 	defer cancel()
-	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(ev)
+	u, err := typed.ToUnstructured(ev)
 	if err != nil {
 		return fmt.Errorf("reconcile: record event: %w", err)
 	}
-	u := &unstructured.Unstructured{Object: m}
 	u.SetGroupVersionKind(eventsv1.SchemeGroupVersion.WithKind("Event"))
 	if _, err := r.cfg.Dynamic.Resource(EventsResource).Namespace(ev.Namespace).Create(ctx, u, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("reconcile: record event %s on %s: %w", spec.Reason, opkit.KeyOf(obj), err)

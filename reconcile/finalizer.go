@@ -40,13 +40,12 @@ type Finalizer[T opkit.Object] struct {
 // NewFinalizer returns a helper for the finalizer name (such as
 // "demo.opkit.dev/cleanup") on objects of res.
 func NewFinalizer[T opkit.Object](dyn dynamic.Interface, res opkit.Resource, name string) (*Finalizer[T], error) {
-	if dyn == nil {
+	switch err, errs := res.Validate(), validation.IsQualifiedName(name); {
+	case dyn == nil:
 		return nil, errors.New("reconcile: finalizer needs a dynamic client")
-	}
-	if err := res.Validate(); err != nil {
+	case err != nil:
 		return nil, fmt.Errorf("reconcile: finalizer: %w", err)
-	}
-	if errs := validation.IsQualifiedName(name); len(errs) > 0 {
+	case len(errs) > 0:
 		return nil, fmt.Errorf("reconcile: finalizer name %q: %v", name, errs)
 	}
 	return &Finalizer[T]{name: name, client: typed.New[T](dyn, res)}, nil
@@ -66,18 +65,16 @@ func (f *Finalizer[T]) Handle(ctx context.Context, obj T, finalize FinalizeFunc[
 		return obj, false, errors.New("reconcile: finalizer: nil object")
 	}
 	if obj.GetDeletionTimestamp() == nil {
-		out, err := f.Add(ctx, obj)
-		if typed.Gone(err, obj.GetName()) {
+		switch out, err := f.Add(ctx, obj); {
+		case typed.Gone(err, obj.GetName()):
 			return obj, false, nil
-		}
-		if err != nil {
+		case err != nil:
 			return obj, false, err
-		}
-		// The object may have started deleting while we retried.
-		if out.GetDeletionTimestamp() == nil {
+		case out.GetDeletionTimestamp() == nil:
 			return out, true, nil
+		default: // it started deleting while Add retried
+			obj = out
 		}
-		obj = out
 	}
 	if !slices.Contains(obj.GetFinalizers(), f.name) {
 		return obj, false, nil
@@ -131,11 +128,10 @@ func (f *Finalizer[T]) update(ctx context.Context, obj T, change func(T) ([]stri
 		if err != nil {
 			return cur, err
 		}
-		out, err := f.client.Patch(ctx, key, types.MergePatchType, patch)
-		if err == nil {
+		switch out, err := f.client.Patch(ctx, key, types.MergePatchType, patch); {
+		case err == nil:
 			return out, nil
-		}
-		if !apierrors.IsConflict(err) || attempt >= DefaultConflictRetries {
+		case !apierrors.IsConflict(err) || attempt >= DefaultConflictRetries:
 			return cur, fmt.Errorf("reconcile: finalizer %s on %s: %w", f.name, key, err)
 		}
 		if cur, err = f.client.Get(ctx, key); err != nil {
@@ -163,13 +159,11 @@ func sameObject(res opkit.Resource, obj, cur opkit.Object) error {
 // if, and only if, the object is still at resourceVersion rv.
 func finalizerPatch(rv string, fins []string) ([]byte, error) {
 	if fins == nil {
-		fins = []string{}
+		fins = []string{} // [], not null
 	}
-	type meta struct {
-		ResourceVersion string   `json:"resourceVersion,omitempty"`
-		Finalizers      []string `json:"finalizers"`
+	meta := map[string]any{"finalizers": fins}
+	if rv != "" {
+		meta["resourceVersion"] = rv
 	}
-	return json.Marshal(struct {
-		Metadata meta `json:"metadata"`
-	}{meta{rv, fins}})
+	return json.Marshal(map[string]any{"metadata": meta})
 }

@@ -63,8 +63,6 @@ type member struct {
 	stopped chan struct{} // closed when its Run returned
 }
 
-var errNotStarted = errors.New("not started")
-
 // NewGroup returns an empty group.
 func NewGroup(cfg GroupConfig) *Group {
 	return &Group{cfg: cfg, log: cmp.Or(cfg.Logger, slog.Default())}
@@ -87,12 +85,14 @@ func (g *Group) Add(rs ...Runnable) error {
 		case r.LeaderOnly && g.cfg.Leader == nil:
 			return fmt.Errorf("reconcile: leader-only component %q needs GroupConfig.Leader", r.Name)
 		}
+		m := &member{r: r, down: errors.New("not started"), stopped: make(chan struct{})}
 		if r.LeaderOnly {
+			m.down = nil // the group never runs it: its Ready decides
 			if err := g.cfg.Leader.AddTermWork(r); err != nil {
 				return fmt.Errorf("reconcile: leader-only component %q: %w", r.Name, err)
 			}
 		}
-		g.items = append(g.items, &member{r: r, down: errNotStarted, stopped: make(chan struct{})})
+		g.items = append(g.items, m)
 	}
 	return nil
 }
@@ -107,12 +107,10 @@ func (g *Group) Run(ctx context.Context) error {
 		return errors.New("reconcile: group already running")
 	}
 	g.started = true
-	var members []*member
-	for _, m := range g.items {
-		if !m.r.LeaderOnly {
-			members = append(members, m)
-			m.down = nil
-		}
+	// The LeaderOnly components run in the Leader's terms.
+	members := slices.DeleteFunc(slices.Clone(g.items), func(m *member) bool { return m.r.LeaderOnly })
+	for _, m := range members {
+		m.down = nil
 	}
 	g.mu.Unlock()
 
@@ -168,9 +166,6 @@ func (g *Group) Check() []ComponentStatus {
 	out := make([]ComponentStatus, len(g.items))
 	for i, m := range g.items {
 		err := m.down
-		if m.r.LeaderOnly {
-			err = nil
-		}
 		if err == nil && m.r.Ready != nil {
 			err = m.r.Ready()
 		}
@@ -198,12 +193,11 @@ func (g *Group) ReadyzHandler() http.Handler {
 		var b strings.Builder
 		code := http.StatusOK
 		for _, s := range g.Check() {
+			line := "ok " + s.Name
 			if s.Err != nil {
-				code = http.StatusServiceUnavailable
-				fmt.Fprintf(&b, "fail %s: %v\n", s.Name, s.Err)
-			} else {
-				fmt.Fprintf(&b, "ok %s\n", s.Name)
+				code, line = http.StatusServiceUnavailable, fmt.Sprintf("fail %s: %v", s.Name, s.Err)
 			}
+			fmt.Fprintln(&b, line)
 		}
 		plain(w, code, b.String())
 	})

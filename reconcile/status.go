@@ -1,6 +1,7 @@
 package reconcile
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -29,27 +30,22 @@ type StatusConfig struct {
 // mutate that changes nothing writes nothing. It is safe for concurrent
 // use.
 type Status[T opkit.Object] struct {
-	client  *typed.Client[T]
-	cfg     StatusConfig
-	retries int
+	client *typed.Client[T]
+	cfg    StatusConfig
 }
 
 // NewStatus validates cfg and returns a status helper.
 func NewStatus[T opkit.Object](cfg StatusConfig) (*Status[T], error) {
-	if cfg.Dynamic == nil {
+	switch err := cfg.Resource.Validate(); {
+	case cfg.Dynamic == nil:
 		return nil, errors.New("reconcile: status needs a dynamic client")
-	}
-	if err := cfg.Resource.Validate(); err != nil {
+	case err != nil:
 		return nil, fmt.Errorf("reconcile: status: %w", err)
-	}
-	if cfg.ConflictRetries < 0 {
+	case cfg.ConflictRetries < 0:
 		return nil, fmt.Errorf("reconcile: status: negative ConflictRetries %d", cfg.ConflictRetries)
 	}
-	s := &Status[T]{client: typed.New[T](cfg.Dynamic, cfg.Resource), cfg: cfg, retries: cfg.ConflictRetries}
-	if s.retries == 0 {
-		s.retries = DefaultConflictRetries
-	}
-	return s, nil
+	cfg.ConflictRetries = cmp.Or(cfg.ConflictRetries, DefaultConflictRetries)
+	return &Status[T]{client: typed.New[T](cfg.Dynamic, cfg.Resource), cfg: cfg}, nil
 }
 
 // Update applies mutate to obj (after a conflict, to a fresh copy) and
@@ -90,11 +86,10 @@ func (s *Status[T]) Update(ctx context.Context, obj T, mutate func(obj T) error)
 		if equality.Semantic.DeepEqual(before, after) {
 			return cur, nil
 		}
-		out, err := s.client.UpdateStatus(ctx, next)
-		if err == nil {
+		switch out, err := s.client.UpdateStatus(ctx, next); {
+		case err == nil:
 			return out, nil
-		}
-		if !apierrors.IsConflict(err) || attempt >= s.retries {
+		case !apierrors.IsConflict(err) || attempt >= s.cfg.ConflictRetries:
 			return obj, fmt.Errorf("reconcile: update status of %s: %w", key, err)
 		}
 		if cur, err = s.client.Get(ctx, key); err != nil {

@@ -8,9 +8,6 @@ import (
 
 // isNil reports whether obj is a nil interface or a nil pointer.
 func isNil(obj opkit.Object) bool {
-	if obj == nil {
-		return true
-	}
-	v := reflect.ValueOf(obj)
-	return v.Kind() == reflect.Pointer && v.IsNil()
+	v := reflect.ValueOf(obj) // the zero Value for a nil interface
+	return !v.IsValid() || v.Kind() == reflect.Pointer && v.IsNil()
 }

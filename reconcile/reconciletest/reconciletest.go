@@ -10,6 +10,7 @@ package reconciletest
 import (
 	"context"
 	"fmt"
+	"path"
 	"slices"
 	"strings"
 	"sync"
@@ -40,7 +41,8 @@ type Harness[T opkit.Object] struct {
 
 	t      testing.TB
 	client *typed.Client[T]
-	events *eventLog
+	mu     sync.Mutex
+	events []string // the Events created through the fake, in order
 }
 
 // New returns a harness whose fake dynamic client holds objs: objects of
@@ -59,26 +61,24 @@ func New[T opkit.Object](t testing.TB, res opkit.Resource, objs ...opkit.Object)
 	}
 	var seed []runtime.Object
 	for _, o := range objs {
-		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(o)
+		u, err := typed.ToUnstructured(o)
 		if err != nil {
 			t.Fatalf("reconciletest: seed %T: %v", o, err)
 		}
-		u := &unstructured.Unstructured{Object: m}
 		if u.GetKind() == "" {
 			if _, ok := o.(T); !ok {
 				t.Fatalf("reconciletest: seed %T %s has no apiVersion/kind", o, u.GetName())
 			}
 			u.SetGroupVersionKind(res.GroupVersionKind())
 		}
-		gvk := u.GroupVersionKind()
-		if gvk != res.GroupVersionKind() {
+		if gvk := u.GroupVersionKind(); gvk != res.GroupVersionKind() {
 			gvr, _ := meta.UnsafeGuessKindToResource(gvk)
 			listKinds[gvr] = gvk.Kind + "List"
 		}
 		seed = append(seed, u)
 	}
 	dyn := dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), listKinds, seed...)
-	h := &Harness[T]{Dynamic: dyn, Resource: res, t: t, client: typed.New[T](dyn, res), events: &eventLog{}}
+	h := &Harness[T]{Dynamic: dyn, Resource: res, t: t, client: typed.New[T](dyn, res)}
 	// Note every Event created, in order (the fake lists by name), and let
 	// the default reactor store it.
 	dyn.PrependReactor("create", reconcile.EventsResource.Resource, func(a k8stesting.Action) (bool, runtime.Object, error) {
@@ -87,25 +87,14 @@ func New[T opkit.Object](t testing.TB, res opkit.Resource, objs ...opkit.Object)
 				typ, _, _ := unstructured.NestedString(u.Object, "type")
 				reason, _, _ := unstructured.NestedString(u.Object, "reason")
 				note, _, _ := unstructured.NestedString(u.Object, "note")
-				h.events.add(fmt.Sprintf("%s %s: %s", typ, reason, note))
+				h.mu.Lock()
+				h.events = append(h.events, fmt.Sprintf("%s %s: %s", typ, reason, note))
+				h.mu.Unlock()
 			}
 		}
 		return false, nil, nil
 	})
 	return h
-}
-
-// eventLog is the Events created through the fake, in order.
-type eventLog struct {
-	mu   sync.Mutex
-	list []string
-}
-
-func (l *eventLog) add(s string) { l.mu.Lock(); l.list = append(l.list, s); l.mu.Unlock() }
-func (l *eventLog) all() []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return slices.Clone(l.list)
 }
 
 // Get returns the object stored under key, or fails the test.
@@ -154,13 +143,10 @@ type Call struct {
 func (c Call) Writes() []string {
 	var out []string
 	for _, a := range c.Actions {
-		if !isWrite(a.GetVerb()) {
+		if !slices.Contains(writeVerbs, a.GetVerb()) {
 			continue
 		}
-		res := a.GetResource().Resource
-		if sub := a.GetSubresource(); sub != "" {
-			res += "/" + sub
-		}
+		res := path.Join(a.GetResource().Resource, a.GetSubresource())
 		out = append(out, strings.TrimSpace(fmt.Sprintf("%s %s %s", a.GetVerb(), res, actionKey(a))))
 	}
 	return out
@@ -242,13 +228,12 @@ func (h *Harness[T]) AssertConverged(ctx context.Context, r reconcile.Reconciler
 // dynamic client (by a [reconcile.Recorder] built on Harness.Dynamic), as
 // "Type Reason: Note", in creation order.
 func (h *Harness[T]) Events() []string {
-	h.t.Helper()
-	return h.events.all()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.events)
 }
 
-func isWrite(verb string) bool {
-	return slices.Contains([]string{"create", "update", "patch", "delete", "deletecollection"}, verb)
-}
+var writeVerbs = []string{"create", "update", "patch", "delete", "deletecollection"}
 
 func actionKey(a k8stesting.Action) string {
 	name := ""
