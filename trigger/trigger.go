@@ -213,8 +213,7 @@ func (t *Trigger[T]) Enqueue(ctx context.Context, obj T, typ opkit.Type, src opk
 // error is nil). On error the outcome is zero and nothing was queued.
 func (t *Trigger[T]) Submit(ctx context.Context, req Request[T]) (queue.Outcome, error) {
 	if err := ctx.Err(); err != nil {
-		t.cfg.Metrics.Rejected()
-		return 0, fmt.Errorf("trigger: enqueue: %w", err)
+		return 0, t.rejected(ctx, fmt.Errorf("trigger: enqueue: %w", err))
 	}
 	if err := t.validate(req); err != nil {
 		return 0, t.rejected(ctx, err)

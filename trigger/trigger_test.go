@@ -1,6 +1,7 @@
 package trigger_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -97,10 +98,14 @@ func TestEnqueueRejectsBadInput(t *testing.T) {
 		}
 		t.Run(tc.name, func(t *testing.T) {
 			m := newCounting()
-			tr, q := newCMTrigger(t, m)
+			var logs bytes.Buffer
+			tr, q := newCMTriggerWith(t, trigger.Config[*corev1.ConfigMap]{Metrics: m, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 			ok, err := tr.Enqueue(tc.ctx, tc.obj, tc.typ, tc.src, tc.delay, tc.retries)
 			if ok || !errors.Is(err, tc.want) {
 				t.Fatalf("Enqueue = (%v, %v), want (false, error wrapping %v)", ok, err, tc.want)
+			}
+			if !strings.Contains(logs.String(), `level=WARN msg="trigger rejected"`) {
+				t.Errorf("no Warn record of the rejection; logs:\n%s", logs.String())
 			}
 			if q.Len() != 0 {
 				t.Errorf("queue holds %d entries after a refused Enqueue, want 0", q.Len())
