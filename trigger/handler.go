@@ -137,9 +137,9 @@ type handler[T opkit.Object] struct {
 // POST /reconcile/{namespace}/{name} (namespaced resources) or POST
 // /reconcile/{name} (cluster-scoped); mount it at the server root or
 // behind http.StripPrefix. Query parameters: delay (a Go duration, 0 to
-// MaxDelay) and reason (carried into opkit.Event.Reason); the reason may
-// instead come in an application/json body {"reason": "..."}. The package
-// documentation lists the status codes.
+// MaxDelay) and reason (one of the reasons the reconcile request carries);
+// the reason may instead come in an application/json body {"reason":
+// "..."}. The package documentation lists the status codes.
 func NewHandler[T opkit.Object](cfg HandlerConfig[T]) (http.Handler, error) {
 	cfg.Type = cmp.Or(cfg.Type, opkit.Modified)
 	switch {
