@@ -29,6 +29,9 @@ const (
 	DroppedSuspended
 	// DroppedShutDown: the queue is shut down; nothing was stored.
 	DroppedShutDown
+	// NotHeld: an add with [AddOptions.MergeOnly] found no entry waiting
+	// for the key; nothing was stored.
+	NotHeld
 )
 
 // Accepted reports whether the add was stored (Queued or Merged).
@@ -45,6 +48,8 @@ func (o Outcome) String() string {
 		return "DroppedSuspended"
 	case DroppedShutDown:
 		return "DroppedShutDown"
+	case NotHeld:
+		return "NotHeld"
 	}
 	return "Outcome(?)"
 }
@@ -57,6 +62,11 @@ type AddOptions struct {
 	// Priority: among due entries, higher is served first. It is clamped
 	// to the int32 range.
 	Priority int
+	// MergeOnly stores the add only if it merges into an entry waiting
+	// for the key (pending, or parked behind the one in flight), so it
+	// never makes another hand-out; otherwise Add stores nothing and
+	// returns NotHeld.
+	MergeOnly bool
 }
 
 // Adder is the intake side of the queue: what producers (the watcher, the

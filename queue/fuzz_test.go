@@ -74,6 +74,9 @@ func (m *model) add(k, v int, o queue.AddOptions, now time.Time) queue.Outcome {
 		mk = &modelKey{}
 		m.keys[k] = mk
 	}
+	if o.MergeOnly && len(mk.held) == 0 {
+		return queue.NotHeld // nothing waiting to merge into
+	}
 	due := now
 	if o.Delay > 0 {
 		due = now.Add(o.Delay)
@@ -250,6 +253,7 @@ func runModel(t *testing.T, ops []byte) {
 			if op == 2 { // many priorities: more levels than the queue keeps empty ones
 				o.Priority = (arg>>2)%48 - 24
 			}
+			o.MergeOnly = op == 1 && arg&0x80 != 0
 			v := 1 << (next % 30) // one bit per add: the union shows every add merged
 			next++
 			want := m.add(k, v, o, now)

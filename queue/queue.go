@@ -204,7 +204,8 @@ func clamp32(v int) int32 {
 // into it (see the package documentation); if the key is in flight, the
 // add is parked until Done, merged into the add parked before, if any. It
 // returns Queued for a new key, Merged for a known one, and
-// DroppedSuspended or DroppedShutDown when nothing was stored.
+// DroppedSuspended, DroppedShutDown or (with MergeOnly) NotHeld when
+// nothing was stored.
 func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 	h := hashOf(q.ix.seed, key) // the seed never changes: hash outside the lock
 	// A delayed add needs the time; reading it before the lock keeps the
@@ -252,6 +253,10 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 		at = hs.next
 	default:
 		at = head
+	}
+	if at == none && opts.MergeOnly {
+		q.mu.Unlock()
+		return NotHeld
 	}
 	if q.nDelayed > 0 && q.touchesReady(at, hs, opts.Delay, prio) {
 		// Delayed entries that fell due since the last Get join the ready

@@ -230,6 +230,37 @@ func TestKeyInFlightIsNotHandedOutAgainUntilDone(t *testing.T) {
 	})
 }
 
+// MergeOnly joins an add into what already waits for the key and never
+// makes another hand-out.
+func TestMergeOnlyJoinsWhatWaitsAndNeverMakesAHandOut(t *testing.T) {
+	q := newQ(t, queue.Config[int]{Merge: union})
+	only := queue.AddOptions{MergeOnly: true, Priority: 5}
+	mustAdd(t, q, "a", 1, only, queue.NotHeld) // unknown key
+	if q.Len() != 0 {
+		t.Fatalf("Len = %d after a MergeOnly add of an unknown key, want 0", q.Len())
+	}
+	mustAdd(t, q, "a", 1, queue.AddOptions{}, queue.Queued)
+	mustAdd(t, q, "a", 2, only, queue.Merged) // pending: joined, priority raised
+	it := mustGet(t, q)
+	if it.Value != 3 || it.Priority != 5 {
+		t.Fatalf("got %+v, want value 3 (1|2) at priority 5", it)
+	}
+	mustAdd(t, q, "a", 4, only, queue.NotHeld) // in flight, nothing parked: it would be another hand-out
+	mustAdd(t, q, "a", 8, queue.AddOptions{}, queue.Merged)
+	mustAdd(t, q, "a", 16, only, queue.Merged) // joins the parked entry
+	q.Done("a")
+	if it := mustGet(t, q); it.Value != 24 {
+		t.Fatalf("after Done got %+v, want value 24 (8|16): the NotHeld add stored nothing", it)
+	}
+	q.Done("a")
+	mustAdd(t, q, "a", 1, only, queue.NotHeld) // finished key
+	q.Suspend()
+	mustAdd(t, q, "a", 1, only, queue.DroppedSuspended) // the intake's answer comes first
+	if q.Len() != 0 {
+		t.Fatalf("Len = %d at the end, want 0", q.Len())
+	}
+}
+
 func TestDonePanicsForKeyNotInFlight(t *testing.T) {
 	q := newQ(t, queue.Config[int]{})
 	q.Add("a", 1, queue.AddOptions{})
