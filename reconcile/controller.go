@@ -78,9 +78,10 @@ type Config[T opkit.Object] struct {
 	// the term; the controller sets Gate (leave it nil) and a nil Logger.
 	Leader *leader.Config
 
-	// TriggerPriority is the queue priority of triggers (zero:
-	// trigger.DefaultPriority).
-	TriggerPriority int
+	// TriggerPriority, TriggerRate, TriggerBurst: the triggers'
+	// trigger.Config Priority, Rate and Burst (zero: its defaults).
+	TriggerPriority, TriggerBurst int
+	TriggerRate                   float64
 	// NoEvents turns off the Warning Events; RecordTriggerEvents also
 	// records a Normal Event ("Triggered") for every turn a trigger asked.
 	NoEvents, RecordTriggerEvents bool
@@ -160,7 +161,7 @@ func NewController[T opkit.Object](cfg Config[T]) (*Controller[T], error) {
 		return nil, fmt.Errorf("%w: Watch.LabelSelector: %w", ErrInvalidConfig, err)
 	}
 	if c.trig, err = trigger.New(trigger.Config[T]{Queue: c.queue, Get: c.client.Get, Resource: cfg.Resource, Namespace: cfg.Watch.Namespace,
-		Selector: c.sel, Priority: cfg.TriggerPriority, Metrics: cfg.TriggerMetrics, Logger: log}); err != nil {
+		Selector: c.sel, Priority: cfg.TriggerPriority, Rate: cfg.TriggerRate, Burst: cfg.TriggerBurst, Metrics: cfg.TriggerMetrics, Logger: log}); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	if !cfg.NoEvents {
@@ -407,9 +408,10 @@ func (c *Controller[T]) live(ctx context.Context, t *turn[T], req Request[T], ca
 		return
 	}
 	switch {
-	case !isNil(obj) && !cause.Teardown && !c.sel.Matches(labels.Set(obj.GetLabels())):
+	case !isNil(obj) && !c.sel.Matches(labels.Set(obj.GetLabels())):
 		// Not an object the watch sees (a trigger's for another shard, or
-		// one that left the selector, whose delete the watch delivers).
+		// one that left the selector, whose delete the watch delivers),
+		// also for a teardown: this controller does not handle it.
 		t.log.Info("object does not match the watch's label selector: skipped", "selector", c.sel.String())
 		c.cfg.Metrics.Skipped(SkipOutOfScope)
 		return

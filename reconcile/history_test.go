@@ -161,9 +161,10 @@ func runHistory(t *testing.T, seed uint64, nNames int, oneWorker bool) {
 			if err == nil && o.Accepted() {
 				perKey[name]++
 				triggers = append(triggers, histTrigger{name: name, reason: reason, term: terms.current(), seq: srv.seq(),
-					// A trigger of an object out of the selector is skipped
-					// (a teardown is judged on the copy it carries).
-					skipped: typ != opkit.Deleted && !inScope})
+					// A trigger of an object out of the selector is skipped,
+					// a teardown too unless the object is gone (then it is
+					// judged on the copy it carries).
+					skipped: !inScope && (typ != opkit.Deleted || live)})
 				log = append(log, fmt.Sprintf("trigger %s %s %s", typ, name, reason))
 			}
 		case r < 76:

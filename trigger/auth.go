@@ -7,9 +7,10 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"log/slog"
+	"maps"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -21,6 +22,8 @@ import (
 	authnclient "k8s.io/client-go/kubernetes/typed/authentication/v1"
 	authzclient "k8s.io/client-go/kubernetes/typed/authorization/v1"
 	"k8s.io/client-go/rest"
+
+	"golang.org/x/sync/singleflight"
 
 	"github.com/opkit/opkit"
 )
@@ -97,19 +100,28 @@ type KubeAuthConfig struct {
 	// MaxEntries bounds each of the two caches (tokens, decisions); the
 	// least recently used entry is evicted. Zero means 4096.
 	MaxEntries int
-	// Logger receives one record per refusal or review failure (user
-	// names, never tokens); nil means slog.Default().
-	Logger *slog.Logger
+	// MaxReviews bounds the TokenReviews and SubjectAccessReviews in
+	// flight; a request that needs another gets an error wrapping ErrBusy
+	// (429). Concurrent requests that need the same review share one.
+	// Zero means 16.
+	MaxReviews int
+	// ReviewTimeout bounds one review; zero means 5s. A review runs on
+	// even if the request that started it leaves, for the others that
+	// wait on it and for the cache.
+	ReviewTimeout time.Duration
 }
 
 // KubeAuthenticator checks the bearer token with a TokenReview for its own
 // audience and the caller's permission with a SubjectAccessReview, caching
-// both briefly. Tokens are held only as SHA-256 hashes. It is safe for
-// concurrent use.
+// both briefly (decisions by user, verb and object). Tokens are held only
+// as SHA-256 hashes. It logs nothing: its errors say what happened, and
+// the HTTP handler logs them. It is safe for concurrent use.
 type KubeAuthenticator struct {
-	cfg    KubeAuthConfig // validated, defaults applied
-	tokens *ttlCache[tokenResult]
-	perms  *ttlCache[error] // nil: allowed; else wraps ErrForbidden
+	cfg     KubeAuthConfig // validated, defaults applied
+	tokens  *ttlCache[tokenResult]
+	perms   *ttlCache[error] // nil: allowed; else wraps ErrForbidden
+	flights singleflight.Group
+	slots   chan struct{} // one per review in flight
 }
 
 var _ Authenticator = (*KubeAuthenticator)(nil)
@@ -131,15 +143,42 @@ func NewKubeAuthenticator(cfg KubeAuthConfig) (*KubeAuthenticator, error) {
 		return nil, errors.New("trigger: KubeAuthConfig.Audiences must not be empty")
 	case cfg.Group != "" && cfg.Resource == "":
 		return nil, fmt.Errorf("trigger: KubeAuthConfig.Group %q without Resource would be ignored (the trigger's own resource and group are checked); set Resource too", cfg.Group)
-	case cfg.PositiveTTL < 0 || cfg.NegativeTTL < 0 || cfg.MaxEntries < 0:
-		return nil, errors.New("trigger: KubeAuthConfig TTLs and MaxEntries must not be negative")
+	case cfg.PositiveTTL < 0 || cfg.NegativeTTL < 0 || cfg.MaxEntries < 0 || cfg.MaxReviews < 0 || cfg.ReviewTimeout < 0:
+		return nil, errors.New("trigger: KubeAuthConfig TTLs, timeouts and limits must not be negative")
 	}
 	cfg.Verb = cmp.Or(cfg.Verb, "update")
 	cfg.PositiveTTL = cmp.Or(cfg.PositiveTTL, 10*time.Second)
 	cfg.NegativeTTL = cmp.Or(cfg.NegativeTTL, 5*time.Second)
 	cfg.MaxEntries = cmp.Or(cfg.MaxEntries, 4096)
-	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
-	return &KubeAuthenticator{cfg: cfg, tokens: newTTLCache[tokenResult](cfg.MaxEntries), perms: newTTLCache[error](cfg.MaxEntries)}, nil
+	cfg.MaxReviews = cmp.Or(cfg.MaxReviews, 16)
+	cfg.ReviewTimeout = cmp.Or(cfg.ReviewTimeout, 5*time.Second)
+	return &KubeAuthenticator{cfg: cfg, tokens: newTTLCache[tokenResult](cfg.MaxEntries), perms: newTTLCache[error](cfg.MaxEntries),
+		slots: make(chan struct{}, cfg.MaxReviews)}, nil
+}
+
+// shared runs review once for the concurrent callers of the same key,
+// under ReviewTimeout rather than the first caller's context (a caller
+// that leaves stops waiting; the review goes on for the others), and at
+// most MaxReviews at once (ErrBusy beyond).
+func shared[V any](ctx context.Context, a *KubeAuthenticator, key string, review func(context.Context) (V, error)) (V, error) {
+	ch := a.flights.DoChan(key, func() (any, error) {
+		select {
+		case a.slots <- struct{}{}:
+			defer func() { <-a.slots }()
+		default:
+			return *new(V), fmt.Errorf("%w: %d reviews in flight", ErrBusy, a.cfg.MaxReviews)
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.cfg.ReviewTimeout)
+		defer cancel()
+		return review(rctx)
+	})
+	select {
+	case r := <-ch:
+		v, _ := r.Val.(V) // a nil error (allowed) is a nil any
+		return v, r.Err
+	case <-ctx.Done():
+		return *new(V), ctx.Err()
+	}
 }
 
 // bearerToken returns the token of an "Authorization: Bearer ..." header.
@@ -163,26 +202,29 @@ func (a *KubeAuthenticator) Authorize(ctx context.Context, req AuthRequest) (str
 		return "", fmt.Errorf("%w: a bearer token (Authorization: Bearer ...) for audience %q is required", ErrUnauthenticated, a.cfg.Audiences[0])
 	}
 	sum := sha256.Sum256([]byte(tok))
-	user, err := a.review(ctx, string(sum[:]), tok)
-	if err != nil {
-		return "", err
+	tokKey := string(sum[:])
+	tr, ok := a.tokens.get(tokKey)
+	if !ok {
+		var err error
+		if tr, err = shared(ctx, a, "token\x00"+tokKey, func(ctx context.Context) (tokenResult, error) { return a.review(ctx, tokKey, tok) }); err != nil {
+			return "", err
+		}
 	}
-	return user.Username, a.access(ctx, string(sum[:]), user, req)
+	if tr.err != nil {
+		return "", tr.err
+	}
+	return tr.user.Username, a.access(ctx, tr.user, req)
 }
 
-// review returns the user of tok (cached by its hash, tokKey) from a
-// TokenReview: an error wrapping ErrUnauthenticated when it refused the
-// token (cached too), any other error when the review failed.
-func (a *KubeAuthenticator) review(ctx context.Context, tokKey, tok string) (authnv1.UserInfo, error) {
-	if tr, ok := a.tokens.get(tokKey); ok {
-		return tr.user, tr.err
-	}
+// review asks a TokenReview for the user of tok and caches the answer by
+// its hash, tokKey: the user, or an error wrapping ErrUnauthenticated
+// when it refused the token. It returns an error when the review failed.
+func (a *KubeAuthenticator) review(ctx context.Context, tokKey, tok string) (tokenResult, error) {
 	rev, err := a.cfg.Client.AuthenticationV1().TokenReviews().Create(ctx, &authnv1.TokenReview{
 		Spec: authnv1.TokenReviewSpec{Token: tok, Audiences: a.cfg.Audiences},
 	}, metav1.CreateOptions{})
 	if err != nil {
-		a.cfg.Logger.LogAttrs(ctx, slog.LevelError, "trigger: TokenReview failed", slog.Any("error", err))
-		return authnv1.UserInfo{}, fmt.Errorf("TokenReview: %w", err)
+		return tokenResult{}, fmt.Errorf("TokenReview: %w", err)
 	}
 	var tr tokenResult
 	switch st := rev.Status; {
@@ -197,27 +239,56 @@ func (a *KubeAuthenticator) review(ctx context.Context, tokKey, tok string) (aut
 	default:
 		tr.user = st.User
 	}
-	if tr.err != nil {
-		a.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "trigger: token refused", slog.Any("reason", tr.err))
-	}
 	a.tokens.put(tokKey, tr, a.expiry(tr.err))
-	return tr.user, tr.err
+	return tr, nil
 }
 
 // access asks a SubjectAccessReview whether user may act on req's object
-// (cached by token and attributes): nil when allowed, an error wrapping
+// (cached by user and attributes): nil when allowed, an error wrapping
 // ErrForbidden when denied (cached too), any other error when the review
 // failed.
-func (a *KubeAuthenticator) access(ctx context.Context, tokKey string, user authnv1.UserInfo, req AuthRequest) error {
+func (a *KubeAuthenticator) access(ctx context.Context, user authnv1.UserInfo, req AuthRequest) error {
 	attrs := authzv1.ResourceAttributes{Namespace: req.Key.Namespace, Verb: a.cfg.Verb, Group: req.Resource.Group,
 		Resource: req.Resource.Resource, Subresource: a.cfg.Subresource, Name: req.Key.Name}
 	if a.cfg.Resource != "" {
 		attrs.Group, attrs.Resource = a.cfg.Group, a.cfg.Resource
 	}
-	key := strings.Join([]string{tokKey, attrs.Verb, attrs.Group, attrs.Resource, attrs.Subresource, attrs.Namespace, attrs.Name}, "\x00")
+	key := strings.Join([]string{userKey(user), attrs.Verb, attrs.Group, attrs.Resource, attrs.Subresource, attrs.Namespace, attrs.Name}, "\x00")
 	if denied, ok := a.perms.get(key); ok {
 		return denied
 	}
+	denied, err := shared(ctx, a, "access\x00"+key, func(ctx context.Context) (error, error) { return a.sar(ctx, key, user, attrs) })
+	if err != nil {
+		return err
+	}
+	return denied
+}
+
+// userKey identifies a user as a SubjectAccessReview sees them: name,
+// UID, groups and extra, hashed.
+func userKey(u authnv1.UserInfo) string {
+	h := sha256.New()
+	field := func(s string) { fmt.Fprintf(h, "%d:%s", len(s), s) } // length-prefixed: no two users share a key
+	field(u.Username)
+	field(u.UID)
+	field(strconv.Itoa(len(u.Groups)))
+	for _, g := range u.Groups {
+		field(g)
+	}
+	for _, k := range slices.Sorted(maps.Keys(u.Extra)) {
+		field(k)
+		field(strconv.Itoa(len(u.Extra[k])))
+		for _, v := range u.Extra[k] {
+			field(v)
+		}
+	}
+	return string(h.Sum(nil))
+}
+
+// sar makes the SubjectAccessReview of access and caches its decision
+// under key: nil (allowed) or an error wrapping ErrForbidden (denied). It
+// returns an error when the review failed or could not be evaluated.
+func (a *KubeAuthenticator) sar(ctx context.Context, key string, user authnv1.UserInfo, attrs authzv1.ResourceAttributes) (denied, err error) {
 	extra := make(map[string]authzv1.ExtraValue, len(user.Extra))
 	for k, v := range user.Extra {
 		extra[k] = authzv1.ExtraValue(v)
@@ -226,10 +297,8 @@ func (a *KubeAuthenticator) access(ctx context.Context, tokKey string, user auth
 		Spec: authzv1.SubjectAccessReviewSpec{ResourceAttributes: &attrs, User: user.Username, UID: user.UID, Groups: user.Groups, Extra: extra},
 	}, metav1.CreateOptions{})
 	if err != nil {
-		a.cfg.Logger.LogAttrs(ctx, slog.LevelError, "trigger: SubjectAccessReview failed", slog.Any("error", err))
-		return fmt.Errorf("SubjectAccessReview: %w", err)
+		return nil, fmt.Errorf("SubjectAccessReview: %w", err)
 	}
-	var denied error
 	switch st := sar.Status; {
 	case st.Allowed && !st.Denied:
 	case st.EvaluationError != "":
@@ -238,9 +307,7 @@ func (a *KubeAuthenticator) access(ctx context.Context, tokKey string, user auth
 		// Deny, denied): the check failed. Like the API server's own
 		// filter, which answers an authorizer error before a denial,
 		// answer with an error (a 502 here) and cache nothing.
-		a.cfg.Logger.LogAttrs(ctx, slog.LevelError, "trigger: SubjectAccessReview could not be evaluated",
-			slog.String("user", user.Username), slog.String("evaluationError", st.EvaluationError))
-		return fmt.Errorf("SubjectAccessReview: not evaluated: %s", st.EvaluationError)
+		return nil, fmt.Errorf("SubjectAccessReview for user %q: not evaluated: %s", user.Username, st.EvaluationError)
 	default:
 		what := schema.GroupResource{Group: attrs.Group, Resource: attrs.Resource}.String()
 		if attrs.Subresource != "" {
@@ -254,10 +321,9 @@ func (a *KubeAuthenticator) access(ctx context.Context, tokKey string, user auth
 			msg += ": " + st.Reason
 		}
 		denied = fmt.Errorf("%w: %s", ErrForbidden, msg)
-		a.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "trigger: caller denied", slog.String("user", user.Username), slog.Any("reason", denied))
 	}
 	a.perms.put(key, denied, a.expiry(denied))
-	return denied
+	return denied, nil
 }
 
 // expiry is when a decision made now leaves the cache: refusals (err
@@ -302,14 +368,24 @@ func (c *ttlCache[V]) get(key string) (val V, ok bool) {
 }
 
 func (c *ttlCache[V]) put(key string, val V, expires time.Time) {
+	c.update(key, expires, func(V) V { return val })
+}
+
+// insert adds an entry for key, which has none, evicting the least
+// recently used one beyond max; the caller holds mu.
+func (c *ttlCache[V]) insert(key string, val V, expires time.Time) {
+	c.items[key] = c.order.PushFront(&cacheEntry[V]{key: key, val: val, expires: expires})
+	if c.order.Len() > c.max {
+		c.remove(c.order.Back())
+	}
+}
+
+// forget removes key's entry, if any.
+func (c *ttlCache[V]) forget(key string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if el := c.items[key]; el != nil {
 		c.remove(el)
-	}
-	c.items[key] = c.order.PushFront(&cacheEntry[V]{key: key, val: val, expires: expires})
-	if c.order.Len() > c.max {
-		c.remove(c.order.Back())
 	}
 }
 
@@ -335,4 +411,19 @@ func NewReviewClient(cfg *rest.Config) (ReviewClient, error) {
 		return nil, fmt.Errorf("trigger: review client: %w", err)
 	}
 	return reviewClient{authn: authn, authz: authz}, nil
+}
+
+// update replaces the value under key with f of the current one (the
+// zero value when missing or expired), expiring at expires.
+func (c *ttlCache[V]) update(key string, expires time.Time, f func(V) V) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var old V
+	if el := c.items[key]; el != nil {
+		if e := el.Value.(*cacheEntry[V]); time.Now().Before(e.expires) {
+			old = e.val
+		}
+		c.remove(el)
+	}
+	c.insert(key, f(old), expires)
 }

@@ -19,6 +19,7 @@ import (
 	authzv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
@@ -45,10 +46,40 @@ type fakeReviews struct {
 	trs     []authnv1.TokenReviewSpec
 	sars    []authzv1.SubjectAccessReviewSpec
 	failTR  error
+	// hold, if set, is where every TokenReview waits before it is made
+	// (outside the fake clientset, which holds a lock while it answers);
+	// held counts them.
+	hold chan struct{}
+	held int
 }
 
 func (f *fakeReviews) AuthenticationV1() authnclient.AuthenticationV1Interface {
-	return f.cs.AuthenticationV1()
+	return heldAuthn{f.cs.AuthenticationV1(), f}
+}
+
+type heldAuthn struct {
+	authnclient.AuthenticationV1Interface
+	f *fakeReviews
+}
+
+func (h heldAuthn) TokenReviews() authnclient.TokenReviewInterface {
+	return heldReviews{h.AuthenticationV1Interface.TokenReviews(), h.f}
+}
+
+type heldReviews struct {
+	authnclient.TokenReviewInterface
+	f *fakeReviews
+}
+
+func (h heldReviews) Create(ctx context.Context, tr *authnv1.TokenReview, opts metav1.CreateOptions) (*authnv1.TokenReview, error) {
+	h.f.mu.Lock()
+	hold := h.f.hold
+	h.f.held++
+	h.f.mu.Unlock()
+	if hold != nil {
+		<-hold
+	}
+	return h.TokenReviewInterface.Create(ctx, tr, opts)
 }
 func (f *fakeReviews) AuthorizationV1() authzclient.AuthorizationV1Interface {
 	return f.cs.AuthorizationV1()
@@ -187,7 +218,7 @@ func TestKubeAuthConfigurableVerbAudienceSubresource(t *testing.T) {
 	rev.allowed["ci create demo.opkit.dev/widgets/reconcile ns/a"] = true
 	a, err := trigger.NewKubeAuthenticator(trigger.KubeAuthConfig{
 		Client: rev, Audiences: []string{"reconcile.example.com"}, Verb: "create",
-		Group: "demo.opkit.dev", Resource: "widgets", Subresource: "reconcile", Logger: discard,
+		Group: "demo.opkit.dev", Resource: "widgets", Subresource: "reconcile",
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -209,7 +240,7 @@ func TestKubeAuthCachesDecisionsBriefly(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rev := newFakeReviews(t)
 		rev.allowed["system:serviceaccount:ci:deployer update /configmaps/ ns/a"] = true
-		a, err := trigger.NewKubeAuthenticator(trigger.KubeAuthConfig{Client: rev, PositiveTTL: 10 * time.Second, NegativeTTL: 2 * time.Second, Logger: discard})
+		a, err := trigger.NewKubeAuthenticator(trigger.KubeAuthConfig{Client: rev, PositiveTTL: 10 * time.Second, NegativeTTL: 2 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -268,7 +299,7 @@ func TestKubeAuthCachesDecisionsBriefly(t *testing.T) {
 
 func TestKubeAuthCacheIsBounded(t *testing.T) {
 	rev := newFakeReviews(t)
-	a, err := trigger.NewKubeAuthenticator(trigger.KubeAuthConfig{Client: rev, MaxEntries: 4, Logger: discard})
+	a, err := trigger.NewKubeAuthenticator(trigger.KubeAuthConfig{Client: rev, MaxEntries: 4})
 	if err != nil {
 		t.Fatal(err)
 	}

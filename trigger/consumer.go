@@ -181,6 +181,11 @@ func (c *Consumer[T]) Run(ctx context.Context) error {
 			failures = 0
 			continue
 		}
+		// And a token of the trigger budget: with the budget spent, the
+		// messages wait in the broker, not in a loop of hand-backs.
+		if c.cfg.Trigger.WaitForBudget(ctx) != nil {
+			return nil
+		}
 		msg, paused, err := c.receive(ctx, &wg)
 		if err != nil {
 			<-slots
@@ -329,7 +334,7 @@ func (c *Consumer[T]) handle(ctx context.Context, msg Message, start time.Time) 
 	var o queue.Outcome
 	if err == nil {
 		ictx, cancel := context.WithTimeout(ctx, c.cfg.APITimeout)
-		_, o, err = c.cfg.Trigger.Intake(ictx, p, nil)
+		_, o, err = c.cfg.Trigger.Intake(ictx, p, IntakeOptions{Paid: true}) // Run took the token
 		cancel()
 	}
 	key := slog.String("key", p.Key.String())

@@ -63,26 +63,41 @@
 // gets a token with `kubectl create token SA --audience opkit-trigger`.
 // Serve it over HTTPS with [NewServer] and restrict who can reach it.
 //
-// The handler checks the route and method, its rate and in-flight limits,
-// then the query, the body and the key, and only then authenticates and
-// authorizes the caller, reads the object and enqueues it:
+// The handler checks the route and method, its rate limit and the
+// client's failed authentications, then reads the query and the body
+// (within BodyTimeout), takes an in-flight slot, and only then checks the
+// key, authenticates and authorizes the caller, joins the entry waiting
+// for the key or takes a token of the trigger budget, reads the object
+// and enqueues it:
 //
-//	202       scheduled: an [Accepted] {key, namespace, name, uid, resourceVersion, delay, outcome}
-//	400       an invalid key ([CheckName]), delay, reason, query or body; a path with empty, "." or ".." segments
-//	401       no valid bearer token for the audience (WWW-Authenticate: Bearer, error="invalid_token" if sent)
-//	403       the SubjectAccessReview denied the caller
-//	404       no such object, an object outside the controller's scope (ErrOutOfScope), or no such route
-//	405       a method other than POST (Allow: POST)
-//	413, 415  a body larger than HandlerConfig.MaxBodyBytes; a body that is not application/json
-//	429       the rate or in-flight limit is exceeded (Retry-After)
-//	502, 504  the API server failed or returned an object of another kind; 504: a call timed out (APITimeout)
-//	503       the enqueue was dropped (Retry-After, X-Opkit-Leader, "leader" in the body), or the caller left first
+//	202            scheduled: an [Accepted] {key, namespace, name, uid, resourceVersion, delay, outcome}; no uid and resourceVersion when it joined a waiting entry
+//	400, 408       an invalid key ([CheckName]), delay, reason, query or body, a path with empty, "." or ".." segments; 408: the body came too late
+//	401            no valid bearer token for the audience (WWW-Authenticate: Bearer, error="invalid_token" if sent)
+//	403            the SubjectAccessReview denied the caller
+//	404            no such object, an object outside the controller's scope (ErrOutOfScope), or no such route
+//	405            a method other than POST (Allow: POST)
+//	413, 415, 431  a body over HandlerConfig.MaxBodyBytes; a body that is not application/json; headers over ServerConfig.MaxHeaderBytes
+//	429            the rate or in-flight limit, the trigger budget, the reviews in flight, or the client's failed authentications (Retry-After)
+//	502, 504       the API server failed or returned an object of another kind; 504: a call timed out (APITimeout)
+//	503            the enqueue was dropped (Retry-After, X-Opkit-Leader, "leader" in the body), or the caller left first
+//
+// What holds under floods: a trigger for a key that already waits costs
+// no read and no reconcile, and the others start at most Config.Rate
+// reconciles a second (each one read); a slow body holds no in-flight
+// slot, and an answer given before the body was read closes the
+// connection rather than wait for it; reviews of the same token or
+// decision are shared, at most KubeAuthConfig.MaxReviews run at once, and
+// a client address that keeps failing authentication
+// (HandlerConfig.MaxAuthFailures) is refused before any review; refusals
+// are logged at most once per status code every 10s, with a count.
 //
 // A review an authorizer failed to evaluate (not allowed, with an
 // EvaluationError) and a resource the API server does not serve (a CRD not
 // installed) are 502s. Every error body is a [Status] shaped like a
-// Kubernetes metav1.Status. Answers about the object (401, 403, its 404,
-// 502, 503, 504) name it in Details; 400, 413 and 415 carry no Details.
+// Kubernetes metav1.Status, and never carries an internal error or an
+// address (the log has them). Answers about the object (401, 403, its
+// 404, 502, 503, 504) name it in Details; 400, 408, 413, 415 and 431
+// carry no Details.
 //
 // # The consumer
 //
@@ -100,7 +115,10 @@
 //	received while Run is stopping     Nack at once
 //	a Nack the broker dead-letters     counted as terminated (TermMaxDeliveries, see [DeadLetterer])
 //
-// Before each receive, and every PausePoll while a Receive blocks, the
+// Before each receive the consumer takes a token of the trigger budget
+// (Config.Rate), waiting for one if need be, so a backlog waits in the
+// broker and drains at Rate messages a second. Before each receive, and
+// every PausePoll while a Receive blocks, the
 // consumer asks ConsumerConfig.Paused (by default: the queue is suspended
 // or shut down). While paused it receives nothing, so triggers wait in the
 // broker for the leader instead of spending deliveries on followers, and a

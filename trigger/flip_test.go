@@ -33,9 +33,10 @@ func (r *recordingAdder) Add(k opkit.Key, v opkit.Cause[*corev1.ConfigMap], o qu
 	out := r.q.Add(k, v, o)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if out.Accepted() {
+	switch {
+	case out.Accepted():
 		r.accepted[k]++
-	} else {
+	case out != queue.NotHeld: // NotHeld: Intake's try to join a waiting entry
 		r.dropped++
 	}
 	return out

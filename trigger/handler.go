@@ -11,12 +11,15 @@ import (
 	"log/slog"
 	"math"
 	"mime"
+	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -30,8 +33,14 @@ import (
 // trigger was dropped (503), so a caller can retry against it.
 const LeaderHeader = "X-Opkit-Leader"
 
-// ReasonBadGateway is the Status reason of a 502: the API server failed.
-const ReasonBadGateway metav1.StatusReason = "BadGateway"
+// Status reasons of the answers Kubernetes has no reason for: 502 (the
+// API server failed), 408 (the body came too late) and 431 (the headers
+// are too large).
+const (
+	ReasonBadGateway      metav1.StatusReason = "BadGateway"
+	ReasonRequestTimeout  metav1.StatusReason = "RequestTimeout"
+	ReasonHeadersTooLarge metav1.StatusReason = "RequestHeaderFieldsTooLarge"
+)
 
 // HandlerConfig configures the HTTP trigger endpoint. The zero value of
 // every optional field means its documented default.
@@ -61,6 +70,11 @@ type HandlerConfig[T opkit.Object] struct {
 	// MaxBodyBytes bounds the optional JSON body ({"reason": "..."});
 	// zero means DefaultMaxBodyBytes. Larger bodies get 413.
 	MaxBodyBytes int64
+	// BodyTimeout is how long the body may take to arrive, from when the
+	// handler starts; zero means 2s. A late body gets 408 and the
+	// connection is closed. The body is read before the request takes an
+	// in-flight slot, so a slow client holds nothing others need.
+	BodyTimeout time.Duration
 	// APITimeout bounds the API calls of one request together: the
 	// TokenReview, the SubjectAccessReview and the read of the object;
 	// zero means 5s. A timeout answers 504.
@@ -75,13 +89,23 @@ type HandlerConfig[T opkit.Object] struct {
 	// come at once before RateLimit applies; zero means
 	// max(1, ceil(RateLimit)).
 	RateBurst int
-	// MaxInFlight bounds concurrent requests; zero means 64, negative
-	// means unlimited. Requests over the limit get 429.
+	// MaxInFlight bounds the requests being authorized, read and
+	// enqueued at once (their bodies read); zero means 64, negative means
+	// unlimited. Requests over the limit get 429 at once.
 	MaxInFlight int
+	// MaxAuthFailures: a client address (the host of RemoteAddr: behind
+	// a proxy, the proxy's) whose requests failed authentication this
+	// many times, each within AuthFailureBackoff of the one before, is
+	// answered 429 without a review until AuthFailureBackoff has passed
+	// since the last. Zero means 10, negative means no such limit; zero
+	// AuthFailureBackoff means 10s.
+	MaxAuthFailures    int
+	AuthFailureBackoff time.Duration
 	// Metrics receives one count per request; nil means none.
 	Metrics HandlerMetrics
-	// Logger receives one record per refused or failed request (never a
-	// token); nil means slog.Default().
+	// Logger receives the records of refused and failed requests (never a
+	// token), at most one per status code every 10s with the number left
+	// out; nil means slog.Default().
 	Logger *slog.Logger
 }
 
@@ -131,6 +155,8 @@ type handler[T opkit.Object] struct {
 	cfg      HandlerConfig[T]               // validated, defaults applied (no Authenticator: InsecureSkipAuth)
 	inflight chan struct{}                  // nil when unlimited
 	rate     flowcontrol.PassiveRateLimiter // nil when unlimited
+	failures *ttlCache[int]                 // failed authentications by client address
+	log      *sampler
 }
 
 // NewHandler validates cfg and returns the HTTP trigger endpoint. It serves
@@ -153,27 +179,30 @@ func NewHandler[T opkit.Object](cfg HandlerConfig[T]) (http.Handler, error) {
 		return nil, errors.New("trigger: HandlerConfig needs an Authenticator (or Reviews for the Kubernetes-native one); set InsecureSkipAuth to run without authentication")
 	case !cfg.Type.Valid():
 		return nil, fmt.Errorf("trigger: HandlerConfig.Type %v is invalid", cfg.Type)
-	case cfg.MaxDelay < 0 || cfg.MaxBodyBytes < 0 || cfg.APITimeout < 0 || cfg.RetryAfter < 0 || cfg.RateLimit < 0 || cfg.RateBurst < 0 ||
-		math.IsNaN(cfg.RateLimit) || math.IsInf(cfg.RateLimit, 0):
+	case cfg.MaxDelay < 0 || cfg.MaxBodyBytes < 0 || cfg.BodyTimeout < 0 || cfg.APITimeout < 0 || cfg.RetryAfter < 0 || cfg.RateLimit < 0 || cfg.RateBurst < 0 ||
+		cfg.AuthFailureBackoff < 0 || math.IsNaN(cfg.RateLimit) || math.IsInf(cfg.RateLimit, 0):
 		return nil, errors.New("trigger: HandlerConfig durations, sizes and limits must be finite and not negative")
 	case cfg.RateBurst > 0 && cfg.RateLimit == 0:
 		return nil, errors.New("trigger: HandlerConfig.RateBurst without RateLimit would have no effect; set RateLimit too")
 	}
 	cfg.MaxDelay = cmp.Or(cfg.MaxDelay, time.Hour)
 	cfg.MaxBodyBytes = cmp.Or(cfg.MaxBodyBytes, DefaultMaxBodyBytes)
+	cfg.BodyTimeout = cmp.Or(cfg.BodyTimeout, 2*time.Second)
+	cfg.MaxAuthFailures = cmp.Or(cfg.MaxAuthFailures, 10)
+	cfg.AuthFailureBackoff = cmp.Or(cfg.AuthFailureBackoff, 10*time.Second)
 	cfg.APITimeout = cmp.Or(cfg.APITimeout, 5*time.Second)
 	cfg.RetryAfter = cmp.Or(cfg.RetryAfter, 5*time.Second)
 	cfg.MaxInFlight = cmp.Or(cfg.MaxInFlight, 64)
 	cfg.Metrics = cmp.Or[HandlerMetrics](cfg.Metrics, nopMetrics{})
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	if cfg.Authenticator == nil && cfg.Reviews != nil {
-		a, err := NewKubeAuthenticator(KubeAuthConfig{Client: cfg.Reviews, Logger: cfg.Logger})
+		a, err := NewKubeAuthenticator(KubeAuthConfig{Client: cfg.Reviews})
 		if err != nil {
 			return nil, err
 		}
 		cfg.Authenticator = a
 	}
-	h := &handler[T]{cfg: cfg}
+	h := &handler[T]{cfg: cfg, failures: newTTLCache[int](4096), log: newSampler(cfg.Logger)}
 	if cfg.MaxInFlight > 0 {
 		h.inflight = make(chan struct{}, cfg.MaxInFlight)
 	}
@@ -188,31 +217,45 @@ func NewHandler[T opkit.Object](cfg HandlerConfig[T]) (http.Handler, error) {
 // [Status]; 429 and 503 answers carry Retry-After.
 func (h *handler[T]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	body := h.serve(w, r)
+	bodyRead := false
+	body := h.serve(w, r, &bodyRead)
 	code, reason := http.StatusAccepted, "Accepted"
 	if st, ok := body.(*Status); ok {
 		code, reason = st.Code, string(st.Reason)
-		if code >= 500 || code == http.StatusUnauthorized || code == http.StatusForbidden {
-			h.cfg.Logger.LogAttrs(r.Context(), slog.LevelWarn, "trigger: request refused", slog.Int("code", code),
+		if (code >= 500 || code == http.StatusUnauthorized || code == http.StatusForbidden || code == http.StatusTooManyRequests) && r.Context().Err() == nil {
+			h.log.Log(r.Context(), slog.LevelWarn, strconv.Itoa(code), "trigger: request refused", slog.Int("code", code),
 				slog.String("reason", reason), slog.String("message", st.Message), slog.String("path", r.URL.Path))
 		}
 		if code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable {
 			w.Header().Set("Retry-After", strconv.FormatInt(max(1, int64(math.Ceil(h.cfg.RetryAfter.Seconds()))), 10))
 		}
 	}
+	if !bodyRead && r.ContentLength != 0 {
+		// net/http would otherwise read what is left of the body, before
+		// it answers (a slow client would delay even a 429) and after.
+		w.Header().Set("Connection", "close")
+		_ = http.NewResponseController(w).SetReadDeadline(time.Now())
+	}
+	writeJSON(w, code, body)
+	h.cfg.Metrics.Request(code, reason, time.Since(start))
+}
+
+// writeJSON writes body as the JSON answer with code.
+func writeJSON(w http.ResponseWriter, code int, body any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(body)
-	h.cfg.Metrics.Request(code, reason, time.Since(start))
 }
 
 // serve handles r in the order the package documentation's status table
-// relies on: route, method, limits, query and body, then Intake (the key,
-// the caller's authorization, the scope, the read, the enqueue). It
-// returns an Accepted or a *Status.
-func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request) any {
+// relies on: route, method, rate, the client's failed authentications,
+// query and body (bodyRead is set once the body is in), the in-flight
+// limit, then Intake (the key, the caller's authorization, the scope,
+// the trigger budget, the read, the enqueue). It returns an Accepted or a
+// *Status.
+func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request, bodyRead *bool) any {
 	key, st := h.route(r)
 	if st != nil {
 		return st
@@ -221,6 +264,18 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request) any {
 		w.Header().Set("Allow", http.MethodPost)
 		return h.fail(http.StatusMethodNotAllowed, "only POST triggers a reconcile", nil)
 	}
+	if h.rate != nil && !h.rate.TryAccept() {
+		return h.fail(http.StatusTooManyRequests, "request rate limit exceeded", nil)
+	}
+	client := clientHost(r)
+	if n, _ := h.failures.get(client); h.cfg.MaxAuthFailures > 0 && n >= h.cfg.MaxAuthFailures {
+		return h.fail(http.StatusTooManyRequests, "too many failed authentications from this address; try again later", nil)
+	}
+	p := Pointer{Key: key, Type: h.cfg.Type}
+	if code, err := h.parse(w, r, &p); err != nil {
+		return h.fail(code, err.Error(), nil)
+	}
+	*bodyRead = true
 	if h.inflight != nil {
 		select {
 		case h.inflight <- struct{}{}:
@@ -229,13 +284,6 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request) any {
 			return h.fail(http.StatusTooManyRequests, "too many requests in flight", nil)
 		}
 	}
-	if h.rate != nil && !h.rate.TryAccept() {
-		return h.fail(http.StatusTooManyRequests, "request rate limit exceeded", nil)
-	}
-	p := Pointer{Key: key, Type: h.cfg.Type}
-	if code, err := h.parse(w, r, &p); err != nil {
-		return h.fail(code, err.Error(), nil)
-	}
 	var user string
 	var authErr error
 	authorize := func(ctx context.Context, key opkit.Key) error {
@@ -243,14 +291,22 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request) any {
 			return nil
 		}
 		user, authErr = h.cfg.Authenticator.Authorize(ctx, AuthRequest{HTTP: r, Resource: h.cfg.Trigger.Resource(), Key: key})
+		switch {
+		case errors.Is(authErr, ErrUnauthenticated):
+			h.failures.update(client, time.Now().Add(h.cfg.AuthFailureBackoff), func(n int) int { return n + 1 })
+		case authErr == nil:
+			h.failures.forget(client)
+		}
 		return authErr
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), h.cfg.APITimeout)
-	obj, o, err := h.cfg.Trigger.Intake(ctx, p, authorize)
+	obj, o, err := h.cfg.Trigger.Intake(ctx, p, IntakeOptions{Authorize: authorize})
 	cancel()
 	switch {
 	case errors.Is(err, ErrInvalid):
 		return h.fail(http.StatusBadRequest, err.Error(), nil)
+	case errors.Is(err, ErrBusy):
+		return h.fail(http.StatusTooManyRequests, err.Error(), &key)
 	case errors.Is(authErr, ErrUnauthenticated):
 		// RFC 6750: an error code only when a token was presented.
 		challenge := `Bearer realm="opkit-trigger"`
@@ -265,17 +321,29 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request) any {
 		// The caller is not authenticated or not authorized yet: the API
 		// server's answer (which may describe the operator's own RBAC)
 		// goes to the log only.
-		return h.apiFailure(r, "authorization", err, key, false)
+		return h.apiFailure(r, "authorization", err, key)
 	case errors.Is(err, ErrOutOfScope), errors.Is(err, ErrNotFound):
 		return h.fail(http.StatusNotFound, err.Error(), &key)
 	case err != nil:
-		return h.apiFailure(r, "read", err, key, true)
+		return h.apiFailure(r, "read", err, key)
 	case !o.Accepted():
 		return h.dropped(w, o, key)
 	}
 	h.cfg.Logger.LogAttrs(r.Context(), slog.LevelDebug, "trigger: scheduled", slog.String("key", key.String()), slog.String("user", user), slog.String("outcome", o.String()))
-	return Accepted{Key: key.String(), Namespace: key.Namespace, Name: key.Name, UID: string(obj.GetUID()),
-		ResourceVersion: obj.GetResourceVersion(), Delay: p.Delay.String(), Outcome: o.String()}
+	a := Accepted{Key: key.String(), Namespace: key.Namespace, Name: key.Name, Delay: p.Delay.String(), Outcome: o.String()}
+	if !isNil(obj) { // not joined into an entry that waited: read
+		a.UID, a.ResourceVersion = string(obj.GetUID()), obj.GetResourceVersion()
+	}
+	return a
+}
+
+// clientHost is the host of r's remote address, the unit the failed
+// authentications are counted by.
+func clientHost(r *http.Request) string {
+	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		return host
+	}
+	return r.RemoteAddr
 }
 
 // route returns the key named by r's path: /reconcile/{namespace}/{name}
@@ -332,7 +400,10 @@ func (h *handler[T]) parse(w http.ResponseWriter, r *http.Request, p *Pointer) (
 
 	// The body is optional and never describes the object: at most a
 	// reason. A server request always has one; a hand-made one may not.
-	// It is decoded at once; the checks below apply in this order.
+	// It must arrive within BodyTimeout (a recorder in tests has no
+	// deadline to set). It is decoded at once; the checks below apply in
+	// this order.
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(h.cfg.BodyTimeout))
 	body, err := io.ReadAll(http.MaxBytesReader(w, cmp.Or[io.ReadCloser](r.Body, http.NoBody), h.cfg.MaxBodyBytes))
 	mt, _, mtErr := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	var reason *string // nil: no reason member, or a body of null
@@ -340,16 +411,24 @@ func (h *handler[T]) parse(w http.ResponseWriter, r *http.Request, p *Pointer) (
 	switch {
 	case errors.As(err, new(*http.MaxBytesError)):
 		return http.StatusRequestEntityTooLarge, invalid("body exceeds the limit of %d bytes", h.cfg.MaxBodyBytes)
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return http.StatusRequestTimeout, invalid("the body did not arrive within %v", h.cfg.BodyTimeout)
 	case err != nil:
-		return http.StatusBadRequest, invalid("reading the body: %v", err)
+		// The error names the connection's addresses: not for the caller.
+		return http.StatusBadRequest, invalid("the body could not be read")
 	case len(body) == 0:
 		return 0, nil
 	case mtErr != nil || mt != "application/json":
 		return http.StatusUnsupportedMediaType, invalid(`a body must be application/json ({"reason": "..."})`)
+	case !utf8.Valid(body):
+		return http.StatusBadRequest, invalid("the body is not valid UTF-8")
 	case jsonErr != nil && string(bytes.TrimSpace(body)) != "null":
 		return http.StatusBadRequest, invalid("body: %w", jsonErr)
 	case reason != nil && q.Has("reason"):
 		return http.StatusBadRequest, invalid("reason given both in the query and in the body")
+	case reason != nil && strings.Count(*reason, "\uFFFD") > bytes.Count(body, []byte("\uFFFD"))+strings.Count(strings.ToLower(string(body)), `\ufffd`):
+		// encoding/json turns an escaped lone surrogate into U+FFFD.
+		return http.StatusBadRequest, invalid("reason: an escaped lone surrogate is not valid UTF-8")
 	case reason != nil:
 		p.Reason = *reason
 	}
@@ -358,18 +437,16 @@ func (h *handler[T]) parse(w http.ResponseWriter, r *http.Request, p *Pointer) (
 
 // apiFailure answers a failed API call: 504 when it timed out, else 502,
 // and 503 when the caller went away and cut it short (nothing was queued).
-// The body carries err's text only if detail; the log always does.
-func (h *handler[T]) apiFailure(r *http.Request, call string, err error, key opkit.Key, detail bool) *Status {
+// The error (which may name the API server's address, or describe the
+// operator's own RBAC) goes to the log, never into the answer.
+func (h *handler[T]) apiFailure(r *http.Request, call string, err error, key opkit.Key) *Status {
 	if r.Context().Err() != nil {
 		return h.fail(http.StatusServiceUnavailable, "request cancelled during the "+call, &key)
 	}
-	h.cfg.Logger.LogAttrs(r.Context(), slog.LevelError, "trigger: API server call failed", slog.String("call", call), slog.String("key", key.String()), slog.Any("error", err))
-	code, msg := http.StatusBadGateway, fmt.Sprintf("%s failed: %v", call, err)
+	h.log.Log(r.Context(), slog.LevelError, "api-"+call, "trigger: API server call failed", slog.String("call", call), slog.String("key", key.String()), slog.Any("error", err))
+	code, msg := http.StatusBadGateway, call+" failed: the API server answered with an error (details in the operator's log)"
 	if isTimeout(err) {
-		code = http.StatusGatewayTimeout
-	}
-	if !detail {
-		msg = call + " failed: the API server's review failed or timed out (details in the operator's log)"
+		code, msg = http.StatusGatewayTimeout, call+" failed: the API server did not answer in time"
 	}
 	return h.fail(code, msg, &key)
 }
@@ -405,23 +482,30 @@ func (h *handler[T]) dropped(w http.ResponseWriter, o queue.Outcome, key opkit.K
 
 // statusReasons are the Status reasons of the handler's error codes.
 var statusReasons = map[int]metav1.StatusReason{
-	http.StatusBadRequest:            metav1.StatusReasonBadRequest,
-	http.StatusUnauthorized:          metav1.StatusReasonUnauthorized,
-	http.StatusForbidden:             metav1.StatusReasonForbidden,
-	http.StatusNotFound:              metav1.StatusReasonNotFound,
-	http.StatusMethodNotAllowed:      metav1.StatusReasonMethodNotAllowed,
-	http.StatusRequestEntityTooLarge: metav1.StatusReasonRequestEntityTooLarge,
-	http.StatusUnsupportedMediaType:  metav1.StatusReasonUnsupportedMediaType,
-	http.StatusTooManyRequests:       metav1.StatusReasonTooManyRequests,
-	http.StatusBadGateway:            ReasonBadGateway,
-	http.StatusServiceUnavailable:    metav1.StatusReasonServiceUnavailable,
-	http.StatusGatewayTimeout:        metav1.StatusReasonTimeout,
+	http.StatusBadRequest:                  metav1.StatusReasonBadRequest,
+	http.StatusRequestTimeout:              ReasonRequestTimeout,
+	http.StatusRequestHeaderFieldsTooLarge: ReasonHeadersTooLarge,
+	http.StatusUnauthorized:                metav1.StatusReasonUnauthorized,
+	http.StatusForbidden:                   metav1.StatusReasonForbidden,
+	http.StatusNotFound:                    metav1.StatusReasonNotFound,
+	http.StatusMethodNotAllowed:            metav1.StatusReasonMethodNotAllowed,
+	http.StatusRequestEntityTooLarge:       metav1.StatusReasonRequestEntityTooLarge,
+	http.StatusUnsupportedMediaType:        metav1.StatusReasonUnsupportedMediaType,
+	http.StatusTooManyRequests:             metav1.StatusReasonTooManyRequests,
+	http.StatusBadGateway:                  ReasonBadGateway,
+	http.StatusServiceUnavailable:          metav1.StatusReasonServiceUnavailable,
+	http.StatusGatewayTimeout:              metav1.StatusReasonTimeout,
+}
+
+// failure returns the Status of an error answer.
+func failure(code int, msg string) *Status {
+	return &Status{Kind: "Status", APIVersion: "v1", Status: metav1.StatusFailure, Message: msg, Reason: statusReasons[code], Code: code}
 }
 
 // fail returns the Status of an error answer; key, once the request named
 // a valid object, goes into its Details.
 func (h *handler[T]) fail(code int, msg string, key *opkit.Key) *Status {
-	st := &Status{Kind: "Status", APIVersion: "v1", Status: metav1.StatusFailure, Message: msg, Reason: statusReasons[code], Code: code}
+	st := failure(code, msg)
 	if key != nil {
 		res := h.cfg.Trigger.Resource()
 		st.Details = &metav1.StatusDetails{Name: key.Name, Group: res.Group, Kind: res.Resource}

@@ -66,12 +66,12 @@ func TestHandlerAuthAgainstTheAPIServer(t *testing.T) {
 
 	// RBAC grants reach the authorizer asynchronously; a tiny negative TTL
 	// lets the test poll for the grant instead of waiting out the cache.
-	auth, err := trigger.NewKubeAuthenticator(trigger.KubeAuthConfig{Client: kube, NegativeTTL: time.Nanosecond, Logger: discard})
+	auth, err := trigger.NewKubeAuthenticator(trigger.KubeAuthConfig{Client: kube, NegativeTTL: time.Nanosecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	tr, q := newCMTriggerWith(t, trigger.Config[*corev1.ConfigMap]{Dynamic: dyn})
-	h, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: tr, Authenticator: auth, Logger: discard})
+	h, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: tr, Authenticator: auth})
 	if err != nil {
 		t.Fatal(err)
 	}

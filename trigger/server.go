@@ -32,7 +32,9 @@ type ServerConfig struct {
 	// ReadHeaderTimeout (zero: 5s), ReadTimeout (zero: 10s), WriteTimeout
 	// (zero: 30s) and IdleTimeout (zero: 60s) are http.Server's.
 	ReadHeaderTimeout, ReadTimeout, WriteTimeout, IdleTimeout time.Duration
-	// MaxHeaderBytes is http.Server's; zero means 16 KiB.
+	// MaxHeaderBytes bounds the request line and headers; zero means 16
+	// KiB. A request over it gets 431 with a Status body; net/http itself
+	// cuts off headers over four times it, with a plain-text 431.
 	MaxHeaderBytes int
 	// ShutdownTimeout bounds the graceful shutdown once Run's context
 	// ends; zero means 10s.
@@ -99,12 +101,12 @@ func (s *Server) Run(ctx context.Context) error {
 // caused by ctx, or the error that stopped the server.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	srv := &http.Server{
-		Handler:           s.cfg.Handler,
+		Handler:           headerLimit{s.cfg.Handler, s.cfg.MaxHeaderBytes},
 		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
 		ReadTimeout:       s.cfg.ReadTimeout,
 		WriteTimeout:      s.cfg.WriteTimeout,
 		IdleTimeout:       s.cfg.IdleTimeout,
-		MaxHeaderBytes:    s.cfg.MaxHeaderBytes,
+		MaxHeaderBytes:    4 * s.cfg.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(s.cfg.Logger.Handler(), slog.LevelWarn),
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}
@@ -129,6 +131,30 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		return fmt.Errorf("trigger: shutdown: %w", err)
 	}
 	return nil
+}
+
+// headerLimit answers 431 with a Status body to requests whose request
+// line and headers exceed max bytes, so that the caller gets the answer
+// every other refusal has (net/http's own, for larger headers, is plain
+// text).
+type headerLimit struct {
+	next http.Handler
+	max  int
+}
+
+func (h headerLimit) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	n := len(r.Method) + len(r.RequestURI) + len(r.Proto) + 4
+	for k, vs := range r.Header {
+		for _, v := range vs {
+			n += len(k) + len(v) + 4 // "k: v\r\n"
+		}
+	}
+	if n <= h.max {
+		h.next.ServeHTTP(w, r)
+		return
+	}
+	w.Header().Set("Connection", "close")
+	writeJSON(w, http.StatusRequestHeaderFieldsTooLarge, failure(http.StatusRequestHeaderFieldsTooLarge, fmt.Sprintf("the request line and headers exceed %d bytes", h.max)))
 }
 
 // certReloader serves a certificate pair and reloads it when a file changes.

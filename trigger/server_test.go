@@ -93,14 +93,7 @@ func TestServerServesTLSAndReloadsTheCertificate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, ln) }()
-	addr := ln.Addr().String()
+	addr := serveOn(t, srv)
 
 	if s := servedSerial(t, addr); s != 1 {
 		t.Fatalf("serial = %d, want 1", s)
@@ -123,10 +116,26 @@ func TestServerServesTLSAndReloadsTheCertificate(t *testing.T) {
 			t.Error("plain HTTP request accepted on the TLS port")
 		}
 	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("Serve = %v, want nil after ctx ended", err)
+}
+
+// serveOn serves s on a new loopback listener and returns its address;
+// when the test ends it stops s and checks that Serve returned nil.
+func serveOn(t *testing.T, s *trigger.Server) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
 	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, ln) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve = %v, want nil after ctx ended", err)
+		}
+	})
+	return ln.Addr().String()
 }
 
 func TestNewServerValidates(t *testing.T) {

@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/util/flowcontrol"
 
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/internal/typed"
@@ -54,6 +55,19 @@ var ErrOutOfScope = errors.New("object outside the controller's scope")
 // exist. The HTTP handler answers 404; the consumer acknowledges the
 // message.
 var ErrNotFound = errors.New("object not found")
+
+// ErrBusy is wrapped by the errors that mean "not now, try again later":
+// [Trigger.Intake] when the trigger budget (Config.Rate) is spent, and an
+// Authenticator that has too many reviews in flight. The HTTP handler
+// answers 429 with Retry-After; the consumer hands the message back after
+// DroppedDelay.
+var ErrBusy = errors.New("busy")
+
+// Defaults of Config.Rate and Config.Burst.
+const (
+	DefaultRate  = 5
+	DefaultBurst = 20
+)
 
 // errNoGetter is what Intake, NewHandler and NewConsumer answer for a
 // Trigger that cannot read objects.
@@ -107,17 +121,33 @@ type Config[T opkit.Object] struct {
 	// above them or a negative value to rank below. It must fit in an
 	// int32, the queue's range.
 	Priority int
+	// Rate and Burst are the trigger budget of Intake (the HTTP handler's
+	// and the consumer's path): a trigger that joins an entry already
+	// waiting for its key is free (no read, no new reconcile); any other
+	// costs a token, then one read of the object and one reconcile. Rate
+	// tokens come per second, at most Burst at once; without a token
+	// Intake refuses with ErrBusy. So however many callers trigger, they
+	// start at most Rate reconciles a second (each costing one read plus
+	// what the reconcile sends), and the watch's reconciles keep the rest
+	// of the API client's budget: keep Rate × (1 + requests per reconcile)
+	// well below the client's QPS. Zero means DefaultRate (5) and
+	// DefaultBurst (20); a negative Rate means unlimited.
+	Rate  float64
+	Burst int
 	// Metrics receives counts of outcomes; nil means no metrics.
 	Metrics Metrics
-	// Logger receives one record per dropped (Info: expected on followers)
-	// or rejected (Warn) trigger; nil means slog.Default().
+	// Logger receives the records of dropped (Info: expected on
+	// followers) and rejected (Warn) triggers, at most one of each kind
+	// every 10s with the number left out; nil means slog.Default().
 	Logger *slog.Logger
 }
 
 // Trigger puts external reconcile requests into a controller's queue. It
 // holds no goroutines; its methods are safe for concurrent use.
 type Trigger[T opkit.Object] struct {
-	cfg Config[T] // validated, defaults applied
+	cfg    Config[T]               // validated, defaults applied
+	budget flowcontrol.RateLimiter // nil: unlimited
+	log    *sampler
 }
 
 // New validates cfg and returns a Trigger bound to cfg.Queue.
@@ -134,6 +164,8 @@ func New[T opkit.Object](cfg Config[T]) (*Trigger[T], error) {
 		return nil, fmt.Errorf("trigger: Config.Namespace %q: %s", cfg.Namespace, strings.Join(nsErrs, "; "))
 	case cfg.Priority < math.MinInt32 || cfg.Priority > math.MaxInt32:
 		return nil, fmt.Errorf("trigger: Config.Priority %d is outside the queue's priority range (int32)", cfg.Priority)
+	case math.IsNaN(cfg.Rate) || math.IsInf(cfg.Rate, 0) || cfg.Burst < 0:
+		return nil, errors.New("trigger: Config.Rate must be finite and Config.Burst not negative")
 	}
 	if cfg.Get == nil && cfg.Dynamic != nil {
 		cfg.Get = typed.New[T](cfg.Dynamic, cfg.Resource).Get
@@ -141,7 +173,11 @@ func New[T opkit.Object](cfg Config[T]) (*Trigger[T], error) {
 	cfg.Priority = cmp.Or(cfg.Priority, DefaultPriority)
 	cfg.Metrics = cmp.Or[Metrics](cfg.Metrics, nopMetrics{})
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
-	return &Trigger[T]{cfg: cfg}, nil
+	t := &Trigger[T]{cfg: cfg, log: newSampler(cfg.Logger)}
+	if cfg.Rate >= 0 {
+		t.budget = flowcontrol.NewTokenBucketRateLimiter(float32(cmp.Or(cfg.Rate, DefaultRate)), cmp.Or(cfg.Burst, DefaultBurst))
+	}
+	return t, nil
 }
 
 // Resource returns the resource the trigger is bound to.
@@ -181,7 +217,8 @@ type Request[T opkit.Object] struct {
 // Enqueue asks for a reconcile of obj on behalf of something outside the
 // operator (source Operator: a pipeline, a message, an admin). It never
 // blocks. typ Deleted asks for a teardown: the key's next reconcile is of
-// type Deleted, with the object as it then is, or, if it is gone, with
+// type Deleted, with the object as it then is (if the watch's selector
+// matches it; else nothing is reconciled), or, if it is gone, with
 // the newest state known (obj, or what the watch saw since), unless a
 // delete the watch delivered for the key is reconciled in the same turn.
 // A teardown is a mark on the key's queue entry like any other cause: it
@@ -218,21 +255,29 @@ func (t *Trigger[T]) Submit(ctx context.Context, req Request[T]) (queue.Outcome,
 	if err := t.validate(req); err != nil {
 		return 0, t.rejected(ctx, err)
 	}
-	key := opkit.KeyOf(req.Object)
-	o := t.cfg.Queue.Add(key, opkit.Cause[T]{
-		Object:   req.Object,
-		Sources:  opkit.Sources(req.Source),
-		Reasons:  opkit.ReasonsOf(req.Reason),
-		Added:    req.Type == opkit.Added,
-		Teardown: req.Type == opkit.Deleted,
-		Retries:  req.Retries,
-	}, queue.AddOptions{Delay: req.Delay, Priority: t.cfg.Priority})
+	return t.add(ctx, opkit.KeyOf(req.Object), t.cause(req.Object, req.Type, req.Reason, req.Retries), req.Delay, false), nil
+}
+
+// cause is what a trigger puts into the queue for its key: source
+// Operator (the only one a trigger may have).
+func (t *Trigger[T]) cause(obj T, typ opkit.Type, reason string, retries int) opkit.Cause[T] {
+	return opkit.Cause[T]{Object: obj, Sources: opkit.Sources(opkit.Operator), Reasons: opkit.ReasonsOf(reason),
+		Added: typ == opkit.Added, Teardown: typ == opkit.Deleted, Retries: retries}
+}
+
+// add adds c for key at the trigger priority (with mergeOnly, only into an
+// entry waiting for it), and counts and logs the outcome.
+func (t *Trigger[T]) add(ctx context.Context, key opkit.Key, c opkit.Cause[T], delay time.Duration, mergeOnly bool) queue.Outcome {
+	o := t.cfg.Queue.Add(key, c, queue.AddOptions{Delay: delay, Priority: t.cfg.Priority, MergeOnly: mergeOnly})
+	if o == queue.NotHeld {
+		return o
+	}
 	t.cfg.Metrics.Enqueued(o)
 	if !o.Accepted() {
-		t.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "trigger dropped", slog.String("resource", t.cfg.Resource.GroupVersionResource.String()),
-			slog.String("key", key.String()), slog.String("outcome", o.String()), slog.String("reason", req.Reason))
+		t.log.Log(ctx, slog.LevelInfo, "dropped", "trigger dropped", slog.String("resource", t.cfg.Resource.GroupVersionResource.String()),
+			slog.String("key", key.String()), slog.String("outcome", o.String()), slog.String("reasons", strings.Join(c.Reasons, "; ")))
 	}
-	return o, nil
+	return o
 }
 
 // validate checks req as Submit takes it.
@@ -286,25 +331,30 @@ type Pointer struct {
 
 // Intake is the one path of an external trigger that names an object (the
 // HTTP handler and the consumer take it), in this order: it validates p
-// (errors wrap ErrInvalid); calls authorize, if not nil, and returns its
+// (errors wrap ErrInvalid); calls opts.Authorize, if set, and returns its
 // error as is (the HTTP handler authorizes the caller there, on a valid
 // key, before anything is read); checks that the key is in the
-// controller's scope (ErrOutOfScope); reads the object through Config.Get
-// (ErrNotFound when it does not exist; an API error is returned wrapped,
-// so that apierrors.IsTimeout and friends work); checks its labels
-// against Config.Selector (ErrOutOfScope); and submits it with source
-// Operator. It returns the object read and the queue's outcome (not
-// Accepted: dropped; the error is then nil). The object read travels with
-// the key, so the controller reconciles it without reading it again when
-// it is still the latest state its watch has seen.
-func (t *Trigger[T]) Intake(ctx context.Context, p Pointer, authorize func(context.Context, opkit.Key) error) (T, queue.Outcome, error) {
+// controller's scope (ErrOutOfScope); joins the entry already waiting
+// for the key, if there is one (the answer is then Merged, or a drop, and
+// nothing is read); takes a token of the trigger budget unless
+// opts.Paid (ErrBusy when there is none, see Config.Rate); reads the object through Config.Get (ErrNotFound when it
+// does not exist; an API error is returned wrapped, so that
+// apierrors.IsTimeout and friends work); checks its labels against
+// Config.Selector (ErrOutOfScope); and submits it with source Operator.
+// It returns the object read (none when it joined a waiting entry) and
+// the queue's outcome (not Accepted: dropped; the error is then nil). The
+// object read travels with the key, so the controller reconciles it
+// without reading it again when it is still the latest state its watch
+// has seen; a joined trigger's reconcile reads the object as every turn
+// does.
+func (t *Trigger[T]) Intake(ctx context.Context, p Pointer, opts IntakeOptions) (T, queue.Outcome, error) {
 	var none T
 	p.Type = cmp.Or(p.Type, opkit.Modified)
 	if err := t.check(p.Key, p.Type, p.Delay, p.Reason); err != nil {
 		return none, 0, t.rejected(ctx, err)
 	}
-	if authorize != nil {
-		if err := authorize(ctx, p.Key); err != nil {
+	if opts.Authorize != nil {
+		if err := opts.Authorize(ctx, p.Key); err != nil {
 			return none, 0, err
 		}
 	}
@@ -313,6 +363,15 @@ func (t *Trigger[T]) Intake(ctx context.Context, p Pointer, authorize func(conte
 	}
 	if t.cfg.Get == nil {
 		return none, 0, errNoGetter
+	}
+	// A key that waits already gets this trigger's reason and marks for
+	// free: its reconcile reads the object anyway. While the intake is
+	// closed this is also the answer (a drop), before anything is read.
+	if o := t.add(ctx, p.Key, t.cause(none, p.Type, p.Reason, 0), p.Delay, true); o != queue.NotHeld {
+		return none, o, nil
+	}
+	if t.budget != nil && !opts.Paid && !t.budget.TryAccept() {
+		return none, 0, fmt.Errorf("trigger: %w: the trigger budget (%v a second, %d at once) is spent", ErrBusy, t.budget.QPS(), cmp.Or(t.cfg.Burst, DefaultBurst))
 	}
 	obj, err := t.cfg.Get(ctx, p.Key)
 	switch {
@@ -331,6 +390,29 @@ func (t *Trigger[T]) Intake(ctx context.Context, p Pointer, authorize func(conte
 		return none, 0, fmt.Errorf("trigger: the API server returned an object the trigger refuses: %v", err)
 	}
 	return obj, o, err
+}
+
+// IntakeOptions are the caller's part of [Trigger.Intake].
+type IntakeOptions struct {
+	// Authorize, if set, is called with the validated key before
+	// anything is read; its error is returned as is.
+	Authorize func(ctx context.Context, key opkit.Key) error
+	// Paid says the caller took a token of the trigger budget already
+	// ([Trigger.WaitForBudget]): Intake takes none.
+	Paid bool
+}
+
+// WaitForBudget waits until a token of the trigger budget (Config.Rate) is
+// free and takes it; it returns ctx's error if ctx ends first. It is for
+// callers whose triggers can wait where they are, such as the consumer:
+// it takes a token before it receives a message (the broker keeps the
+// rest) and passes IntakeOptions.Paid. An HTTP request cannot wait so:
+// it would hold its in-flight slot, so Intake refuses it with ErrBusy.
+func (t *Trigger[T]) WaitForBudget(ctx context.Context) error {
+	if t.budget == nil {
+		return ctx.Err()
+	}
+	return t.budget.Wait(ctx)
 }
 
 // check validates what every trigger carries besides the object: the key
@@ -375,7 +457,7 @@ func (t *Trigger[T]) checkLabels(obj T) error {
 // rejected counts and logs a refused trigger, and returns err.
 func (t *Trigger[T]) rejected(ctx context.Context, err error) error {
 	t.cfg.Metrics.Rejected()
-	t.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "trigger rejected", slog.String("resource", t.cfg.Resource.GroupVersionResource.String()), slog.Any("error", err))
+	t.log.Log(ctx, slog.LevelWarn, "rejected", "trigger rejected", slog.String("resource", t.cfg.Resource.GroupVersionResource.String()), slog.Any("error", err))
 	return err
 }
 

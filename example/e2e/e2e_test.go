@@ -104,6 +104,8 @@ func (e *env) triggerHTTP(ctx context.Context, name, reason string) error {
 				return true, nil
 			case http.StatusServiceUnavailable:
 				last = fmt.Sprintf("503 from %s (leader %q)", r.Identity, resp.Header.Get(trigger.LeaderHeader))
+			case http.StatusTooManyRequests: // the trigger budget is spent: later, as a pipeline would
+				last = fmt.Sprintf("429 from %s (Retry-After %s)", r.Identity, resp.Header.Get("Retry-After"))
 			default:
 				return false, harness.Fatal(fmt.Errorf("trigger %s via %s: %s", name, r.Identity, resp.Status))
 			}

@@ -326,7 +326,6 @@ func Assemble(o Options, d Deps) (*Operator, error) {
 			Audiences:   []string{TriggerAudience},
 			Verb:        TriggerVerb,
 			Subresource: TriggerSubresource,
-			Logger:      logger,
 		})
 		if err != nil {
 			return nil, err

@@ -1,0 +1,433 @@
+package trigger_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	authnv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/queue"
+	"github.com/opkit/opkit/trigger"
+)
+
+// The specification of the trigger path under floods (issue 22): a flood
+// of valid triggers costs reads and reconciles only within the trigger
+// budget, slow clients hold nothing others need, failed authentication is
+// cheap, and every answer has the same shape.
+
+// A trigger for a key that waits already (pending, or parked behind the
+// entry in flight) joins it: no read, and no new reconcile.
+func TestATriggerForAWaitingKeyJoinsItWithoutARead(t *testing.T) {
+	api := newFakeAPI()
+	tr, q := newCMTriggerWith(t, trigger.Config[*corev1.ConfigMap]{Get: api.get})
+	a := opkit.Key{Namespace: "ns", Name: "a"}
+	intake := func(reason string, want queue.Outcome) {
+		t.Helper()
+		if _, o, err := tr.Intake(context.Background(), trigger.Pointer{Key: a, Reason: reason}, trigger.IntakeOptions{}); err != nil || o != want {
+			t.Fatalf("Intake(%s) = (%v, %v), want %v", reason, o, err, want)
+		}
+	}
+	intake("first", queue.Queued)
+	intake("second", queue.Merged)
+	if len(api.read) != 1 {
+		t.Fatalf("%d reads for a trigger that joined a pending entry, want 1 in all", len(api.read))
+	}
+	it, _ := q.Get(context.Background())
+	if got := it.Value.Reasons; len(got) != 2 || !it.Value.Sources.Has(opkit.Operator) || it.Value.Object == nil {
+		t.Fatalf("handed out %+v, want both reasons, source Operator and the object read", it.Value)
+	}
+	// In flight: the next trigger makes another reconcile, so it reads;
+	// the one after joins it.
+	intake("third", queue.Merged)
+	intake("fourth", queue.Merged)
+	if len(api.read) != 2 {
+		t.Fatalf("%d reads, want 2: one for the entry parked behind the one in flight", len(api.read))
+	}
+	q.Done(a)
+	if it, _ := q.Get(context.Background()); len(it.Value.Reasons) != 2 || it.Value.Object == nil {
+		t.Fatalf("parked entry handed out as %+v, want the third and fourth reasons and the object", it.Value)
+	}
+}
+
+// The budget bounds the reconciles triggers start, not the triggers that
+// join waiting entries; it refills at Rate.
+func TestTheTriggerBudgetBoundsNewReconcilesNotJoins(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		api := newFakeAPI()
+		api.objs["c"] = labelled("ns", "c", shard1)
+		tr, q := newCMTriggerWith(t, trigger.Config[*corev1.ConfigMap]{Get: api.get, Rate: 1, Burst: 2})
+		intake := func(name string) error {
+			_, _, err := tr.Intake(context.Background(), trigger.Pointer{Key: opkit.Key{Namespace: "ns", Name: name}}, trigger.IntakeOptions{})
+			return err
+		}
+		for _, name := range []string{"a", "b"} {
+			if err := intake(name); err != nil {
+				t.Fatalf("%s within the burst: %v", name, err)
+			}
+		}
+		if err := intake("c"); !errors.Is(err, trigger.ErrBusy) {
+			t.Fatalf("c past the burst: %v, want ErrBusy", err)
+		}
+		if len(api.read) != 2 || q.Len() != 2 {
+			t.Fatalf("%d reads and %d entries, want 2 and 2: a refused trigger reads nothing", len(api.read), q.Len())
+		}
+		if err := intake("a"); err != nil {
+			t.Fatalf("a trigger that joins a waiting entry with the budget spent: %v, want it taken", err)
+		}
+		time.Sleep(time.Second)
+		if err := intake("c"); err != nil {
+			t.Fatalf("c a second later: %v, want a token", err)
+		}
+	})
+}
+
+// A spent budget is "try again later": 429 with Retry-After from the
+// handler, a hand-back from the consumer.
+func TestASpentBudgetIs429AndAHandBack(t *testing.T) {
+	e := newHandlerEnvWith(t, func(c *trigger.Config[*corev1.ConfigMap]) { c.Rate, c.Burst = 0.001, 1 }, nil)
+	if w := post(e, "/reconcile/ns/a"); w.Code != http.StatusAccepted {
+		t.Fatalf("first: %d %s", w.Code, w.Body)
+	}
+	it, _ := e.q.Get(context.Background())
+	e.q.Done(it.Key)
+	w := post(e, "/reconcile/ns/a")
+	wantStatus(t, w, http.StatusTooManyRequests, "TooManyRequests")
+	if w.Header().Get("Retry-After") == "" {
+		t.Error("429 without Retry-After")
+	}
+}
+
+// authorize asks a for the caller of token tok and the object ns/name.
+func authorize(a *trigger.KubeAuthenticator, ctx context.Context, tok, name string) error {
+	r := httptest.NewRequest(http.MethodPost, "/", nil)
+	r.Header.Set("Authorization", "Bearer "+tok)
+	_, err := a.Authorize(ctx, trigger.AuthRequest{HTTP: r, Resource: configMaps, Key: opkit.Key{Namespace: "ns", Name: name}})
+	return err
+}
+
+// Concurrent requests with the same unknown token make one TokenReview;
+// the reviews in flight are bounded; a caller that leaves does not fail
+// the others.
+func TestReviewsAreSharedBoundedAndOutliveTheCallerThatLeft(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rev := newFakeReviews(t)
+		rev.allowed["system:serviceaccount:ci:deployer update /configmaps/ ns/a"] = true
+		rev.hold = make(chan struct{})
+		a, err := trigger.NewKubeAuthenticator(trigger.KubeAuthConfig{Client: rev, MaxReviews: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		leaving, leave := context.WithCancel(context.Background())
+		errs := make([]error, 10)
+		var wg sync.WaitGroup
+		for i := range errs {
+			ctx := context.Background()
+			if i == 0 {
+				ctx = leaving
+			}
+			wg.Go(func() { errs[i] = authorize(a, ctx, "good-token", "a") })
+		}
+		wg.Go(func() { _ = authorize(a, context.Background(), "garbage-1", "a") })
+		synctest.Wait()
+		rev.mu.Lock()
+		held := rev.held
+		rev.mu.Unlock()
+		if held != 2 {
+			t.Fatalf("%d TokenReviews in flight for 10 callers of one token and 1 of another, want 2", held)
+		}
+		// Both review slots are taken: a third token is refused at once.
+		if err := authorize(a, context.Background(), "garbage-2", "a"); !errors.Is(err, trigger.ErrBusy) {
+			t.Fatalf("a third review with MaxReviews 2: %v, want ErrBusy", err)
+		}
+		leave()
+		synctest.Wait()
+		close(rev.hold)
+		wg.Wait()
+		if !errors.Is(errs[0], context.Canceled) {
+			t.Errorf("the caller that left: %v, want its context's error", errs[0])
+		}
+		for i, err := range errs[1:] {
+			if err != nil {
+				t.Errorf("caller %d sharing the review: %v", i+1, err)
+			}
+		}
+		if tr, sar := rev.calls(); tr != 2 || sar != 1 {
+			t.Errorf("%d TokenReviews and %d SARs in all, want 2 and 1", tr, sar)
+		}
+	})
+}
+
+// A decision is cached by user, verb and object: another token of the same
+// user needs a TokenReview, not another SubjectAccessReview.
+func TestDecisionsAreCachedByUserNotByToken(t *testing.T) {
+	rev := newFakeReviews(t)
+	rev.tokens["second-token"] = rev.tokens["good-token"]
+	rev.allowed["system:serviceaccount:ci:deployer update /configmaps/ ns/a"] = true
+	a, err := trigger.NewKubeAuthenticator(trigger.KubeAuthConfig{Client: rev})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tok := range []string{"good-token", "second-token"} {
+		if err := authorize(a, context.Background(), tok, "a"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if tr, sar := rev.calls(); tr != 2 || sar != 1 {
+		t.Errorf("%d TokenReviews and %d SARs for two tokens of one user, want 2 and 1", tr, sar)
+	}
+	// Another user with a grant of its own is asked about on its own.
+	rev.tokens["third-token"] = authnv1.TokenReviewStatus{Authenticated: true, Audiences: []string{trigger.DefaultAudience},
+		User: authnv1.UserInfo{Username: "system:serviceaccount:ci:deployer", Groups: []string{"other"}}}
+	if err := authorize(a, context.Background(), "third-token", "a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, sar := rev.calls(); sar != 2 {
+		t.Errorf("%d SARs after a user with the same name and other groups, want 2: a decision of its own", sar)
+	}
+}
+
+// A client address that keeps failing authentication is refused before
+// any review, other addresses are not, and the refusal ends.
+func TestAClientThatKeepsFailingAuthenticationIsRefusedBeforeAnyReview(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rev := newFakeReviews(t)
+		rev.allowed["system:serviceaccount:ci:deployer update /configmaps/ ns/a"] = true
+		e := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) {
+			c.Authenticator, c.Reviews, c.MaxAuthFailures, c.AuthFailureBackoff = nil, rev, 3, 10*time.Second
+		})
+		from := func(addr, tok string) *httptest.ResponseRecorder {
+			r := httptest.NewRequest(http.MethodPost, "/reconcile/ns/a", nil)
+			r.RemoteAddr, r.Header = addr, bearer(tok)
+			w := httptest.NewRecorder()
+			e.h.ServeHTTP(w, r)
+			return w
+		}
+		for i := range 3 {
+			wantStatus(t, from("10.0.0.1:1000", fmt.Sprintf("garbage-%d", i)), 401, "Unauthorized")
+		}
+		before, _ := rev.calls()
+		wantStatus(t, from("10.0.0.1:2000", "garbage-3"), 429, "TooManyRequests") // another port, the same client
+		wantStatus(t, from("10.0.0.1:2000", "good-token"), 429, "TooManyRequests")
+		if after, _ := rev.calls(); after != before {
+			t.Fatalf("a refused address made %d more TokenReviews, want none", after-before)
+		}
+		if w := from("10.0.0.2:1000", "good-token"); w.Code != http.StatusAccepted {
+			t.Fatalf("another address: %d %s", w.Code, w.Body)
+		}
+		time.Sleep(10 * time.Second)
+		if w := from("10.0.0.1:1000", "good-token"); w.Code != http.StatusAccepted {
+			t.Fatalf("after AuthFailureBackoff: %d %s", w.Code, w.Body)
+		}
+		// A success forgets the failures before it.
+		for i := range 2 {
+			wantStatus(t, from("10.0.0.1:1000", fmt.Sprintf("garbage-%d", 10+i)), 401, "Unauthorized")
+		}
+		from("10.0.0.1:1000", "good-token")
+		wantStatus(t, from("10.0.0.1:1000", "garbage-20"), 401, "Unauthorized")
+	})
+}
+
+// A flood of refusals is a few log lines: the first of each status code
+// every 10s, the next one with the number left out.
+func TestRefusalsAreLoggedOncePerIntervalWithACount(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var logs bytes.Buffer
+		e := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) {
+			c.Authenticator, c.MaxAuthFailures = refuseAll{}, -1
+			c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		})
+		for range 100 {
+			wantStatus(t, post(e, "/reconcile/ns/a"), 401, "Unauthorized")
+		}
+		if n := strings.Count(logs.String(), "\n"); n != 1 {
+			t.Fatalf("%d log lines for 100 refusals within 10s, want 1:\n%s", n, logs.String())
+		}
+		time.Sleep(10 * time.Second)
+		wantStatus(t, post(e, "/reconcile/ns/a"), 401, "Unauthorized")
+		if !strings.Contains(logs.String(), "suppressed=99") {
+			t.Errorf("the next interval's line does not count the 99 left out:\n%s", logs.String())
+		}
+	})
+}
+
+type refuseAll struct{}
+
+func (refuseAll) Authorize(context.Context, trigger.AuthRequest) (string, error) {
+	return "", fmt.Errorf("%w: no", trigger.ErrUnauthenticated)
+}
+
+// A reason must be valid UTF-8 wherever it comes from: raw bytes, or an
+// escaped lone surrogate that encoding/json would turn into U+FFFD.
+func TestAReasonInTheBodyMustBeValidUTF8(t *testing.T) {
+	e := newHandlerEnv(t, nil)
+	body := func(s string) *httptest.ResponseRecorder {
+		return e.do(http.MethodPost, "/reconcile/ns/a", strings.NewReader(s), http.Header{"Content-Type": {"application/json"}})
+	}
+	wantStatus(t, body("{\"reason\": \"bad \xff byte\"}"), 400, "BadRequest")
+	wantStatus(t, body(`{"reason": "lone \ud800 surrogate"}`), 400, "BadRequest")
+	if e.q.Len() != 0 {
+		t.Fatalf("queued %d entries for invalid reasons", e.q.Len())
+	}
+	if w := body(`{"reason": "a replacement character \ufffd, escaped, and \uD83D\uDE00"}`); w.Code != http.StatusAccepted {
+		t.Fatalf("valid escapes: %d %s", w.Code, w.Body)
+	}
+	it, _ := e.q.Get(context.Background())
+	if r := it.Value.Reasons; len(r) != 1 || r[0] != "a replacement character \ufffd, escaped, and \U0001F600" {
+		t.Errorf("reasons %q", r)
+	}
+}
+
+// An error reading the body names the connection's addresses; the answer
+// does not.
+func TestAnAnswerNamesNoAddress(t *testing.T) {
+	e := newHandlerEnv(t, nil)
+	r := io.MultiReader(strings.NewReader(`{"rea`), errReader{errors.New("read tcp 127.0.0.1:8443->10.1.2.3:50000: connection reset by peer")})
+	st := wantStatus(t, e.do(http.MethodPost, "/reconcile/ns/a", r, http.Header{"Content-Type": {"application/json"}}), 400, "BadRequest")
+	if strings.Contains(st.Message, "127.0.0.1") || strings.Contains(st.Message, "10.1.2.3") {
+		t.Errorf("message %q names an address", st.Message)
+	}
+}
+
+type errReader struct{ err error }
+
+func (r errReader) Read([]byte) (int, error) { return 0, r.err }
+
+// rawRequest sends a POST with the given headers (and Content-Length) but
+// only part of its body over a new connection to srv, and returns the
+// connection.
+func rawRequest(t *testing.T, addr, path string, contentLength int, sent string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", path, contentLength, sent)
+	return c
+}
+
+// readResponse reads one response from c, failing the test if none comes
+// within a generous deadline.
+func readResponse(t *testing.T, c net.Conn) (*http.Response, Status) {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(time.Minute))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("no answer: %v", err)
+	}
+	defer resp.Body.Close()
+	var st Status
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		t.Fatalf("answer %d is not JSON: %v", resp.StatusCode, err)
+	}
+	return resp, st
+}
+
+// Status is trigger.Status as decoded here.
+type Status = trigger.Status
+
+// A client that sends its body slowly holds no in-flight slot: others are
+// served meanwhile, and it gets 408 once BodyTimeout has passed. An answer
+// given before the body was read does not wait for it.
+func TestASlowBodyHoldsNothingAndAnEarlyAnswerDoesNotWaitForIt(t *testing.T) {
+	e := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) {
+		c.MaxInFlight, c.BodyTimeout, c.RateLimit, c.RateBurst = 1, 500*time.Millisecond, 1e-3, 2
+	})
+	srv := httptest.NewServer(e.h) // no ReadTimeout: only the handler bounds the body
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "http://")
+
+	slow := rawRequest(t, addr, "/reconcile/ns/a", 100, `{"reason": "sl`)
+	resp, err := http.Post(srv.URL+"/reconcile/ns/a", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("a request beside a slow body got %d, want 202: the slow one held the only slot", resp.StatusCode)
+	}
+	if resp, st := readResponse(t, slow); resp.StatusCode != http.StatusRequestTimeout || st.Reason != trigger.ReasonRequestTimeout {
+		t.Errorf("the slow body got %d %s, want 408 RequestTimeout", resp.StatusCode, st.Reason)
+	}
+
+	// The rate limit (burst 2) is spent now: the next request is refused
+	// before its body is read, and the answer must not wait for a body
+	// that never comes.
+	never := rawRequest(t, addr, "/reconcile/ns/a", 100, "")
+	resp, st := readResponse(t, never)
+	if resp.StatusCode != http.StatusTooManyRequests || !resp.Close {
+		t.Errorf("refused before its body: %d (close %v) %s, want 429 and the connection closed", resp.StatusCode, resp.Close, st.Message)
+	}
+}
+
+// Headers over ServerConfig.MaxHeaderBytes get 431 as a Status, like every
+// other refusal.
+func TestOversizedHeadersGetAStatus(t *testing.T) {
+	e := newHandlerEnv(t, nil)
+	s, err := trigger.NewServer(trigger.ServerConfig{Handler: e.h, MaxHeaderBytes: 1024, Logger: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequest(http.MethodPost, "http://"+serveOn(t, s)+"/reconcile/ns/a", nil)
+	req.Header.Set("X-Padding", strings.Repeat("p", 2000))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var st Status
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil || resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge || st.Reason != trigger.ReasonHeadersTooLarge {
+		t.Fatalf("got %d %+v (%v), want 431 with a Status", resp.StatusCode, st, err)
+	}
+	if e.q.Len() != 0 {
+		t.Error("queued")
+	}
+}
+
+// The consumer waits for a token of the trigger budget before it receives
+// a message, rather than handing messages back (which would only bring the
+// next one at once): a backlog waits in the broker and drains at Rate,
+// each message settled once.
+func TestTheConsumerWaitsForTheTriggerBudget(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newConsumerEnvWith(t, func(c *trigger.Config[*corev1.ConfigMap]) { c.Rate, c.Burst = 1, 1 },
+			func(c *trigger.ConsumerConfig[*corev1.ConfigMap]) { c.Concurrency = 4 })
+		var ids []uint64
+		for i := range 6 {
+			name := fmt.Sprintf("obj-%d", i)
+			e.objs.exist[opkit.Key{Namespace: "ns", Name: name}] = true
+			ids = append(ids, e.b.Publish(fmt.Appendf(nil, `{"namespace":"ns","name":%q}`, name)))
+		}
+		start := time.Now()
+		stop := e.run(t)
+		defer stop()
+		for e.q.Len() < len(ids) {
+			time.Sleep(100 * time.Millisecond)
+		}
+		if took := time.Since(start); took < 5*time.Second {
+			t.Errorf("6 new reconciles at 1 a second (burst 1) took %v, want at least 5s", took)
+		}
+		synctest.Wait()
+		for _, id := range ids {
+			if got := ops(e.b.EventsFor(id)); got != "Ack:Scheduled" && got != "Ack" {
+				t.Errorf("message %d settled as %q, want one Ack", id, got)
+			}
+		}
+	})
+}
