@@ -21,6 +21,26 @@ import (
 
 func TestMain(m *testing.M) { testcluster.Main(m) }
 
+// grantTrigger lets the ServiceAccount sa of ns trigger the namespace's
+// ConfigMaps: update on configmaps, the handler's default
+// SubjectAccessReview.
+func grantTrigger(ctx context.Context, t *testing.T, kube kubernetes.Interface, ns, sa string) {
+	t.Helper()
+	if _, err := kube.RbacV1().Roles(ns).Create(ctx, &rbacv1.Role{
+		ObjectMeta: metav1.ObjectMeta{Name: "trigger-configmaps"},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"update"}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kube.RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "trigger-configmaps"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "trigger-configmaps"},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: sa, Namespace: ns}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestHandlerAuthAgainstTheAPIServer runs the default authenticator against
 // a real kube-apiserver: TokenReview with the trigger audience and a
 // SubjectAccessReview decided by real RBAC.
@@ -38,19 +58,7 @@ func TestHandlerAuthAgainstTheAPIServer(t *testing.T) {
 	if _, err := kube.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "target"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := kube.RbacV1().Roles(ns).Create(ctx, &rbacv1.Role{
-		ObjectMeta: metav1.ObjectMeta{Name: "trigger-configmaps"},
-		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"update"}}},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kube.RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "trigger-configmaps"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "trigger-configmaps"},
-		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: "deployer", Namespace: ns}},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	grantTrigger(ctx, t, kube, ns, "deployer")
 	allowedTok, err := c.ServiceAccountToken(ctx, ns, "deployer", trigger.DefaultAudience)
 	if err != nil {
 		t.Fatal(err)

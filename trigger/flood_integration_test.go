@@ -1,0 +1,516 @@
+//go:build integration
+
+package trigger_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	authnv1 "k8s.io/api/authentication/v1"
+	authzv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	authnclient "k8s.io/client-go/kubernetes/typed/authentication/v1"
+	authzclient "k8s.io/client-go/kubernetes/typed/authorization/v1"
+
+	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/internal/floodtest"
+	"github.com/opkit/opkit/internal/testcluster"
+	"github.com/opkit/opkit/reconcile"
+	"github.com/opkit/opkit/trigger"
+	"github.com/opkit/opkit/watcher"
+)
+
+const (
+	floodPhase   = 8 * time.Second // each flood's length; shorter than floodBackoff
+	floodWorkers = 64
+	// The handler's limits, set explicitly (they are its defaults) so
+	// that the garbage-token bound below refers to them.
+	floodMaxAuthFailures = 10
+	floodBackoff         = 10 * time.Second
+	// Addresses: the floods come from attacker, the client that must be
+	// served from wellBehaved (the handler counts failed
+	// authentications by address). Linux routes all of 127.0.0.0/8 to
+	// the loopback interface.
+	attacker    = "127.0.0.3"
+	wellBehaved = "127.0.0.2"
+)
+
+// TestFloodsAgainstTheAPIServer runs the floods of issue 22 against the
+// SDK's handler (trigger.NewHandler served by trigger.NewServer) in front
+// of a real controller, with real TokenReviews and SubjectAccessReviews,
+// and asserts outcomes and counts, never durations:
+//
+//   - a flood of valid triggers leaves the watch's reconciles at least half
+//     of their idle throughput in the same run, and a change made during
+//     it is reconciled;
+//   - a flood of slow bodies leaves a well-behaved client served;
+//   - a flood of garbage tokens leaves a well-behaved client served and
+//     costs a bounded number of TokenReviews;
+//   - bad UTF-8 in the body's reason is refused, and nothing is queued.
+//
+// The controller's client has a budget of 50 requests a second (burst
+// 100), and its reconciler makes two GETs through it, so the watch's
+// reconciles are bounded by that budget, which the triggers' reads share;
+// a driver updates the ConfigMaps at about 50 a second throughout, so the
+// queue always holds watch work.
+func TestFloodsAgainstTheAPIServer(t *testing.T) {
+	c := testcluster.Shared(t)
+	ns := c.Namespace(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	unthrottled := func() *kubernetes.Clientset {
+		cfg := c.Config()
+		cfg.QPS, cfg.Burst = -1, 0
+		k, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	kube := unthrottled() // setup and the driver
+
+	// 198 ConfigMaps the driver updates, one changed once during the
+	// valid-trigger flood, one for the bad-UTF-8 trigger: 200.
+	var driven []string
+	for i := range 198 {
+		driven = append(driven, fmt.Sprintf("cm-%03d", i))
+	}
+	const target, quiet = "target", "quiet"
+	for _, name := range append(slices.Clone(driven), target, quiet) {
+		if _, err := kube.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"v": "initial"}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// RBAC: the deployer may update (so trigger) ConfigMaps.
+	grantTrigger(ctx, t, kube, ns, "deployer")
+	token, err := c.ServiceAccountToken(ctx, ns, "deployer", trigger.DefaultAudience)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// RBAC grants reach the authorizer asynchronously: poll for it here,
+	// so that the handler (which caches a denial for 5s) never sees one.
+	waitFor(t, time.Minute, "the deployer's RBAC grant", func() bool {
+		sar, err := kube.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
+			User:               "system:serviceaccount:" + ns + ":deployer",
+			Groups:             []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
+			ResourceAttributes: &authzv1.ResourceAttributes{Namespace: ns, Verb: "update", Resource: "configmaps", Name: quiet},
+		}}, metav1.CreateOptions{})
+		return err == nil && sar.Status.Allowed
+	})
+
+	// The controller, over a client with a request budget.
+	ccfg := c.Config()
+	ccfg.QPS, ccfg.Burst = 50, 100
+	dyn, err := dynamic.NewForConfig(ccfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cms := dyn.Resource(configMaps.GroupVersionResource).Namespace(ns)
+	var watchReconciles atomic.Int64
+	var mu sync.Mutex
+	seen := map[string]string{} // the last data value reconciled, by name
+	var quietReasons [][]string // the reasons of every reconcile of quiet
+	lastSeen := func(name string) string { mu.Lock(); defer mu.Unlock(); return seen[name] }
+	rec := reconcile.Func[*corev1.ConfigMap](func(ctx context.Context, req reconcile.Request[*corev1.ConfigMap]) (reconcile.Result, error) {
+		for range 2 {
+			if _, err := cms.Get(ctx, req.Key.Name, metav1.GetOptions{}); err != nil {
+				return reconcile.Done(), err
+			}
+		}
+		if req.Sources.Has(opkit.APIServer) {
+			watchReconciles.Add(1)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if req.Object != nil {
+			seen[req.Key.Name] = req.Object.Data["v"]
+		}
+		if req.Key.Name == quiet {
+			quietReasons = append(quietReasons, slices.Clone(req.Reasons))
+		}
+		return reconcile.Done(), nil
+	})
+	ctrl, err := reconcile.NewController(reconcile.Config[*corev1.ConfigMap]{
+		Name: "test.opkit.dev/flood", Resource: configMaps, Dynamic: dyn, Reconciler: rec,
+		// Enough workers that the budget, not the API server's latency
+		// on a busy machine, bounds the reconciles.
+		Concurrency: 16,
+		Watch:       watcher.Config[*corev1.ConfigMap]{Namespace: ns},
+		NoEvents:    true, Logger: discard,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stopRun := context.WithCancel(ctx)
+	ran := make(chan error, 1)
+	go func() { ran <- ctrl.Run(runCtx) }()
+	t.Cleanup(func() {
+		stopRun()
+		if err := <-ran; err != nil {
+			t.Errorf("controller: %v", err)
+		}
+	})
+
+	// The endpoint, on a loopback listener that counts connections by
+	// client address.
+	reviews := &countingReviews{kube: unthrottled(), valid: token}
+	h, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: ctrl.Trigger(), Reviews: reviews,
+		MaxAuthFailures: floodMaxAuthFailures, AuthFailureBackoff: floodBackoff, Logger: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := trigger.NewServer(trigger.ServerConfig{Handler: h, Logger: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := &acceptCounter{Listener: inner, from: map[string]int{}}
+	serveCtx, stopServe := context.WithCancel(ctx)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(serveCtx, ln) }()
+	t.Cleanup(func() {
+		stopServe()
+		if err := <-served; err != nil {
+			t.Errorf("server: %v", err)
+		}
+	})
+	base := "http://" + inner.Addr().String()
+
+	// The driver: about 50 updates a second, round-robin, for the whole
+	// test.
+	var updates atomic.Int64
+	driverCtx, stopDriver := context.WithCancel(ctx)
+	driverDone := make(chan struct{})
+	go func() {
+		defer close(driverDone)
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-driverCtx.Done():
+				return
+			case <-tick.C:
+			}
+			patch := fmt.Appendf(nil, `{"data":{"v":"drive-%d"}}`, i)
+			if _, err := kube.CoreV1().ConfigMaps(ns).Patch(driverCtx, driven[i%len(driven)], types.MergePatchType, patch, metav1.PatchOptions{}); err == nil {
+				updates.Add(1)
+			}
+		}
+	}()
+	t.Cleanup(func() { stopDriver(); <-driverDone })
+
+	// The well-behaved client.
+	good := floodtest.NewClient(wellBehaved, 4)
+	t.Cleanup(good.CloseIdleConnections)
+	send := func(name, body string) (int, []byte) {
+		t.Helper()
+		var r io.Reader
+		if body != "" {
+			r = strings.NewReader(body)
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/reconcile/"+ns+"/"+name, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+token)
+		if body != "" {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		resp, err := good.Do(req)
+		if err != nil {
+			t.Fatalf("trigger %s: %v", name, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b
+	}
+	// triggers sends n triggers, one every 300ms, and fails the test
+	// for each that does not get 202.
+	triggers := func(phase string, n int) {
+		t.Helper()
+		tick := time.NewTicker(300 * time.Millisecond)
+		defer tick.Stop()
+		for i := range n {
+			if code, body := send(driven[i], ""); code != http.StatusAccepted {
+				t.Errorf("%s: the well-behaved client's trigger %d got %d %s, want 202", phase, i, code, body)
+			}
+			<-tick.C
+		}
+	}
+	floodCfg := floodtest.Config{URL: base, Namespace: ns, Names: append(slices.Clone(driven), target), Token: token, Workers: floodWorkers, LocalIP: attacker}
+
+	// The initial list reconciled (about 400 GETs) has spent the
+	// client's burst: from here on the budget bounds every phase alike.
+	waitFor(t, 2*time.Minute, "the initial list reconciled", func() bool { return watchReconciles.Load() >= 200 })
+	if code, body := send(driven[0], ""); code != http.StatusAccepted {
+		t.Fatalf("a first trigger: %d %s", code, body)
+	}
+
+	// Idle.
+	w0, u0 := watchReconciles.Load(), updates.Load()
+	time.Sleep(floodPhase) // the phase itself
+	idle := watchReconciles.Load() - w0
+	t.Logf("idle: %d watch reconciles in %v (%d updates)", idle, floodPhase, updates.Load()-u0)
+	if idle == 0 {
+		t.Fatal("no watch reconciles while idle: nothing to compare the floods with")
+	}
+
+	// Valid triggers from 64 goroutines; meanwhile the target changes,
+	// and the change must be reconciled while the flood goes on.
+	tr0, sar0 := reviews.counts()
+	w0, u0 = watchReconciles.Load(), updates.Load()
+	stopValid := startFlood(t, ctx, func(ctx context.Context) floodtest.Result { return floodtest.Valid(ctx, floodCfg) })
+	value := fmt.Sprintf("changed-%d", time.Now().UnixNano())
+	if _, err := kube.CoreV1().ConfigMaps(ns).Patch(ctx, target, types.MergePatchType, fmt.Appendf(nil, `{"data":{"v":%q}}`, value), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	phaseEnd := time.NewTimer(floodPhase)
+	flooded, changeSeen := int64(-1), time.Duration(0)
+	waitFor(t, 2*time.Minute, "the target's change reconciled during the valid-trigger flood", func() bool {
+		select {
+		case <-phaseEnd.C:
+			flooded = watchReconciles.Load() - w0
+		default:
+		}
+		if changeSeen == 0 && lastSeen(target) == value {
+			changeSeen = time.Since(start)
+		}
+		return changeSeen > 0 && flooded >= 0
+	})
+	res := stopValid()
+	tr1, sar1 := reviews.counts()
+	t.Logf("valid-trigger flood: %d watch reconciles in %v (idle: %d), %d updates; change reconciled after %v; answers %v, %d errors; %d TokenReviews, %d SubjectAccessReviews",
+		flooded, floodPhase, idle, updates.Load()-u0, changeSeen.Round(time.Millisecond), res.Codes, res.Errors, tr1-tr0, sar1-sar0)
+	if res.Codes[http.StatusAccepted] == 0 {
+		t.Errorf("the valid-trigger flood got no 202 at all: %v", res.Codes)
+	}
+	if 2*flooded < idle {
+		t.Errorf("watch reconciles during the valid-trigger flood: %d, want at least half of the idle phase's %d", flooded, idle)
+	}
+
+	// Slow bodies from 200 connections, once the trigger budget (5/s,
+	// burst 20) has refilled after the flood spent it.
+	time.Sleep(5 * time.Second) // the refill, a deliberate pause
+	a0 := ln.accepted(attacker)
+	stopSlow := startFlood(t, ctx, func(ctx context.Context) floodtest.Result { return floodtest.SlowBodies(ctx, floodCfg, 200) })
+	start = time.Now()
+	waitFor(t, time.Minute, "200 slow connections", func() bool { return ln.accepted(attacker)-a0 >= 200 })
+	triggers("slow-body flood", 10)
+	time.Sleep(time.Until(start.Add(floodPhase))) // the rest of the phase
+	res = stopSlow()
+	t.Logf("slow-body flood: %d connections, answers %v, %d without an answer", ln.accepted(attacker)-a0, res.Codes, res.Errors)
+	if res.Codes[http.StatusRequestTimeout] == 0 || len(res.Codes) != 1 {
+		t.Errorf("the slow bodies got %v, want only 408s", res.Codes)
+	}
+
+	// Garbage tokens from 64 goroutines. Once the address has failed
+	// MaxAuthFailures times it is refused before any review (a probe
+	// without a token, which costs no review, tells), and once the
+	// reviews it started are over, the well-behaved client is served.
+	// (Before, a request of its that needs a review may find all
+	// KubeAuthConfig.MaxReviews taken: 429, by design.)
+	g0 := reviews.garbage.Load()
+	start = time.Now()
+	stopGarbage := startFlood(t, ctx, func(ctx context.Context) floodtest.Result { return floodtest.GarbageTokens(ctx, floodCfg) })
+	// The phase ends on time, whatever the well-behaved client is doing,
+	// so that it stays within one AuthFailureBackoff.
+	ended := time.AfterFunc(floodPhase, func() { stopGarbage() })
+	defer ended.Stop()
+	probe := floodtest.NewClient(attacker, 1)
+	t.Cleanup(probe.CloseIdleConnections)
+	waitFor(t, time.Minute, "the attacker's address refused before any review", func() bool {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/reconcile/"+ns+"/"+quiet, nil)
+		if err != nil {
+			return false
+		}
+		resp, err := probe.Do(req)
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		var st trigger.Status
+		return json.NewDecoder(resp.Body).Decode(&st) == nil && st.Code == http.StatusTooManyRequests && strings.Contains(st.Message, "failed authentications")
+	})
+	lockedOut := time.Since(start)
+	waitFor(t, time.Minute, "the garbage-token flood's reviews over", func() bool { return reviews.inflight.Load() == 0 })
+	triggers("garbage-token flood", 10)
+	if took := time.Since(start); took > floodPhase {
+		t.Logf("the well-behaved client's triggers ended %v after the garbage-token flood began: the last came after it", took.Round(time.Millisecond))
+	}
+	time.Sleep(time.Until(start.Add(floodPhase))) // the rest of the phase
+	res = stopGarbage()
+
+	// Bad UTF-8 in the body's reason: 400, and nothing queued. A valid
+	// trigger of the same object after it is reconciled with its own
+	// reason only; the refused one would have been reconciled before or
+	// with it.
+	mu.Lock()
+	mark := len(quietReasons)
+	mu.Unlock()
+	code, body := send(quiet, "{\"reason\": \"bad \xff byte\"}")
+	var st trigger.Status
+	if err := json.Unmarshal(body, &st); err != nil || code != http.StatusBadRequest || st.Reason != metav1.StatusReasonBadRequest {
+		t.Errorf("bad UTF-8 in the body's reason: %d %s (%v), want 400 BadRequest", code, body, err)
+	}
+	if code, body := send(quiet, `{"reason": "after-bad-utf8"}`); code != http.StatusAccepted {
+		t.Fatalf("a valid trigger after the bad one: %d %s", code, body)
+	}
+	waitFor(t, time.Minute, "the valid trigger after the bad one reconciled", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.ContainsFunc(quietReasons[mark:], func(r []string) bool { return slices.Contains(r, "after-bad-utf8") })
+	})
+	mu.Lock()
+	for _, r := range quietReasons[mark:] {
+		if !slices.Equal(r, []string{"after-bad-utf8"}) {
+			t.Errorf("a reconcile of %s after the bad trigger has reasons %q, want only the valid trigger's", quiet, r)
+		}
+	}
+	mu.Unlock()
+
+	// The garbage-token flood's TokenReviews, counted after the phase
+	// after it, so that a review still running when it ended is in.
+	// Every request that passed the address check before the check
+	// refused the address may still be reviewed: MaxAuthFailures, plus at
+	// most one for each worker's request in flight (each has one at a
+	// time) when the count was reached. (Not MaxAuthFailures +
+	// KubeAuthConfig.MaxReviews: requests past the check are not bounded
+	// by MaxReviews.)
+	garbage := reviews.garbage.Load() - g0
+	t.Logf("garbage-token flood: refused before any review after %v; answers %v, %d errors; %d TokenReviews (bound %d; MaxAuthFailures + MaxReviews would be %d)",
+		lockedOut.Round(time.Millisecond), res.Codes, res.Errors, garbage, floodMaxAuthFailures+floodWorkers, floodMaxAuthFailures+16)
+	if garbage > floodMaxAuthFailures+floodWorkers {
+		t.Errorf("the garbage-token flood from one address cost %d TokenReviews within one AuthFailureBackoff, want at most %d", garbage, floodMaxAuthFailures+floodWorkers)
+	}
+}
+
+// startFlood runs flood in a goroutine until stop is called (or the test
+// ends) and returns stop, which returns the flood's result once its
+// goroutines have all finished; it may be called more than once.
+func startFlood(t *testing.T, ctx context.Context, flood func(context.Context) floodtest.Result) (stop func() floodtest.Result) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan floodtest.Result, 1)
+	go func() { done <- flood(ctx) }()
+	stop = sync.OnceValue(func() floodtest.Result { cancel(); return <-done })
+	t.Cleanup(func() { stop() })
+	return stop
+}
+
+// waitFor polls cond until it holds, failing t after within.
+func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, within)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// acceptCounter counts the connections it accepts by client address.
+type acceptCounter struct {
+	net.Listener
+	mu   sync.Mutex
+	from map[string]int
+}
+
+func (l *acceptCounter) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		host, _, _ := net.SplitHostPort(c.RemoteAddr().String())
+		l.mu.Lock()
+		l.from[host]++
+		l.mu.Unlock()
+	}
+	return c, err
+}
+
+func (l *acceptCounter) accepted(host string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.from[host]
+}
+
+// countingReviews is a trigger.ReviewClient that counts the reviews it
+// makes: TokenReviews (those of another token than valid apart) and
+// SubjectAccessReviews, and those in flight.
+type countingReviews struct {
+	kube                          *kubernetes.Clientset
+	valid                         string
+	tokens, garbage, sa, inflight atomic.Int64
+}
+
+func (c *countingReviews) counts() (tokens, sars int64) { return c.tokens.Load(), c.sa.Load() }
+
+func (c *countingReviews) AuthenticationV1() authnclient.AuthenticationV1Interface {
+	return countingAuthn{c.kube.AuthenticationV1(), c}
+}
+
+func (c *countingReviews) AuthorizationV1() authzclient.AuthorizationV1Interface {
+	return countingAuthz{c.kube.AuthorizationV1(), c}
+}
+
+type countingAuthn struct {
+	authnclient.AuthenticationV1Interface
+	c *countingReviews
+}
+
+func (a countingAuthn) TokenReviews() authnclient.TokenReviewInterface {
+	return countingTokenReviews{a.AuthenticationV1Interface.TokenReviews(), a.c}
+}
+
+type countingTokenReviews struct {
+	authnclient.TokenReviewInterface
+	c *countingReviews
+}
+
+func (r countingTokenReviews) Create(ctx context.Context, tr *authnv1.TokenReview, opts metav1.CreateOptions) (*authnv1.TokenReview, error) {
+	r.c.tokens.Add(1)
+	if tr.Spec.Token != r.c.valid {
+		r.c.garbage.Add(1)
+	}
+	r.c.inflight.Add(1)
+	defer r.c.inflight.Add(-1)
+	return r.TokenReviewInterface.Create(ctx, tr, opts)
+}
+
+type countingAuthz struct {
+	authzclient.AuthorizationV1Interface
+	c *countingReviews
+}
+
+func (a countingAuthz) SubjectAccessReviews() authzclient.SubjectAccessReviewInterface {
+	return countingSARs{a.AuthorizationV1Interface.SubjectAccessReviews(), a.c}
+}
+
+type countingSARs struct {
+	authzclient.SubjectAccessReviewInterface
+	c *countingReviews
+}
+
+func (r countingSARs) Create(ctx context.Context, sar *authzv1.SubjectAccessReview, opts metav1.CreateOptions) (*authzv1.SubjectAccessReview, error) {
+	r.c.sa.Add(1)
+	r.c.inflight.Add(1)
+	defer r.c.inflight.Add(-1)
+	return r.SubjectAccessReviewInterface.Create(ctx, sar, opts)
+}
