@@ -40,6 +40,11 @@ type Elector struct {
 	// refusedRead and refusedWrite are the last errors of a campaign's
 	// Lease read and write that retrying does not fix; nil after a success.
 	refusedRead, refusedWrite error
+
+	// readRefusals and writeRefusals count the campaign's 401/403
+	// answers to reads and to writes in a row (Run's goroutine only): the
+	// first queue.TransientRefusals are warnings.
+	readRefusals, writeRefusals int
 }
 
 // New validates cfg, applies its defaults and returns an Elector. Errors
@@ -258,14 +263,15 @@ func (e *Elector) campaign(ctx context.Context) (*coordinationv1.Lease, time.Tim
 				if events == pollAfter { // else overtaken by the watch, which is at least as fresh
 					e.observe(&obs, r.lease)
 				}
+				e.readRefusals = 0
 				e.locked(func() { e.refusedRead = nil })
 			case ctx.Err() != nil:
 				return nil, time.Time{}, ctx.Err()
-			case refusal(r.err):
+			case lasting(r.err, &e.readRefusals):
 				e.locked(func() { e.refusedRead = r.err })
 				e.log.Error("reading lease refused: this replica cannot lead until that is fixed", "err", r.err)
 			default:
-				e.log.Warn("reading lease", "err", r.err)
+				e.log.Warn("reading lease failed; retrying", "after", e.cfg.RetryPeriod, "err", r.err)
 			}
 		case <-expiry:
 		}
@@ -282,6 +288,7 @@ func (e *Elector) campaign(ctx context.Context) (*coordinationv1.Lease, time.Tim
 		}
 		lease, sent, err := e.acquire(ctx, obs.lease)
 		if err == nil {
+			e.writeRefusals = 0
 			return lease, sent, nil
 		}
 		if ctx.Err() != nil {
@@ -303,23 +310,30 @@ func (e *Elector) campaign(ctx context.Context) (*coordinationv1.Lease, time.Tim
 		case apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err):
 			e.log.Debug("lost the race to acquire", "err", err)
 			retry = 0
-		case refusal(err) || apierrors.IsNotFound(err) && obs.lease == nil:
+		case lasting(err, &e.writeRefusals) || apierrors.IsNotFound(err) && obs.lease == nil:
 			// A Create answered NotFound: the namespace does not exist.
 			e.locked(func() { e.refusedWrite = err })
 			e.log.Error("acquiring lease refused: this replica cannot lead until that is fixed", "err", err)
 		default:
-			e.log.Warn("acquiring lease", "err", err)
+			e.log.Warn("acquiring lease failed; retrying", "after", retry, "err", err)
 		}
 		poll = time.After(retry)
 	}
 }
 
-// refusal reports whether err is an answer that retrying the same request
-// does not change: the identity lacks the permission or the credentials,
-// or the API server rejects the request itself.
-func refusal(err error) bool {
-	return apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) || apierrors.IsInvalid(err) ||
-		apierrors.IsBadRequest(err) || apierrors.IsMethodNotSupported(err)
+// lasting reports whether err is an answer that retrying the same request
+// does not change: the API server rejects the request itself, or the
+// identity lacks the permission or the credentials, once
+// queue.TransientRefusals 401/403 answers to such requests came in a row
+// before this one (an API server that has just started refuses until its
+// authorizer has synced). It counts the 401/403 answers in *refusals;
+// the caller resets it after a success.
+func lasting(err error, refusals *int) bool {
+	if apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) {
+		*refusals++
+		return *refusals > queue.TransientRefusals
+	}
+	return apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) || apierrors.IsMethodNotSupported(err)
 }
 
 // watchLease sends the Lease's changes to out until ctx ends, restarting

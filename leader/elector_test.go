@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/opkit/opkit/leader"
+	"github.com/opkit/opkit/queue"
 )
 
 func TestNewValidatesConfig(t *testing.T) {
@@ -850,8 +851,10 @@ func TestFollowerRecreatesDeletedLease(t *testing.T) {
 }
 
 // A follower whose Lease requests the API server refuses for good (here:
-// RBAC forbids them) could never lead: Check says so, and is healthy again
-// once the requests go through.
+// RBAC forbids them) could never lead: Check says so once
+// queue.TransientRefusals refusals came in a row (the first ones may be a
+// just-started API server's), and is healthy again once the requests go
+// through.
 func TestCheckReportsAFollowerThatCannotCampaign(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
@@ -878,7 +881,11 @@ func TestCheckReportsAFollowerThatCannotCampaign(t *testing.T) {
 					return nil
 				})
 				a := e.start("a", nil, nil)
-				sleep(5 * time.Second)
+				sleep(time.Second) // one refusal
+				if err := a.elector.Check(); err != nil {
+					t.Fatalf("Check after the first refusal = %v, want nil: it may be a just-started API server's", err)
+				}
+				sleep(2 * time.Second * (queue.TransientRefusals + 1)) // a poll period (at most 2s) each
 				if err := a.elector.Check(); !errors.Is(err, leader.ErrCannotCampaign) || !apierrors.IsForbidden(err) {
 					t.Fatalf("Check = %v, want ErrCannotCampaign wrapping the Forbidden", err)
 				}
@@ -908,7 +915,7 @@ func TestCheckForgetsARefusedWriteWhileAnotherReplicaLeads(t *testing.T) {
 			return nil
 		})
 		a := e.start("a", nil, nil)
-		sleep(5 * time.Second)
+		sleep(2 * time.Second * (queue.TransientRefusals + 1))
 		if err := a.elector.Check(); !errors.Is(err, leader.ErrCannotCampaign) {
 			t.Fatalf("Check = %v, want ErrCannotCampaign", err)
 		}

@@ -31,6 +31,14 @@ const (
 	DefaultBackoffJitter = 0.1
 )
 
+// TransientRefusals is how many 401 or 403 answers in a row the watcher
+// and the leader elector retry with their normal backoff, as warnings,
+// before they take the refusal for a permission problem (logged as an
+// error, reported by their health checks, retried slowly): an API server
+// that has just started refuses requests until its authenticator and
+// authorizer have synced. It is the one home of that policy.
+const TransientRefusals = 3
+
 // Delay returns the delay before retry number retries (1 for the first
 // retry): Base * 2^(retries-1), at most Cap, shortened by jitter. It
 // returns 0 for retries < 1.

@@ -32,6 +32,10 @@ type FinalizeFunc[T opkit.Object] func(ctx context.Context, obj T) error
 // concurrent writer makes it fail with 409, and it reads the object and
 // recomputes (up to [DefaultConflictRetries] times). It is safe for
 // concurrent use.
+//
+// Name it in the controller's Watch.OwnFinalizers (with
+// Watch.SkipStatusOnly): adding it is then not a change that reconciles
+// the object a second time.
 type Finalizer[T opkit.Object] struct {
 	name   string
 	client *typed.Client[T]

@@ -34,9 +34,15 @@ const (
 	DefaultBackoffBase = 500 * time.Millisecond
 	// DefaultBackoffCap is the longest retry delay for transient failures.
 	DefaultBackoffCap = 30 * time.Second
-	// DefaultBackoffReset is how long a watch must stay open for the failure
-	// count to return to zero.
+	// DefaultBackoffReset is how long a watch that delivers nothing must
+	// stay open for the failure count to return to zero (a list that
+	// succeeds, or a watch event, resets it at once).
 	DefaultBackoffReset = time.Minute
+	// DefaultBackoffUnreachable is the longest retry delay while the API
+	// server cannot be reached at all (connection refused or reset): such
+	// a retry costs the server nothing, and the watcher is back within
+	// about a second of the server's return.
+	DefaultBackoffUnreachable = time.Second
 	// DefaultBackoffSlow is the retry delay for permission (403) and
 	// missing-resource (404) errors.
 	DefaultBackoffSlow = 30 * time.Second
@@ -53,15 +59,26 @@ const (
 //
 // After the n-th consecutive failure (n >= 1) the watcher waits a random
 // duration in [d/2, d], where d = min(Base * 2^(n-1), Cap) (a
-// [queue.Backoff] with Jitter 0.5). A 429 waits at least its Retry-After.
-// A 403 or 404 waits a random duration in [Slow/2, Slow] (never less than
-// the transient delay). The failure count returns to zero once a watch
-// has stayed open for Reset.
+// [queue.Backoff] with Jitter 0.5), and at most Unreachable while the API
+// server cannot be reached at all (connection refused or reset). A 429
+// waits at least its Retry-After. A 404, and a 401 or 403 once
+// [queue.TransientRefusals] of them came in a row, wait a random duration
+// in [Slow/2, Slow] (never less than the transient delay); the first
+// refusals in a row are retried like any transient failure, because an
+// API server that has just started refuses until its authorizer has
+// synced. The failure count returns to zero once a list succeeds, a watch
+// delivers an event or a bookmark, or a watch has stayed open for Reset.
+//
+// Worst cases with the defaults: once an API server is back, the watcher
+// is back within Unreachable (1s) when it could not connect, within Cap
+// (30s) when the server kept answering 5xx, and a permission granted
+// while the watcher was refused is seen within Slow (30s).
 type Backoff struct {
-	Base  time.Duration // first delay; default DefaultBackoffBase
-	Cap   time.Duration // longest delay; default DefaultBackoffCap
-	Reset time.Duration // healthy watch time that forgets failures; default DefaultBackoffReset
-	Slow  time.Duration // delay for 403/404; default DefaultBackoffSlow
+	Base        time.Duration // first delay; default DefaultBackoffBase
+	Cap         time.Duration // longest delay; default DefaultBackoffCap
+	Reset       time.Duration // watch time without events that forgets failures; default DefaultBackoffReset
+	Slow        time.Duration // delay for a lasting 401/403, and for 404; default DefaultBackoffSlow
+	Unreachable time.Duration // longest delay while the server cannot be reached; default DefaultBackoffUnreachable
 }
 
 // Config configures a [Watcher]. Client, Resource and Queue are required;
@@ -108,6 +125,21 @@ type Config[T opkit.Object] struct {
 	// SkipStatusOnly (and that the watcher fingerprints).
 	WatchLabels      []string
 	WatchAnnotations []string
+	// OwnFinalizers are the finalizers the operator adds and removes
+	// itself. Under SkipStatusOnly, adding one is not a change worth a
+	// reconcile (it is the operator's own write); removing one from an
+	// object that is not being deleted is (someone took it off).
+	OwnFinalizers []string
+
+	// Rank says how much an object needs work, for the priority of its
+	// entries: 0 when it is up to date, 1 or more when it needs work, more
+	// the longer it has waited, at most MaxRank. nil means [DefaultRank]
+	// (status.observedGeneration against metadata.generation). A listed
+	// object of rank 0 is queued at ListPriority, after everything that
+	// needs work; an object of rank r >= 1, listed or from the watch, at
+	// Priority + r - 1. So a new term reconciles what needs work first,
+	// the longest waiting first, and what is up to date after it.
+	Rank func(obj T) int
 
 	// MaxFinalStates bounds the unsettled deletes that keep their final
 	// state, in all; beyond it a delete is kept as a tombstone (its
@@ -198,7 +230,7 @@ func (c Config[T]) withDefaults() (Config[T], error) {
 		return bad("resource %s is cluster-scoped but Namespace is %q", c.Resource.GroupVersionResource, c.Namespace)
 	case c.PageSize < 0 || c.IdleTimeout < 0 || c.MaxFinalStates < 0 || c.MaxDeletesPerKey < 0:
 		return bad("PageSize, IdleTimeout, MaxFinalStates and MaxDeletesPerKey must not be negative")
-	case b.Base < 0 || b.Cap < 0 || b.Reset < 0 || b.Slow < 0:
+	case b.Base < 0 || b.Cap < 0 || b.Reset < 0 || b.Slow < 0 || b.Unreachable < 0:
 		return bad("Backoff has a negative duration: %+v", *b)
 	case typ.Kind() != reflect.Pointer || typ.Elem().Kind() != reflect.Struct:
 		return bad("type parameter %v is not a pointer to a struct", typ)
@@ -206,6 +238,7 @@ func (c Config[T]) withDefaults() (Config[T], error) {
 	b.Base = cmp.Or(b.Base, DefaultBackoffBase)
 	b.Cap = cmp.Or(b.Cap, max(DefaultBackoffCap, b.Base))
 	b.Reset, b.Slow = cmp.Or(b.Reset, DefaultBackoffReset), cmp.Or(b.Slow, DefaultBackoffSlow)
+	b.Unreachable = cmp.Or(b.Unreachable, DefaultBackoffUnreachable)
 	if b.Base > b.Cap {
 		return bad("Backoff.Base %v exceeds Backoff.Cap %v", b.Base, b.Cap)
 	}
@@ -216,6 +249,7 @@ func (c Config[T]) withDefaults() (Config[T], error) {
 	c.MaxFinalStates = cmp.Or(c.MaxFinalStates, DefaultMaxFinalStates)
 	c.MaxDeletesPerKey = cmp.Or(c.MaxDeletesPerKey, DefaultMaxDeletesPerKey)
 	c.WatchLabels, c.WatchAnnotations = slices.Clone(c.WatchLabels), slices.Clone(c.WatchAnnotations)
+	c.OwnFinalizers = slices.Clone(c.OwnFinalizers)
 	c.Metrics, c.Logger = cmp.Or(c.Metrics, Metrics(nopMetrics{})), cmp.Or(c.Logger, slog.Default())
 	if c.OnSync == nil {
 		c.OnSync = func(SyncEvent) {}

@@ -13,7 +13,7 @@
 // # Guarantees
 //
 //   - Every Run starts with a full list: every object present is added as
-//     Added, objects tracked by an earlier Run that no longer exist are
+//     Added (what needs work first, see Priorities), objects tracked by an earlier Run that no longer exist are
 //     recorded as deleted, and every key with unsettled deletes is added
 //     again. The leader runs the watcher once per term, after clearing the
 //     queue, so each term starts from a full resync.
@@ -40,20 +40,41 @@
 //     delete it is done with (reconcile's controller does).
 //   - Per live object the watcher keeps only its key, UID,
 //     resourceVersion, generation and a 64-bit fingerprint of its deletion
-//     state (and of the labels and annotations named in
+//     state and finalizers (and of the labels and annotations named in
 //     [Config.WatchLabels] and [Config.WatchAnnotations]); never the
-//     object. Only a delete keeps its final state, until it is settled.
+//     object. A change [Config.SkipStatusOnly] leaves out (a status
+//     update, the operator's own finalizer) still hands its newer state to
+//     an entry waiting for the key (an add with queue's MergeOnly), so that
+//     its reconcile need not read the object again. Only a delete keeps its final state, until it is settled.
 //   - Lists are paginated ([Config.PageSize] objects per page, from one
 //     consistent snapshot).
+//
+// # Priorities
+//
+// Every entry says how much its object needs work ([Config.Rank]; by
+// default how many generations status.observedGeneration lags behind
+// metadata.generation). A list queues the objects that need work at the
+// watch's priority, raised by how long they have waited, and the
+// up-to-date ones at [Config.ListPriority], after them; watch events and
+// deletes are work, at the watch's priority. So a new leader reconciles
+// first what changed while no one led, the longest waiting first, and an
+// object left behind by a term that ended early goes ahead of the ones it
+// reconciled.
 //
 // # Errors
 //
 // Network errors, 5xx, 429 and an API server that is down are retried with
-// jittered exponential backoff (see [Backoff]); a 429's Retry-After is
-// honoured. 403 (permission) and 404 (resource type not served, e.g. the CRD
-// is not installed) are logged at error level, reported by [Watcher.Check]
-// and retried slowly ([Backoff.Slow]). A watch that delivers neither an event
-// nor a bookmark for [Config.IdleTimeout] is restarted.
+// jittered exponential backoff (see [Backoff]), at most a second apart
+// while the server cannot be reached; a 429's Retry-After is honoured. The
+// failure count is forgotten as soon as a list succeeds or a watch
+// delivers anything. 404 (resource type not served, e.g. the CRD is not
+// installed), and 401 or 403 (permission) once they came
+// queue.TransientRefusals times in a row, are logged at error level,
+// reported by [Watcher.Check] and retried slowly ([Backoff.Slow]); the
+// first refusals in a row are warnings retried like transient failures,
+// as a just-started API server refuses until its authorizer has synced. A
+// watch that delivers neither an event nor a bookmark for
+// [Config.IdleTimeout] is restarted.
 //
 // # Dropped adds
 //

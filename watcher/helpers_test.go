@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"slices"
 	"sync"
 	"testing"
@@ -46,7 +47,8 @@ var widgets = opkit.Resource{
 	Namespaced:           true,
 }
 
-// widget builds an unstructured Widget; opts edit it further.
+// widget builds an unstructured Widget, up to date (its
+// status.observedGeneration is gen); opts edit it further.
 func widget(ns, name, uid, rv string, gen int64, opts ...func(*unstructured.Unstructured)) *unstructured.Unstructured {
 	u := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "test.opkit.dev/v1",
@@ -58,7 +60,8 @@ func widget(ns, name, uid, rv string, gen int64, opts ...func(*unstructured.Unst
 			"resourceVersion": rv,
 			"generation":      gen,
 		},
-		"spec": map[string]any{"size": int64(1)},
+		"spec":   map[string]any{"size": int64(1)},
+		"status": map[string]any{"observedGeneration": gen},
 	}}
 	for _, o := range opts {
 		o(u)
@@ -73,7 +76,8 @@ func newFake(objs ...runtime.Object) *dynfake.FakeDynamicClient {
 
 // record is one Add seen by the recorder. An add without an object is a
 // delete's: the record describes the newest delete the ledger held for
-// the key at that moment.
+// the key at that moment. A Refresh is a MergeOnly add: a newer state for
+// an entry that may be waiting.
 type record struct {
 	Key      opkit.Key
 	Type     opkit.Type
@@ -81,9 +85,13 @@ type record struct {
 	UID      string
 	Final    bool
 	Priority int
+	Refresh  bool
 }
 
 func (r record) String() string {
+	if r.Refresh {
+		return fmt.Sprintf("Refresh %s rv=%s", r.Key, r.RV)
+	}
 	s := fmt.Sprintf("%s %s rv=%s uid=%s prio=%d", r.Type, r.Key, r.RV, r.UID, r.Priority)
 	if r.Final {
 		s += " tombstone"
@@ -124,8 +132,15 @@ func (r *recorder) watcher() *watcher.Watcher[*Widget] {
 
 // describe turns an add into a record, checking what every add of the
 // watcher's must be: source APIServer only, no reasons, no teardown, and
-// an object that matches the key when there is one.
+// an object that matches the key when there is one; a refresh (MergeOnly)
+// carries only an object, at the lowest priority.
 func describe(w *watcher.Watcher[*Widget], key opkit.Key, c opkit.Cause[*Widget], opts queue.AddOptions) record {
+	if opts.MergeOnly {
+		if c.Object == nil || opkit.KeyOf(c.Object) != key || c.Sources != 0 || c.Added || opts.Priority != math.MinInt32 {
+			panic(fmt.Sprintf("watcher refreshed %v with %+v at %+v: want only the object, at the lowest priority", key, c, opts))
+		}
+		return record{Key: key, RV: c.Object.ResourceVersion, Refresh: true}
+	}
 	if c.Sources != opkit.Sources(opkit.APIServer) || len(c.Reasons) > 0 || c.Teardown || c.Retries != 0 {
 		panic(fmt.Sprintf("watcher added %+v: want source APIServer and nothing else", c))
 	}

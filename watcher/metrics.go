@@ -24,10 +24,15 @@ const (
 	ReasonIdle Reason = "idle"
 	// ReasonError: a network error, a 5xx, or an error event on the watch.
 	ReasonError Reason = "error"
+	// ReasonUnreachable: the API server could not be reached (connection
+	// refused or reset, EOF): it is down or restarting.
+	ReasonUnreachable Reason = "unreachable"
 	// ReasonThrottled: the server answered 429 Too Many Requests.
 	ReasonThrottled Reason = "throttled"
-	// ReasonForbidden: the server answered 403; the identity lacks list or
-	// watch permission on the resource.
+	// ReasonForbidden: the server answered 401 or 403: the identity lacks
+	// list or watch permission on the resource (or, for the first
+	// queue.TransientRefusals in a row, a just-started API server's
+	// authorizer has not synced yet).
 	ReasonForbidden Reason = "forbidden"
 	// ReasonNotFound: the server answered 404; the resource type is not
 	// served (e.g. its CRD is not installed).

@@ -24,9 +24,13 @@ type entry struct {
 	// maintain it.
 	generation int64
 	// fingerprint hashes what makes a same-generation change worth a
-	// reconcile: whether a deletion timestamp is set, the finalizers, and
-	// the watched labels and annotations.
+	// reconcile: whether a deletion timestamp is set, the finalizers
+	// other than Config.OwnFinalizers, and the watched labels and
+	// annotations.
 	fingerprint uint64
+	// ownMissing: the object is not being deleted and lacks one of
+	// Config.OwnFinalizers.
+	ownMissing bool
 	// epoch is the number of the latest (re)list when the object was last
 	// seen (by that list or by the watch after it); after a complete list,
 	// entries with an older epoch have vanished.
@@ -55,16 +59,19 @@ func (w *Watcher[T]) readMeta(u *unstructured.Unstructured) (opkit.Key, entry) {
 			h.Write([]byte{0})
 		}
 	}
-	if ts, ok := md["deletionTimestamp"]; ok && ts != nil {
+	ts, deleting := md["deletionTimestamp"]
+	if deleting = deleting && ts != nil; deleting {
 		write("deleting")
 	}
-	if fs, ok := md["finalizers"].([]any); ok {
-		write("finalizers")
-		for _, f := range fs {
-			s, _ := f.(string)
-			write(s)
+	fs, _ := md["finalizers"].([]any)
+	for _, f := range fs {
+		if s, _ := f.(string); !slices.Contains(w.cfg.OwnFinalizers, s) {
+			write("finalizer", s)
 		}
 	}
+	e.ownMissing = !deleting && slices.ContainsFunc(w.cfg.OwnFinalizers, func(own string) bool {
+		return !slices.Contains(fs, any(own))
+	})
 	// The named labels and annotations, an absent one apart from an empty one.
 	named := func(section string, names []string) {
 		m, _ := md[section].(map[string]any)
@@ -150,11 +157,12 @@ func (w *Watcher[T]) tracked() {
 
 // gone records in the ledger the delete of the object e (its UID and last
 // resourceVersion) under key, with its final state unless final is nil,
-// stops tracking it as live, and adds key to the queue. The record is in
+// stops tracking it as live, and adds key to the queue at the watch's
+// priority (a delete needs work). The record is in
 // place before the queue sees the key, so the worker that takes it finds
 // the delete. Beyond MaxFinalStates final states in all the record is a
 // tombstone; beyond MaxDeletesPerKey records of key the oldest is dropped.
-func (w *Watcher[T]) gone(key opkit.Key, e entry, final T, prio int) {
+func (w *Watcher[T]) gone(key opkit.Key, e entry, final T) {
 	r := record[T]{uid: strings.Clone(e.uid), rv: strings.Clone(e.rv)}
 	k := w.intern(key)
 	w.mu.Lock()
@@ -179,7 +187,7 @@ func (w *Watcher[T]) gone(key opkit.Key, e entry, final T, prio int) {
 		w.log.Error("too many unsettled deletes of one name: the oldest is dropped and will not be reconciled",
 			"key", key.String(), "uid", dropped.uid, "resourceVersion", dropped.rv, "maxDeletesPerKey", w.cfg.MaxDeletesPerKey)
 	}
-	w.emit(key, opkit.Deleted, *new(T), prio)
+	w.emit(key, opkit.Deleted, *new(T), w.cfg.Priority)
 }
 
 // drop removes the records of key that match; the caller holds mu.

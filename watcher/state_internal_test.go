@@ -42,7 +42,7 @@ func TestNamespacesOfObjectsLongGoneAreNotKept(t *testing.T) {
 		k, e := meta(fmt.Sprintf("ci-%d", i), fmt.Sprint(i))
 		tr.store(k, e, entry{})
 		e.rv = "2"
-		tr.gone(k, e, nil, 0)
+		tr.gone(k, e, nil)
 		tr.Settle(k, types.UID(e.uid), "2")
 	}
 	tr.pruneNamespaces() // as a list's end does

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
 
@@ -53,7 +55,8 @@ type Watcher[T opkit.Object] struct {
 	name string // the resource as logs and errors show it: "widgets.example.com/v1"
 
 	// Owned by Run's goroutine.
-	failures   int               // consecutive failed calls, for the backoff; reset by Run
+	failures   int               // consecutive failed calls, for the backoff
+	refusals   int               // consecutive 401/403 answers among them
 	epoch      uint32            // number of the latest (re)list
 	namespaces map[string]string // interned namespaces, shared by the keys (see intern)
 	nsKept     int               // namespaces in use at the last prune
@@ -152,7 +155,7 @@ func (w *Watcher[T]) Run(ctx context.Context) error {
 	// List, then watch from the list's resourceVersion. A 410 Gone (from
 	// the list's continue token or the watch's resourceVersion) relists at
 	// once; other failures wait for the backoff before the call is retried.
-	w.failures = 0
+	w.failures, w.refusals = 0, 0
 	var rv string
 	relist := true
 	for ctx.Err() == nil {
@@ -168,36 +171,45 @@ func (w *Watcher[T]) Run(ctx context.Context) error {
 		if err == nil || ctx.Err() != nil {
 			continue
 		}
-		if w.failure(call, err) == ReasonExpired {
+		if delay, expired := w.failure(call, err); expired {
 			relist = true
 		} else {
-			w.wait(ctx, err)
+			sleep(ctx, delay)
 		}
 	}
 	return nil
 }
 
-// failure logs and counts a failed call and returns its reason. Apart from
-// a 410 Gone, which only calls for a relist, it is a failure for the
-// backoff and for Check.
-func (w *Watcher[T]) failure(call string, err error) Reason {
+// failure logs and counts a failed call, and returns how long to wait
+// before the next one, or expired for a 410 Gone, which only calls for a
+// relist. Anything else is a failure for the backoff and for Check.
+func (w *Watcher[T]) failure(call string, err error) (delay time.Duration, expired bool) {
 	reason := classify(err)
 	w.cfg.Metrics.Error(reason)
 	if reason == ReasonExpired {
 		w.log.Info(call+" expired; relisting", "err", err)
-		return reason
+		return 0, true
 	}
 	w.failures++
-	w.setErr(fmt.Errorf("%s %s: %w", call, w.name, err))
-	switch reason {
-	case ReasonForbidden:
-		w.log.Error("permission denied: the identity needs list and watch on the resource; retrying slowly", "call", call, "err", err)
-	case ReasonNotFound:
-		w.log.Error("resource not found: is it installed (CRD) and served in this version? retrying slowly", "call", call, "err", err)
-	default:
-		w.log.Warn(call+" failed; backing off", "reason", reason, "failures", w.failures, "err", err)
+	if reason == ReasonForbidden {
+		w.refusals++
+	} else {
+		w.refusals = 0
 	}
-	return reason
+	w.setErr(fmt.Errorf("%s %s: %w", call, w.name, err))
+	delay = w.delay(reason, err)
+	switch {
+	case reason == ReasonForbidden && w.refusals <= queue.TransientRefusals:
+		w.log.Warn(call+" refused; retrying, as a just-started API server refuses until its authorizer has synced",
+			"refusals", w.refusals, "after", delay, "err", err)
+	case reason == ReasonForbidden:
+		w.log.Error("permission denied: the identity needs list and watch on the resource; retrying slowly", "call", call, "after", delay, "err", err)
+	case reason == ReasonNotFound:
+		w.log.Error("resource not found: is it installed (CRD) and served in this version? retrying slowly", "call", call, "after", delay, "err", err)
+	default:
+		w.log.Warn(call+" failed; backing off", "reason", reason, "failures", w.failures, "after", delay, "err", err)
+	}
+	return delay, false
 }
 
 func classify(err error) Reason {
@@ -210,23 +222,37 @@ func classify(err error) Reason {
 		return ReasonNotFound
 	case apierrors.IsTooManyRequests(err):
 		return ReasonThrottled
+	case utilnet.IsConnectionRefused(err), utilnet.IsConnectionReset(err), utilnet.IsProbableEOF(err):
+		return ReasonUnreachable
 	}
 	return ReasonError
 }
 
-// wait sleeps before the next attempt after a failure (err, nil for a
-// watch closed early), or until ctx is cancelled: see [Backoff].
-func (w *Watcher[T]) wait(ctx context.Context, err error) {
+// delay is the wait before the next call after a failure of reason (err
+// its error, nil for a watch closed early): see [Backoff].
+func (w *Watcher[T]) delay(reason Reason, err error) time.Duration {
 	b := w.cfg.Backoff
 	d := queue.Backoff{Base: b.Base, Cap: b.Cap, Jitter: 0.5}.Delay(max(w.failures, 1))
-	switch classify(err) {
-	case ReasonForbidden, ReasonNotFound:
-		d = max(d, queue.Backoff{Base: b.Slow, Cap: b.Slow, Jitter: 0.5}.Delay(1))
+	slow := queue.Backoff{Base: b.Slow, Cap: b.Slow, Jitter: 0.5}.Delay(1)
+	switch reason {
+	case ReasonUnreachable:
+		d = min(d, b.Unreachable)
+	case ReasonForbidden:
+		if w.refusals > queue.TransientRefusals {
+			d = max(d, slow)
+		}
+	case ReasonNotFound:
+		d = max(d, slow)
 	case ReasonThrottled:
 		if secs, ok := apierrors.SuggestsClientDelay(err); ok {
 			d = max(d, time.Duration(secs)*time.Second)
 		}
 	}
+	return d
+}
+
+// sleep waits for d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) {
 	select {
 	case <-ctx.Done():
 	case <-time.After(d):
@@ -278,10 +304,10 @@ func (w *Watcher[T]) list(ctx context.Context) (string, error) {
 	}
 	w.mu.RUnlock()
 	for _, k := range lost {
-		w.emit(k, opkit.Deleted, *new(T), *w.cfg.ListPriority)
+		w.emit(k, opkit.Deleted, *new(T), w.cfg.Priority)
 	}
 	for _, k := range slices.SortedFunc(maps.Keys(vanished), compareKeys) {
-		w.gone(k, vanished[k], *new(T), *w.cfg.ListPriority)
+		w.gone(k, vanished[k], *new(T))
 		ev.Deleted++
 	}
 	w.tracked()
@@ -289,6 +315,7 @@ func (w *Watcher[T]) list(ctx context.Context) (string, error) {
 	w.mu.Lock()
 	w.synced, w.lastErr = true, nil
 	w.mu.Unlock()
+	w.failures, w.refusals = 0, 0
 	ev.Phase = SyncFinished
 	w.log.Info("list done", "initial", ev.Initial, "reason", ev.Reason,
 		"added", ev.Added, "modified", ev.Modified, "deleted", ev.Deleted,
@@ -324,54 +351,60 @@ func (w *Watcher[T]) watch(ctx context.Context, rv *string) error {
 		return err
 	}
 	w.setErr(nil)
-	end, err := w.consume(ctx, wi, rv)
+	end, delivered, err := w.consume(ctx, wi, rv)
 	wi.Stop()
 	if ctx.Err() != nil {
 		return nil
 	}
 	w.cfg.Metrics.WatchRestart(end)
 	open := time.Since(started)
-	if open >= w.cfg.Backoff.Reset {
-		w.failures = 0
+	if delivered || open >= w.cfg.Backoff.Reset {
+		w.failures, w.refusals = 0, 0 // the watch worked
 	}
 	switch {
 	case err != nil:
 		return err
 	case end == ReasonIdle:
 		w.log.Warn("watch idle; restarting", "idleTimeout", w.cfg.IdleTimeout, "resourceVersion", *rv)
-	case open >= w.cfg.Backoff.Reset:
+	case delivered || open >= w.cfg.Backoff.Reset:
 		w.log.Debug("watch closed; resuming", "resourceVersion", *rv)
 	default:
-		w.log.Debug("watch closed early; resuming after a backoff", "open", open, "resourceVersion", *rv)
+		// Closed before it delivered anything or stayed open for
+		// Backoff.Reset: a server that keeps closing watches at once is
+		// not hammered.
 		w.failures++
+		delay := w.delay(ReasonClosed, nil)
+		w.log.Debug("watch closed early; resuming after a backoff", "open", open, "after", delay, "resourceVersion", *rv)
 		w.setErr(fmt.Errorf("watch %s: closed after %v", w.name, open))
-		w.wait(ctx, nil)
+		sleep(ctx, delay)
 	}
 	return nil
 }
 
 // consume reads a watch until it ends (ReasonClosed), the idle timer fires
 // (ReasonIdle), ctx is cancelled, or an error event arrives (its reason and
-// error). *rv advances with every event and bookmark.
-func (w *Watcher[T]) consume(ctx context.Context, wi watch.Interface, rv *string) (Reason, error) {
+// error). *rv advances with every event and bookmark; delivered reports
+// whether there was one.
+func (w *Watcher[T]) consume(ctx context.Context, wi watch.Interface, rv *string) (end Reason, delivered bool, err error) {
 	idle := time.NewTimer(w.cfg.IdleTimeout)
 	defer idle.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return ReasonClosed, nil
+			return ReasonClosed, delivered, nil
 		case <-idle.C:
-			return ReasonIdle, nil
+			return ReasonIdle, delivered, nil
 		case ev, ok := <-wi.ResultChan():
 			if !ok {
-				return ReasonClosed, nil
+				return ReasonClosed, delivered, nil
 			}
 			idle.Reset(w.cfg.IdleTimeout)
 			w.cfg.Metrics.Observed(time.Now())
 			if ev.Type == watch.Error {
 				err := apierrors.FromObject(ev.Object)
-				return classify(err), err
+				return classify(err), delivered, err
 			}
+			delivered = true
 			u, ok := ev.Object.(*unstructured.Unstructured)
 			if !ok {
 				continue
@@ -395,29 +428,30 @@ func (w *Watcher[T]) observe(u *unstructured.Unstructured, list *SyncEvent) {
 	key, e := w.readMeta(u)
 	e.epoch = w.epoch
 	old, known := w.get(key)
-	prio, ev := w.cfg.Priority, list
-	if list != nil {
-		prio = *w.cfg.ListPriority
-	} else {
+	ev := list
+	if list == nil {
 		ev = new(SyncEvent) // a watch event's counts go nowhere
 	}
-	typ := opkit.Modified
+	typ, refresh := opkit.Modified, false
 	switch {
 	case known && old.uid != e.uid:
 		// Recreated under the same name without the watch showing the
 		// delete (a relist found the new object): the old one is gone.
-		w.gone(key, old, *new(T), prio)
+		w.gone(key, old, *new(T))
 		ev.Deleted++
 		typ = opkit.Added
 	case !known, ev.Initial:
 		typ = opkit.Added
 	case old.rv == e.rv:
 		typ = 0 // unchanged (a relist, or a replayed event)
-	case w.cfg.SkipStatusOnly && e.generation != 0 && e.generation == old.generation && e.fingerprint == old.fingerprint:
-		typ = 0 // a status-only change: tracked, not emitted
+	case w.cfg.SkipStatusOnly && e.generation != 0 && e.generation == old.generation &&
+		e.fingerprint == old.fingerprint && (old.ownMissing || !e.ownMissing):
+		// A status-only change, or the operator's own finalizer added:
+		// tracked, not emitted, but its state refreshes a waiting entry.
+		typ, refresh = 0, true
 	}
 	w.store(key, e, old)
-	if typ == 0 {
+	if typ == 0 && !refresh {
 		ev.Unchanged++
 		return
 	}
@@ -427,6 +461,19 @@ func (w *Watcher[T]) observe(u *unstructured.Unstructured, list *SyncEvent) {
 		w.log.Error("cannot decode object into the user's type; no entry emitted", "key", key.String(), "err", err)
 		return
 	}
+	if refresh {
+		// The newest state joins an entry waiting for the key (its
+		// reconcile then needs no read), without a hand-out or a raised
+		// priority of its own.
+		w.cfg.Queue.Add(key, opkit.Cause[T]{Object: obj}, queue.AddOptions{Priority: math.MinInt32, MergeOnly: true})
+		ev.Unchanged++
+		return
+	}
+	rank := w.rank(u, obj)
+	prio := w.cfg.Priority + max(rank-1, 0)
+	if list != nil && rank == 0 {
+		prio = *w.cfg.ListPriority
+	}
 	w.emit(key, typ, obj, prio)
 	if typ == opkit.Added {
 		ev.Added++
@@ -435,19 +482,47 @@ func (w *Watcher[T]) observe(u *unstructured.Unstructured, list *SyncEvent) {
 	}
 }
 
+// rank is Config.Rank of obj (u decoded), within [0, MaxRank].
+func (w *Watcher[T]) rank(u *unstructured.Unstructured, obj T) int {
+	if w.cfg.Rank != nil {
+		return min(max(w.cfg.Rank(obj), 0), MaxRank)
+	}
+	return DefaultRank(u)
+}
+
+// MaxRank bounds an object's rank (see Config.Rank).
+const MaxRank = 8
+
+// DefaultRank is the rank the Kubernetes convention gives the object u:
+// the number of generations its status.observedGeneration lags behind
+// metadata.generation (1 when it has none), at most MaxRank; 0 when it is
+// up to date, and for resources that maintain no generation (it is 0), of
+// which nothing can be told.
+func DefaultRank(u *unstructured.Unstructured) int {
+	gen := u.GetGeneration()
+	observed, found, err := unstructured.NestedInt64(u.Object, "status", "observedGeneration")
+	switch {
+	case gen == 0:
+		return 0
+	case !found || err != nil:
+		return 1
+	}
+	return int(min(max(gen-observed, 0), MaxRank))
+}
+
 // deleted handles a Deleted watch event.
 func (w *Watcher[T]) deleted(u *unstructured.Unstructured) {
 	key, e := w.readMeta(u)
 	if old, ok := w.get(key); ok && old.uid != e.uid {
 		// The object tracked under the name went without an event.
-		w.gone(key, old, *new(T), w.cfg.Priority)
+		w.gone(key, old, *new(T))
 	}
 	obj, err := typed.FromUnstructured[T](u)
 	if err != nil {
 		w.cfg.Metrics.Error(ReasonDecode)
 		w.log.Error("cannot decode deleted object; recording a tombstone", "key", key.String(), "err", err)
 	}
-	w.gone(key, e, obj, w.cfg.Priority)
+	w.gone(key, e, obj)
 	w.tracked()
 }
 

@@ -120,12 +120,10 @@ func TestIntegrationThousandObjectsEveryStateExactlyOnce(t *testing.T) {
 		t.Fatalf("%d entries for %d keys, want %d for %d (one per write)", len(all), len(perKey), 3*n, n)
 	}
 	for k, rs := range perKey {
-		wantPrio := 0 // created while watching
-		var i int
-		fmt.Sscanf(k.Name, "w%d", &i)
-		if i < n/2 {
-			wantPrio = -1 // found by the initial list
-		}
+		// Created while watching, or found by the initial list: never
+		// reconciled (no status.observedGeneration), so work at the
+		// watch's priority either way.
+		const wantPrio = 0
 		if rs[0].Type != opkit.Added || rs[0].Priority != wantPrio || rs[1].Type != opkit.Modified || rs[2].Type != opkit.Modified {
 			t.Fatalf("%v: entries %v, want Added (priority %d) then two Modified", k, rs, wantPrio)
 		}
@@ -277,20 +275,24 @@ func TestIntegrationCompactionRelistEmitsExactlyTheDifferences(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want = append(want, record{Key: opkit.Key{Namespace: ns, Name: name(i)}, Type: opkit.Modified, RV: rv, UID: uids[name(i)], Priority: -1})
+		// Changed and not reconciled since: work, at the watch's priority.
+		want = append(want, record{Key: opkit.Key{Namespace: ns, Name: name(i)}, Type: opkit.Modified, RV: rv, UID: uids[name(i)], Priority: 0})
 	}
 	for i := 5; i < 10; i++ {
 		if err := res.Delete(ctx, name(i), metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		want = append(want, record{Key: opkit.Key{Namespace: ns, Name: name(i)}, Type: opkit.Deleted, RV: rvs[name(i)], UID: uids[name(i)], Final: true, Priority: -1})
+		// A delete is work, at the watch's priority.
+		want = append(want, record{Key: opkit.Key{Namespace: ns, Name: name(i)}, Type: opkit.Deleted, RV: rvs[name(i)], UID: uids[name(i)], Final: true, Priority: 0})
 	}
 	for i := 20; i < 23; i++ {
 		u, err := res.Create(ctx, newWidget(ns, name(i), 1), metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		want = append(want, record{Key: opkit.Key{Namespace: ns, Name: name(i)}, Type: opkit.Added, RV: u.GetResourceVersion(), UID: string(u.GetUID()), Priority: -1})
+		// Never reconciled (no status.observedGeneration): work, at the
+		// watch's priority.
+		want = append(want, record{Key: opkit.Key{Namespace: ns, Name: name(i)}, Type: opkit.Added, RV: u.GetResourceVersion(), UID: string(u.GetUID()), Priority: 0})
 	}
 	rev, err := c.Compact(ctx)
 	if err != nil {
@@ -320,7 +322,9 @@ func TestIntegrationCompactionRelistEmitsExactlyTheDifferences(t *testing.T) {
 }
 
 // (d) A watcher running as a user without RBAC grants reports a clear
-// permission error in Check and in its logs, and does not hammer the server.
+// permission error in Check and in its logs once queue.TransientRefusals
+// refusals came in a row (the first are warnings: a just-started API
+// server refuses too), and does not hammer the server.
 func TestIntegrationUnprivilegedUserGetsAClearPermissionError(t *testing.T) {
 	c := testcluster.Shared(t)
 	installWidgets(t, c)
@@ -344,12 +348,19 @@ func TestIntegrationUnprivilegedUserGetsAClearPermissionError(t *testing.T) {
 		!strings.Contains(err.Error(), "widgets") {
 		t.Fatalf("Check = %v; want not synced, naming the user and the resource", err)
 	}
-	if l := logs.String(); !strings.Contains(l, "level=ERROR") || !strings.Contains(l, "permission denied") {
-		t.Fatalf("logs do not report the permission error:\n%s", l)
+	eventually(t, 30*time.Second, "permission error logged", func() error {
+		if l := logs.String(); !strings.Contains(l, "level=ERROR") || !strings.Contains(l, "permission denied") {
+			return fmt.Errorf("logs do not report the permission error:\n%s", l)
+		}
+		return nil
+	})
+	refusals := m.get(func(m *metrics) int { return m.errors[watcher.ReasonForbidden] })
+	if l := logs.String(); refusals != queue.TransientRefusals+1 || strings.Count(l, "refused; retrying") != queue.TransientRefusals {
+		t.Fatalf("%d refusals, then the error; want %d warned about first:\n%s", refusals, queue.TransientRefusals, l)
 	}
 	time.Sleep(3 * time.Second) // room for a hot loop, if there were one
-	if got := m.get(func(m *metrics) int { return m.errors[watcher.ReasonForbidden] }); got < 1 || got > 2 {
-		t.Fatalf("%d forbidden attempts in the first seconds, want 1 or 2 (slow retry)", got)
+	if got := m.get(func(m *metrics) int { return m.errors[watcher.ReasonForbidden] }); got > refusals+1 {
+		t.Fatalf("%d forbidden attempts in the 3s after the error, want at most 1 (slow retry)", got-refusals)
 	}
 	if w.Synced() {
 		t.Fatal("synced without permission")

@@ -181,8 +181,8 @@ func TestRelistAfterExpiredEmitsOnlyTheDifferences(t *testing.T) {
 
 		sameRecords(t, "relist", byKey(q.take()), []record{
 			{Key: key("a"), Type: opkit.Modified, RV: "10", UID: "ua", Priority: -1},
-			{Key: key("b"), Type: opkit.Deleted, RV: "2", UID: "ub", Final: true, Priority: -1},
-			{Key: key("e"), Type: opkit.Deleted, RV: "4", UID: "ue", Final: true, Priority: -1},
+			{Key: key("b"), Type: opkit.Deleted, RV: "2", UID: "ub", Final: true, Priority: 0},
+			{Key: key("e"), Type: opkit.Deleted, RV: "4", UID: "ue", Final: true, Priority: 0},
 			{Key: key("e"), Type: opkit.Added, RV: "11", UID: "ue2", Priority: -1},
 			{Key: key("f"), Type: opkit.Added, RV: "12", UID: "uf", Priority: -1},
 		})
@@ -438,15 +438,21 @@ func TestThrottledListHonoursRetryAfter(t *testing.T) {
 	})
 }
 
+// A 404 is retried slowly at once; a 401 or 403 after the first
+// queue.TransientRefusals in a row, which are retried as fast as any
+// transient failure (a just-started API server refuses until its
+// authorizer has synced).
 func TestForbiddenAndNotFoundAreReportedAndRetriedSlowly(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		err    error
 		is     func(error) bool
 		reason watcher.Reason
+		fast   int // retries before the slow ones
 	}{
-		{"forbidden", apierrors.NewForbidden(widgets.GroupResource(), "", errors.New(`user "u" cannot list`)), apierrors.IsForbidden, watcher.ReasonForbidden},
-		{"notfound", apierrors.NewNotFound(widgets.GroupResource(), ""), apierrors.IsNotFound, watcher.ReasonNotFound},
+		{"forbidden", apierrors.NewForbidden(widgets.GroupResource(), "", errors.New(`user "u" cannot list`)), apierrors.IsForbidden, watcher.ReasonForbidden, queue.TransientRefusals},
+		{"unauthorized", apierrors.NewUnauthorized("token expired"), apierrors.IsUnauthorized, watcher.ReasonForbidden, queue.TransientRefusals},
+		{"notfound", apierrors.NewNotFound(widgets.GroupResource(), ""), apierrors.IsNotFound, watcher.ReasonNotFound, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -473,14 +479,15 @@ func TestForbiddenAndNotFoundAreReportedAndRetriedSlowly(t *testing.T) {
 					t.Fatalf("Check = %v, want ErrNotSynced wrapping the %s error, naming the resource", err, tc.name)
 				}
 				time.Sleep(2 * time.Minute)
-				// Slow retries: at least Slow/2 apart, so at most 1 + 120s/15s.
+				// Slow retries: at least Slow/2 apart, so at most
+				// 1 + fast + 120s/15s.
 				n := len(attempts())
-				if n < 2 || n > 9 {
-					t.Fatalf("%d attempts in 2 minutes, want between 2 and 9", n)
+				if n < 2+tc.fast || n > 9+tc.fast {
+					t.Fatalf("%d attempts in 2 minutes, want between %d and %d", n, 2+tc.fast, 9+tc.fast)
 				}
-				for _, g := range gaps(attempts()) {
-					if g < watcher.DefaultBackoffSlow/2 {
-						t.Fatalf("retried after %v, want at least %v", g, watcher.DefaultBackoffSlow/2)
+				for i, g := range gaps(attempts()) {
+					if slow := g >= watcher.DefaultBackoffSlow/2; slow != (i >= tc.fast) {
+						t.Fatalf("retry %d after %v: want it slow (at least %v) from retry %d on", i+1, g, watcher.DefaultBackoffSlow/2, tc.fast+1)
 					}
 				}
 				if m.get(func(m *metrics) int { return m.errors[tc.reason] }) != n {
@@ -539,8 +546,11 @@ func TestSkipStatusOnlyDropsSameGenerationChangesExceptNamedOnes(t *testing.T) {
 		var want []record
 		for _, s := range steps {
 			mustDo(t)(res.Update(ctx, s.u, metav1.UpdateOptions{}))
+			k := opkit.Key{Namespace: "ns", Name: s.u.GetName()}
 			if s.emit {
-				want = append(want, record{Key: opkit.Key{Namespace: "ns", Name: s.u.GetName()}, Type: opkit.Modified, RV: s.u.GetResourceVersion(), UID: string(s.u.GetUID())})
+				want = append(want, record{Key: k, Type: opkit.Modified, RV: s.u.GetResourceVersion(), UID: string(s.u.GetUID())})
+			} else { // the newer state only refreshes a waiting entry
+				want = append(want, record{Key: k, RV: s.u.GetResourceVersion(), Refresh: true})
 			}
 		}
 		synctest.Wait()
@@ -658,7 +668,7 @@ func TestTheLedgerKeepsADeleteUntilSettledAndEachRunAddsItsKey(t *testing.T) {
 
 				next := []record{
 					{Key: key("a"), Type: opkit.Added, RV: "1", UID: "ua", Priority: -1},
-					{Key: key("b"), Type: opkit.Deleted, RV: "2", UID: "ub", Priority: -1},
+					{Key: key("b"), Type: opkit.Deleted, RV: "2", UID: "ub", Priority: 0},
 				}
 				run := func(what string, want []record) {
 					t.Helper()
@@ -700,7 +710,7 @@ func TestANewRunRecordsObjectsDeletedWhileStoppedAsTombstones(t *testing.T) {
 		synctest.Wait()
 		sameRecords(t, "second run", q.take(), []record{
 			{Key: key("a"), Type: opkit.Added, RV: "1", UID: "ua", Priority: -1},
-			{Key: key("b"), Type: opkit.Deleted, RV: "2", UID: "ub", Final: true, Priority: -1},
+			{Key: key("b"), Type: opkit.Deleted, RV: "2", UID: "ub", Final: true, Priority: 0},
 		})
 	})
 }
@@ -748,7 +758,7 @@ func TestARelistRecordsAReplacedObjectAsATombstone(t *testing.T) {
 		r.ws.last(t).Error(expired) // a relist follows
 		synctest.Wait()
 		sameRecords(t, "the relist", r.q.take(), []record{
-			{Key: key("b"), Type: opkit.Deleted, RV: "2", UID: "ub", Final: true, Priority: -1},
+			{Key: key("b"), Type: opkit.Deleted, RV: "2", UID: "ub", Final: true, Priority: 0},
 			{Key: key("b"), Type: opkit.Added, RV: "5", UID: "ub2", Priority: -1},
 		})
 		if got := deletes(r.w, key("b")); !slices.Equal(got, []string{"ub rv=2 tombstone"}) {

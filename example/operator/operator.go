@@ -283,7 +283,8 @@ func Assemble(o Options, d Deps) (*Operator, error) {
 		Concurrency: o.Concurrency,
 		Watch: watcher.Config[*demov1.DemoEntity]{
 			Namespace:      o.Namespace,
-			SkipStatusOnly: true, // our own status writes need no reconcile
+			SkipStatusOnly: true,                       // our own status writes need no reconcile,
+			OwnFinalizers:  []string{demov1.Finalizer}, // nor our finalizer going on
 			Metrics:        m.Watcher(),
 		},
 		Metrics:        m.Controller(),
