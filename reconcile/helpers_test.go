@@ -30,6 +30,7 @@ type WidgetSpec struct {
 type WidgetStatus struct {
 	ObservedGeneration int64  `json:"observedGeneration,omitempty"`
 	Phase              string `json:"phase,omitempty"`
+	Message            string `json:"message,omitempty"`
 }
 
 var widgets = opkit.Resource{
