@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	authzv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -23,6 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
 
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/bench/internal/fixture"
@@ -95,6 +97,10 @@ var env struct {
 }
 
 func TestMain(m *testing.M) {
+	// client-go logs (through klog, to stderr) the GETs that stopping a
+	// run's controller cancels; a line in the middle of a result line
+	// would keep benchstat from reading it.
+	klog.SetLogger(logr.Discard())
 	code := m.Run()
 	env.Stop()
 	os.Exit(code)
