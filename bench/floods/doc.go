@@ -38,7 +38,10 @@
 // an enqueue. (A trigger of a key the queue already holds would join it
 // and cost nothing; most of the valid flood's do.) Before the idle phase,
 // the controller's initial list is reconciled (which spends its client's
-// burst) and one trigger is answered 202.
+// burst), only then the driver starts (list entries wait below its watch
+// events: started earlier, it would leave some of the client's keys
+// queued, for its triggers to join) and fills the queue, and one trigger
+// is answered 202.
 //
 // Metrics, for each phase (idle, valid, slow, garbage): <phase>-ok-%, the
 // share of the well-behaved client's 32 triggers answered 202 (no answer
@@ -52,9 +55,9 @@
 // the flood, or when the idle phase got no 202.
 //
 // One iteration is the whole phased run, with a fresh controller, endpoint
-// and driver (about 45s): run it with -benchtime=1x, and -count for
-// several runs. It uses b.Loop, so the function runs once per -count and
-// the default -benchtime=1s (what `make bench` passes) also gives one
+// and driver (about 50s): run it with -benchtime=1x, and -count for
+// several runs. It uses b.Loop, so the function runs once per -count, and
+// the default -benchtime=1s (`make bench` sets none) also gives one
 // iteration, the first being longer than 1s; -benchtime=Nx gives N runs,
 // whose figures are then pooled (triggers and reconciles summed, latencies
 // together).
