@@ -1,7 +1,8 @@
 // Package bench holds opkit's side-by-side benchmarks against its peers
 // (client-go's workqueue, informers and leaderelection, controller-runtime's
-// priorityqueue and source.Channel). It is a separate module so that those
-// peers never become dependencies of the SDK.
+// priorityqueue and source.Channel), and the measurements that have no
+// peer (floods: the trigger endpoint under the floods of issue 22). It is a
+// separate module so that those peers never become dependencies of the SDK.
 //
 // Run them with `make bench`; results and the commands that produced them
 // are in docs/benchmarks.md.

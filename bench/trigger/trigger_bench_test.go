@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -40,6 +39,7 @@ import (
 
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/bench/internal/fixture"
+	"github.com/opkit/opkit/bench/internal/stats"
 	"github.com/opkit/opkit/internal/testcluster"
 	"github.com/opkit/opkit/queue"
 	"github.com/opkit/opkit/reconcile"
@@ -266,8 +266,8 @@ func (c *durations) report(b *testing.B, prefix string) {
 	d := slices.Clone(c.d)
 	c.mu.Unlock()
 	slices.Sort(d)
-	b.ReportMetric(float64(percentile(d, 0.50)), prefix+"-p50-ns")
-	b.ReportMetric(float64(percentile(d, 0.99)), prefix+"-p99-ns")
+	b.ReportMetric(float64(stats.Percentile(d, 0.50)), prefix+"-p50-ns")
+	b.ReportMetric(float64(stats.Percentile(d, 0.99)), prefix+"-p99-ns")
 }
 
 // tracker pairs every fired trigger with the first reconcile of its target
@@ -341,15 +341,6 @@ func (t *tracker) wait(n int) error {
 		time.Sleep(time.Millisecond)
 	}
 	return nil
-}
-
-// percentile returns the nearest-rank q-quantile (0 < q <= 1) of sorted.
-func percentile(sorted []time.Duration, q float64) time.Duration {
-	if len(sorted) == 0 {
-		return 0
-	}
-	i := int(math.Ceil(q*float64(len(sorted)))) - 1
-	return sorted[min(max(i, 0), len(sorted)-1)]
 }
 
 // load is the state of the queue when the triggers are fired.
@@ -432,8 +423,8 @@ func measure(b *testing.B, tr *tracker, c contender, l load) {
 	tr.mu.Unlock()
 	slices.Sort(lat)
 	b.ReportMetric(0, "ns/op") // the pacing, not a result
-	b.ReportMetric(float64(percentile(lat, 0.50)), "p50-ns")
-	b.ReportMetric(float64(percentile(lat, 0.99)), "p99-ns")
+	b.ReportMetric(float64(stats.Percentile(lat, 0.50)), "p50-ns")
+	b.ReportMetric(float64(stats.Percentile(lat, 0.99)), "p99-ns")
 	if c.report != nil {
 		c.report(b)
 	}

@@ -1,4 +1,4 @@
-package triggerbench
+package stats
 
 import (
 	"testing"
@@ -20,12 +20,14 @@ func TestPercentileIsNearestRank(t *testing.T) {
 		{"one", []time.Duration{7}, 0.99, 7},
 		{"median of 100", hundred, 0.50, 50},
 		{"p99 of 100", hundred, 0.99, 99},
+		{"p99 of 99 is their max", hundred[:99], 0.99, 99},
+		{"p99 of 32 is their max", hundred[:32], 0.99, 32},
 		{"max of 100", hundred, 1, 100},
 		{"median of odd", []time.Duration{1, 2, 3}, 0.5, 2},
 		{"p99 of 3", []time.Duration{1, 2, 3}, 0.99, 3},
 	} {
-		if got := percentile(tc.sorted, tc.q); got != tc.want {
-			t.Errorf("%s: percentile(q=%v) = %v, want %v", tc.name, tc.q, got, tc.want)
+		if got := Percentile(tc.sorted, tc.q); got != tc.want {
+			t.Errorf("%s: Percentile(q=%v) = %v, want %v", tc.name, tc.q, got, tc.want)
 		}
 	}
 }

@@ -1,0 +1,470 @@
+package floodsbench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	authzv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+
+	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/bench/internal/fixture"
+	"github.com/opkit/opkit/bench/internal/stats"
+	"github.com/opkit/opkit/internal/floodtest"
+	"github.com/opkit/opkit/internal/testcluster"
+	"github.com/opkit/opkit/reconcile"
+	"github.com/opkit/opkit/trigger"
+	"github.com/opkit/opkit/watcher"
+)
+
+const (
+	namespace      = "trigger-floods"
+	serviceAccount = "deployer" // the identity of the well-behaved client and of the valid floods
+	// driven is the number of ConfigMaps the driver changes and the
+	// floods trigger; clientObjects the number of those that only the
+	// well-behaved client triggers, each once in a run (four phases of
+	// perPhase triggers).
+	driven        = 198
+	clientObjects = 4 * perPhase
+	// phaseLength is the length of every phase. The next phase starts
+	// once the flood has stopped and the well-behaved client's triggers
+	// are answered, and after the valid-trigger flood a refill later.
+	phaseLength = 8 * time.Second
+	// refill is the pause after the valid-trigger flood, which spends the
+	// trigger budget (trigger.DefaultRate 5/s, trigger.DefaultBurst 20):
+	// the next phase starts with it full.
+	refill = 5 * time.Second
+	// pace is the well-behaved client's interval: 4 triggers a second,
+	// under trigger.DefaultRate, so that idle it is never refused by the
+	// budget; perPhase of them in a phase.
+	pace     = 250 * time.Millisecond
+	perPhase = int(phaseLength / pace)
+	// floodWorkers is the goroutines of the valid and garbage-token
+	// floods (one request at a time each); slowConns the connections of
+	// the slow-body flood.
+	floodWorkers = 64
+	slowConns    = 200
+	// workers is the controller's: enough that the budget, not the API
+	// server's latency on a busy machine, bounds the reconciles.
+	workers = 16
+	// drive is the driver's interval between two updates: about 50 a
+	// second, twice what the controller's request budget lets it
+	// reconcile, so that the queue always holds watch work.
+	drive = 20 * time.Millisecond
+	// Addresses: the floods come from attacker, the well-behaved client
+	// from wellBehaved (the handler counts failed authentications by
+	// address). Linux routes all of 127.0.0.0/8 to the loopback interface.
+	attacker    = "127.0.0.3"
+	wellBehaved = "127.0.0.2"
+)
+
+var configMaps = opkit.Resource{
+	GroupVersionResource: schema.GroupVersionResource{Version: "v1", Resource: "configmaps"},
+	Kind:                 "ConfigMap",
+	Namespaced:           true,
+}
+
+var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// env is the process-wide fixture: the control plane, its objects, the
+// unthrottled clients and the well-behaved client's token.
+var env struct {
+	fixture.Cluster
+	kube    *kubernetes.Clientset // setup and the driver
+	reviews *kubernetes.Clientset // the handler's TokenReviews and SubjectAccessReviews
+	driven  []string              // the driver's and the floods' ConfigMaps
+	own     []string              // the well-behaved client's
+	token   string
+}
+
+func TestMain(m *testing.M) {
+	// client-go logs (through klog, to stderr) the GETs that stopping a
+	// run's controller cancels; a line in the middle of a result line
+	// would keep benchstat from reading it.
+	klog.SetLogger(logr.Discard())
+	code := m.Run()
+	env.Stop()
+	os.Exit(code)
+}
+
+// populate creates the namespace, the ConfigMaps and the ServiceAccount
+// allowed to trigger them (update on configmaps, the handler's default
+// SubjectAccessReview), and waits until the API server's authorizer
+// allows it.
+func populate(ctx context.Context, c *testcluster.Cluster) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	cfg := c.Config()
+	cfg.QPS, cfg.Burst = -1, 0
+	var err error
+	if env.kube, err = kubernetes.NewForConfig(cfg); err != nil {
+		return err
+	}
+	if env.reviews, err = kubernetes.NewForConfig(cfg); err != nil {
+		return err
+	}
+	kube := env.kube
+	if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	for i := range driven {
+		env.driven = append(env.driven, fmt.Sprintf("driven-%03d", i))
+	}
+	for i := range clientObjects {
+		env.own = append(env.own, fmt.Sprintf("client-%03d", i))
+	}
+	for _, name := range slices.Concat(env.driven, env.own) {
+		if _, err := kube.CoreV1().ConfigMaps(namespace).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"v": "initial"}}, metav1.CreateOptions{}); err != nil {
+			return err
+		}
+	}
+	if _, err := kube.RbacV1().Roles(namespace).Create(ctx, &rbacv1.Role{
+		ObjectMeta: metav1.ObjectMeta{Name: "trigger-configmaps"},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"update"}}},
+	}, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	if _, err := kube.RbacV1().RoleBindings(namespace).Create(ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "trigger-configmaps"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "trigger-configmaps"},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: serviceAccount, Namespace: namespace}},
+	}, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	if env.token, err = c.ServiceAccountToken(ctx, namespace, serviceAccount, trigger.DefaultAudience); err != nil {
+		return err
+	}
+	// RBAC grants reach the authorizer asynchronously; the handler
+	// caches a denial for 5s, so it must never see one.
+	for {
+		sar, err := kube.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
+			User:               "system:serviceaccount:" + namespace + ":" + serviceAccount,
+			Groups:             []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"},
+			ResourceAttributes: &authzv1.ResourceAttributes{Namespace: namespace, Verb: "update", Resource: "configmaps", Name: env.own[0]},
+		}}, metav1.CreateOptions{})
+		if err == nil && sar.Status.Allowed {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the RBAC grant of %s never reached the authorizer: %w", serviceAccount, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// endpoint is one run's system under test: a controller over the
+// ConfigMaps, its trigger endpoint on loopback, and the driver.
+type endpoint struct {
+	url    string
+	queued func() int // the entries waiting in the controller's queue
+	// watched counts the reconciles whose Sources include
+	// opkit.APIServer; updates, the driver's.
+	watched, updates atomic.Int64
+	stop             func()
+}
+
+// start starts the endpoint and returns once the controller's initial
+// list has been reconciled and then the driver's changes fill its queue.
+// The initial list has spent the burst of the controller's request
+// budget, so from then on the budget bounds every phase alike.
+func start(b *testing.B, c *testcluster.Cluster) *endpoint {
+	b.Helper()
+	// The controller's client has a budget of 50 requests a second
+	// (burst 100), and the reconciler makes two GETs through it: the
+	// watch's reconciles share that budget with the triggers' reads.
+	cfg := c.Config()
+	cfg.QPS, cfg.Burst = 50, 100
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cms := dyn.Resource(configMaps.GroupVersionResource).Namespace(namespace)
+	e := &endpoint{}
+	ctrl, err := reconcile.NewController(reconcile.Config[*corev1.ConfigMap]{
+		Name: "floods-bench", Resource: configMaps, Dynamic: dyn,
+		Reconciler: reconcile.Func[*corev1.ConfigMap](func(ctx context.Context, req reconcile.Request[*corev1.ConfigMap]) (reconcile.Result, error) {
+			for range 2 {
+				if _, err := cms.Get(ctx, req.Key.Name, metav1.GetOptions{}); err != nil {
+					return reconcile.Done(), err
+				}
+			}
+			if req.Sources.Has(opkit.APIServer) {
+				e.watched.Add(1)
+			}
+			return reconcile.Done(), nil
+		}),
+		Concurrency: workers,
+		Watch:       watcher.Config[*corev1.ConfigMap]{Namespace: namespace},
+		NoEvents:    true,
+		Logger:      discard,
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	// The handler with its defaults: the Kubernetes-native authenticator
+	// (TokenReview, SubjectAccessReview), MaxAuthFailures 10 within 10s,
+	// and the controller's trigger budget (5/s, burst 20).
+	h, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: ctrl.Trigger(), Reviews: env.reviews, Logger: discard})
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv, err := trigger.NewServer(trigger.ServerConfig{Handler: h, Logger: discard})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	e.url = "http://" + ln.Addr().String()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	ran, served := make(chan error, 1), make(chan error, 1)
+	go func() { ran <- ctrl.Run(ctx) }()
+	go func() { served <- srv.Serve(ctx, ln) }()
+	var driver sync.WaitGroup
+	e.stop = func() {
+		cancel()
+		driver.Wait()
+		if err := <-served; err != nil {
+			b.Errorf("server: %v", err)
+		}
+		if err := <-ran; err != nil {
+			b.Errorf("controller: %v", err)
+		}
+	}
+	q := ctrl.Queue()
+	e.queued = q.Len
+	// The initial list is reconciled before the driver starts: its
+	// entries wait at list priority, below the driver's watch events, and
+	// would stay queued, so that a trigger of one of the well-behaved
+	// client's objects would join its entry and read nothing.
+	e.await(b, "the initial list reconciled", func() bool {
+		return e.watched.Load() >= int64(driven+clientObjects) && q.Len() == 0 && ctrl.Check() == nil
+	})
+	driver.Go(func() { e.drive(ctx) })
+	e.await(b, "the driver's changes queued", func() bool { return q.Len() >= 2*workers })
+	return e
+}
+
+// await polls cond until it holds; after two minutes it stops e and fails
+// b.
+func (e *endpoint) await(b *testing.B, what string, cond func() bool) {
+	deadline := time.Now().Add(2 * time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			e.stop()
+			b.Fatalf("%s: not within two minutes (%d watch reconciles)", what, e.watched.Load())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// drive updates the ConfigMaps round-robin, one every drive, until ctx
+// ends.
+func (e *endpoint) drive(ctx context.Context) {
+	tick := time.NewTicker(drive)
+	defer tick.Stop()
+	for i := 0; ; i++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		patch := fmt.Appendf(nil, `{"data":{"v":"drive-%d"}}`, i)
+		if _, err := env.kube.CoreV1().ConfigMaps(namespace).Patch(ctx, env.driven[i%driven], types.MergePatchType, patch, metav1.PatchOptions{}); err == nil {
+			e.updates.Add(1)
+		}
+	}
+}
+
+// answer is what the well-behaved client got for one trigger: the status
+// code (0: no answer), the message of a refusal, and the time from the
+// request to the answer's end.
+type answer struct {
+	code    int
+	message string
+	took    time.Duration
+}
+
+// send POSTs a trigger of name with the ServiceAccount's token and waits
+// for the whole answer.
+func send(ctx context.Context, hc *http.Client, url, name string) answer {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/reconcile/"+namespace+"/"+name, nil)
+	if err != nil {
+		return answer{}
+	}
+	req.Header.Set("Authorization", "Bearer "+env.token)
+	start := time.Now()
+	resp, err := hc.Do(req)
+	if err != nil {
+		return answer{took: time.Since(start)}
+	}
+	defer resp.Body.Close()
+	var st trigger.Status
+	if resp.StatusCode != http.StatusAccepted {
+		_ = json.NewDecoder(resp.Body).Decode(&st)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return answer{code: resp.StatusCode, message: st.Message, took: time.Since(start)}
+}
+
+// phase is one part of a run: the well-behaved client beside flood (nil:
+// none, the idle phase), then pause before the next phase.
+type phase struct {
+	name  string
+	flood func(context.Context, floodtest.Config) floodtest.Result
+	pause time.Duration
+}
+
+// tally is what the phase of that name measured, summed over the runs.
+type tally struct {
+	sent, ok   int
+	latencies  []time.Duration // of the answered triggers
+	reconciles int64           // watch reconciles
+	elapsed    time.Duration
+}
+
+// measure runs p: it starts the flood, sends perPhase triggers from the
+// well-behaved client, one every pace from the phase's start, each to the
+// next of its own ConfigMaps (*next counts them) and each in its own
+// goroutine, so that a slow answer delays no later trigger; it counts the
+// watch reconciles until the phase's end, then stops the flood and waits
+// for the answers (a trigger belongs to the phase it was sent in). It
+// fails b when the phase measured nothing: no answer to the well-behaved
+// client, no watch reconcile, or no answer to the flood.
+func measure(b *testing.B, ctx context.Context, e *endpoint, p phase, hc *http.Client, next *int, t *tally) {
+	var res floodtest.Result
+	stopFlood := func() {}
+	if p.flood != nil {
+		fctx, cancel := context.WithCancel(ctx)
+		done := make(chan floodtest.Result, 1)
+		cfg := floodtest.Config{URL: e.url, Namespace: namespace, Names: env.driven, Token: env.token, Workers: floodWorkers, LocalIP: attacker}
+		go func() { done <- p.flood(fctx, cfg) }()
+		stopFlood = sync.OnceFunc(func() { cancel(); res = <-done })
+		defer stopFlood() // on a failure too
+	}
+	begin := time.Now()
+	w0, u0 := e.watched.Load(), e.updates.Load()
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		answers []answer
+	)
+	for i := range perPhase {
+		time.Sleep(time.Until(begin.Add(time.Duration(i) * pace)))
+		name := env.own[*next%clientObjects]
+		*next++
+		wg.Go(func() {
+			a := send(ctx, hc, e.url, name)
+			mu.Lock()
+			answers = append(answers, a)
+			mu.Unlock()
+		})
+	}
+	time.Sleep(time.Until(begin.Add(phaseLength))) // the rest of the phase
+	reconciles, updates, elapsed, queued := e.watched.Load()-w0, e.updates.Load()-u0, time.Since(begin), e.queued()
+	stopFlood()
+	wg.Wait()
+
+	codes, refusals, ok, errs := map[int]int{}, map[string]int{}, 0, 0
+	for _, a := range answers {
+		if a.code == 0 {
+			errs++
+			continue
+		}
+		codes[a.code]++
+		if a.code == http.StatusAccepted {
+			ok++
+		} else {
+			refusals[fmt.Sprintf("%d %s", a.code, a.message)]++
+		}
+		t.latencies = append(t.latencies, a.took)
+	}
+	t.sent += len(answers)
+	t.ok += ok
+	t.reconciles += reconciles
+	t.elapsed += elapsed
+	b.Logf("%s: well-behaved client: %d triggers, answers %v, %d without, refusals %v; %d watch reconciles in %v (%d updates, %d queued at the end); flood: answers %v, %d without",
+		p.name, len(answers), codes, errs, refusals, reconciles, elapsed.Round(time.Millisecond), updates, queued, res.Codes, res.Errors)
+	switch {
+	case len(answers) == errs:
+		b.Fatalf("%s: none of the well-behaved client's %d triggers was answered: the endpoint is not measured", p.name, len(answers))
+	case reconciles == 0:
+		b.Fatalf("%s: no watch reconcile in %v: the driver or the controller is not running", p.name, elapsed.Round(time.Millisecond))
+	case p.flood != nil && len(res.Codes) == 0:
+		b.Fatalf("%s: the flood got no answer (%d errors): is %s a local address?", p.name, res.Errors, attacker)
+	case p.flood == nil && ok == 0:
+		b.Fatalf("%s: no 202 for the well-behaved client (%v): the token or its RBAC grant is broken", p.name, codes)
+	}
+}
+
+// BenchmarkTriggerFloods reports, for the idle phase and for each flood,
+// the well-behaved client's success rate (<phase>-ok-%: the share of its
+// triggers answered 202), its p50 and p99 from request to answer
+// (<phase>-p50-ms, <phase>-p99-ms, over the answered triggers) and the
+// watch's reconciles per second (<phase>-watch-rec/s). One iteration is
+// a whole phased run: a fresh controller, endpoint and driver, then
+// idle, valid, slow and garbage, in that order.
+func BenchmarkTriggerFloods(b *testing.B) {
+	c := env.Get(b, populate)
+	phases := []phase{
+		{name: "idle"},
+		{name: "valid", flood: floodtest.Valid, pause: refill},
+		{name: "slow", flood: func(ctx context.Context, cfg floodtest.Config) floodtest.Result {
+			return floodtest.SlowBodies(ctx, cfg, slowConns)
+		}},
+		{name: "garbage", flood: floodtest.GarbageTokens},
+	}
+	tallies := make([]tally, len(phases))
+	hc := floodtest.NewClient(wellBehaved, 4)
+	defer hc.CloseIdleConnections()
+	ctx := context.Background()
+	next := 0
+	for b.Loop() {
+		func() {
+			e := start(b, c)
+			defer e.stop()
+			// One trigger first, answered 202, so that the idle phase
+			// does not pay for the first TokenReview alone.
+			if a := send(ctx, hc, e.url, env.driven[0]); a.code != http.StatusAccepted {
+				b.Fatalf("a first trigger: %d", a.code)
+			}
+			for i, p := range phases {
+				measure(b, ctx, e, p, hc, &next, &tallies[i])
+				time.Sleep(p.pause)
+			}
+		}()
+	}
+	b.ReportMetric(0, "ns/op") // the phases' length, not a result
+	for i, p := range phases {
+		t := tallies[i]
+		lat := slices.Sorted(slices.Values(t.latencies))
+		b.ReportMetric(100*float64(t.ok)/float64(t.sent), p.name+"-ok-%")
+		b.ReportMetric(ms(stats.Percentile(lat, 0.50)), p.name+"-p50-ms")
+		b.ReportMetric(ms(stats.Percentile(lat, 0.99)), p.name+"-p99-ms")
+		b.ReportMetric(float64(t.reconciles)/t.elapsed.Seconds(), p.name+"-watch-rec/s")
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
