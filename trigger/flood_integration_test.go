@@ -83,35 +83,47 @@ func TestFloodsAgainstTheAPIServer(t *testing.T) {
 	}
 	kube := unthrottled() // setup and the driver
 
-	// 198 ConfigMaps the driver updates, one changed once during the
-	// valid-trigger flood, one for the bad-UTF-8 trigger: 200.
+	// 198 ConfigMaps the driver updates, 8 only the pipeline triggers, one
+	// changed once during the valid-trigger flood, one for the bad-UTF-8
+	// trigger.
 	var driven []string
 	for i := range 198 {
 		driven = append(driven, fmt.Sprintf("cm-%03d", i))
 	}
 	const target, quiet = "target", "quiet"
-	for _, name := range append(slices.Clone(driven), target, quiet) {
+	var own []string // the pipeline's: nothing else changes or triggers them
+	for i := range 8 {
+		own = append(own, fmt.Sprintf("own-%d", i))
+	}
+	for _, name := range slices.Concat(driven, own, []string{target, quiet}) {
 		if _, err := kube.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"v": "initial"}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
 
-	// RBAC: the deployer may update (so trigger) ConfigMaps.
-	grantTrigger(ctx, t, kube, ns, "deployer")
+	// RBAC: the deployer (whose token floods) and the pipeline (the
+	// well-behaved client) may update (so trigger) ConfigMaps.
+	grantTrigger(ctx, t, kube, ns, "deployer", "pipeline")
 	token, err := c.ServiceAccountToken(ctx, ns, "deployer", trigger.DefaultAudience)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pipelineToken, err := c.ServiceAccountToken(ctx, ns, "pipeline", trigger.DefaultAudience)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// RBAC grants reach the authorizer asynchronously: poll for it here,
 	// so that the handler (which caches a denial for 5s) never sees one.
-	waitFor(t, time.Minute, "the deployer's RBAC grant", func() bool {
-		sar, err := kube.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
-			User:               "system:serviceaccount:" + ns + ":deployer",
-			Groups:             []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
-			ResourceAttributes: &authzv1.ResourceAttributes{Namespace: ns, Verb: "update", Resource: "configmaps", Name: quiet},
-		}}, metav1.CreateOptions{})
-		return err == nil && sar.Status.Allowed
-	})
+	for _, sa := range []string{"deployer", "pipeline"} {
+		waitFor(t, time.Minute, "the RBAC grant of "+sa, func() bool {
+			sar, err := kube.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
+				User:               "system:serviceaccount:" + ns + ":" + sa,
+				Groups:             []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
+				ResourceAttributes: &authzv1.ResourceAttributes{Namespace: ns, Verb: "update", Resource: "configmaps", Name: quiet},
+			}}, metav1.CreateOptions{})
+			return err == nil && sar.Status.Allowed
+		})
+	}
 
 	// The controller, over a client with a request budget.
 	ccfg := c.Config()
@@ -230,7 +242,7 @@ func TestFloodsAgainstTheAPIServer(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set("Authorization", "Bearer "+pipelineToken)
 		if body != "" {
 			req.Header.Set("Content-Type", "application/json")
 		}
@@ -242,15 +254,14 @@ func TestFloodsAgainstTheAPIServer(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, b
 	}
-	// triggers sends n triggers, one every 300ms, and fails the test
-	// for each that does not get 202.
-	triggers := func(phase string, n int) {
-		t.Helper()
+	// triggers sends a trigger of each of names, one every 300ms, and
+	// fails the test for each that does not get 202.
+	triggers := func(phase string, names []string) {
 		tick := time.NewTicker(300 * time.Millisecond)
 		defer tick.Stop()
-		for i := range n {
-			if code, body := send(driven[i], ""); code != http.StatusAccepted {
-				t.Errorf("%s: the well-behaved client's trigger %d got %d %s, want 202", phase, i, code, body)
+		for i, name := range names {
+			if code, body := send(name, ""); code != http.StatusAccepted {
+				t.Errorf("%s: the well-behaved client's trigger %d (%s) got %d %s, want 202", phase, i, name, code, body)
 			}
 			<-tick.C
 		}
@@ -259,7 +270,7 @@ func TestFloodsAgainstTheAPIServer(t *testing.T) {
 
 	// The initial list reconciled (about 400 GETs) has spent the
 	// client's burst: from here on the budget bounds every phase alike.
-	waitFor(t, 2*time.Minute, "the initial list reconciled", func() bool { return watchReconciles.Load() >= 200 })
+	waitFor(t, 2*time.Minute, "the initial list reconciled", func() bool { return watchReconciles.Load() >= 208 })
 	if code, body := send(driven[0], ""); code != http.StatusAccepted {
 		t.Fatalf("a first trigger: %d %s", code, body)
 	}
@@ -273,11 +284,20 @@ func TestFloodsAgainstTheAPIServer(t *testing.T) {
 		t.Fatal("no watch reconciles while idle: nothing to compare the floods with")
 	}
 
-	// Valid triggers from 64 goroutines; meanwhile the target changes,
-	// and the change must be reconciled while the flood goes on.
+	// Valid triggers from 64 goroutines with the deployer's token;
+	// meanwhile the target changes, and the change must be reconciled
+	// while the flood goes on, and the pipeline's triggers of objects
+	// nothing else asks for (each a read: no entry waits for them) are
+	// accepted, as one caller takes at most half of the trigger budget.
 	tr0, sar0 := reviews.counts()
 	w0, u0 = watchReconciles.Load(), updates.Load()
 	stopValid := startFlood(t, ctx, func(ctx context.Context) floodtest.Result { return floodtest.Valid(ctx, floodCfg) })
+	pipelineDone := make(chan struct{})
+	go func() {
+		defer close(pipelineDone)
+		time.Sleep(time.Second) // the flood under way
+		triggers("valid-trigger flood", own)
+	}()
 	value := fmt.Sprintf("changed-%d", time.Now().UnixNano())
 	if _, err := kube.CoreV1().ConfigMaps(ns).Patch(ctx, target, types.MergePatchType, fmt.Appendf(nil, `{"data":{"v":%q}}`, value), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
@@ -296,6 +316,7 @@ func TestFloodsAgainstTheAPIServer(t *testing.T) {
 		}
 		return changeSeen > 0 && flooded >= 0
 	})
+	<-pipelineDone
 	res := stopValid()
 	tr1, sar1 := reviews.counts()
 	t.Logf("valid-trigger flood: %d watch reconciles in %v (idle: %d), %d updates; change reconciled after %v; answers %v, %d errors; %d TokenReviews, %d SubjectAccessReviews",
@@ -314,7 +335,7 @@ func TestFloodsAgainstTheAPIServer(t *testing.T) {
 	stopSlow := startFlood(t, ctx, func(ctx context.Context) floodtest.Result { return floodtest.SlowBodies(ctx, floodCfg, 200) })
 	start = time.Now()
 	waitFor(t, time.Minute, "200 slow connections", func() bool { return ln.accepted(attacker)-a0 >= 200 })
-	triggers("slow-body flood", 10)
+	triggers("slow-body flood", driven[:10])
 	time.Sleep(time.Until(start.Add(floodPhase))) // the rest of the phase
 	res = stopSlow()
 	t.Logf("slow-body flood: %d connections, answers %v, %d without an answer", ln.accepted(attacker)-a0, res.Codes, res.Errors)
@@ -352,7 +373,7 @@ func TestFloodsAgainstTheAPIServer(t *testing.T) {
 	})
 	lockedOut := time.Since(start)
 	waitFor(t, time.Minute, "the garbage-token flood's reviews over", func() bool { return reviews.inflight.Load() == 0 })
-	triggers("garbage-token flood", 10)
+	triggers("garbage-token flood", driven[:10])
 	if took := time.Since(start); took > floodPhase {
 		t.Logf("the well-behaved client's triggers ended %v after the garbage-token flood began: the last came after it", took.Round(time.Millisecond))
 	}

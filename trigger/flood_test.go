@@ -97,6 +97,49 @@ func TestTheTriggerBudgetBoundsNewReconcilesNotJoins(t *testing.T) {
 	})
 }
 
+// One caller, however fast, takes at most half of the trigger budget:
+// another caller still gets reads while it floods.
+func TestOneCallerTakesAtMostHalfTheBudget(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		anything := func(_ context.Context, k opkit.Key) (*corev1.ConfigMap, error) { return cm(k.Namespace, k.Name), nil }
+		tr, q := newCMTriggerWith(t, trigger.Config[*corev1.ConfigMap]{Get: anything, Rate: 10, Burst: 10})
+		intake := func(caller, name string) error {
+			_, _, err := tr.Intake(context.Background(), trigger.Pointer{Key: opkit.Key{Namespace: "ns", Name: name}},
+				trigger.IntakeOptions{Authorize: func(context.Context, opkit.Key) (string, error) { return caller, nil }})
+			return err
+		}
+		flood := func(second int) (taken int) {
+			for i := range 100 {
+				if intake("flooder", fmt.Sprintf("f-%d-%d", second, i)) == nil {
+					taken++
+				}
+			}
+			return taken
+		}
+		if n := flood(0); n != 5 {
+			t.Fatalf("the flooder got %d of a budget of burst 10, want 5 (half)", n)
+		}
+		for i := range 5 {
+			if err := intake("pipeline", fmt.Sprint("p-", i)); err != nil {
+				t.Fatalf("another caller's trigger %d while the flooder is refused: %v, want it taken", i, err)
+			}
+		}
+		if err := intake("pipeline", "p-5"); !errors.Is(err, trigger.ErrBusy) {
+			t.Fatalf("the other caller past its half: %v, want ErrBusy", err)
+		}
+		time.Sleep(time.Second) // 10 tokens for the budget, 5 for each share
+		if n := flood(1); n != 5 {
+			t.Fatalf("the flooder got %d a second later, want 5", n)
+		}
+		if err := intake("pipeline", "p-6"); err != nil {
+			t.Fatalf("the other caller a second later: %v, want a token", err)
+		}
+		if q.Len() != 16 {
+			t.Fatalf("%d entries, want 16", q.Len())
+		}
+	})
+}
+
 // A spent budget is "try again later": 429 with Retry-After from the
 // handler, a hand-back from the consumer.
 func TestASpentBudgetIs429AndAHandBack(t *testing.T) {

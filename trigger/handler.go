@@ -286,9 +286,9 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request, bodyRead *boo
 	}
 	var user string
 	var authErr error
-	authorize := func(ctx context.Context, key opkit.Key) error {
+	authorize := func(ctx context.Context, key opkit.Key) (string, error) {
 		if h.cfg.Authenticator == nil {
-			return nil
+			return "address " + client, nil
 		}
 		user, authErr = h.cfg.Authenticator.Authorize(ctx, AuthRequest{HTTP: r, Resource: h.cfg.Trigger.Resource(), Key: key})
 		switch {
@@ -297,7 +297,7 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request, bodyRead *boo
 		case authErr == nil:
 			h.failures.forget(client)
 		}
-		return authErr
+		return "user " + user, authErr
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), h.cfg.APITimeout)
 	obj, o, err := h.cfg.Trigger.Intake(ctx, p, IntakeOptions{Authorize: authorize})

@@ -105,15 +105,15 @@ func TestIntakeRefusesInOrder(t *testing.T) {
 			m := newCounting()
 			tr, q := newCMTriggerWith(t, trigger.Config[*corev1.ConfigMap]{Get: api.get, Namespace: "ns", Selector: labels.SelectorFromSet(shard1), Metrics: m})
 			asked := 0
-			authorize := func(_ context.Context, k opkit.Key) error {
+			authorize := func(_ context.Context, k opkit.Key) (string, error) {
 				asked++
 				if k != tc.p.Key {
 					t.Errorf("authorizer asked about %v, want %v", k, tc.p.Key)
 				}
 				if tc.deny {
-					return errDenied
+					return "", errDenied
 				}
-				return nil
+				return "ci", nil
 			}
 			obj, o, err := tr.Intake(context.Background(), tc.p, trigger.IntakeOptions{Authorize: authorize})
 			if err == nil || o != 0 {
@@ -233,9 +233,9 @@ func TestIntakePassesItsContextOn(t *testing.T) {
 		seen = append(seen, fmt.Sprint("get:", ctx.Value(ctxKey{})))
 		return cm(k.Namespace, k.Name), nil
 	}})
-	_, _, err := tr.Intake(ctx, trigger.Pointer{Key: opkit.Key{Namespace: "ns", Name: "a"}}, trigger.IntakeOptions{Authorize: func(ctx context.Context, _ opkit.Key) error {
+	_, _, err := tr.Intake(ctx, trigger.Pointer{Key: opkit.Key{Namespace: "ns", Name: "a"}}, trigger.IntakeOptions{Authorize: func(ctx context.Context, _ opkit.Key) (string, error) {
 		seen = append(seen, fmt.Sprint("authorize:", ctx.Value(ctxKey{})))
-		return nil
+		return "ci", nil
 	}})
 	if err != nil || strings.Join(seen, ",") != "authorize:mine,get:mine" {
 		t.Errorf("Intake = %v, calls %q; want the authorizer, then the read, both with the caller's context", err, seen)

@@ -21,11 +21,15 @@ import (
 
 func TestMain(m *testing.M) { testcluster.Main(m) }
 
-// grantTrigger lets the ServiceAccount sa of ns trigger the namespace's
+// grantTrigger lets the ServiceAccounts sas of ns trigger the namespace's
 // ConfigMaps: update on configmaps, the handler's default
 // SubjectAccessReview.
-func grantTrigger(ctx context.Context, t *testing.T, kube kubernetes.Interface, ns, sa string) {
+func grantTrigger(ctx context.Context, t *testing.T, kube kubernetes.Interface, ns string, sas ...string) {
 	t.Helper()
+	var subjects []rbacv1.Subject
+	for _, sa := range sas {
+		subjects = append(subjects, rbacv1.Subject{Kind: "ServiceAccount", Name: sa, Namespace: ns})
+	}
 	if _, err := kube.RbacV1().Roles(ns).Create(ctx, &rbacv1.Role{
 		ObjectMeta: metav1.ObjectMeta{Name: "trigger-configmaps"},
 		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"update"}}},
@@ -35,7 +39,7 @@ func grantTrigger(ctx context.Context, t *testing.T, kube kubernetes.Interface, 
 	if _, err := kube.RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{
 		ObjectMeta: metav1.ObjectMeta{Name: "trigger-configmaps"},
 		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "trigger-configmaps"},
-		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: sa, Namespace: ns}},
+		Subjects:   subjects,
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

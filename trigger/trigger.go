@@ -9,6 +9,7 @@ import (
 	"math"
 	"reflect"
 	"strings"
+	"sync"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -147,6 +148,7 @@ type Config[T opkit.Object] struct {
 type Trigger[T opkit.Object] struct {
 	cfg    Config[T]               // validated, defaults applied
 	budget flowcontrol.RateLimiter // nil: unlimited
+	shares *shares                 // the callers' shares of budget; nil with it
 	log    *sampler
 }
 
@@ -175,7 +177,9 @@ func New[T opkit.Object](cfg Config[T]) (*Trigger[T], error) {
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	t := &Trigger[T]{cfg: cfg, log: newSampler(cfg.Logger)}
 	if cfg.Rate >= 0 {
-		t.budget = flowcontrol.NewTokenBucketRateLimiter(float32(cmp.Or(cfg.Rate, DefaultRate)), cmp.Or(cfg.Burst, DefaultBurst))
+		rate, burst := float32(cmp.Or(cfg.Rate, DefaultRate)), cmp.Or(cfg.Burst, DefaultBurst)
+		t.budget = flowcontrol.NewTokenBucketRateLimiter(rate, burst)
+		t.shares = &shares{rate: rate / 2, burst: max(burst/2, 1), of: map[string]flowcontrol.RateLimiter{}}
 	}
 	return t, nil
 }
@@ -337,7 +341,9 @@ type Pointer struct {
 // controller's scope (ErrOutOfScope); joins the entry already waiting
 // for the key, if there is one (the answer is then Merged, or a drop, and
 // nothing is read); takes a token of the trigger budget unless
-// opts.Paid (ErrBusy when there is none, see Config.Rate); reads the object through Config.Get (ErrNotFound when it
+// opts.Paid (ErrBusy when there is none, see Config.Rate), and one of the
+// caller's share of it when Authorize names a caller; reads the object
+// through Config.Get (ErrNotFound when it
 // does not exist; an API error is returned wrapped, so that
 // apierrors.IsTimeout and friends work); checks its labels against
 // Config.Selector (ErrOutOfScope); and submits it with source Operator.
@@ -353,8 +359,10 @@ func (t *Trigger[T]) Intake(ctx context.Context, p Pointer, opts IntakeOptions) 
 	if err := t.check(p.Key, p.Type, p.Delay, p.Reason); err != nil {
 		return none, 0, t.rejected(ctx, err)
 	}
+	var caller string
 	if opts.Authorize != nil {
-		if err := opts.Authorize(ctx, p.Key); err != nil {
+		var err error
+		if caller, err = opts.Authorize(ctx, p.Key); err != nil {
 			return none, 0, err
 		}
 	}
@@ -370,8 +378,13 @@ func (t *Trigger[T]) Intake(ctx context.Context, p Pointer, opts IntakeOptions) 
 	if o := t.add(ctx, p.Key, t.cause(none, p.Type, p.Reason, 0), p.Delay, true); o != queue.NotHeld {
 		return none, o, nil
 	}
-	if t.budget != nil && !opts.Paid && !t.budget.TryAccept() {
-		return none, 0, fmt.Errorf("trigger: %w: the trigger budget (%v a second, %d at once) is spent", ErrBusy, t.budget.QPS(), cmp.Or(t.cfg.Burst, DefaultBurst))
+	if t.budget != nil && !opts.Paid {
+		if caller != "" && !t.shares.take(caller) {
+			return none, 0, fmt.Errorf("trigger: %w: this caller's share of the trigger budget (half of it) is spent", ErrBusy)
+		}
+		if !t.budget.TryAccept() {
+			return none, 0, fmt.Errorf("trigger: %w: the trigger budget (%v a second, %d at once) is spent", ErrBusy, t.budget.QPS(), cmp.Or(t.cfg.Burst, DefaultBurst))
+		}
 	}
 	obj, err := t.cfg.Get(ctx, p.Key)
 	switch {
@@ -395,11 +408,47 @@ func (t *Trigger[T]) Intake(ctx context.Context, p Pointer, opts IntakeOptions) 
 // IntakeOptions are the caller's part of [Trigger.Intake].
 type IntakeOptions struct {
 	// Authorize, if set, is called with the validated key before
-	// anything is read; its error is returned as is.
-	Authorize func(ctx context.Context, key opkit.Key) error
+	// anything is read; its error is returned as is. It names the caller
+	// (the HTTP handler: the authenticated user, or the client's address
+	// without authentication), whose share of the trigger budget a read
+	// spends: one caller, however fast, takes at most half of the budget,
+	// so that it cannot lock the others out. "" means no share.
+	Authorize func(ctx context.Context, key opkit.Key) (caller string, err error)
 	// Paid says the caller took a token of the trigger budget already
 	// ([Trigger.WaitForBudget]): Intake takes none.
 	Paid bool
+}
+
+// maxShares bounds the callers whose shares of the trigger budget are
+// remembered; beyond it one is forgotten (its next trigger starts with a
+// full share).
+const maxShares = 1024
+
+// shares holds each caller's share of the trigger budget: a token bucket
+// of half its rate and burst.
+type shares struct {
+	rate  float32
+	burst int
+	mu    sync.Mutex
+	of    map[string]flowcontrol.RateLimiter
+}
+
+// take takes a token of caller's share, reporting whether there was one.
+func (s *shares) take(caller string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b, ok := s.of[caller]
+	if !ok {
+		if len(s.of) >= maxShares {
+			for c := range s.of {
+				delete(s.of, c)
+				break
+			}
+		}
+		b = flowcontrol.NewTokenBucketRateLimiter(s.rate, s.burst)
+		s.of[caller] = b
+	}
+	return b.TryAccept()
 }
 
 // WaitForBudget waits until a token of the trigger budget (Config.Rate) is

@@ -18,7 +18,7 @@
 // A run has four phases of 8s each, in this order:
 //
 //   - idle: no flood;
-//   - valid: valid triggers (the well-behaved client's own token) from 64
+//   - valid: valid triggers (another ServiceAccount's token) from 64
 //     goroutines (floodtest.Valid), then a 5s pause so that the trigger
 //     budget they spent is full again;
 //   - slow: 200 connections that send a valid trigger's body one byte a
@@ -27,9 +27,10 @@
 //     goroutines (floodtest.GarbageTokens).
 //
 // The floods come from 127.0.0.3. The well-behaved client, from 127.0.0.2
-// (the handler counts failed authentications by address), with the same
-// ServiceAccount's token as the valid flood, sends a trigger every 250ms
-// (4 a second, under the trigger budget) throughout, each from its own
+// (the handler counts failed authentications by address), with another
+// ServiceAccount's token than the valid flood's (one caller takes at most
+// half of the trigger budget), sends a trigger every 500ms (2 a second,
+// under its half of the budget) throughout, each from its own
 // goroutine, so a slow answer delays no later trigger. Each goes to
 // another of 128 ConfigMaps of its own, which nothing else changes or
 // triggers, so each takes the whole path: a SubjectAccessReview (the
@@ -44,10 +45,10 @@
 // is answered 202.
 //
 // Metrics, for each phase (idle, valid, slow, garbage): <phase>-ok-%, the
-// share of the well-behaved client's 32 triggers answered 202 (no answer
+// share of the well-behaved client's 16 triggers answered 202 (no answer
 // counts as a failure); <phase>-p50-ms and <phase>-p99-ms, from its
 // request to the end of the answer, over the answered triggers (nearest
-// rank: with 32 per phase the p99 is the slowest); <phase>-watch-rec/s,
+// rank: with 16 per phase the p99 is the slowest); <phase>-watch-rec/s,
 // the reconciles whose Sources include opkit.APIServer, per second of the
 // phase. ns/op is suppressed: it would only be the phases' length. The
 // benchmark fails, rather than report, when a phase got no answer for the

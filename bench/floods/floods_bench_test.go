@@ -37,8 +37,10 @@ import (
 )
 
 const (
-	namespace      = "trigger-floods"
-	serviceAccount = "deployer" // the identity of the well-behaved client and of the valid floods
+	namespace = "trigger-floods"
+	// The identities of the valid floods and of the well-behaved client:
+	// one caller takes at most half of the trigger budget.
+	flooder, pipeline = "deployer", "pipeline"
 	// driven is the number of ConfigMaps the driver changes and the
 	// floods trigger; clientObjects the number of those that only the
 	// well-behaved client triggers, each once in a run (four phases of
@@ -53,10 +55,11 @@ const (
 	// trigger budget (trigger.DefaultRate 5/s, trigger.DefaultBurst 20):
 	// the next phase starts with it full.
 	refill = 5 * time.Second
-	// pace is the well-behaved client's interval: 4 triggers a second,
-	// under trigger.DefaultRate, so that idle it is never refused by the
-	// budget; perPhase of them in a phase.
-	pace     = 250 * time.Millisecond
+	// pace is the well-behaved client's interval: 2 triggers a second,
+	// under its share of the trigger budget (half of
+	// trigger.DefaultRate), so that idle it is never refused; perPhase of
+	// them in a phase.
+	pace     = 500 * time.Millisecond
 	perPhase = int(phaseLength / pace)
 	// floodWorkers is the goroutines of the valid and garbage-token
 	// floods (one request at a time each); slowConns the connections of
@@ -93,7 +96,9 @@ var env struct {
 	reviews *kubernetes.Clientset // the handler's TokenReviews and SubjectAccessReviews
 	driven  []string              // the driver's and the floods' ConfigMaps
 	own     []string              // the well-behaved client's
-	token   string
+	token   string                // the flooder's
+	// pipelineToken is the well-behaved client's.
+	pipelineToken string
 }
 
 func TestMain(m *testing.M) {
@@ -146,30 +151,37 @@ func populate(ctx context.Context, c *testcluster.Cluster) error {
 	if _, err := kube.RbacV1().RoleBindings(namespace).Create(ctx, &rbacv1.RoleBinding{
 		ObjectMeta: metav1.ObjectMeta{Name: "trigger-configmaps"},
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "trigger-configmaps"},
-		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: serviceAccount, Namespace: namespace}},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: flooder, Namespace: namespace},
+			{Kind: rbacv1.ServiceAccountKind, Name: pipeline, Namespace: namespace}},
 	}, metav1.CreateOptions{}); err != nil {
 		return err
 	}
-	if env.token, err = c.ServiceAccountToken(ctx, namespace, serviceAccount, trigger.DefaultAudience); err != nil {
+	if env.token, err = c.ServiceAccountToken(ctx, namespace, flooder, trigger.DefaultAudience); err != nil {
+		return err
+	}
+	if env.pipelineToken, err = c.ServiceAccountToken(ctx, namespace, pipeline, trigger.DefaultAudience); err != nil {
 		return err
 	}
 	// RBAC grants reach the authorizer asynchronously; the handler
 	// caches a denial for 5s, so it must never see one.
-	for {
-		sar, err := kube.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
-			User:               "system:serviceaccount:" + namespace + ":" + serviceAccount,
-			Groups:             []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"},
-			ResourceAttributes: &authzv1.ResourceAttributes{Namespace: namespace, Verb: "update", Resource: "configmaps", Name: env.own[0]},
-		}}, metav1.CreateOptions{})
-		if err == nil && sar.Status.Allowed {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("the RBAC grant of %s never reached the authorizer: %w", serviceAccount, ctx.Err())
-		case <-time.After(50 * time.Millisecond):
+	for _, sa := range []string{flooder, pipeline} {
+		for {
+			sar, err := kube.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
+				User:               "system:serviceaccount:" + namespace + ":" + sa,
+				Groups:             []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"},
+				ResourceAttributes: &authzv1.ResourceAttributes{Namespace: namespace, Verb: "update", Resource: "configmaps", Name: env.own[0]},
+			}}, metav1.CreateOptions{})
+			if err == nil && sar.Status.Allowed {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("the RBAC grant of %s never reached the authorizer: %w", sa, ctx.Err())
+			case <-time.After(50 * time.Millisecond):
+			}
 		}
 	}
+	return nil
 }
 
 // endpoint is one run's system under test: a controller over the
@@ -314,7 +326,7 @@ func send(ctx context.Context, hc *http.Client, url, name string) answer {
 	if err != nil {
 		return answer{}
 	}
-	req.Header.Set("Authorization", "Bearer "+env.token)
+	req.Header.Set("Authorization", "Bearer "+env.pipelineToken)
 	start := time.Now()
 	resp, err := hc.Do(req)
 	if err != nil {
