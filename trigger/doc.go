@@ -83,7 +83,9 @@
 //
 // What holds under floods: a trigger for a key that already waits costs
 // no read and no reconcile, and the others start at most Config.Rate
-// reconciles a second (each one read); a slow body holds no in-flight
+// reconciles a second (each one read), at most half of them one caller's
+// (an authenticated user, or an address without authentication), so a
+// flood from one identity leaves the others their triggers; a slow body holds no in-flight
 // slot, and an answer given before the body was read closes the
 // connection rather than wait for it; reviews of the same token or
 // decision are shared, at most KubeAuthConfig.MaxReviews run at once, and
