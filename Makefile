@@ -31,7 +31,8 @@ log = printf '\n==> %s\n' "$(1)"
 test: controlplane-bin fmt-check vet unit integration fuzz-brief
 	@$(call log,make test: all passed)
 
-## controlplane-bin: build kube-apiserver, etcd and nats-server if missing.
+## controlplane-bin: build kube-apiserver, kube-controller-manager, etcd and
+## nats-server if missing.
 controlplane-bin:
 	@$(call log,control plane binaries)
 	hack/controlplane.sh build
