@@ -110,7 +110,9 @@ demo: controlplane-bin
 	bash example/hack/demo.sh
 
 ## controlplane: start etcd + kube-apiserver by hand; prints the kubeconfig,
-## stops on Ctrl-C. CONTROLPLANE_ARGS=-apiservers=2 for an HA pair.
+## stops on Ctrl-C. CONTROLPLANE_ARGS=-apiservers=2 for an HA pair,
+## CONTROLPLANE_ARGS=-controller-manager to add a kube-controller-manager
+## (garbage collection, namespace deletion, default service accounts).
 controlplane: controlplane-bin
 	$(GO) run ./internal/testcluster/cmd/controlplane $(CONTROLPLANE_ARGS)
 

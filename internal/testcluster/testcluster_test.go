@@ -79,20 +79,23 @@ func TestPKIServingCertVerifiesForLoopback(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := p.adminToken + "," + AdminUser + "," + AdminUser + ",\"system:masters\"\n" +
-		p.userToken + "," + UnprivilegedUser + "," + UnprivilegedUser + "\n"
+		p.userToken + "," + UnprivilegedUser + "," + UnprivilegedUser + "\n" +
+		p.kcmToken + "," + ControllerManagerUser + "," + ControllerManagerUser + ",\"system:masters\"\n"
 	if string(tokens) != want {
 		t.Errorf("token file:\n%s\nwant:\n%s", tokens, want)
 	}
-	if p.adminToken == p.userToken || len(p.adminToken) < 32 {
-		t.Errorf("tokens %q and %q: want distinct random tokens", p.adminToken, p.userToken)
+	if p.adminToken == p.userToken || p.kcmToken == p.adminToken || p.kcmToken == p.userToken || len(p.adminToken) < 32 {
+		t.Errorf("tokens %q, %q and %q: want distinct random tokens", p.adminToken, p.userToken, p.kcmToken)
 	}
 }
 
-func TestKubeconfigNamesServerCAAndToken(t *testing.T) {
-	got := string(kubeconfig("https://127.0.0.1:6443", []byte("CA"), "tok"))
+func TestKubeconfigNamesServerCAUserAndToken(t *testing.T) {
+	got := string(kubeconfig("https://127.0.0.1:6443", []byte("CA"), "someone", "tok"))
 	for _, want := range []string{
 		"server: https://127.0.0.1:6443\n",
 		"certificate-authority-data: Q0E=\n",
+		"- name: someone\n",
+		"user: someone\n",
 		"token: tok\n",
 		"current-context: opkit\n",
 	} {
@@ -131,7 +134,7 @@ func TestNewWithoutBinariesSaysHowToBuildThem(t *testing.T) {
 	if !errors.Is(err, ErrBinariesMissing) {
 		t.Fatalf("New with empty bin dir: %v, want ErrBinariesMissing", err)
 	}
-	for _, want := range []string{dir, "kube-apiserver", "etcd", "hack/controlplane.sh build"} {
+	for _, want := range []string{dir, "kube-apiserver", "kube-controller-manager", "etcd", "hack/controlplane.sh build"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %q", err, want)
 		}
