@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 
 	"github.com/opkit/opkit/internal/testcluster"
 )
@@ -141,7 +142,7 @@ func clientset(t testing.TB, c *testcluster.Cluster) *kubernetes.Clientset {
 // createOwnerAndChild creates ConfigMap "owner" and ConfigMap "child" with
 // childFinalizers and a controller reference to the owner that blocks the
 // owner's foreground deletion.
-func createOwnerAndChild(ctx context.Context, t testing.TB, configMaps configMapClient, childFinalizers ...string) {
+func createOwnerAndChild(ctx context.Context, t testing.TB, configMaps typedcorev1.ConfigMapInterface, childFinalizers ...string) {
 	t.Helper()
 	owner := createConfigMap(ctx, t, configMaps, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "owner"}})
 	yes := true
@@ -159,13 +160,7 @@ func createOwnerAndChild(ctx context.Context, t testing.TB, configMaps configMap
 	}})
 }
 
-type configMapClient interface {
-	Create(context.Context, *corev1.ConfigMap, metav1.CreateOptions) (*corev1.ConfigMap, error)
-	Delete(context.Context, string, metav1.DeleteOptions) error
-	Patch(context.Context, string, types.PatchType, []byte, metav1.PatchOptions, ...string) (*corev1.ConfigMap, error)
-}
-
-func createConfigMap(ctx context.Context, t testing.TB, configMaps configMapClient, cm *corev1.ConfigMap) *corev1.ConfigMap {
+func createConfigMap(ctx context.Context, t testing.TB, configMaps typedcorev1.ConfigMapInterface, cm *corev1.ConfigMap) *corev1.ConfigMap {
 	t.Helper()
 	got, err := configMaps.Create(ctx, cm, metav1.CreateOptions{})
 	if err != nil {
@@ -174,7 +169,7 @@ func createConfigMap(ctx context.Context, t testing.TB, configMaps configMapClie
 	return got
 }
 
-func deleteConfigMap(ctx context.Context, t testing.TB, configMaps configMapClient, name string, propagation metav1.DeletionPropagation) {
+func deleteConfigMap(ctx context.Context, t testing.TB, configMaps typedcorev1.ConfigMapInterface, name string, propagation metav1.DeletionPropagation) {
 	t.Helper()
 	if err := configMaps.Delete(ctx, name, metav1.DeleteOptions{PropagationPolicy: &propagation}); err != nil {
 		t.Fatalf("delete ConfigMap %s (%s): %v", name, propagation, err)
@@ -182,7 +177,7 @@ func deleteConfigMap(ctx context.Context, t testing.TB, configMaps configMapClie
 }
 
 // releaseConfigMap removes every finalizer of ConfigMap name.
-func releaseConfigMap(ctx context.Context, t testing.TB, configMaps configMapClient, name string) {
+func releaseConfigMap(ctx context.Context, t testing.TB, configMaps typedcorev1.ConfigMapInterface, name string) {
 	t.Helper()
 	if _, err := configMaps.Patch(ctx, name, types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{}); err != nil {
 		t.Fatalf("remove finalizers of ConfigMap %s: %v", name, err)

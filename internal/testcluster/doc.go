@@ -13,6 +13,9 @@
 //     for the controller-manager;
 //   - service-account signing keys, so TokenRequest and TokenReview work;
 //   - RBAC authorization;
+//   - the alpha feature gate ShardedListAndWatch, so that LIST and WATCH
+//     honour ListOptions.ShardSelector, unless
+//     [Options.DisableShardedListAndWatch];
 //   - by default no controller-manager: no garbage collection, no default
 //     service accounts, and namespaces never finish deleting. Tests create
 //     what they need and clean up explicitly. A cluster started with

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -125,6 +126,25 @@ func TestOptionsDefaultsAndValidation(t *testing.T) {
 	t.Setenv(BinDirEnv, "/somewhere")
 	if got := DefaultBinDir(); got != "/somewhere" {
 		t.Errorf("DefaultBinDir with %s set = %s", BinDirEnv, got)
+	}
+}
+
+func TestAPIServersRunWithShardedListAndWatchUnlessDisabled(t *testing.T) {
+	const gate = "--feature-gates=ShardedListAndWatch=true"
+	for _, tc := range []struct {
+		opts Options
+		want bool
+	}{
+		{Options{}, true},
+		{Options{DisableShardedListAndWatch: true}, false},
+	} {
+		c := &Cluster{opts: tc.opts, pki: &pki{}}
+		if got := slices.Contains(c.apiServerArgs(6443), gate); got != tc.want {
+			t.Errorf("%+v: API server flags contain %s: %v, want %v", tc.opts, gate, got, tc.want)
+		}
+		if got := c.ShardedListAndWatch(); got != tc.want {
+			t.Errorf("%+v: ShardedListAndWatch() = %v, want %v", tc.opts, got, tc.want)
+		}
 	}
 }
 
