@@ -31,7 +31,8 @@ log = printf '\n==> %s\n' "$(1)"
 test: controlplane-bin fmt-check vet unit integration fuzz-brief
 	@$(call log,make test: all passed)
 
-## controlplane-bin: build kube-apiserver, etcd and nats-server if missing.
+## controlplane-bin: build kube-apiserver, kube-controller-manager, etcd and
+## nats-server if missing.
 controlplane-bin:
 	@$(call log,control plane binaries)
 	hack/controlplane.sh build
@@ -109,7 +110,9 @@ demo: controlplane-bin
 	bash example/hack/demo.sh
 
 ## controlplane: start etcd + kube-apiserver by hand; prints the kubeconfig,
-## stops on Ctrl-C. CONTROLPLANE_ARGS=-apiservers=2 for an HA pair.
+## stops on Ctrl-C. CONTROLPLANE_ARGS=-apiservers=2 for an HA pair,
+## CONTROLPLANE_ARGS=-controller-manager to add a kube-controller-manager
+## (garbage collection, namespace deletion, default service accounts).
 controlplane: controlplane-bin
 	$(GO) run ./internal/testcluster/cmd/controlplane $(CONTROLPLANE_ARGS)
 

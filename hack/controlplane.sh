@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# controlplane.sh builds the local control plane (kube-apiserver, etcd, nats-server)
-# from the Go module proxy and caches the binaries under the user cache dir.
+# controlplane.sh builds the local control plane (kube-apiserver,
+# kube-controller-manager, etcd, nats-server) from the Go module proxy and
+# caches the binaries under the user cache dir.
 #
 #   hack/controlplane.sh build    build whatever is missing (idempotent), print the bin dir
 #   hack/controlplane.sh bindir   print the bin dir (does not build)
@@ -36,17 +37,25 @@ workdir="$cache_root/build"
 
 command -v go >/dev/null || die "go is not on PATH; install Go 1.26 first"
 
-build_kube_apiserver() {
-  local out="$bindir/kube-apiserver"
-  if [[ -x "$out" ]]; then log "kube-apiserver $K8S_VERSION: cached at $out"; return; fi
-  local mod="$workdir/kube-apiserver-$K8S_VERSION"
-  mkdir -p "$mod"
-  log "kube-apiserver $K8S_VERSION: preparing build module in $mod"
+# The Kubernetes binaries (kube-apiserver, kube-controller-manager) come from
+# one build module: its module graph is resolved once for both, and the second
+# build reuses most of the first one's compiled packages from Go's build cache.
+k8s_mod="$workdir/kubernetes-$K8S_VERSION"
+k8s_binaries=(kube-apiserver kube-controller-manager)
+
+# prepare_k8s_module writes the build module that requires k8s.io/kubernetes
+# with every staging module replaced by its published release, and resolves
+# its module graph. It runs at most once per invocation.
+k8s_mod_ready=
+prepare_k8s_module() {
+  [[ -z "$k8s_mod_ready" ]] || return 0
+  mkdir -p "$k8s_mod"
+  log "kubernetes $K8S_VERSION: preparing build module in $k8s_mod"
   (
-    cd "$mod"
+    cd "$k8s_mod"
     rm -f go.mod go.sum
-    go mod init opkit.local/controlplane/kube-apiserver >/dev/null 2>&1
-    log "kube-apiserver: fetching k8s.io/kubernetes@$K8S_VERSION go.mod"
+    go mod init opkit.local/controlplane/kubernetes >/dev/null 2>&1
+    log "kubernetes: fetching k8s.io/kubernetes@$K8S_VERSION go.mod"
     local gomod
     gomod=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')
     [[ -f "$gomod" ]] || die "could not download k8s.io/kubernetes@$K8S_VERSION from the module proxy"
@@ -57,7 +66,7 @@ build_kube_apiserver() {
       | sed -E 's/^[[:space:]]*(replace[[:space:]]+)?(k8s\.io\/[^ ]+).*/\2/' | sort -u)
     [[ -n "$staged" ]] || die "found no staging replace directives in $gomod"
     {
-      echo "module opkit.local/controlplane/kube-apiserver"
+      echo "module opkit.local/controlplane/kubernetes"
       echo
       echo "go 1.26"
       echo
@@ -67,24 +76,39 @@ build_kube_apiserver() {
       for m in $staged; do echo "	$m => $m $STAGING_VERSION"; done
       echo ")"
     } > go.mod
-    log "kube-apiserver: replaced $(echo "$staged" | wc -l) staging modules with $STAGING_VERSION; resolving module graph"
-    cat > tools.go <<'GO'
-//go:build tools
+    log "kubernetes: replaced $(echo "$staged" | wc -l) staging modules with $STAGING_VERSION; resolving module graph"
+    {
+      echo "//go:build tools"
+      echo
+      echo "package tools"
+      echo
+      echo "import ("
+      for b in "${k8s_binaries[@]}"; do echo "	_ \"k8s.io/kubernetes/cmd/$b\""; done
+      echo ")"
+    } > tools.go
+    GOFLAGS=-mod=mod go mod tidy >/dev/null 2>tidy.log || { cat tidy.log >&2; die "go mod tidy failed for kubernetes"; }
+  )
+  k8s_mod_ready=1
+}
 
-package tools
-
-import _ "k8s.io/kubernetes/cmd/kube-apiserver"
-GO
-    GOFLAGS=-mod=mod go mod tidy >/dev/null 2>tidy.log || { cat tidy.log >&2; die "go mod tidy failed for kube-apiserver"; }
-    log "kube-apiserver: compiling (about 5 minutes cold on 2 cores)"
+# build_k8s NAME HOW_LONG builds k8s.io/kubernetes/cmd/NAME into the bin dir
+# unless it is there already; HOW_LONG is for the log.
+build_k8s() {
+  local name="$1" how_long="$2"
+  local out="$bindir/$name"
+  if [[ -x "$out" ]]; then log "$name $K8S_VERSION: cached at $out"; return; fi
+  prepare_k8s_module
+  log "$name $K8S_VERSION: compiling ($how_long)"
+  (
+    cd "$k8s_mod"
     local pkg=k8s.io/component-base/version
     local minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
     CGO_ENABLED=0 go build -trimpath -o "$out.tmp" \
       -ldflags "-s -w -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean" \
-      k8s.io/kubernetes/cmd/kube-apiserver || die "go build of kube-apiserver failed"
+      "k8s.io/kubernetes/cmd/$name" || die "go build of $name failed"
     mv "$out.tmp" "$out"
   )
-  log "kube-apiserver: built $out"
+  log "$name: built $out"
 }
 
 build_etcd() {
@@ -155,13 +179,14 @@ case "$cmd" in
       fi
     fi
     build_etcd
-    build_kube_apiserver
+    build_k8s kube-apiserver "about 5 minutes cold on 2 cores"
+    build_k8s kube-controller-manager "about 4 minutes on 2 cores after kube-apiserver"
     build_nats
     echo "$bindir"
     ;;
   bindir) echo "$bindir" ;;
   check)
-    for b in kube-apiserver etcd nats-server; do [[ -x "$bindir/$b" ]] || { log "missing $bindir/$b (run: hack/controlplane.sh build)"; exit 1; }; done
+    for b in "${k8s_binaries[@]}" etcd nats-server; do [[ -x "$bindir/$b" ]] || { log "missing $bindir/$b (run: hack/controlplane.sh build)"; exit 1; }; done
     echo "$bindir"
     ;;
   *) die "unknown command '$cmd' (want build, bindir or check)" ;;

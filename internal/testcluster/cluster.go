@@ -39,8 +39,8 @@ const BinDirEnv = "OPKIT_CONTROLPLANE_BIN"
 const Issuer = "https://kubernetes.default.svc"
 
 var (
-	// ErrBinariesMissing is wrapped by the error of New when kube-apiserver or
-	// etcd is not in the bin dir.
+	// ErrBinariesMissing is wrapped by the error of New when a binary
+	// hack/controlplane.sh builds is not in the bin dir.
 	ErrBinariesMissing = errors.New("control plane binaries missing")
 	// ErrStopped is returned by methods called after Stop.
 	ErrStopped = errors.New("testcluster: cluster stopped")
@@ -66,8 +66,9 @@ func DefaultBinDir() string {
 }
 
 // CheckBinaries returns an error wrapping ErrBinariesMissing unless dir holds
-// executable kube-apiserver, etcd and nats-server binaries (the last for the
-// example's end-to-end test and demo). Its message tells how to build them.
+// executable kube-apiserver, kube-controller-manager, etcd and nats-server
+// binaries (the last for the example's end-to-end test and demo), all that
+// hack/controlplane.sh builds. Its message tells how to build them.
 // dir must be absolute: a relative one would be read from each test
 // package's own directory, not where the script built it.
 func CheckBinaries(dir string) error {
@@ -79,7 +80,7 @@ func CheckBinaries(dir string) error {
 			ErrBinariesMissing, dir, BinDirEnv)
 	}
 	var missing []string
-	for _, b := range []string{"kube-apiserver", "etcd", "nats-server"} {
+	for _, b := range []string{"kube-apiserver", "kube-controller-manager", "etcd", "nats-server"} {
 		st, err := os.Stat(filepath.Join(dir, b))
 		if err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
 			missing = append(missing, b)
@@ -95,12 +96,14 @@ func CheckBinaries(dir string) error {
 // Options configure a cluster. The zero value is a single API server with the
 // watch cache on, using the binaries in DefaultBinDir.
 type Options struct {
-	// BinDir holds kube-apiserver and etcd. Default: DefaultBinDir().
+	// BinDir holds the binaries (see CheckBinaries). Default: DefaultBinDir().
 	BinDir string
 	// APIServers is the number of API servers New starts, all on the same
 	// etcd. Default 1. More can be added later with AddAPIServer.
 	APIServers int
-	// ReadyTimeout bounds the wait for each API server's /readyz. Default 60s.
+	// ReadyTimeout bounds the wait for each API server's /readyz, and for
+	// the controller-manager's health and first garbage collection. Default
+	// 60s.
 	ReadyTimeout time.Duration
 	// DisableWatchCache runs the API servers with --watch-cache=false, so
 	// every list and watch is served by etcd. A watch resuming from a
@@ -108,8 +111,34 @@ type Options struct {
 	// with the watch cache on, the API server answers it from memory while it
 	// still holds that version. Chaos tests that need 410 set this.
 	DisableWatchCache bool
+	// DisableShardedListAndWatch starts the API servers without the alpha
+	// feature gate ShardedListAndWatch (KEP-5866), which they otherwise run
+	// with. With the gate, a LIST or WATCH with ListOptions.ShardSelector
+	// (e.g. shardRange(object.metadata.uid, '0x0000000000000000',
+	// '0x8000000000000000'): the objects whose 64-bit FNV-1a hash of the
+	// field is in [start, end)) returns only those objects, and a LIST
+	// echoes the selector in ListMeta.ShardInfo; a malformed selector is
+	// refused (with a bare HTTP 500 in v1.37.2). Without it the API server
+	// ignores ShardSelector altogether: every object, no ShardInfo, no error
+	// even for a malformed one. Tests of a client-side fallback set this.
+	DisableShardedListAndWatch bool
+	// ControllerManager also starts a kube-controller-manager once the API
+	// servers are ready. It runs only what a test bed without nodes or a
+	// cloud can use: the garbage collector (dependents of a deleted owner
+	// are deleted, foreground deletion completes), the namespace controller
+	// (deleted namespaces finish deleting) and the service-account and
+	// service-account-token controllers (every namespace gets its default
+	// ServiceAccount). It has no leader election, acts as
+	// ControllerManagerUser and talks to API server 0 only, so it makes no
+	// progress while that one is stopped. New returns once it is healthy and
+	// its garbage collector has completed a foreground deletion; Stop kills
+	// it with the rest. Without it (the default) none of this happens: tests
+	// clean up explicitly.
+	ControllerManager bool
 	// APIServerFlags are extra kube-apiserver flags ("--name=value"), added
-	// after (and so overriding) the defaults.
+	// after (and so overriding) the defaults. kube-apiserver merges repeated
+	// --feature-gates flags, so one here adds to the default
+	// ShardedListAndWatch=true (or turns it off) rather than replacing it.
 	APIServerFlags []string
 	// Logger receives progress messages. Default: a logger that discards.
 	Logger *slog.Logger
@@ -154,6 +183,7 @@ type Cluster struct {
 	mu         sync.Mutex // guards everything below
 	etcd       *process
 	apiservers []*apiServer
+	kcm        *controllerManager // nil without Options.ControllerManager
 	stopped    bool
 }
 
@@ -216,10 +246,17 @@ func newOnce(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if c.pki, err = writePKI(dir); err != nil {
 		return nil, fmt.Errorf("testcluster: %w", err)
 	}
-	ports, err := freePorts(2 + opts.APIServers)
+	// etcd's client and peer ports, the API servers' and, last, the
+	// controller-manager's.
+	nPorts := 2 + opts.APIServers
+	if opts.ControllerManager {
+		nPorts++
+	}
+	ports, err := freePorts(nPorts)
 	if err != nil {
 		return nil, err
 	}
+	apiPorts := ports[2 : 2+opts.APIServers]
 	c.etcdURL = "http://127.0.0.1:" + strconv.Itoa(ports[0])
 	peerURL := "http://127.0.0.1:" + strconv.Itoa(ports[1])
 	c.etcd, err = startProcess("etcd", filepath.Join(opts.BinDir, "etcd"), filepath.Join(dir, "etcd.log"), []string{
@@ -237,18 +274,23 @@ func newOnce(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		return nil, fmt.Errorf("testcluster: %w", err)
 	}
 	c.kubeconfig = filepath.Join(dir, "kubeconfig")
-	if err := os.WriteFile(c.kubeconfig, kubeconfig(hostURL(ports[2]), c.pki.caPEM, c.pki.adminToken), 0o600); err != nil {
+	if err := os.WriteFile(c.kubeconfig, kubeconfig(hostURL(apiPorts[0]), c.pki.caPEM, AdminUser, c.pki.adminToken), 0o600); err != nil {
 		return nil, fmt.Errorf("testcluster: write kubeconfig: %w", err)
 	}
 	// Start every API server first, then wait: they come up in parallel.
-	for _, port := range ports[2:] {
+	for _, port := range apiPorts {
 		if _, err := c.startAPIServerLocked(port); err != nil {
 			return nil, err
 		}
 	}
 	unlock()
-	for i := range ports[2:] {
+	for i := range apiPorts {
 		if err := c.waitReady(ctx, i); err != nil {
+			return nil, err
+		}
+	}
+	if opts.ControllerManager {
+		if err := c.startControllerManager(ctx, ports[len(ports)-1]); err != nil {
 			return nil, err
 		}
 	}
@@ -303,6 +345,11 @@ func (c *Cluster) apiServerArgs(port int) []string {
 		"--profiling=false",
 		"--watch-cache=" + strconv.FormatBool(!c.opts.DisableWatchCache),
 	}
+	if c.ShardedListAndWatch() {
+		// Alpha since v1.36; the binary's own version is emulated, so
+		// enabling it takes nothing else.
+		args = append(args, "--feature-gates=ShardedListAndWatch=true")
+	}
 	return append(args, c.opts.APIServerFlags...)
 }
 
@@ -341,39 +388,58 @@ func (c *Cluster) waitReady(ctx context.Context, i int) error {
 	if proc == nil {
 		return fmt.Errorf("testcluster: API server %d is stopped", i)
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.opts.ReadyTimeout)
-	defer cancel()
+	return c.waitHealthy(ctx, proc, fmt.Sprintf("API server %d", i), hostURL(s.port)+"/readyz", c.pki.adminToken)
+}
+
+// waitHealthy polls url (a health endpoint of proc, which errors call what)
+// with token, if any, until it answers ok; see waitFor.
+func (c *Cluster) waitHealthy(ctx context.Context, proc *process, what, url, token string) error {
 	client := c.httpClient()
-	url := hostURL(s.port) + "/readyz"
-	last := "no answer yet"
-	for {
+	return c.waitFor(ctx, proc, what, func(ctx context.Context) (bool, string) {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		if err != nil {
-			return err
+			return false, err.Error()
 		}
-		req.Header.Set("Authorization", "Bearer "+c.pki.adminToken)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
 		resp, err := client.Do(req)
-		if err == nil {
-			body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK && strings.TrimSpace(string(body)) == "ok" {
-				return nil
-			}
-			last = fmt.Sprintf("HTTP %d: %s", resp.StatusCode, lastLines(string(body), 8))
-		} else {
-			last = err.Error()
+		if err != nil {
+			return false, err.Error()
 		}
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK && strings.TrimSpace(string(body)) == "ok" {
+			return true, ""
+		}
+		return false, fmt.Sprintf("%s: HTTP %d: %s", url, resp.StatusCode, lastLines(string(body), 8))
+	})
+}
+
+// waitFor calls check every 100ms until it reports done, proc (which errors
+// call what) or etcd exits, ctx ends or ReadyTimeout passes. When not done,
+// check says what it saw, for the error.
+func (c *Cluster) waitFor(ctx context.Context, proc *process, what string, check func(context.Context) (done bool, saw string)) error {
+	ctx, cancel := context.WithTimeout(ctx, c.opts.ReadyTimeout)
+	defer cancel()
+	last := "nothing yet"
+	for {
+		done, saw := check(ctx)
+		if done {
+			return nil
+		}
+		last = saw
 		if c.etcd.exited() {
-			return fmt.Errorf("testcluster: %w: etcd (%v) while waiting for API server %d; etcd log tail:\n%s",
-				errProcessExited, c.etcd.err, i, c.etcd.tail(30))
+			return fmt.Errorf("testcluster: %w: etcd (%v) while waiting for %s; etcd log tail:\n%s",
+				errProcessExited, c.etcd.err, what, c.etcd.tail(30))
 		}
 		select {
 		case <-proc.done:
-			return fmt.Errorf("testcluster: %w: API server %d (%v); log tail:\n%s",
-				errProcessExited, i, proc.err, proc.tail(30))
+			return fmt.Errorf("testcluster: %w: %s (%v); log tail:\n%s",
+				errProcessExited, what, proc.err, proc.tail(30))
 		case <-ctx.Done():
-			return fmt.Errorf("testcluster: API server %d not ready after %v (last /readyz: %s): %w; log tail:\n%s",
-				i, c.opts.ReadyTimeout, last, ctx.Err(), proc.tail(30))
+			return fmt.Errorf("testcluster: %s not ready after %v (last saw %s): %w; log tail:\n%s",
+				what, c.opts.ReadyTimeout, last, ctx.Err(), proc.tail(30))
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
@@ -408,7 +474,12 @@ func (c *Cluster) Stop() error {
 	// Unregistered only when done, so that a Stop from Main's signal
 	// handler waits for one in progress (on c.mu) before the process exits.
 	defer unregister(c)
-	// The data is thrown away: no need for a graceful shutdown.
+	// The data is thrown away: no need for a graceful shutdown. The
+	// controller-manager, a client of the API servers, goes first.
+	if c.kcm != nil && c.kcm.proc != nil {
+		c.kcm.proc.stop(syscall.SIGKILL, 0)
+		c.kcm.proc = nil
+	}
 	for _, s := range c.apiservers {
 		if s.proc != nil {
 			s.proc.stop(syscall.SIGKILL, 0)
@@ -426,6 +497,11 @@ func (c *Cluster) Stop() error {
 	return nil
 }
 
+// ShardedListAndWatch reports whether the API servers run with the feature
+// gate ShardedListAndWatch, that is, honour ListOptions.ShardSelector (see
+// Options.DisableShardedListAndWatch). It does not look into APIServerFlags.
+func (c *Cluster) ShardedListAndWatch() bool { return !c.opts.DisableShardedListAndWatch }
+
 // Dir returns the cluster's temp dir (logs, certificates, kubeconfig, etcd
 // data). It is removed by Stop.
 func (c *Cluster) Dir() string { return c.dir }
@@ -434,7 +510,8 @@ func (c *Cluster) Dir() string { return c.dir }
 // there too when hack/controlplane.sh built it.
 func (c *Cluster) BinDir() string { return c.opts.BinDir }
 
-// StartupDuration is how long New took until every API server was ready.
+// StartupDuration is how long New took until every API server (and the
+// controller-manager, if any) was ready.
 func (c *Cluster) StartupDuration() time.Duration { return c.startup }
 
 // Kubeconfig returns the path of an admin kubeconfig for API server 0,

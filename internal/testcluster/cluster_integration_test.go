@@ -272,14 +272,14 @@ func TestServiceAccountToken(t *testing.T) {
 // TestStopLeavesNoProcesses checks that Stop ends every process of a cluster
 // (found by the temp dir on their command lines) and removes the dir.
 func TestStopLeavesNoProcesses(t *testing.T) {
-	c, err := testcluster.New(context.Background(), testcluster.Options{APIServers: 2})
+	c, err := testcluster.New(context.Background(), testcluster.Options{APIServers: 2, ControllerManager: true})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
 	dir := c.Dir()
-	if procs := processesIn(t, dir); len(procs) != 3 {
+	if procs := processesIn(t, dir); len(procs) != 4 {
 		c.Stop()
-		t.Fatalf("running cluster: %d processes in %s, want 3 (etcd, 2 kube-apiservers): %v", len(procs), dir, procs)
+		t.Fatalf("running cluster: %d processes in %s, want 4 (etcd, 2 kube-apiservers, kube-controller-manager): %v", len(procs), dir, procs)
 	}
 	if err := c.Stop(); err != nil {
 		t.Fatalf("Stop: %v", err)
@@ -304,7 +304,7 @@ const crashHelperEnv = "OPKIT_TESTCLUSTER_CRASH_HELPER"
 // dir and crashes from another goroutine, as the go test timeout does -- no
 // deferred function or cleanup runs.
 func crashHelper() {
-	c, err := testcluster.New(context.Background(), testcluster.Options{})
+	c, err := testcluster.New(context.Background(), testcluster.Options{ControllerManager: true})
 	if err != nil {
 		os.Stdout.WriteString("error " + err.Error() + "\n")
 		os.Exit(3)
@@ -315,7 +315,8 @@ func crashHelper() {
 }
 
 // TestCrashedBinaryLeavesNoProcesses checks that a test binary crashing with
-// a running cluster takes etcd and kube-apiserver down with it.
+// a running cluster takes etcd, kube-apiserver and kube-controller-manager
+// down with it.
 func TestCrashedBinaryLeavesNoProcesses(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

@@ -1,20 +1,28 @@
-// Package testcluster runs a real, throwaway Kubernetes control plane (one etcd
-// and one or more kube-apiservers) on loopback ports, for opkit's integration
-// tests and for exploring by hand.
+// Package testcluster runs a real, throwaway Kubernetes control plane (one etcd,
+// one or more kube-apiservers and, if asked, a kube-controller-manager) on
+// loopback ports, for opkit's integration tests and for exploring by hand.
 //
 // Nothing is faked: the binaries are the ones hack/controlplane.sh builds from
-// the Go module proxy (kube-apiserver v1.37.2, etcd v3.6.16), cached under the
-// user cache dir. A cluster has
+// the Go module proxy (kube-apiserver and kube-controller-manager v1.37.2,
+// etcd v3.6.16), cached under the user cache dir. A cluster has
 //
 //   - a self-generated CA and an ECDSA serving certificate, so clients verify
 //     TLS for real;
-//   - static-token authentication with an admin user (group system:masters)
-//     and an unprivileged user with no RBAC grants;
+//   - static-token authentication with an admin user (group system:masters),
+//     an unprivileged user with no RBAC grants and a user in system:masters
+//     for the controller-manager;
 //   - service-account signing keys, so TokenRequest and TokenReview work;
 //   - RBAC authorization;
-//   - no controller-manager: no garbage collection, no default service
-//     accounts, and namespaces never finish deleting. Tests create what they
-//     need and clean up explicitly.
+//   - the alpha feature gate ShardedListAndWatch, so that LIST and WATCH
+//     honour ListOptions.ShardSelector, unless
+//     [Options.DisableShardedListAndWatch];
+//   - by default no controller-manager: no garbage collection, no default
+//     service accounts, and namespaces never finish deleting. Tests create
+//     what they need and clean up explicitly. A cluster started with
+//     [Options.ControllerManager] runs a kube-controller-manager with the
+//     garbage collector and the namespace and service-account controllers
+//     (nothing that needs nodes or a cloud); [Cluster.HasControllerManager]
+//     tells which kind a cluster is. The shared cluster has none.
 //
 // # Use in tests
 //
@@ -37,8 +45,9 @@
 //
 // # Processes and goroutines
 //
-// Each etcd and kube-apiserver runs in its own process group, with its output
-// in a log file in the cluster's temp dir. One goroutine per process, owned by
+// Each etcd, kube-apiserver and kube-controller-manager runs in its own
+// process group, with its output in a log file in the cluster's temp dir
+// ([Cluster.LogTail], [Cluster.ControllerManagerLogTail]). One goroutine per process, owned by
 // the Cluster, waits for it to exit. Stop kills every process group, waits for
 // them and removes the temp dir; the processes also receive SIGKILL if the
 // thread that started them dies (Pdeathsig), so a test binary that crashes or

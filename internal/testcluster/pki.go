@@ -24,6 +24,10 @@ const (
 	AdminUser = "opkit-admin"
 	// UnprivilegedUser is authenticated but has no RBAC grants.
 	UnprivilegedUser = "opkit-user"
+	// ControllerManagerUser is the identity of the kube-controller-manager
+	// (Options.ControllerManager): in group system:masters like AdminUser,
+	// but its own name, so that its requests can be told apart.
+	ControllerManagerUser = "opkit-controller-manager"
 )
 
 // pki holds the credentials of one cluster, written as files into its dir.
@@ -31,6 +35,7 @@ type pki struct {
 	caPEM      []byte // CA certificate, for clients' TLS verification
 	adminToken string
 	userToken  string
+	kcmToken   string // ControllerManagerUser's
 
 	caFile, certFile, keyFile string // serving cert and key, signed by the CA
 	saPubFile, saKeyFile      string // service-account token verify/sign keys
@@ -111,8 +116,10 @@ func writePKI(dir string) (*pki, error) {
 
 	p.adminToken = randToken()
 	p.userToken = randToken()
-	tokens := fmt.Sprintf("%s,%s,%s,\"system:masters\"\n%s,%s,%s\n",
-		p.adminToken, AdminUser, AdminUser, p.userToken, UnprivilegedUser, UnprivilegedUser)
+	p.kcmToken = randToken()
+	tokens := fmt.Sprintf("%s,%s,%s,\"system:masters\"\n%s,%s,%s\n%s,%s,%s,\"system:masters\"\n",
+		p.adminToken, AdminUser, AdminUser, p.userToken, UnprivilegedUser, UnprivilegedUser,
+		p.kcmToken, ControllerManagerUser, ControllerManagerUser)
 
 	files := []struct {
 		path string
@@ -149,8 +156,9 @@ func randToken() string {
 	return hex.EncodeToString(b)
 }
 
-// kubeconfig renders an admin kubeconfig for server.
-func kubeconfig(server string, caPEM []byte, token string) []byte {
+// kubeconfig renders a kubeconfig for server in which user authenticates
+// with token.
+func kubeconfig(server string, caPEM []byte, user, token string) []byte {
 	var b strings.Builder
 	fmt.Fprintf(&b, `apiVersion: v1
 kind: Config
@@ -169,6 +177,6 @@ contexts:
     cluster: opkit
     user: %s
 current-context: opkit
-`, server, base64.StdEncoding.EncodeToString(caPEM), AdminUser, token, AdminUser)
+`, server, base64.StdEncoding.EncodeToString(caPEM), user, token, user)
 	return []byte(b.String())
 }

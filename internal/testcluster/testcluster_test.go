@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -79,20 +80,23 @@ func TestPKIServingCertVerifiesForLoopback(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := p.adminToken + "," + AdminUser + "," + AdminUser + ",\"system:masters\"\n" +
-		p.userToken + "," + UnprivilegedUser + "," + UnprivilegedUser + "\n"
+		p.userToken + "," + UnprivilegedUser + "," + UnprivilegedUser + "\n" +
+		p.kcmToken + "," + ControllerManagerUser + "," + ControllerManagerUser + ",\"system:masters\"\n"
 	if string(tokens) != want {
 		t.Errorf("token file:\n%s\nwant:\n%s", tokens, want)
 	}
-	if p.adminToken == p.userToken || len(p.adminToken) < 32 {
-		t.Errorf("tokens %q and %q: want distinct random tokens", p.adminToken, p.userToken)
+	if p.adminToken == p.userToken || p.kcmToken == p.adminToken || p.kcmToken == p.userToken || len(p.adminToken) < 32 {
+		t.Errorf("tokens %q, %q and %q: want distinct random tokens", p.adminToken, p.userToken, p.kcmToken)
 	}
 }
 
-func TestKubeconfigNamesServerCAAndToken(t *testing.T) {
-	got := string(kubeconfig("https://127.0.0.1:6443", []byte("CA"), "tok"))
+func TestKubeconfigNamesServerCAUserAndToken(t *testing.T) {
+	got := string(kubeconfig("https://127.0.0.1:6443", []byte("CA"), "someone", "tok"))
 	for _, want := range []string{
 		"server: https://127.0.0.1:6443\n",
 		"certificate-authority-data: Q0E=\n",
+		"- name: someone\n",
+		"user: someone\n",
 		"token: tok\n",
 		"current-context: opkit\n",
 	} {
@@ -125,13 +129,32 @@ func TestOptionsDefaultsAndValidation(t *testing.T) {
 	}
 }
 
+func TestAPIServersRunWithShardedListAndWatchUnlessDisabled(t *testing.T) {
+	const gate = "--feature-gates=ShardedListAndWatch=true"
+	for _, tc := range []struct {
+		opts Options
+		want bool
+	}{
+		{Options{}, true},
+		{Options{DisableShardedListAndWatch: true}, false},
+	} {
+		c := &Cluster{opts: tc.opts, pki: &pki{}}
+		if got := slices.Contains(c.apiServerArgs(6443), gate); got != tc.want {
+			t.Errorf("%+v: API server flags contain %s: %v, want %v", tc.opts, gate, got, tc.want)
+		}
+		if got := c.ShardedListAndWatch(); got != tc.want {
+			t.Errorf("%+v: ShardedListAndWatch() = %v, want %v", tc.opts, got, tc.want)
+		}
+	}
+}
+
 func TestNewWithoutBinariesSaysHowToBuildThem(t *testing.T) {
 	dir := t.TempDir()
 	_, err := New(context.Background(), Options{BinDir: dir})
 	if !errors.Is(err, ErrBinariesMissing) {
 		t.Fatalf("New with empty bin dir: %v, want ErrBinariesMissing", err)
 	}
-	for _, want := range []string{dir, "kube-apiserver", "etcd", "hack/controlplane.sh build"} {
+	for _, want := range []string{dir, "kube-apiserver", "kube-controller-manager", "etcd", "hack/controlplane.sh build"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %q", err, want)
 		}

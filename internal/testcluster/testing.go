@@ -123,10 +123,9 @@ func stopShared(showLogs bool) {
 		return
 	}
 	if showLogs {
-		for i := range shared.c.APIServers() {
-			fmt.Fprintf(os.Stderr, "--- tail of shared kube-apiserver %d log:\n%s\n", i, shared.c.LogTail(i, 20))
+		for _, l := range shared.c.logTails(20) {
+			fmt.Fprintf(os.Stderr, "--- tail of shared %s log:\n%s\n", l.of, l.tail)
 		}
-		fmt.Fprintf(os.Stderr, "--- tail of shared etcd log:\n%s\n", shared.c.LogTail(-1, 20))
 	}
 	if err := shared.c.Stop(); err != nil {
 		fmt.Fprintf(os.Stderr, "testcluster: stop shared control plane: %v\n", err)
@@ -169,16 +168,32 @@ func Start(t testing.TB, opts Options) *Cluster {
 	t.Logf("testcluster: private control plane ready in %v (%s)", c.StartupDuration().Round(time.Millisecond), c.Dir())
 	t.Cleanup(func() {
 		if t.Failed() {
-			for i := range c.APIServers() {
-				t.Logf("tail of kube-apiserver %d log:\n%s", i, c.LogTail(i, 20))
+			for _, l := range c.logTails(20) {
+				t.Logf("tail of %s log:\n%s", l.of, l.tail)
 			}
-			t.Logf("tail of etcd log:\n%s", c.LogTail(-1, 20))
 		}
 		if err := c.Stop(); err != nil {
 			t.Errorf("testcluster: %v", err)
 		}
 	})
 	return c
+}
+
+// logTail is the end of one process's log.
+type logTail struct{ of, tail string }
+
+// logTails returns the last n lines of the log of every API server, of etcd
+// and of the controller-manager, if any.
+func (c *Cluster) logTails(n int) []logTail {
+	var tails []logTail
+	for i := range c.APIServers() {
+		tails = append(tails, logTail{fmt.Sprintf("kube-apiserver %d", i), c.LogTail(i, n)})
+	}
+	tails = append(tails, logTail{"etcd", c.LogTail(-1, n)})
+	if c.HasControllerManager() {
+		tails = append(tails, logTail{"kube-controller-manager", c.ControllerManagerLogTail(n)})
+	}
+	return tails
 }
 
 // firstRunning returns the index of the first running API server, or 0.
@@ -206,8 +221,9 @@ func (c *Cluster) Dynamic(t testing.TB) *dynamic.DynamicClient {
 
 // Namespace creates a namespace with a fresh name derived from t's name and
 // returns the name. At cleanup it deletes the namespace; without a
-// controller-manager it stays Terminating, which at least refuses new
-// objects in it.
+// controller-manager (Options.ControllerManager) it stays Terminating, which
+// at least refuses new objects in it, with one it goes away with its
+// contents.
 func (c *Cluster) Namespace(t testing.TB) string {
 	t.Helper()
 	client, err := dynamic.NewForConfig(c.ConfigFor(c.firstRunning()))

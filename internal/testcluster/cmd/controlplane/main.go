@@ -1,10 +1,12 @@
 // Command controlplane starts a local etcd + kube-apiserver (package
-// testcluster) for exploring by hand, prints how to reach it and stops it
-// cleanly on Ctrl-C (SIGINT) or SIGTERM.
+// testcluster), and a kube-controller-manager if asked, for exploring by
+// hand, prints how to reach it and stops it cleanly on Ctrl-C (SIGINT) or
+// SIGTERM.
 //
 //	go run ./internal/testcluster/cmd/controlplane            # run until Ctrl-C
 //	go run ./internal/testcluster/cmd/controlplane -smoke     # show it working, then stop
 //	go run ./internal/testcluster/cmd/controlplane -apiservers 2
+//	go run ./internal/testcluster/cmd/controlplane -controller-manager  # with garbage collection
 //
 // The binaries come from hack/controlplane.sh build (make controlplane runs it).
 package main
@@ -31,19 +33,25 @@ import (
 func main() {
 	smoke := flag.Bool("smoke", false, "create a CRD and an object, print them, then stop")
 	apiservers := flag.Int("apiservers", 1, "number of kube-apiservers on the one etcd")
+	kcm := flag.Bool("controller-manager", false,
+		"also run a kube-controller-manager (garbage collector, namespace and service-account controllers) against kube-apiserver 0")
 	flag.Parse()
-	if err := run(*smoke, *apiservers); err != nil {
+	if err := run(*smoke, *apiservers, *kcm); err != nil {
 		fmt.Fprintln(os.Stderr, "controlplane:", err)
 		os.Exit(1)
 	}
 }
 
-func run(smoke bool, apiservers int) error {
+func run(smoke bool, apiservers int, kcm bool) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	fmt.Fprintf(os.Stderr, "starting etcd + %d kube-apiserver(s) from %s ...\n", apiservers, testcluster.DefaultBinDir())
-	c, err := testcluster.New(ctx, testcluster.Options{APIServers: apiservers, Logger: logger})
+	what := fmt.Sprintf("etcd + %d kube-apiserver(s)", apiservers)
+	if kcm {
+		what += " + kube-controller-manager"
+	}
+	fmt.Fprintf(os.Stderr, "starting %s from %s ...\n", what, testcluster.DefaultBinDir())
+	c, err := testcluster.New(ctx, testcluster.Options{APIServers: apiservers, ControllerManager: kcm, Logger: logger})
 	if err != nil {
 		return err
 	}
@@ -59,6 +67,9 @@ func run(smoke bool, apiservers int) error {
 		fmt.Printf("  kube-apiserver %d: %s\n", i, c.ConfigFor(i).Host)
 	}
 	fmt.Printf("  etcd:             %s\n", c.EtcdURL())
+	if c.HasControllerManager() {
+		fmt.Printf("  kube-controller-manager: on kube-apiserver 0 (garbage collector, namespace and service-account controllers)\n")
+	}
 	fmt.Printf("  logs and data:    %s (removed on exit)\n", c.Dir())
 	fmt.Printf("admin kubeconfig: %s\n\n", c.Kubeconfig())
 	fmt.Printf("  export KUBECONFIG=%s\n  kubectl get namespaces\n\n", c.Kubeconfig())
