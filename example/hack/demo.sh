@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # demo.sh: the reference operator end to end on a local control plane
 # (what `make demo` runs). Needs only Go: the control plane binaries
-# (kube-apiserver, etcd, nats-server) are built from the Go module proxy
+# (kube-apiserver, kube-controller-manager, etcd, nats-server) are built from the Go module proxy
 # and cached by hack/controlplane.sh on first use (about 5 minutes cold).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
