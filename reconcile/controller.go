@@ -305,13 +305,17 @@ func (c *Controller[T]) runTerm(runCtx, termCtx context.Context, work []Runnable
 }
 
 // worker takes entries (a reserved one only those at TriggerPriority or
-// above) until intakeCtx ends and runs their turns under workCtx.
+// above) until intakeCtx ends and runs their turns under workCtx. The
+// others start once the watcher's first list is queued, so that a term
+// begins with what needs work, not with what the list delivered first.
 func (c *Controller[T]) worker(intakeCtx, workCtx context.Context, log *slog.Logger, reserved bool) {
 	get := c.queue.Get
 	if reserved {
 		get = func(ctx context.Context) (queue.Item[opkit.Key, opkit.Cause[T]], error) {
 			return c.queue.GetAtLeast(ctx, c.cfg.TriggerPriority)
 		}
+	} else if c.watch.WaitSynced(intakeCtx) != nil {
+		return
 	}
 	for {
 		item, err := get(intakeCtx)

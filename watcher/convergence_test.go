@@ -1,6 +1,7 @@
 package watcher_test
 
 import (
+	"context"
 	"errors"
 	"net"
 	"os"
@@ -12,6 +13,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/watcher"
@@ -204,6 +207,47 @@ func TestASuccessfulListResetsTheBackoff(t *testing.T) {
 		}
 		if g := at[8].Sub(at[7]); g > time.Second {
 			t.Errorf("the retry after the failure that followed a good list waited %v, want the first delay (at most 1s)", g)
+		}
+	})
+}
+
+// WaitSynced returns once the Run's first list is queued, and after the
+// Run ends waits for the next Run's.
+func TestWaitSyncedWaitsForTheFirstListOfTheRun(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newFake(widget("ns", "a", "ua", "1", 1))
+		release := make(chan struct{})
+		c.PrependReactor("list", "widgets", func(k8stesting.Action) (bool, runtime.Object, error) {
+			<-release
+			return false, nil, nil
+		})
+		q := &recorder{}
+		w := mustNew(t, config(c, q))
+		waited := make(chan error, 1)
+		go func() { waited <- w.WaitSynced(context.Background()) }()
+		stop := start(t, w)
+		synctest.Wait()
+		select {
+		case err := <-waited:
+			t.Fatalf("WaitSynced returned %v before the first list", err)
+		default:
+		}
+		release <- struct{}{}
+		synctest.Wait()
+		if err := <-waited; err != nil || len(q.take()) != 1 {
+			t.Fatalf("WaitSynced = %v with %d entries queued; want nil once the list is queued", err, len(q.take()))
+		}
+		stop()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := w.WaitSynced(ctx); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("WaitSynced after Run ended = %v, want to wait for the next Run (deadline exceeded)", err)
+		}
+		close(release)
+		stop = start(t, w)
+		defer stop()
+		if err := w.WaitSynced(context.Background()); err != nil {
+			t.Fatalf("WaitSynced in the next Run = %v", err)
 		}
 	})
 }

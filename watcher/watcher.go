@@ -64,11 +64,14 @@ type Watcher[T opkit.Object] struct {
 	// mu guards the fields below. Only Run's goroutine adds and changes
 	// them, except Settle, which removes deletes from the ledger; the
 	// controller's workers read them from other goroutines.
-	mu      sync.RWMutex
-	active  bool  // a Run is active
-	synced  bool  // the Run's first list is done
-	lastErr error // the latest list or watch call's failure, nil once one succeeds
-	entries map[opkit.Key]entry
+	mu     sync.RWMutex
+	active bool // a Run is active
+	synced bool // the Run's first list is done
+	// firstList is closed when the current Run's first list is done; a
+	// new one is made when a Run ends, for the next Run (WaitSynced).
+	firstList chan struct{}
+	lastErr   error // the latest list or watch call's failure, nil once one succeeds
+	entries   map[opkit.Key]entry
 	// ledger holds, per key, the unsettled deletes in resourceVersion
 	// order (see Watcher.Deletes).
 	ledger           map[opkit.Key][]record[T]
@@ -89,6 +92,7 @@ func New[T opkit.Object](cfg Config[T]) (*Watcher[T], error) {
 		namespaces: make(map[string]string),
 		entries:    make(map[opkit.Key]entry),
 		ledger:     make(map[opkit.Key][]record[T]),
+		firstList:  make(chan struct{}),
 	}
 	if cfg.Namespace != "" {
 		w.res = cfg.Client.Resource(gvr).Namespace(cfg.Namespace)
@@ -102,6 +106,23 @@ func (w *Watcher[T]) Synced() bool {
 	w.mu.RLock()
 	defer w.mu.RUnlock()
 	return w.active && w.synced
+}
+
+// WaitSynced blocks until the current Run, or the next one when none is
+// active, has finished its first list (every object it found is in the
+// queue), or until ctx ends (then it returns ctx's error). A controller's
+// workers wait for it, so that a term hands out what needs work first
+// rather than whatever the list delivered first.
+func (w *Watcher[T]) WaitSynced(ctx context.Context) error {
+	w.mu.RLock()
+	first := w.firstList
+	w.mu.RUnlock()
+	select {
+	case <-first:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Check is a health check: nil while a Run is active, its first list is
@@ -148,7 +169,7 @@ func (w *Watcher[T]) Run(ctx context.Context) error {
 	w.mu.Unlock()
 	defer func() {
 		w.mu.Lock()
-		w.active, w.synced = false, false
+		w.active, w.synced, w.firstList = false, false, make(chan struct{})
 		w.mu.Unlock()
 	}()
 
@@ -313,6 +334,9 @@ func (w *Watcher[T]) list(ctx context.Context) (string, error) {
 	w.tracked()
 	w.pruneNamespaces()
 	w.mu.Lock()
+	if !w.synced {
+		close(w.firstList)
+	}
 	w.synced, w.lastErr = true, nil
 	w.mu.Unlock()
 	w.failures, w.refusals = 0, 0
