@@ -198,7 +198,7 @@ func (c *Consumer[T]) Run(ctx context.Context) error {
 			failures++
 			c.setErr(&c.recvErr, err)
 			wait := backoff(c.cfg.ReconnectBase, c.cfg.ReconnectCap, failures)
-			c.brokerFailed(ctx, slog.LevelError, "trigger consumer: receive failed", err, slog.Duration("retryIn", wait))
+			c.brokerFailed(ctx, brokerLevel(err), "trigger consumer: receive failed; retrying", err, slog.Duration("retryIn", wait))
 			if !sleep(ctx, wait) {
 				return nil
 			}
@@ -308,6 +308,16 @@ func (c *Consumer[T]) forget() {
 }
 
 // brokerFailed counts and logs a failed broker call.
+// brokerLevel is the log level of a failed broker call: an error when
+// someone has to act (permissions, a missing stream or subject, a quota),
+// a warning for what retrying mends (a lost connection).
+func brokerLevel(err error) slog.Level {
+	if k := KindOf(err); k == BrokerDisconnected || k == BrokerUnknown {
+		return slog.LevelWarn
+	}
+	return slog.LevelError
+}
+
 func (c *Consumer[T]) brokerFailed(ctx context.Context, level slog.Level, msg string, err error, attrs ...slog.Attr) {
 	kind := KindOf(err)
 	c.cfg.Metrics.BrokerError(kind)
@@ -358,7 +368,7 @@ func (c *Consumer[T]) handle(ctx context.Context, msg Message, start time.Time) 
 		// The API server failed, or returned something the trigger
 		// refuses (another kind): not the message's fault.
 		delay := backoff(c.cfg.RetryBase, c.cfg.RetryCap, msg.Deliveries())
-		c.cfg.Logger.LogAttrs(ctx, slog.LevelError, "trigger consumer: reading the object failed; nacking",
+		c.cfg.Logger.LogAttrs(ctx, apiLevel(err), "trigger consumer: reading the object failed; nacking for a redelivery",
 			key, slog.Any("error", err), slog.Int("deliveries", msg.Deliveries()), slog.Duration("delay", delay))
 		c.nack(ctx, msg, NackAPIError, delay, start)
 	case !o.Accepted():

@@ -8,3 +8,6 @@ func AuthCacheLen(a *KubeAuthenticator) int {
 	defer a.perms.mu.Unlock()
 	return a.tokens.order.Len() + a.perms.order.Len()
 }
+
+// APILevel and BrokerLevel are the log levels of failed calls.
+var APILevel, BrokerLevel = apiLevel, brokerLevel

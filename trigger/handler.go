@@ -443,7 +443,7 @@ func (h *handler[T]) apiFailure(r *http.Request, call string, err error, key opk
 	if r.Context().Err() != nil {
 		return h.fail(http.StatusServiceUnavailable, "request cancelled during the "+call, &key)
 	}
-	h.log.Log(r.Context(), slog.LevelError, "api-"+call, "trigger: API server call failed", slog.String("call", call), slog.String("key", key.String()), slog.Any("error", err))
+	h.log.Log(r.Context(), apiLevel(err), "api-"+call, "trigger: API server call failed", slog.String("call", call), slog.String("key", key.String()), slog.Any("error", err))
 	code, msg := http.StatusBadGateway, call+" failed: the API server answered with an error (details in the operator's log)"
 	if isTimeout(err) {
 		code, msg = http.StatusGatewayTimeout, call+" failed: the API server did not answer in time"

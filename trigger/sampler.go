@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 )
 
 // logInterval is how often a [sampler] writes a record of one kind.
@@ -47,4 +49,14 @@ func (s *sampler) Log(ctx context.Context, level slog.Level, kind, msg string, a
 	k.last, k.skipped = now, 0
 	s.mu.Unlock()
 	s.log.LogAttrs(ctx, level, msg, append(attrs, slog.Int("suppressed", skipped))...)
+}
+
+// apiLevel is the log level of a failed API call: an error when someone
+// has to act (the operator's own permissions, a resource not served), a
+// warning for what the caller's retry mends (timeouts, 5xx, a restart).
+func apiLevel(err error) slog.Level {
+	if apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) || apierrors.IsNotFound(err) {
+		return slog.LevelError
+	}
+	return slog.LevelWarn
 }
