@@ -168,6 +168,19 @@ type Config[T opkit.Object] struct {
 	Logger *slog.Logger
 }
 
+// loopConfig is the list-and-watch loop's part of c (defaults applied).
+func (c Config[T]) loopConfig() loopConfig {
+	gvr := c.Resource.GroupVersionResource
+	name := gvr.GroupResource().String() + "/" + gvr.Version
+	var res dynamic.ResourceInterface = c.Client.Resource(gvr)
+	if c.Namespace != "" {
+		res = c.Client.Resource(gvr).Namespace(c.Namespace)
+	}
+	return loopConfig{res: res, name: name, labelSelector: c.LabelSelector, fieldSelector: c.FieldSelector,
+		pageSize: c.PageSize, idleTimeout: c.IdleTimeout, backoff: c.Backoff, metrics: c.Metrics,
+		log: c.Logger.With("resource", name, "namespace", c.Namespace)}
+}
+
 // SyncPhase tells whether a [SyncEvent] marks the start or the end of a list.
 type SyncPhase uint8
 

@@ -87,36 +87,59 @@ func (w *Watcher[T]) readMeta(u *unstructured.Unstructured) (opkit.Key, entry) {
 	return key, e
 }
 
-// intern returns a key whose strings do not alias the decoded object, with
-// the namespace interned. Only Run's goroutine calls it.
-func (w *Watcher[T]) intern(k opkit.Key) opkit.Key {
-	ns, ok := w.namespaces[k.Namespace]
+// interner makes keys that do not alias the decoded objects they come
+// from, sharing one copy of each namespace among them. Only Run's
+// goroutine uses it.
+type interner struct {
+	namespaces map[string]string
+	kept       int // namespaces in use at the last prune
+}
+
+// key returns a copy of k with its namespace interned.
+func (in *interner) key(k opkit.Key) opkit.Key {
+	if in.namespaces == nil {
+		in.namespaces = make(map[string]string)
+	}
+	ns, ok := in.namespaces[k.Namespace]
 	if !ok {
 		ns = strings.Clone(k.Namespace)
-		w.namespaces[ns] = ns
+		in.namespaces[ns] = ns
 	}
 	return opkit.Key{Namespace: ns, Name: strings.Clone(k.Name)}
 }
 
-// pruneNamespaces drops the interned namespaces no tracked key uses any
-// more, once the table has doubled since the last prune, so that a cluster
-// that keeps creating and deleting namespaces does not grow it for ever.
-// The end of a list calls it: the list pays for the pass over the keys.
-func (w *Watcher[T]) pruneNamespaces() {
-	if len(w.namespaces) <= 2*max(w.nsKept, 16) {
+// prune drops the interned namespaces no key uses any more (used returns
+// the keys in use), once the table has doubled since the last prune, so
+// that a cluster that keeps creating and deleting namespaces does not
+// grow it for ever. The end of a list calls it: the list pays for the
+// pass over the keys.
+func (in *interner) prune(used func() []string) {
+	if len(in.namespaces) <= 2*max(in.kept, 16) {
 		return
 	}
-	used := make(map[string]bool, w.nsKept)
-	w.mu.RLock()
-	for k := range w.entries {
-		used[k.Namespace] = true
+	inUse := make(map[string]bool, in.kept)
+	for _, ns := range used() {
+		inUse[ns] = true
 	}
-	for k := range w.ledger {
-		used[k.Namespace] = true
-	}
-	w.mu.RUnlock()
-	maps.DeleteFunc(w.namespaces, func(ns, _ string) bool { return !used[ns] })
-	w.nsKept = len(w.namespaces)
+	maps.DeleteFunc(in.namespaces, func(ns, _ string) bool { return !inUse[ns] })
+	in.kept = len(in.namespaces)
+}
+
+// pruneNamespaces prunes the interned namespaces of the keys the watcher
+// no longer tracks.
+func (w *Watcher[T]) pruneNamespaces() {
+	w.interned.prune(func() []string {
+		w.mu.RLock()
+		defer w.mu.RUnlock()
+		var used []string
+		for k := range w.entries {
+			used = append(used, k.Namespace)
+		}
+		for k := range w.ledger {
+			used = append(used, k.Namespace)
+		}
+		return used
+	})
 }
 
 // store tracks e as the live object under key, and drops the deletes of
@@ -131,7 +154,7 @@ func (w *Watcher[T]) store(key opkit.Key, e, old entry) {
 	e.rv = strings.Clone(e.rv)
 	// Always an interned key: assigning to an existing string key replaces
 	// the stored key too, so an aliasing key would undo the interning.
-	key = w.intern(key)
+	key = w.interned.key(key)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.entries[key] = e
@@ -164,7 +187,7 @@ func (w *Watcher[T]) tracked() {
 // tombstone; beyond MaxDeletesPerKey records of key the oldest is dropped.
 func (w *Watcher[T]) gone(key opkit.Key, e entry, final T) {
 	r := record[T]{uid: strings.Clone(e.uid), rv: strings.Clone(e.rv)}
-	k := w.intern(key)
+	k := w.interned.key(key)
 	w.mu.Lock()
 	if live, ok := w.entries[k]; ok && live.uid == e.uid {
 		delete(w.entries, k)

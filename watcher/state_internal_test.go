@@ -49,7 +49,7 @@ func TestNamespacesOfObjectsLongGoneAreNotKept(t *testing.T) {
 	if n := len(tr.entries) + tr.nRecords; n != 1 {
 		t.Fatalf("tracked %d, want 1", n)
 	}
-	if n := len(tr.namespaces); n != 1 {
+	if n := len(tr.interned.namespaces); n != 1 {
 		t.Errorf("%d namespaces interned, want 1 (the one in use)", n)
 	}
 	e, ok := tr.get(kept)
@@ -57,7 +57,7 @@ func TestNamespacesOfObjectsLongGoneAreNotKept(t *testing.T) {
 		t.Fatalf("the object in the namespace in use: %v %v", e, ok)
 	}
 	for k := range tr.entries {
-		if ns, ok := tr.namespaces[k.Namespace]; !ok || ns != k.Namespace {
+		if ns, ok := tr.interned.namespaces[k.Namespace]; !ok || ns != k.Namespace {
 			t.Errorf("namespace %q of a tracked key is not interned", k.Namespace)
 		}
 	}
@@ -117,11 +117,11 @@ func TestTheEndOfAListPrunesNamespaces(t *testing.T) {
 				}
 			}
 		})
-		if n := len(w.namespaces); n != 101 {
+		if n := len(w.interned.namespaces); n != 101 {
 			t.Fatalf("%d namespaces interned after the watch, want 101 (not pruned yet)", n)
 		}
 		run(func() {}) // the next Run's list
-		if n := len(w.namespaces); n != 1 {
+		if n := len(w.interned.namespaces); n != 1 {
 			t.Errorf("%d namespaces interned after a list, want 1 (the one in use)", n)
 		}
 	})

@@ -4,22 +4,14 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"maps"
 	"math"
-	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
-	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	utilnet "k8s.io/apimachinery/pkg/util/net"
-	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/dynamic"
 
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/internal/typed"
@@ -51,27 +43,18 @@ var (
 type Watcher[T opkit.Object] struct {
 	cfg  Config[T]
 	log  *slog.Logger
-	res  dynamic.ResourceInterface
-	name string // the resource as logs and errors show it: "widgets.example.com/v1"
+	loop *loop
 
 	// Owned by Run's goroutine.
-	failures   int               // consecutive failed calls, for the backoff
-	refusals   int               // consecutive 401/403 answers among them
-	epoch      uint32            // number of the latest (re)list
-	namespaces map[string]string // interned namespaces, shared by the keys (see intern)
-	nsKept     int               // namespaces in use at the last prune
+	epoch    uint32    // number of the latest (re)list
+	list     SyncEvent // the (re)list in progress
+	interned interner  // the keys' strings
 
 	// mu guards the fields below. Only Run's goroutine adds and changes
 	// them, except Settle, which removes deletes from the ledger; the
 	// controller's workers read them from other goroutines.
-	mu     sync.RWMutex
-	active bool // a Run is active
-	synced bool // the Run's first list is done
-	// firstList is closed when the current Run's first list is done; a
-	// new one is made when a Run ends, for the next Run (WaitSynced).
-	firstList chan struct{}
-	lastErr   error // the latest list or watch call's failure, nil once one succeeds
-	entries   map[opkit.Key]entry
+	mu      sync.RWMutex
+	entries map[opkit.Key]entry
 	// ledger holds, per key, the unsettled deletes in resourceVersion
 	// order (see Watcher.Deletes).
 	ledger           map[opkit.Key][]record[T]
@@ -84,73 +67,15 @@ func New[T opkit.Object](cfg Config[T]) (*Watcher[T], error) {
 	if err != nil {
 		return nil, err
 	}
-	gvr := cfg.Resource.GroupVersionResource
+	lc := cfg.loopConfig()
 	w := &Watcher[T]{
-		cfg:        cfg,
-		res:        cfg.Client.Resource(gvr),
-		name:       gvr.GroupResource().String() + "/" + gvr.Version,
-		namespaces: make(map[string]string),
-		entries:    make(map[opkit.Key]entry),
-		ledger:     make(map[opkit.Key][]record[T]),
-		firstList:  make(chan struct{}),
+		cfg:     cfg,
+		log:     lc.log,
+		loop:    newLoop(lc),
+		entries: make(map[opkit.Key]entry),
+		ledger:  make(map[opkit.Key][]record[T]),
 	}
-	if cfg.Namespace != "" {
-		w.res = cfg.Client.Resource(gvr).Namespace(cfg.Namespace)
-	}
-	w.log = cfg.Logger.With("resource", w.name, "namespace", cfg.Namespace)
 	return w, nil
-}
-
-// Synced reports whether the current Run has finished its first list.
-func (w *Watcher[T]) Synced() bool {
-	w.mu.RLock()
-	defer w.mu.RUnlock()
-	return w.active && w.synced
-}
-
-// WaitSynced blocks until the current Run, or the next one when none is
-// active, has finished its first list (every object it found is in the
-// queue), or until ctx ends (then it returns ctx's error). A controller's
-// workers wait for it, so that a term hands out what needs work first
-// rather than whatever the list delivered first.
-func (w *Watcher[T]) WaitSynced(ctx context.Context) error {
-	w.mu.RLock()
-	first := w.firstList
-	w.mu.RUnlock()
-	select {
-	case <-first:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-// Check is a health check: nil while a Run is active, its first list is
-// done and the latest list or watch call succeeded (a watch the server
-// closed before it stayed open for [Backoff.Reset] counts as failed until
-// the next one opens). Otherwise it says why:
-// ErrNotRunning, ErrNotSynced and/or ErrDisconnected wrapping the API error
-// (so errors.Is and apierrors.IsForbidden work on the result).
-func (w *Watcher[T]) Check() error {
-	w.mu.RLock()
-	defer w.mu.RUnlock()
-	switch {
-	case !w.active:
-		return ErrNotRunning
-	case w.lastErr == nil && !w.synced:
-		return ErrNotSynced
-	case w.lastErr == nil:
-		return nil
-	case !w.synced:
-		return fmt.Errorf("%w, %w: %w", ErrNotSynced, ErrDisconnected, w.lastErr)
-	}
-	return fmt.Errorf("%w: %w", ErrDisconnected, w.lastErr)
-}
-
-func (w *Watcher[T]) setErr(err error) {
-	w.mu.Lock()
-	w.lastErr = err
-	w.mu.Unlock()
 }
 
 // Run lists the resource, emits an entry per object, then watches and emits
@@ -159,162 +84,54 @@ func (w *Watcher[T]) setErr(err error) {
 // started has ended; it returns ErrAlreadyRunning if another Run is active.
 // A Watcher may be Run again after Run returns: each Run starts with a full
 // list (see the package documentation).
-func (w *Watcher[T]) Run(ctx context.Context) error {
-	w.mu.Lock()
-	if w.active {
-		w.mu.Unlock()
-		return ErrAlreadyRunning
-	}
-	w.active, w.synced, w.lastErr = true, false, nil
-	w.mu.Unlock()
-	defer func() {
-		w.mu.Lock()
-		w.active, w.synced, w.firstList = false, false, make(chan struct{})
-		w.mu.Unlock()
-	}()
+func (w *Watcher[T]) Run(ctx context.Context) error { return w.loop.run(ctx, w) }
 
-	// List, then watch from the list's resourceVersion. A 410 Gone (from
-	// the list's continue token or the watch's resourceVersion) relists at
-	// once; other failures wait for the backoff before the call is retried.
-	w.failures, w.refusals = 0, 0
-	var rv string
-	relist := true
-	for ctx.Err() == nil {
-		var err error
-		call := "list"
-		if relist {
-			rv, err = w.list(ctx)
-			relist = err != nil
-		} else {
-			call = "watch"
-			err = w.watch(ctx, &rv)
-		}
-		if err == nil || ctx.Err() != nil {
-			continue
-		}
-		if delay, expired := w.failure(call, err); expired {
-			relist = true
-		} else {
-			sleep(ctx, delay)
-		}
-	}
-	return nil
-}
+// Synced reports whether the current Run has finished its first list.
+func (w *Watcher[T]) Synced() bool { return w.loop.isSynced() }
 
-// failure logs and counts a failed call, and returns how long to wait
-// before the next one, or expired for a 410 Gone, which only calls for a
-// relist. Anything else is a failure for the backoff and for Check.
-func (w *Watcher[T]) failure(call string, err error) (delay time.Duration, expired bool) {
-	reason := classify(err)
-	w.cfg.Metrics.Error(reason)
-	if reason == ReasonExpired {
-		w.log.Info(call+" expired; relisting", "err", err)
-		return 0, true
-	}
-	w.failures++
-	if reason == ReasonForbidden {
-		w.refusals++
-	} else {
-		w.refusals = 0
-	}
-	w.setErr(fmt.Errorf("%s %s: %w", call, w.name, err))
-	delay = w.delay(reason, err)
-	switch {
-	case reason == ReasonForbidden && w.refusals <= queue.TransientRefusals:
-		w.log.Warn(call+" refused; retrying, as a just-started API server refuses until its authorizer has synced",
-			"refusals", w.refusals, "after", delay, "err", err)
-	case reason == ReasonForbidden:
-		w.log.Error("permission denied: the identity needs list and watch on the resource; retrying slowly", "call", call, "after", delay, "err", err)
-	case reason == ReasonNotFound:
-		w.log.Error("resource not found: is it installed (CRD) and served in this version? retrying slowly", "call", call, "after", delay, "err", err)
-	default:
-		w.log.Warn(call+" failed; backing off", "reason", reason, "failures", w.failures, "after", delay, "err", err)
-	}
-	return delay, false
-}
+// WaitSynced blocks until the current Run, or the next one when none is
+// active, has finished its first list (every object it found is in the
+// queue), or until ctx ends (then it returns ctx's error). A controller's
+// workers wait for it, so that a term hands out what needs work first
+// rather than whatever the list delivered first.
+func (w *Watcher[T]) WaitSynced(ctx context.Context) error { return w.loop.waitSynced(ctx) }
 
-func classify(err error) Reason {
-	switch {
-	case apierrors.IsResourceExpired(err), apierrors.IsGone(err):
-		return ReasonExpired
-	case apierrors.IsForbidden(err), apierrors.IsUnauthorized(err):
-		return ReasonForbidden
-	case apierrors.IsNotFound(err), apierrors.IsMethodNotSupported(err):
-		return ReasonNotFound
-	case apierrors.IsTooManyRequests(err):
-		return ReasonThrottled
-	case utilnet.IsConnectionRefused(err), utilnet.IsConnectionReset(err), utilnet.IsProbableEOF(err):
-		return ReasonUnreachable
-	}
-	return ReasonError
-}
+// Check is a health check: nil while a Run is active, its first list is
+// done and the latest list or watch call succeeded (a watch the server
+// closed before it delivered anything or stayed open for [Backoff.Reset]
+// counts as failed until the next one opens). Otherwise it says why:
+// ErrNotRunning, ErrNotSynced and/or ErrDisconnected wrapping the API error
+// (so errors.Is and apierrors.IsForbidden work on the result).
+func (w *Watcher[T]) Check() error { return w.loop.check() }
 
-// delay is the wait before the next call after a failure of reason (err
-// its error, nil for a watch closed early): see [Backoff].
-func (w *Watcher[T]) delay(reason Reason, err error) time.Duration {
-	b := w.cfg.Backoff
-	d := queue.Backoff{Base: b.Base, Cap: b.Cap, Jitter: 0.5}.Delay(max(w.failures, 1))
-	slow := queue.Backoff{Base: b.Slow, Cap: b.Slow, Jitter: 0.5}.Delay(1)
-	switch reason {
-	case ReasonUnreachable:
-		d = min(d, b.Unreachable)
-	case ReasonForbidden:
-		if w.refusals > queue.TransientRefusals {
-			d = max(d, slow)
-		}
-	case ReasonNotFound:
-		d = max(d, slow)
-	case ReasonThrottled:
-		if secs, ok := apierrors.SuggestsClientDelay(err); ok {
-			d = max(d, time.Duration(secs)*time.Second)
-		}
-	}
-	return d
-}
-
-// sleep waits for d or until ctx ends.
-func sleep(ctx context.Context, d time.Duration) {
-	select {
-	case <-ctx.Done():
-	case <-time.After(d):
-	}
-}
-
-// list lists the resource page by page from one snapshot and records what
-// it finds, and returns the resourceVersion to watch from. A Run's first
-// list adds every object as Added; later ones (relists) only what changed.
-func (w *Watcher[T]) list(ctx context.Context) (string, error) {
-	ev := SyncEvent{Phase: SyncStarted, Initial: !w.Synced(), Reason: ReasonExpired}
-	if ev.Initial {
-		ev.Reason = ReasonInitial
-	}
-	w.cfg.Metrics.Relist(ev.Reason)
-	w.cfg.OnSync(ev)
+// begin starts a (re)list: a new epoch, and its SyncEvent.
+func (w *Watcher[T]) begin(initial bool, reason Reason) {
+	w.list = SyncEvent{Phase: SyncStarted, Initial: initial, Reason: reason}
+	w.cfg.OnSync(w.list)
 	w.epoch++
-	opts := metav1.ListOptions{LabelSelector: w.cfg.LabelSelector, FieldSelector: w.cfg.FieldSelector, Limit: w.cfg.PageSize}
-	for {
-		page, err := w.res.List(ctx, opts)
-		if err != nil {
-			return "", err
-		}
-		for i := range page.Items {
-			w.observe(&page.Items[i], &ev)
-		}
-		if opts.Continue = page.GetContinue(); opts.Continue == "" {
-			ev.ResourceVersion = page.GetResourceVersion()
-			break
-		}
-	}
+}
 
-	// What the objects listed do not tell: keys with unsettled deletes and
-	// no live object, whose adds the queue of an earlier Run may have lost
-	// (it is cleared at the end of a leader's term), added again by a Run's
-	// first list; and the live objects the list did not see: gone since.
+// object handles a listed object or an Added/Modified event.
+func (w *Watcher[T]) object(u *unstructured.Unstructured, listed bool) {
+	if listed {
+		w.observe(u, &w.list)
+		return
+	}
+	w.observe(u, nil)
+	w.tracked()
+}
+
+// end finishes a complete (re)list. What the objects listed do not tell:
+// keys with unsettled deletes and no live object, whose adds the queue of
+// an earlier Run may have lost (it is cleared at the end of a leader's
+// term), added again by a Run's first list; and the live objects the list
+// did not see: gone since.
+func (w *Watcher[T]) end(initial bool, rv string) {
 	var lost []opkit.Key
 	vanished := make(map[opkit.Key]entry)
 	w.mu.RLock()
 	for k := range w.ledger {
-		if _, live := w.entries[k]; ev.Initial && !live {
+		if _, live := w.entries[k]; initial && !live {
 			lost = append(lost, k)
 		}
 	}
@@ -327,122 +144,22 @@ func (w *Watcher[T]) list(ctx context.Context) (string, error) {
 	for _, k := range lost {
 		w.emit(k, opkit.Deleted, *new(T), w.cfg.Priority)
 	}
+	ev := &w.list
 	for _, k := range slices.SortedFunc(maps.Keys(vanished), compareKeys) {
 		w.gone(k, vanished[k], *new(T))
 		ev.Deleted++
 	}
 	w.tracked()
 	w.pruneNamespaces()
-	w.mu.Lock()
-	if !w.synced {
-		close(w.firstList)
-	}
-	w.synced, w.lastErr = true, nil
-	w.mu.Unlock()
-	w.failures, w.refusals = 0, 0
-	ev.Phase = SyncFinished
+	ev.Phase, ev.ResourceVersion = SyncFinished, rv
 	w.log.Info("list done", "initial", ev.Initial, "reason", ev.Reason,
 		"added", ev.Added, "modified", ev.Modified, "deleted", ev.Deleted,
 		"unchanged", ev.Unchanged, "resourceVersion", ev.ResourceVersion)
-	w.cfg.OnSync(ev)
-	return ev.ResourceVersion, nil
+	w.cfg.OnSync(*ev)
 }
 
 func compareKeys(a, b opkit.Key) int {
 	return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
-}
-
-// watch watches from *rv, advancing it with every event and bookmark, until
-// the watch ends, stays idle for IdleTimeout or ctx is cancelled. It
-// returns the error that ended it, if any. A watch the server closed
-// before it stayed open for Backoff.Reset is a failure: it is reported by
-// Check and waited for, so that a server that keeps closing watches at
-// once is not hammered.
-func (w *Watcher[T]) watch(ctx context.Context, rv *string) error {
-	// Ask the server to end the watch after 5 to 10 minutes, so that
-	// connections are rebalanced across API servers; the watch is then
-	// resumed from rv without a relist.
-	timeout := int64(300 + rand.IntN(300))
-	started := time.Now()
-	wi, err := w.res.Watch(ctx, metav1.ListOptions{
-		LabelSelector:       w.cfg.LabelSelector,
-		FieldSelector:       w.cfg.FieldSelector,
-		ResourceVersion:     *rv,
-		AllowWatchBookmarks: true,
-		TimeoutSeconds:      &timeout,
-	})
-	if err != nil {
-		return err
-	}
-	w.setErr(nil)
-	end, delivered, err := w.consume(ctx, wi, rv)
-	wi.Stop()
-	if ctx.Err() != nil {
-		return nil
-	}
-	w.cfg.Metrics.WatchRestart(end)
-	open := time.Since(started)
-	if delivered || open >= w.cfg.Backoff.Reset {
-		w.failures, w.refusals = 0, 0 // the watch worked
-	}
-	switch {
-	case err != nil:
-		return err
-	case end == ReasonIdle:
-		w.log.Warn("watch idle; restarting", "idleTimeout", w.cfg.IdleTimeout, "resourceVersion", *rv)
-	case delivered || open >= w.cfg.Backoff.Reset:
-		w.log.Debug("watch closed; resuming", "resourceVersion", *rv)
-	default:
-		// Closed before it delivered anything or stayed open for
-		// Backoff.Reset: a server that keeps closing watches at once is
-		// not hammered.
-		w.failures++
-		delay := w.delay(ReasonClosed, nil)
-		w.log.Debug("watch closed early; resuming after a backoff", "open", open, "after", delay, "resourceVersion", *rv)
-		w.setErr(fmt.Errorf("watch %s: closed after %v", w.name, open))
-		sleep(ctx, delay)
-	}
-	return nil
-}
-
-// consume reads a watch until it ends (ReasonClosed), the idle timer fires
-// (ReasonIdle), ctx is cancelled, or an error event arrives (its reason and
-// error). *rv advances with every event and bookmark; delivered reports
-// whether there was one.
-func (w *Watcher[T]) consume(ctx context.Context, wi watch.Interface, rv *string) (end Reason, delivered bool, err error) {
-	idle := time.NewTimer(w.cfg.IdleTimeout)
-	defer idle.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return ReasonClosed, delivered, nil
-		case <-idle.C:
-			return ReasonIdle, delivered, nil
-		case ev, ok := <-wi.ResultChan():
-			if !ok {
-				return ReasonClosed, delivered, nil
-			}
-			idle.Reset(w.cfg.IdleTimeout)
-			w.cfg.Metrics.Observed(time.Now())
-			if ev.Type == watch.Error {
-				err := apierrors.FromObject(ev.Object)
-				return classify(err), delivered, err
-			}
-			delivered = true
-			u, ok := ev.Object.(*unstructured.Unstructured)
-			if !ok {
-				continue
-			}
-			switch ev.Type {
-			case watch.Added, watch.Modified:
-				w.observe(u, nil)
-				w.tracked()
-			case watch.Deleted:
-				w.deleted(u)
-			}
-			*rv = u.GetResourceVersion()
-		}
-	}
 }
 
 // observe records an object seen by a list or an Added/Modified watch event
