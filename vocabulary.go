@@ -2,6 +2,7 @@ package opkit
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 
@@ -179,6 +180,10 @@ type Cause[T Object] struct {
 	// Reasons are the distinct reasons triggers gave, sorted. At most
 	// MaxReasons are kept: beyond, the ones that sort first.
 	Reasons []string
+	// Related names the related resources (owned children, or anything
+	// a controller watches beside its objects) whose objects changed, as
+	// "configmaps" or "deployments.apps", sorted.
+	Related []string
 	// Added says the object appeared: it was created, or listed by a
 	// watcher's first list, or a trigger of type Added asked.
 	Added bool
@@ -193,14 +198,15 @@ type Cause[T Object] struct {
 // Merge joins o into c: the newer object (by resourceVersion: a longer
 // decimal string is a larger number, equal lengths compare as strings, and
 // equal resourceVersions are taken for the same state), the union of the
-// sources and of the reasons, Added and Teardown or-ed, the highest
-// Retries.
+// sources, of the reasons and of the related resources, Added and
+// Teardown or-ed, the highest Retries.
 func (c *Cause[T]) Merge(o Cause[T]) {
 	if !isNil(o.Object) && (isNil(c.Object) || newer(o.Object.GetResourceVersion(), c.Object.GetResourceVersion())) {
 		c.Object = o.Object
 	}
 	c.Sources |= o.Sources
 	c.Reasons = unionReasons(c.Reasons, o.Reasons)
+	c.Related = union(c.Related, o.Related, math.MaxInt)
 	c.Added = c.Added || o.Added
 	c.Teardown = c.Teardown || o.Teardown
 	c.Retries = max(c.Retries, o.Retries)
@@ -219,12 +225,17 @@ func newer(a, b string) bool {
 // unionReasons returns the sorted union of a and b (each sorted and
 // distinct), at most MaxReasons long; a itself when b adds nothing. It
 // never writes to a or b.
-func unionReasons(a, b []string) []string {
+func unionReasons(a, b []string) []string { return union(a, b, MaxReasons) }
+
+// union returns the sorted union of a and b (each sorted and distinct),
+// at most limit long; a itself when b adds nothing. It never writes to a
+// or b.
+func union(a, b []string, limit int) []string {
 	if len(b) == 0 {
 		return a
 	}
 	out := slices.Compact(slices.Sorted(slices.Values(slices.Concat(a, b))))
-	if out = out[:min(len(out), MaxReasons)]; slices.Equal(out, a) {
+	if out = out[:min(len(out), limit)]; slices.Equal(out, a) {
 		return a
 	}
 	return out

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -73,6 +74,19 @@ type Config[T opkit.Object] struct {
 	// Watch configures the watcher; the controller sets Client, Resource,
 	// Queue (leave them zero) and a nil Logger.
 	Watch watcher.Config[T]
+	// Owns lists the resources of the objects the reconciler creates and
+	// controls (children, with a controller reference to their owner): a
+	// change of one, its deletion included, reconciles the owner (see
+	// watcher.OwnedBy). Watches lists other related resources, each with
+	// the mapping of its objects to the keys they concern. Their changes
+	// join the keys' entries as source APIServer at the watch's priority,
+	// naming the resource in Request.Related; a term's start lists them
+	// without reconciling anything (the controller's own list reconciles
+	// every object). Each runs its own watcher in the watch's namespace
+	// when the resource is namespaced, keeping per object only its key,
+	// resourceVersion and the keys it maps to: no cache of the objects.
+	Owns    []opkit.Resource
+	Watches []Watch
 	// Leader, if set, runs the watcher, the workers and the term work only
 	// while this replica holds the Lease, under a context that ends with
 	// the term; the controller sets Gate (leave it nil) and a nil Logger.
@@ -94,6 +108,15 @@ type Config[T opkit.Object] struct {
 	TriggerMetrics trigger.Metrics
 }
 
+// Watch is a related resource of Config.Watches: Map maps each of its
+// objects to the keys of the controller's objects it concerns (by a
+// label, a field, a name); LabelSelector, if set, narrows its watch.
+type Watch struct {
+	Resource      opkit.Resource
+	Map           watcher.MapFunc
+	LabelSelector string
+}
+
 // Controller runs a [Reconciler] over one resource; its Run owns every
 // goroutine it starts. When Run's context ends, in-flight reconciles get
 // ShutdownTimeout to finish and the queue is abandoned (the next start
@@ -104,7 +127,8 @@ type Controller[T opkit.Object] struct {
 	queue   *queue.Queue[opkit.Key, opkit.Cause[T]]
 	client  *typed.Client[T]
 	watch   *watcher.Watcher[T]
-	leader  *leader.Elector // nil without Config.Leader
+	related []*watcher.Related[T] // Config.Owns, then Config.Watches
+	leader  *leader.Elector       // nil without Config.Leader
 	trig    *trigger.Trigger[T]
 	sel     labels.Selector // the watch's label selector (everything for none)
 	rec     *Recorder       // nil with NoEvents
@@ -154,6 +178,25 @@ func NewController[T opkit.Object](cfg Config[T]) (*Controller[T], error) {
 	if c.watch, err = watcher.New(wcfg); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
+	watches := slices.Clone(cfg.Watches)
+	for _, res := range cfg.Owns {
+		watches = append(watches, Watch{Resource: res, Map: watcher.OwnedBy(cfg.Resource)})
+	}
+	for _, w := range watches {
+		ns := ""
+		if w.Resource.Namespaced {
+			ns = cfg.Watch.Namespace
+		}
+		r, err := watcher.NewRelated(watcher.RelatedConfig[T]{Client: cfg.Dynamic, Resource: w.Resource, Namespace: ns, LabelSelector: w.LabelSelector,
+			Map: w.Map, Queue: c.queue, Priority: cfg.Watch.Priority, Backoff: cfg.Watch.Backoff, Logger: wcfg.Logger})
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+		if slices.ContainsFunc(c.related, func(o *watcher.Related[T]) bool { return o.Name() == r.Name() }) {
+			return bad("related resource %s named twice in Owns and Watches", r.Name())
+		}
+		c.related = append(c.related, r)
+	}
 	// Triggers reach only what the watch sees: another namespace, or labels
 	// the watch's selector leaves out, would be reconciled by a controller
 	// not meant to handle them (e.g. one shard of several).
@@ -199,16 +242,21 @@ func (c *Controller[T]) Runnable() Runnable {
 func (c *Controller[T]) Queue() *queue.Queue[opkit.Key, opkit.Cause[T]] { return c.queue }
 
 // Check is a readiness check: the elector's health, and for an active
-// controller the watcher's (running, synced, connected).
+// controller the watchers' (running, synced, connected).
 func (c *Controller[T]) Check() error {
-	if c.leader == nil {
-		return c.watch.Check()
+	var errs []error
+	if c.leader != nil {
+		if errs = append(errs, c.leader.Check()); !c.leader.IsLeader() {
+			return errs[0]
+		}
 	}
-	err := c.leader.Check()
-	if !c.leader.IsLeader() {
-		return err
+	errs = append(errs, c.watch.Check())
+	for _, r := range c.related {
+		if err := r.Check(); err != nil {
+			errs = append(errs, fmt.Errorf("related %s: %w", r.Name(), err))
+		}
 	}
-	return errors.Join(err, c.watch.Check())
+	return errors.Join(errs...)
 }
 
 // AddTermWork registers r, before Run, to run beside the workers: in
@@ -263,7 +311,11 @@ func (c *Controller[T]) runTerm(runCtx, termCtx context.Context, work []Runnable
 	// but is cancelled separately, after the drain.
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(termCtx))
 	defer cancelWork()
-	for _, r := range append([]Runnable{{Name: "watcher", Run: c.watch.Run}}, work...) {
+	components := []Runnable{{Name: "watcher", Run: c.watch.Run}}
+	for _, r := range c.related {
+		components = append(components, Runnable{Name: "related watcher " + r.Name(), Run: r.Run})
+	}
+	for _, r := range append(components, work...) {
 		g.Go(func() error {
 			if err := r.Run(intakeCtx); err != nil && intakeCtx.Err() == nil {
 				return fmt.Errorf("reconcile: %s: %w", r.Name, err)
@@ -348,7 +400,7 @@ type turn[T opkit.Object] struct {
 func (c *Controller[T]) runTurn(ctx context.Context, item queue.Item[opkit.Key, opkit.Cause[T]], log *slog.Logger) {
 	key, cause := item.Key, item.Value
 	term, _ := leader.TermFrom(ctx)
-	base := Request[T]{Key: key, Sources: cause.Sources, Reasons: cause.Reasons, Retries: c.retries.count(key, cause.Retries), Term: term.Number}
+	base := Request[T]{Key: key, Sources: cause.Sources, Reasons: cause.Reasons, Related: cause.Related, Retries: c.retries.count(key, cause.Retries), Term: term.Number}
 	t := &turn[T]{log: log.With("key", key.String())}
 	deletes := c.watch.Deletes(key)
 	for _, d := range deletes {

@@ -63,5 +63,6 @@ func newFakeDynamic(t testing.TB, objs ...*Widget) *dynfake.FakeDynamicClient {
 		seed = append(seed, u)
 	}
 	return dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
-		map[schema.GroupVersionResource]string{widgets.GroupVersionResource: "WidgetList", reconcile.EventsResource: "EventList"}, seed...)
+		map[schema.GroupVersionResource]string{widgets.GroupVersionResource: "WidgetList", reconcile.EventsResource: "EventList",
+			configMaps.GroupVersionResource: "ConfigMapList"}, seed...)
 }

@@ -59,9 +59,12 @@ type Request[T opkit.Object] struct {
 	FinalStateUnknown bool
 	// Sources and Reasons say who asked for the turn (on every request of
 	// it): APIServer, Operator (triggers, with their reasons), or neither
-	// (a retry or requeue with nothing new).
+	// (a retry or requeue with nothing new). Related names the related
+	// resources (Config.Owns, Config.Watches) whose objects changed, as
+	// "configmaps" or "deployments.apps".
 	Sources opkit.Sources
 	Reasons []string
+	Related []string
 	// Retries counts the key's failed turns before this one.
 	Retries int
 	// Term is the leadership term (see package leader), 0 without one.

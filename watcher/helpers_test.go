@@ -270,8 +270,11 @@ type watches struct {
 	err      func(n int, opts metav1.ListOptions) error // optional failure per request
 }
 
-func (ws *watches) install(c *dynfake.FakeDynamicClient) {
-	c.PrependWatchReactor("widgets", func(a k8stesting.Action) (bool, watch.Interface, error) {
+func (ws *watches) install(c *dynfake.FakeDynamicClient) { ws.installFor(c, "widgets") }
+
+// installFor makes c's watches of resource fake ones the test drives.
+func (ws *watches) installFor(c *dynfake.FakeDynamicClient, resource string) {
+	c.PrependWatchReactor(resource, func(a k8stesting.Action) (bool, watch.Interface, error) {
 		opts := a.(k8stesting.WatchActionImpl).ListOptions
 		ws.mu.Lock()
 		defer ws.mu.Unlock()

@@ -2,7 +2,18 @@
 // client-go's fake clients, so operator authors can unit-test their
 // reconcile logic without a cluster: seed objects, call the reconciler with
 // a request, then inspect the result, the objects afterwards and the API
-// calls it made, and check that a second call changes nothing.
+// calls it made, change objects as a user would, make calls fail, and
+// check that a second call changes nothing.
+//
+// A Harness has two fake clients over one store: client-go's typed fake
+// clientset (fake.NewClientset, with server-side apply) holds the objects
+// of built-in resources (ConfigMaps, Deployments, ...), and the dynamic
+// fake reaches the same objects, so a reconciler may use either (the
+// [reconcile.Applier] and the other opkit helpers use the dynamic one);
+// objects of other resources (T's, other custom resources) live in the
+// dynamic fake alone. Unlike the API server, the fakes do not validate
+// objects, bump metadata.generation or collect garbage: [Harness.Change]
+// bumps the generation as the API server would.
 //
 // A Harness starts no goroutines; it is meant for one test at a time.
 package reconciletest
@@ -10,18 +21,23 @@ package reconciletest
 import (
 	"context"
 	"fmt"
+	"maps"
 	"path"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	dynfake "k8s.io/client-go/dynamic/fake"
+	"k8s.io/client-go/kubernetes/fake"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/opkit/opkit"
@@ -32,24 +48,44 @@ import (
 // Harness holds the fake clients a reconciler under test is built with, and
 // calls it.
 type Harness[T opkit.Object] struct {
-	// Dynamic is the fake dynamic client holding every seeded object. Build
-	// the reconciler under test with it (and with the opkit helpers:
-	// reconcile.NewFinalizer, reconcile.NewStatus).
+	// Dynamic is the fake dynamic client: it holds the seeded objects of
+	// T's resource and of other custom resources, and reaches the objects
+	// of built-in resources in Clientset. Build the reconciler under test
+	// with it (and with the opkit helpers: reconcile.NewFinalizer,
+	// reconcile.NewStatus, reconcile.NewApplier).
 	Dynamic *dynfake.FakeDynamicClient
+	// Clientset is client-go's typed fake clientset, with server-side
+	// apply; it holds the seeded objects of built-in resources.
+	Clientset *fake.Clientset
 	// Resource is the resource T is bound to.
 	Resource opkit.Resource
 
-	t      testing.TB
-	client *typed.Client[T]
-	mu     sync.Mutex
-	events []string // the Events created through the fake, in order
+	t       testing.TB
+	client  *typed.Client[T]
+	mu      sync.Mutex
+	events  []string            // the Events created through the fake, in order
+	actions []k8stesting.Action // the calls of both clients, in order
 }
 
-// New returns a harness whose fake dynamic client holds objs: objects of
-// T's resource and of any other resource (typed objects with their
-// TypeMeta set, or *unstructured.Unstructured). Objects of res may leave
-// TypeMeta empty. Resources other than res are found by the usual plural
-// guess from their kind (ConfigMap → configmaps).
+// builtins maps the resources client-go's scheme knows to their kinds.
+var builtins = func() map[schema.GroupVersionResource]schema.GroupVersionKind {
+	m := map[schema.GroupVersionResource]schema.GroupVersionKind{}
+	for gvk := range clientgoscheme.Scheme.AllKnownTypes() {
+		if gvk.Version == runtime.APIVersionInternal || strings.HasSuffix(gvk.Kind, "List") {
+			continue
+		}
+		gvr, _ := meta.UnsafeGuessKindToResource(gvk)
+		m[gvr] = gvk
+	}
+	return m
+}()
+
+// New returns a harness whose fakes hold objs: objects of T's resource
+// and of any other resource (typed objects with their TypeMeta set, or
+// *unstructured.Unstructured). Objects of res may leave TypeMeta empty;
+// one without a generation gets generation 1, as the API server gives
+// it. Resources other than res and the built-in ones are found by the
+// usual plural guess from their kind (Gadget → gadgets).
 func New[T opkit.Object](t testing.TB, res opkit.Resource, objs ...opkit.Object) *Harness[T] {
 	t.Helper()
 	if err := res.Validate(); err != nil {
@@ -59,6 +95,7 @@ func New[T opkit.Object](t testing.TB, res opkit.Resource, objs ...opkit.Object)
 		res.GroupVersionResource: res.Kind + "List",
 		reconcile.EventsResource: "EventList", // for reconcile.Recorder
 	}
+	cs := fake.NewClientset()
 	var seed []runtime.Object
 	for _, o := range objs {
 		u, err := typed.ToUnstructured(o)
@@ -71,14 +108,31 @@ func New[T opkit.Object](t testing.TB, res opkit.Resource, objs ...opkit.Object)
 			}
 			u.SetGroupVersionKind(res.GroupVersionKind())
 		}
-		if gvk := u.GroupVersionKind(); gvk != res.GroupVersionKind() {
-			gvr, _ := meta.UnsafeGuessKindToResource(gvk)
+		gvk := u.GroupVersionKind()
+		gvr, _ := meta.UnsafeGuessKindToResource(gvk)
+		switch {
+		case gvk == res.GroupVersionKind():
+			if u.GetGeneration() == 0 {
+				u.SetGeneration(1)
+			}
+			seed = append(seed, u)
+		case builtins[gvr] == gvk:
+			obj, err := toTyped(u)
+			if err == nil {
+				err = cs.Tracker().Add(obj)
+			}
+			if err != nil {
+				t.Fatalf("reconciletest: seed %s %s: %v", gvk.Kind, opkit.KeyOf(u), err)
+			}
+		default:
 			listKinds[gvr] = gvk.Kind + "List"
+			seed = append(seed, u)
 		}
-		seed = append(seed, u)
 	}
 	dyn := dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), listKinds, seed...)
-	h := &Harness[T]{Dynamic: dyn, Resource: res, t: t, client: typed.New[T](dyn, res)}
+	h := &Harness[T]{Dynamic: dyn, Clientset: cs, Resource: res, t: t, client: typed.New[T](dyn, res)}
+	// The dynamic client reaches built-in objects in the clientset's store.
+	dyn.PrependReactor("*", "*", h.builtin)
 	// Note every Event created, in order (the fake lists by name), and let
 	// the default reactor store it.
 	dyn.PrependReactor("create", reconcile.EventsResource.Resource, func(a k8stesting.Action) (bool, runtime.Object, error) {
@@ -94,7 +148,87 @@ func New[T opkit.Object](t testing.TB, res opkit.Resource, objs ...opkit.Object)
 		}
 		return false, nil, nil
 	})
+	// Both clients' calls, in the order they are made.
+	record := func(a k8stesting.Action) (bool, runtime.Object, error) {
+		h.mu.Lock()
+		h.actions = append(h.actions, a.DeepCopy())
+		h.mu.Unlock()
+		return false, nil, nil
+	}
+	dyn.PrependReactor("*", "*", record)
+	cs.PrependReactor("*", "*", record)
 	return h
+}
+
+// builtin serves a call of the dynamic client to a built-in resource
+// from the clientset's store, converting between unstructured and typed
+// objects.
+func (h *Harness[T]) builtin(a k8stesting.Action) (bool, runtime.Object, error) {
+	gvk, ok := builtins[a.GetResource()]
+	if !ok {
+		return false, nil, nil
+	}
+	switch act := a.(type) {
+	case k8stesting.CreateActionImpl:
+		obj, err := toTyped(act.GetObject())
+		if err != nil {
+			return true, nil, err
+		}
+		act.Object = obj
+		a = act
+	case k8stesting.UpdateActionImpl:
+		obj, err := toTyped(act.GetObject())
+		if err != nil {
+			return true, nil, err
+		}
+		act.Object = obj
+		a = act
+	}
+	handled, obj, err := k8stesting.ObjectReaction(h.Clientset.Tracker())(a)
+	if err != nil || obj == nil {
+		return handled, obj, err
+	}
+	if meta.IsListType(obj) {
+		items, err := meta.ExtractList(obj)
+		if err != nil {
+			return true, nil, err
+		}
+		out := &unstructured.UnstructuredList{}
+		out.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
+		for _, item := range items {
+			u, err := toUnstructured(item, gvk)
+			if err != nil {
+				return true, nil, err
+			}
+			out.Items = append(out.Items, *u)
+		}
+		return true, out, nil
+	}
+	u, err := toUnstructured(obj, gvk)
+	return true, u, err
+}
+
+// toTyped converts an object of a built-in kind to its client-go type.
+func toTyped(obj runtime.Object) (runtime.Object, error) {
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return obj, nil
+	}
+	out, err := clientgoscheme.Scheme.New(u.GroupVersionKind())
+	if err == nil {
+		err = runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, out)
+	}
+	return out, err
+}
+
+func toUnstructured(obj runtime.Object, gvk schema.GroupVersionKind) (*unstructured.Unstructured, error) {
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+	if err != nil {
+		return nil, err
+	}
+	u := &unstructured.Unstructured{Object: m}
+	u.SetGroupVersionKind(gvk)
+	return u, nil
 }
 
 // Get returns the object stored under key, or fails the test.
@@ -124,7 +258,6 @@ func (h *Harness[T]) Request(key opkit.Key, typ opkit.Type) reconcile.Request[T]
 		if err := h.client.Dynamic(key.Namespace).Delete(context.Background(), key.Name, metav1.DeleteOptions{}); err != nil {
 			h.t.Fatalf("reconciletest: delete %s: %v", key, err)
 		}
-		h.Dynamic.ClearActions()
 	}
 	return reconcile.Request[T]{Key: key, Object: obj, Type: typ, Sources: opkit.Sources(opkit.APIServer)}
 }
@@ -158,9 +291,9 @@ func (c Call) Writes() []string {
 // deleted from the fake, as the API server would.
 func (h *Harness[T]) Reconcile(ctx context.Context, r reconcile.Reconciler[T], req reconcile.Request[T]) Call {
 	h.t.Helper()
-	h.Dynamic.ClearActions()
+	h.takeActions()
 	res, err := r.Reconcile(ctx, req)
-	c := Call{Result: res, Err: err, Actions: slices.Clone(h.Dynamic.Actions())}
+	c := Call{Result: res, Err: err, Actions: h.takeActions()}
 	h.collect()
 	return c
 }
@@ -183,6 +316,7 @@ func (h *Harness[T]) MarkDeleting(key opkit.Key) {
 	if err := h.Dynamic.Tracker().Update(h.Resource.GroupVersionResource, u, key.Namespace); err != nil {
 		h.t.Fatalf("reconciletest: mark %s deleting: %v", key, err)
 	}
+	h.takeActions()
 }
 
 // collect removes objects of the resource that are being deleted and carry
@@ -199,7 +333,111 @@ func (h *Harness[T]) collect() {
 			}
 		}
 	}
-	h.Dynamic.ClearActions()
+	h.takeActions()
+}
+
+// takeActions returns the calls recorded since the last take.
+func (h *Harness[T]) takeActions() []k8stesting.Action {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := h.actions
+	h.actions = nil
+	return out
+}
+
+// Change stores obj, an object of any resource the harness holds, as a
+// user's write would leave it: its resourceVersion goes up by one, and
+// its metadata.generation too when anything but its metadata and status
+// differs from the stored object (as the API server does for resources
+// with a status subresource); its generation and resourceVersion as
+// given are ignored. It fails the test when obj is not stored.
+func (h *Harness[T]) Change(obj opkit.Object) {
+	h.t.Helper()
+	u, err := typed.ToUnstructured(obj)
+	if err != nil {
+		h.t.Fatalf("reconciletest: change %T: %v", obj, err)
+	}
+	if _, ok := obj.(T); ok && u.GetKind() == "" {
+		u.SetGroupVersionKind(h.Resource.GroupVersionKind())
+	}
+	gvr, ns := h.resourceOf(u), u.GetNamespace()
+	ri := h.Dynamic.Resource(gvr).Namespace(ns)
+	stored, err := ri.Get(context.Background(), u.GetName(), metav1.GetOptions{})
+	if err != nil {
+		h.t.Fatalf("reconciletest: change %s %s: %v", gvr.Resource, opkit.KeyOf(u), err)
+	}
+	rv, _ := strconv.ParseInt(stored.GetResourceVersion(), 10, 64)
+	u.SetResourceVersion(strconv.FormatInt(rv+1, 10))
+	u.SetGeneration(stored.GetGeneration())
+	if !equality.Semantic.DeepEqual(withoutMetaAndStatus(u), withoutMetaAndStatus(stored)) {
+		u.SetGeneration(stored.GetGeneration() + 1)
+	}
+	if err := h.store(gvr, u); err != nil {
+		h.t.Fatalf("reconciletest: change %s %s: %v", gvr.Resource, opkit.KeyOf(u), err)
+	}
+}
+
+// Delete removes the object of resource res under key, as a user's
+// delete of an object without finalizers would. It fails the test when
+// there is no such object.
+func (h *Harness[T]) Delete(res opkit.Resource, key opkit.Key) {
+	h.t.Helper()
+	tracker := h.Dynamic.Tracker()
+	if _, ok := builtins[res.GroupVersionResource]; ok {
+		tracker = h.Clientset.Tracker()
+	}
+	if err := tracker.Delete(res.GroupVersionResource, key.Namespace, key.Name); err != nil {
+		h.t.Fatalf("reconciletest: delete %s %s: %v", res.Resource, key, err)
+	}
+}
+
+// Fail makes the next times calls (every call when times is negative)
+// with verb ("get", "create", "update", "patch", "delete", "list"; "*"
+// for all) on resource (its plural, "configmaps"; "*" for all), through
+// either client, fail with err, before they reach the store.
+func (h *Harness[T]) Fail(verb, resource string, times int, err error) {
+	var mu sync.Mutex
+	fail := func(a k8stesting.Action) (bool, runtime.Object, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if times == 0 {
+			return false, nil, nil
+		}
+		times--
+		return true, nil, err
+	}
+	h.Dynamic.PrependReactor(verb, resource, fail)
+	h.Clientset.PrependReactor(verb, resource, fail)
+}
+
+// resourceOf returns the resource of u: the harness's for objects of T's
+// kind, else the usual plural guess from its kind.
+func (h *Harness[T]) resourceOf(u *unstructured.Unstructured) schema.GroupVersionResource {
+	if u.GroupVersionKind() == h.Resource.GroupVersionKind() {
+		return h.Resource.GroupVersionResource
+	}
+	gvr, _ := meta.UnsafeGuessKindToResource(u.GroupVersionKind())
+	return gvr
+}
+
+// store writes u into the store that holds its resource.
+func (h *Harness[T]) store(gvr schema.GroupVersionResource, u *unstructured.Unstructured) error {
+	if _, ok := builtins[gvr]; !ok {
+		return h.Dynamic.Tracker().Update(gvr, u, u.GetNamespace())
+	}
+	obj, err := toTyped(u)
+	if err != nil {
+		return err
+	}
+	return h.Clientset.Tracker().Update(gvr, obj, u.GetNamespace())
+}
+
+// withoutMetaAndStatus returns u's content but its metadata and status.
+func withoutMetaAndStatus(u *unstructured.Unstructured) map[string]any {
+	m := maps.Clone(u.Object)
+	delete(m, "metadata")
+	delete(m, "status")
+	return m
 }
 
 // ReconcileKey fetches the object under key and reconciles it as a

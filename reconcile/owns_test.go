@@ -1,0 +1,80 @@
+package reconcile_test
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/reconcile"
+)
+
+var configMaps = opkit.Resource{GroupVersionResource: corev1.SchemeGroupVersion.WithResource("configmaps"), Kind: "ConfigMap", Namespaced: true}
+
+// ownedConfigMap is a ConfigMap controlled by the widget named owner.
+func ownedConfigMap(name, owner, data string) *unstructured.Unstructured {
+	yes := true
+	u := &unstructured.Unstructured{Object: map[string]any{"data": map[string]any{"v": data}}}
+	u.SetAPIVersion("v1")
+	u.SetKind("ConfigMap")
+	u.SetNamespace("ns")
+	u.SetName(name)
+	u.SetOwnerReferences([]metav1.OwnerReference{{APIVersion: "test.opkit.dev/v1", Kind: "Widget", Name: owner, UID: types.UID("uid-" + owner), Controller: &yes}})
+	return u
+}
+
+// Config.Owns: a term's start reconciles the owner once (its own list),
+// not once more per child kind; a child changed or deleted reconciles its
+// owner, as source APIServer, naming the resource in Related.
+func TestAnOwnedChildsChangeReconcilesItsOwner(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &recorder{}
+		e := start(t, rec, func(c *reconcile.Config[*Widget]) {
+			c.Owns = []opkit.Resource{configMaps}
+			c.NoEvents = true
+		}, widget("a"), widget("b"))
+		synctest.Wait() // the term started, every watch open
+		cms := e.dyn.Resource(configMaps.GroupVersionResource).Namespace("ns")
+		ctx := context.Background()
+		if _, err := cms.Create(ctx, ownedConfigMap("a-cm", "a", "1"), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		calls := rec.snapshot()
+		if len(calls) != 3 {
+			t.Fatalf("%d reconciles, want 3: a and b listed, then a for its new child", len(calls))
+		}
+		if last := calls[2].req; last.Key.Name != "a" || !slices.Equal(last.Related, []string{"configmaps"}) ||
+			last.Sources != opkit.Sources(opkit.APIServer) || last.Object == nil || last.Object.Name != "a" {
+			t.Fatalf("the child's reconcile: %+v, want a's, source APIServer, Related [configmaps], with the object read", last)
+		}
+
+		if _, err := cms.Update(ctx, ownedConfigMap("a-cm", "a", "drifted"), metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		if err := cms.Delete(ctx, "a-cm", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		var names []string
+		for _, c := range rec.snapshot()[3:] {
+			if !slices.Equal(c.req.Related, []string{"configmaps"}) {
+				t.Errorf("reconcile %+v: want Related [configmaps]", c.req)
+			}
+			names = append(names, c.req.Key.Name)
+		}
+		if len(names) < 1 || slices.ContainsFunc(names, func(n string) bool { return n != "a" }) {
+			t.Fatalf("reconciles after the child's update and delete: %v, want only a (one or two)", names)
+		}
+	})
+}
