@@ -14,6 +14,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
 
 	"golang.org/x/sync/errgroup"
 
@@ -26,12 +27,19 @@ import (
 )
 
 // Defaults applied by [NewController] to zero fields of [Config] (20
-// retries with the default backoff are about 25 minutes).
+// retries with the default backoff are about 25 minutes). DefaultQPS and
+// DefaultBurst are the request rate of a client built from
+// Config.RESTConfig whose QPS and Burst are zero, instead of client-go's
+// 5 and 10, on which an operator of a thousand objects waits seconds for
+// each reconcile: at about three requests a reconcile, DefaultQPS allows
+// some 30 reconciles a second.
 const (
 	DefaultConcurrency     = 4
 	DefaultMaxRetries      = 20
 	DefaultTimeout         = 5 * time.Minute
 	DefaultShutdownTimeout = 30 * time.Second
+	DefaultQPS             = 100
+	DefaultBurst           = 200
 )
 
 // Errors of the controller: ErrInvalidConfig wraps NewController's,
@@ -48,9 +56,13 @@ var (
 type Config[T opkit.Object] struct {
 	// Name (in logs and as the Events' reporting controller, e.g.
 	// "demo.opkit.dev/demo"), Resource, Dynamic and Reconciler: required.
+	// Instead of Dynamic, RESTConfig: the controller builds its client
+	// from a copy, with QPS and Burst DefaultQPS and DefaultBurst when they
+	// are zero (a Dynamic built elsewhere keeps its own limits).
 	Name       string
 	Resource   opkit.Resource
 	Dynamic    dynamic.Interface
+	RESTConfig *rest.Config
 	Reconciler Reconciler[T]
 
 	// Concurrency is the number of workers that take every entry.
@@ -145,9 +157,15 @@ func NewController[T opkit.Object](cfg Config[T]) (*Controller[T], error) {
 	bad := func(format string, args ...any) (*Controller[T], error) {
 		return nil, fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
 	}
+	if cfg.Dynamic == nil && cfg.RESTConfig != nil {
+		var err error
+		if cfg.Dynamic, err = dynamic.NewForConfig(WithDefaultRate(cfg.RESTConfig)); err != nil {
+			return bad("RESTConfig: %v", err)
+		}
+	}
 	switch err := cfg.Resource.Validate(); {
 	case cfg.Name == "" || cfg.Dynamic == nil || cfg.Reconciler == nil:
-		return bad("Name, Dynamic and Reconciler are required")
+		return bad("Name, Dynamic (or RESTConfig) and Reconciler are required")
 	case err != nil:
 		return bad("%v", err)
 	case cfg.Watch.Client != nil || cfg.Watch.Queue != nil || cfg.Watch.Resource != (opkit.Resource{}):
@@ -224,6 +242,17 @@ func NewController[T opkit.Object](cfg Config[T]) (*Controller[T], error) {
 		}
 	}
 	return c, nil
+}
+
+// WithDefaultRate returns a copy of cfg whose zero QPS and Burst are
+// DefaultQPS and DefaultBurst, for the other clients of an operator (its
+// leader election's, say).
+func WithDefaultRate(cfg *rest.Config) *rest.Config {
+	cfg = rest.CopyConfig(cfg)
+	if cfg.QPS == 0 && cfg.Burst == 0 {
+		cfg.QPS, cfg.Burst = DefaultQPS, DefaultBurst
+	}
+	return cfg
 }
 
 // Elector returns the leader elector, or nil without Config.Leader.

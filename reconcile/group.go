@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/sync/errgroup"
 )
@@ -221,6 +223,38 @@ func (g *Group) HealthzHandler() http.Handler {
 		}
 		plain(w, http.StatusOK, "ok\n")
 	})
+}
+
+// HealthServer returns a component that serves HealthzHandler at /healthz
+// and ReadyzHandler at /readyz on addr (such as ":8081") until its
+// context ends, then shuts down gracefully; a port that cannot be bound
+// fails it. Add it to the group it reports on (it is then in the reports
+// too). It has no other routes and sets a header timeout.
+func (g *Group) HealthServer(addr string) Runnable {
+	return Runnable{Name: "health server", Run: func(ctx context.Context) error {
+		mux := http.NewServeMux()
+		mux.Handle("GET /healthz", g.HealthzHandler())
+		mux.Handle("GET /readyz", g.ReadyzHandler())
+		srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second, ErrorLog: slog.NewLogLogger(g.log.Handler(), slog.LevelWarn)}
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return fmt.Errorf("health server: %w", err)
+		}
+		served := make(chan error, 1)
+		go func() { served <- srv.Serve(ln) }()
+		select {
+		case err := <-served:
+			return fmt.Errorf("health server: %w", err)
+		case <-ctx.Done():
+		}
+		shutdown, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := srv.Shutdown(shutdown); err != nil {
+			srv.Close()
+		}
+		<-served
+		return nil
+	}}
 }
 
 func plain(w http.ResponseWriter, code int, body string) {

@@ -4,11 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
+	"time"
+
+	"k8s.io/client-go/rest"
 
 	"github.com/opkit/opkit/reconcile"
 )
@@ -163,5 +169,92 @@ func TestGroupHandsLeaderOnlyComponentsToTheLeader(t *testing.T) {
 	}
 	if err := g.Add(reconcile.Runnable{Name: "http", Run: run}); err == nil {
 		t.Fatal("duplicate name accepted")
+	}
+}
+
+// The health server serves the group's reports on its own port, and stops
+// with the group.
+func TestHealthServerServesTheGroupsReports(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	g := reconcile.NewGroup(reconcile.GroupConfig{Logger: quiet})
+	ready := errors.New("warming up")
+	var mu sync.Mutex
+	mustOK(t, g.Add(reconcile.Runnable{Name: "cache", Run: func(ctx context.Context) error { <-ctx.Done(); return nil },
+		Ready: func() error { mu.Lock(); defer mu.Unlock(); return ready }}))
+	mustOK(t, g.Add(g.HealthServer(addr)))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx) }()
+	get := func(path string) (int, string) {
+		t.Helper()
+		for range 100 { // until it listens
+			resp, err := http.Get("http://" + addr + path)
+			if err != nil {
+				time.Sleep(10 * time.Millisecond)
+				continue
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			return resp.StatusCode, string(b)
+		}
+		t.Fatalf("GET %s: the health server never answered", path)
+		return 0, ""
+	}
+	if code, body := get("/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "fail cache: warming up") || !strings.Contains(body, "ok health server") {
+		t.Fatalf("/readyz while warming up: %d %q", code, body)
+	}
+	if code, body := get("/healthz"); code != http.StatusOK || body != "ok\n" {
+		t.Fatalf("/healthz: %d %q", code, body)
+	}
+	mu.Lock()
+	ready = nil
+	mu.Unlock()
+	if code, _ := get("/readyz"); code != http.StatusOK {
+		t.Fatalf("/readyz once ready: %d", code)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if _, err := http.Get("http://" + addr + "/healthz"); err == nil {
+		t.Fatal("the health server still answers after the group stopped")
+	}
+}
+
+// A port the health server cannot bind fails it, and so the group.
+func TestHealthServerFailsOnAPortInUse(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	g := reconcile.NewGroup(reconcile.GroupConfig{Logger: quiet})
+	mustOK(t, g.Add(g.HealthServer(ln.Addr().String())))
+	if err := g.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "health server") {
+		t.Fatalf("Run = %v, want the health server's bind failure", err)
+	}
+}
+
+// A client built from Config.RESTConfig gets DefaultQPS and DefaultBurst
+// unless it sets its own.
+func TestWithDefaultRateRaisesOnlyUnsetLimits(t *testing.T) {
+	if c := reconcile.WithDefaultRate(&rest.Config{Host: "h"}); c.QPS != reconcile.DefaultQPS || c.Burst != reconcile.DefaultBurst || c.Host != "h" {
+		t.Fatalf("unset: QPS %v Burst %d", c.QPS, c.Burst)
+	}
+	orig := &rest.Config{QPS: 7, Burst: 9}
+	if c := reconcile.WithDefaultRate(orig); c.QPS != 7 || c.Burst != 9 || c == orig {
+		t.Fatalf("set: QPS %v Burst %d (a copy: %v)", c.QPS, c.Burst, c != orig)
+	}
+}
+
+func mustOK(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
 	}
 }
