@@ -41,7 +41,12 @@ type ApplyConfig struct {
 // owner controls is left alone: a terminal error, or a plain one while
 // that owner is a deleted predecessor of the same name (its children go
 // with it). Reading children goes through the API server: a GET each, no
-// cache. It is safe for concurrent use.
+// cache. The operator needs patch and create on the children's resource
+// (an apply that creates an object is authorized as a create too), and
+// update on its owners' finalizers where the
+// OwnerReferencesPermissionEnforcement admission plugin runs (the
+// controller reference blocks the owner's deletion). It is safe for
+// concurrent use.
 type Applier struct {
 	dyn dynamic.Interface
 	cfg ApplyConfig

@@ -33,6 +33,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/opkit/opkit"
 	demov1 "github.com/opkit/opkit/example/api/v1"
 	"github.com/opkit/opkit/example/metrics"
 	"github.com/opkit/opkit/example/natsbroker"
@@ -281,6 +282,9 @@ func Assemble(o Options, d Deps) (*Operator, error) {
 		Dynamic:     dyn,
 		Reconciler:  r,
 		Concurrency: o.Concurrency,
+		// An edited or deleted ConfigMap reconciles its entity, which puts
+		// it back.
+		Owns: []opkit.Resource{reconciler.ConfigMaps},
 		Watch: watcher.Config[*demov1.DemoEntity]{
 			Namespace:      o.Namespace,
 			SkipStatusOnly: true,                       // our own status writes need no reconcile,
@@ -427,8 +431,8 @@ func Run(ctx context.Context, o Options, logger *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("kubeconfig: %w", err)
 	}
-	restCfg = rest.CopyConfig(restCfg)
-	restCfg.QPS, restCfg.Burst = 50, 100
+	// reconcile.DefaultQPS and DefaultBurst, not client-go's 5 and 10.
+	restCfg = reconcile.WithDefaultRate(restCfg)
 	restCfg.UserAgent = "opkit-demo-operator/" + o.Identity
 	dyn, err := dynamic.NewForConfig(restCfg)
 	if err != nil {

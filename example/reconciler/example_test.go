@@ -12,8 +12,9 @@ import (
 )
 
 // The reconciler on reconciletest's fake clients: the first reconcile adds
-// the finalizer, creates the ConfigMap and writes the status; an external
-// trigger records its reason; a second watch reconcile writes nothing.
+// the finalizer, applies the ConfigMap and writes the status; an external
+// trigger records its reason; a second watch reconcile changes nothing
+// (its apply of the ConfigMap as it is).
 func ExampleNew() {
 	t := &testing.T{} // in a real test: the test's *testing.T
 	replicas := int32(2)
@@ -38,8 +39,8 @@ func ExampleNew() {
 
 	fmt.Println(h.AssertConverged(ctx, r, key).Writes(), t.Failed())
 	// Output:
-	// [patch demoentities team-a/hello create configmaps team-a/hello-demo update demoentities/status team-a/hello]
-	// [update demoentities/status team-a/hello]
+	// [patch demoentities team-a/hello patch configmaps team-a/hello-demo patch demoentities/status team-a/hello]
+	// [patch configmaps team-a/hello-demo patch demoentities/status team-a/hello]
 	// Operator deployed build 42
-	// [] false
+	// [patch configmaps team-a/hello-demo] false
 }

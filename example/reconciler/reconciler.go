@@ -12,30 +12,35 @@
 //   - the finalizer demo.opkit.dev/cleanup is added on first sight; when the
 //     entity is being deleted, finalize deletes the ConfigMap, records an
 //     Event and the finalizer is removed;
-//   - the ConfigMap is created or brought back to the spec, owned by the
-//     entity (controller reference);
+//   - the ConfigMap is applied (server-side apply through a
+//     [reconcile.Applier]: one request creates it or brings it back to the
+//     spec), controlled by the entity; the operator's controller Owns
+//     ConfigMaps, so an edit or a delete of it reconciles the entity, which
+//     puts it back;
 //   - the status is written only when something changed: a new generation,
-//     a ConfigMap write, a condition change, or an external trigger (whose
-//     source and reason land in status.lastTrigger). A watch event for an
-//     entity that is already converged writes nothing.
+//     a condition change, or an external trigger (whose source and reason
+//     land in status.lastTrigger). A watch event for an entity that is
+//     already converged writes nothing but the (unchanged) ConfigMap's
+//     apply.
+//
+// Requests to the API server: an update reconcile, two (the apply and the
+// status); a create, three (the finalizer too).
 package reconciler
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"strconv"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"k8s.io/client-go/dynamic"
 
 	"github.com/opkit/opkit"
@@ -60,6 +65,9 @@ const (
 	EventConfigMapDeleted = "ConfigMapDeleted"
 )
 
+// FieldManager names the operator in the ConfigMaps' managed fields.
+const FieldManager = "demo.opkit.dev/demo-operator"
+
 // LabelEntity is set on every ConfigMap the operator keeps, to the
 // entity's name.
 const LabelEntity = "demo.opkit.dev/entity"
@@ -69,9 +77,8 @@ func ConfigMapName(entity string) string { return entity + "-demo" }
 
 // Config configures a [Reconciler].
 type Config struct {
-	// Dynamic reads and writes the entity's finalizer and status, and the
-	// ConfigMaps (through the dynamic client too, so one fake client in
-	// reconciletest sees every call). Required.
+	// Dynamic reads and writes the entity's finalizer and status, and
+	// applies the ConfigMaps. Required.
 	Dynamic dynamic.Interface
 	// Recorder records Events; nil records none.
 	Recorder *reconcile.Recorder
@@ -85,7 +92,7 @@ type Config struct {
 
 // Reconciler implements reconcile.Reconciler[*demov1.DemoEntity].
 type Reconciler struct {
-	dyn       dynamic.Interface
+	apply     *reconcile.Applier
 	finalizer *reconcile.Finalizer[*demov1.DemoEntity]
 	status    *reconcile.Status[*demov1.DemoEntity]
 	recorder  *reconcile.Recorder
@@ -109,7 +116,11 @@ func New(cfg Config) (*Reconciler, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Reconciler{dyn: cfg.Dynamic, finalizer: fin, status: st, recorder: cfg.Recorder,
+	apply, err := reconcile.NewApplier(reconcile.ApplyConfig{Dynamic: cfg.Dynamic, FieldManager: FieldManager, Owner: demov1.Resource})
+	if err != nil {
+		return nil, err
+	}
+	r := &Reconciler{apply: apply, finalizer: fin, status: st, recorder: cfg.Recorder,
 		identity: cfg.Identity, now: cfg.Now, log: cfg.Logger}
 	if r.identity == "" {
 		r.identity = "demo-operator"
@@ -127,19 +138,18 @@ func New(cfg Config) (*Reconciler, error) {
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request[*demov1.DemoEntity]) (reconcile.Result, error) {
 	if req.Type == opkit.Deleted || req.Object == nil {
 		// The finalizer ran before the entity went; the ConfigMap's owner
-		// reference covers the rest (a GC, where one runs).
+		// reference covers the rest (the garbage collector).
 		return reconcile.Done(), nil
 	}
 	obj, live, err := r.finalizer.Handle(ctx, req.Object, r.finalize)
 	if err != nil || !live {
 		return reconcile.Done(), err
 	}
-
-	cmWritten, conflict, err := r.ensureConfigMap(ctx, obj)
-	if err != nil {
-		return reconcile.Done(), err
+	_, applyErr := r.apply.Apply(ctx, obj, ConfigMaps, corev1ac.ConfigMap(ConfigMapName(obj.Name), "").
+		WithLabels(map[string]string{LabelEntity: obj.Name}).WithData(desiredData(obj)))
+	if applyErr != nil && !reconcile.IsTerminal(applyErr) {
+		return reconcile.Done(), applyErr
 	}
-
 	now := r.now()
 	_, err = r.status.Update(ctx, obj, func(o *demov1.DemoEntity) error {
 		cond := metav1.Condition{
@@ -149,16 +159,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request[*demov
 			Reason:             ReasonReconciled,
 			Message:            fmt.Sprintf("ConfigMap %s matches generation %d", ConfigMapName(o.Name), o.Generation),
 		}
-		if conflict != "" {
-			cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, ReasonConfigMapConflict, conflict
+		if applyErr != nil { // the ConfigMap's name is taken: nothing will change until it is freed
+			cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, ReasonConfigMapConflict, applyErr.Error()
 		}
 		condChanged := meta.SetStatusCondition(&o.Status.Conditions, cond)
 		o.Status.ConfigMap = ConfigMapName(o.Name)
 		// Anything worth reporting? A converged entity seen again through
 		// the watch writes nothing.
 		triggered := req.Sources.Has(opkit.Operator)
-		if !(condChanged || cmWritten || triggered ||
-			o.Status.ObservedGeneration != o.Generation || o.Status.LastTrigger == nil) {
+		if !(condChanged || triggered || o.Status.ObservedGeneration != o.Generation || o.Status.LastTrigger == nil) {
 			return nil
 		}
 		at := metav1.NewMicroTime(now)
@@ -167,14 +176,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request[*demov
 		o.Status.LastTrigger = &demov1.LastTrigger{Source: sourceOf(req), Reason: reasonOf(req), At: at}
 		return nil
 	})
-	if err != nil {
-		return reconcile.Done(), err
-	}
-	if conflict != "" {
-		// Nothing will change until someone removes the other ConfigMap.
-		return reconcile.Done(), reconcile.TerminalError(errors.New(conflict))
-	}
-	return reconcile.Done(), nil
+	return reconcile.Done(), cmp.Or(err, applyErr)
 }
 
 // sourceOf is "Operator" when a trigger asked for the reconcile, else
@@ -202,110 +204,13 @@ func desiredData(obj *demov1.DemoEntity) map[string]string {
 	}
 }
 
-// ownerRef is the controller reference from the ConfigMap to obj.
-func ownerRef(obj *demov1.DemoEntity) metav1.OwnerReference {
-	yes := true
-	return metav1.OwnerReference{
-		APIVersion:         demov1.APIVersion,
-		Kind:               demov1.Kind,
-		Name:               obj.Name,
-		UID:                obj.UID,
-		Controller:         &yes,
-		BlockOwnerDeletion: &yes,
-	}
-}
-
-// ensureConfigMap creates or updates the ConfigMap. written reports a
-// write; conflict is non-empty when a ConfigMap of that name is controlled
-// by something else (it is then left alone).
-func (r *Reconciler) ensureConfigMap(ctx context.Context, obj *demov1.DemoEntity) (written bool, conflict string, err error) {
-	name := ConfigMapName(obj.Name)
-	cms := configMaps{r.dyn.Resource(configMapsGVR).Namespace(obj.Namespace)}
-	cm, err := cms.Get(ctx, name)
-	if apierrors.IsNotFound(err) {
-		cm = &corev1.ConfigMap{
-			ObjectMeta: metav1.ObjectMeta{
-				Name:            name,
-				Namespace:       obj.Namespace,
-				Labels:          map[string]string{LabelEntity: obj.Name},
-				OwnerReferences: []metav1.OwnerReference{ownerRef(obj)},
-			},
-			Data: desiredData(obj),
-		}
-		if err := cms.Create(ctx, cm); err != nil {
-			return false, "", fmt.Errorf("create ConfigMap %s/%s: %w", obj.Namespace, name, err)
-		}
-		r.log.LogAttrs(ctx, slog.LevelInfo, "created ConfigMap", slog.String("entity", opkit.KeyOf(obj).String()), slog.String("configmap", name))
-		return true, "", nil
-	}
-	if err != nil {
-		return false, "", fmt.Errorf("get ConfigMap %s/%s: %w", obj.Namespace, name, err)
-	}
-
-	want := cm.DeepCopy()
-	if ref := metav1.GetControllerOfNoCopy(cm); ref != nil && ref.UID != obj.UID {
-		if ref.Kind != demov1.Kind || ref.Name != obj.Name {
-			return false, fmt.Sprintf("ConfigMap %s is controlled by %s %s", name, ref.Kind, ref.Name), nil
-		}
-		// Left over from an earlier entity of the same name: adopt it.
-	}
-	refs := []metav1.OwnerReference{ownerRef(obj)}
-	for _, ref := range cm.OwnerReferences {
-		if ref.Controller == nil || !*ref.Controller {
-			refs = append(refs, ref)
-		}
-	}
-	want.OwnerReferences = refs
-	if want.Labels == nil {
-		want.Labels = map[string]string{}
-	}
-	want.Labels[LabelEntity] = obj.Name
-	want.Data = desiredData(obj)
-	if maps.Equal(cm.Data, want.Data) && maps.Equal(cm.Labels, want.Labels) && sameRefs(cm.OwnerReferences, want.OwnerReferences) {
-		return false, "", nil
-	}
-	if err := cms.Update(ctx, want); err != nil {
-		return false, "", fmt.Errorf("update ConfigMap %s/%s: %w", obj.Namespace, name, err)
-	}
-	r.log.LogAttrs(ctx, slog.LevelInfo, "updated ConfigMap", slog.String("entity", opkit.KeyOf(obj).String()), slog.String("configmap", name))
-	return true, "", nil
-}
-
-func sameRefs(a, b []metav1.OwnerReference) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		x, y := a[i], b[i]
-		if x.APIVersion != y.APIVersion || x.Kind != y.Kind || x.Name != y.Name || x.UID != y.UID ||
-			!boolEq(x.Controller, y.Controller) || !boolEq(x.BlockOwnerDeletion, y.BlockOwnerDeletion) {
-			return false
-		}
-	}
-	return true
-}
-
-func boolEq(a, b *bool) bool { return (a != nil && *a) == (b != nil && *b) }
-
 // finalize deletes the entity's ConfigMap (only one it controls) and
 // records an Event. It is idempotent: a missing ConfigMap is success.
 func (r *Reconciler) finalize(ctx context.Context, obj *demov1.DemoEntity) error {
 	name := ConfigMapName(obj.Name)
-	cms := configMaps{r.dyn.Resource(configMapsGVR).Namespace(obj.Namespace)}
-	cm, err := cms.Get(ctx, name)
-	if apierrors.IsNotFound(err) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("get ConfigMap %s/%s: %w", obj.Namespace, name, err)
-	}
-	if ref := metav1.GetControllerOfNoCopy(cm); ref == nil || ref.UID != obj.UID {
-		return nil // not ours: leave it
-	}
-	uid := cm.UID
-	err = cms.ri.Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
-	if err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("delete ConfigMap %s/%s: %w", obj.Namespace, name, err)
+	deleted, err := r.apply.Delete(ctx, obj, ConfigMaps, opkit.Key{Namespace: obj.Namespace, Name: name})
+	if err != nil || !deleted {
+		return err
 	}
 	r.log.LogAttrs(ctx, slog.LevelInfo, "deleted ConfigMap", slog.String("entity", opkit.KeyOf(obj).String()), slog.String("configmap", name))
 	if err := r.recorder.Record(ctx, obj, reconcile.EventSpec{
@@ -319,49 +224,5 @@ func (r *Reconciler) finalize(ctx context.Context, obj *demov1.DemoEntity) error
 	return nil
 }
 
-var configMapsGVR = corev1.SchemeGroupVersion.WithResource("configmaps")
-
-// configMaps reads and writes ConfigMaps as typed objects over the dynamic
-// client.
-type configMaps struct{ ri dynamic.ResourceInterface }
-
-func (c configMaps) Get(ctx context.Context, name string) (*corev1.ConfigMap, error) {
-	u, err := c.ri.Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
-		return nil, err
-	}
-	cm := &corev1.ConfigMap{}
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, cm); err != nil {
-		return nil, fmt.Errorf("decode ConfigMap %s: %w", name, err)
-	}
-	return cm, nil
-}
-
-func (c configMaps) Create(ctx context.Context, cm *corev1.ConfigMap) error {
-	u, err := toUnstructured(cm)
-	if err != nil {
-		return err
-	}
-	_, err = c.ri.Create(ctx, u, metav1.CreateOptions{})
-	return err
-}
-
-func (c configMaps) Update(ctx context.Context, cm *corev1.ConfigMap) error {
-	u, err := toUnstructured(cm)
-	if err != nil {
-		return err
-	}
-	_, err = c.ri.Update(ctx, u, metav1.UpdateOptions{})
-	return err
-}
-
-func toUnstructured(cm *corev1.ConfigMap) (*unstructured.Unstructured, error) {
-	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(cm)
-	if err != nil {
-		return nil, err
-	}
-	u := &unstructured.Unstructured{Object: m}
-	u.SetAPIVersion("v1")
-	u.SetKind("ConfigMap")
-	return u, nil
-}
+// ConfigMaps is the resource of the entities' ConfigMaps.
+var ConfigMaps = opkit.Resource{GroupVersionResource: corev1.SchemeGroupVersion.WithResource("configmaps"), Kind: "ConfigMap", Namespaced: true}

@@ -8,9 +8,11 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/opkit/opkit"
 	demov1 "github.com/opkit/opkit/example/api/v1"
@@ -89,9 +91,9 @@ func TestCreateMakesOwnedConfigMapAndStatus(t *testing.T) {
 		t.Fatal(c.Err)
 	}
 	want := []string{
-		"patch demoentities team-a/hello",         // the finalizer
-		"create configmaps team-a/hello-demo",     // the ConfigMap
-		"update demoentities/status team-a/hello", // the status
+		"patch demoentities team-a/hello",        // the finalizer
+		"patch configmaps team-a/hello-demo",     // the ConfigMap, applied
+		"patch demoentities/status team-a/hello", // the status
 	}
 	if got := c.Writes(); !slices.Equal(got, want) {
 		t.Fatalf("writes = %q, want %q", got, want)
@@ -133,8 +135,8 @@ func TestSecondReconcileWritesNothing(t *testing.T) {
 	}
 	f.now = t0.Add(time.Minute)
 	c := f.h.AssertConverged(context.Background(), f.r, key)
-	if len(c.Actions) == 0 {
-		t.Error("the second reconcile made no call at all; it should still read the ConfigMap")
+	if got, want := c.Writes(), []string{"patch configmaps team-a/hello-demo"}; !slices.Equal(got, want) {
+		t.Errorf("writes = %q, want %q: the apply, which changes nothing", got, want)
 	}
 	if got := f.h.Get(key).Status.LastReconciled.Time; !got.Equal(t0) {
 		t.Errorf("lastReconciled moved to %v on a no-op reconcile", got)
@@ -150,7 +152,7 @@ func TestSpecChangeUpdatesConfigMapAndObservedGeneration(t *testing.T) {
 	if c.Err != nil {
 		t.Fatal(c.Err)
 	}
-	want := []string{"update configmaps team-a/hello-demo", "update demoentities/status team-a/hello"}
+	want := []string{"patch configmaps team-a/hello-demo", "patch demoentities/status team-a/hello"}
 	if got := c.Writes(); !slices.Equal(got, want) {
 		t.Fatalf("writes = %q, want %q", got, want)
 	}
@@ -179,8 +181,8 @@ func TestConfigMapDriftIsRepaired(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := f.h.ReconcileKey(context.Background(), f.r, key)
-	if got := c.Writes(); len(got) == 0 || got[0] != "update configmaps team-a/hello-demo" {
-		t.Fatalf("writes = %q, want the ConfigMap repaired first", got)
+	if got := c.Writes(); len(got) == 0 || got[0] != "patch configmaps team-a/hello-demo" {
+		t.Fatalf("writes = %q, want the ConfigMap applied", got)
 	}
 	if cm, _ := f.configMap(t); cm.Data["message"] != "hi" {
 		t.Errorf("message = %q after repair", cm.Data["message"])
@@ -197,8 +199,9 @@ func TestTriggerReasonLandsInStatus(t *testing.T) {
 	if c.Err != nil {
 		t.Fatal(c.Err)
 	}
-	// Nothing changed but the trigger is recorded: a status write only.
-	if got, want := c.Writes(), []string{"update demoentities/status team-a/hello"}; !slices.Equal(got, want) {
+	// Nothing changed but the trigger is recorded: the (unchanged) apply,
+	// and a status write.
+	if got, want := c.Writes(), []string{"patch configmaps team-a/hello-demo", "patch demoentities/status team-a/hello"}; !slices.Equal(got, want) {
 		t.Fatalf("writes = %q, want %q", got, want)
 	}
 	lt := f.h.Get(key).Status.LastTrigger
@@ -272,13 +275,18 @@ func TestConfigMapControlledByAnotherKindIsAConflict(t *testing.T) {
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "Deployment", Name: "web", UID: "u-9", Controller: &yes}}},
 	}
 	f := setup(t, entity("hi", 3), other)
+	// The API server refuses a second controller reference (the fake
+	// does not check): its answer.
+	refused := apierrors.NewInvalid(schema.GroupKind{Kind: "ConfigMap"}, "hello-demo", nil)
+	refused.ErrStatus.Message = "Only one reference can have Controller set to true"
+	f.h.Fail("patch", "configmaps", 1, refused)
 	c := f.h.ReconcileKey(context.Background(), f.r, key)
 	if !reconcile.IsTerminal(c.Err) {
 		t.Fatalf("err = %v, want a terminal error", c.Err)
 	}
 	cond := meta.FindStatusCondition(f.h.Get(key).Status.Conditions, demov1.ConditionReady)
-	if cond == nil || cond.Status != metav1.ConditionFalse || cond.Reason != reconciler.ReasonConfigMapConflict {
-		t.Fatalf("Ready = %+v, want False/%s", cond, reconciler.ReasonConfigMapConflict)
+	if cond == nil || cond.Status != metav1.ConditionFalse || cond.Reason != reconciler.ReasonConfigMapConflict || !strings.Contains(cond.Message, "Deployment web") {
+		t.Fatalf("Ready = %+v, want False/%s naming the Deployment", cond, reconciler.ReasonConfigMapConflict)
 	}
 	if cm, _ := f.configMap(t); cm.Data != nil {
 		t.Errorf("foreign ConfigMap was modified: %v", cm.Data)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strconv"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -110,4 +111,46 @@ func TestFailInjectsErrors(t *testing.T) {
 			t.Fatalf("patch: %v, want the injected 500 every time", err)
 		}
 	}
+}
+
+// A server-side apply of what is stored already changes nothing: the
+// reconciler that does it is converged; one whose apply changes the
+// ConfigMap each time is not.
+func TestAssertConvergedJudgesChangesNotCalls(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		changing  bool
+		converged bool
+	}{{"same apply", false, true}, {"changing apply", true, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			rtb := &recordingTB{TB: t}
+			h := reconciletest.New[*Widget](rtb, widgets, blue())
+			apply := newTestApplier(t, h)
+			n := 0
+			r := reconcile.Func[*Widget](func(ctx context.Context, req reconcile.Request[*Widget]) (reconcile.Result, error) {
+				n++
+				data := map[string]string{"size": "3"}
+				if tc.changing {
+					data["call"] = strconv.Itoa(n)
+				}
+				_, err := apply.Apply(ctx, req.Object, configMaps, corev1ac.ConfigMap("blue-cm", "").WithData(data))
+				return reconcile.Done(), err
+			})
+			key := opkit.Key{Namespace: "shop", Name: "blue"}
+			h.ReconcileKey(context.Background(), r, key)
+			h.AssertConverged(context.Background(), r, key)
+			if got := len(rtb.errors) == 0; got != tc.converged {
+				t.Fatalf("converged = %v (%q), want %v", got, rtb.errors, tc.converged)
+			}
+		})
+	}
+}
+
+func newTestApplier(t *testing.T, h *reconciletest.Harness[*Widget]) *reconcile.Applier {
+	t.Helper()
+	a, err := reconcile.NewApplier(reconcile.ApplyConfig{Dynamic: h.Dynamic, FieldManager: "test.opkit.dev/widgets", Owner: widgets})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
 }

@@ -35,6 +35,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
 	dynfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/kubernetes/fake"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -60,11 +61,13 @@ type Harness[T opkit.Object] struct {
 	// Resource is the resource T is bound to.
 	Resource opkit.Resource
 
-	t       testing.TB
-	client  *typed.Client[T]
-	mu      sync.Mutex
-	events  []string            // the Events created through the fake, in order
-	actions []k8stesting.Action // the calls of both clients, in order
+	t      testing.TB
+	client *typed.Client[T]
+	// resources are those of the dynamic fake's own store.
+	resources []schema.GroupVersionResource
+	mu        sync.Mutex
+	events    []string            // the Events created through the fake, in order
+	actions   []k8stesting.Action // the calls of both clients, in order
 }
 
 // builtins maps the resources client-go's scheme knows to their kinds.
@@ -129,10 +132,34 @@ func New[T opkit.Object](t testing.TB, res opkit.Resource, objs ...opkit.Object)
 			seed = append(seed, u)
 		}
 	}
+	own := slices.Collect(maps.Keys(listKinds))
+	for gvr, gvk := range builtins {
+		listKinds[gvr] = gvk.Kind + "List" // listed from the clientset's store
+	}
 	dyn := dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), listKinds, seed...)
-	h := &Harness[T]{Dynamic: dyn, Clientset: cs, Resource: res, t: t, client: typed.New[T](dyn, res)}
+	h := &Harness[T]{Dynamic: dyn, Clientset: cs, Resource: res, t: t, client: typed.New[T](dyn, res), resources: own}
 	// The dynamic client reaches built-in objects in the clientset's store.
 	dyn.PrependReactor("*", "*", h.builtin)
+	dyn.PrependWatchReactor("*", func(a k8stesting.Action) (bool, watch.Interface, error) {
+		gvk, ok := builtins[a.GetResource()]
+		if !ok {
+			return false, nil, nil
+		}
+		var opts metav1.ListOptions
+		if w, ok := a.(k8stesting.WatchActionImpl); ok {
+			opts = w.ListOptions
+		}
+		w, err := cs.Tracker().Watch(a.GetResource(), a.GetNamespace(), opts)
+		if err != nil {
+			return true, nil, err
+		}
+		return true, watch.Filter(w, func(e watch.Event) (watch.Event, bool) {
+			if u, err := toUnstructured(e.Object, gvk); err == nil {
+				e.Object = u
+			}
+			return e, true
+		}), nil
+	})
 	// Note every Event created, in order (the fake lists by name), and let
 	// the default reactor store it.
 	dyn.PrependReactor("create", reconcile.EventsResource.Resource, func(a k8stesting.Action) (bool, runtime.Object, error) {
@@ -448,18 +475,65 @@ func (h *Harness[T]) ReconcileKey(ctx context.Context, r reconcile.Reconciler[T]
 }
 
 // AssertConverged reconciles the object under key again (freshly fetched,
-// as a Modified request) and fails the test if that call wrote anything or
+// as a Modified request) and fails the test if that call changed any
+// stored object (its resourceVersion and managed fields aside: a
+// server-side apply of what is there already changes nothing) or
 // returned an error: a converged reconciler is idempotent.
 func (h *Harness[T]) AssertConverged(ctx context.Context, r reconcile.Reconciler[T], key opkit.Key) Call {
 	h.t.Helper()
+	before := h.snapshot()
 	c := h.ReconcileKey(ctx, r, key)
 	if c.Err != nil {
 		h.t.Errorf("reconciletest: %s not converged: second reconcile failed: %v", key, c.Err)
 	}
-	if w := c.Writes(); len(w) > 0 {
-		h.t.Errorf("reconciletest: %s not converged: second reconcile wrote %q", key, w)
+	after := h.snapshot()
+	for k, v := range after {
+		if w, ok := before[k]; !ok || !equality.Semantic.DeepEqual(v, w) {
+			h.t.Errorf("reconciletest: %s not converged: second reconcile changed %s (writes %q)", key, k, c.Writes())
+		}
+	}
+	for k := range before {
+		if _, ok := after[k]; !ok {
+			h.t.Errorf("reconciletest: %s not converged: second reconcile deleted %s", key, k)
+		}
 	}
 	return c
+}
+
+// snapshot returns every stored object but its resourceVersion and
+// managed fields, by "resource namespace/name".
+func (h *Harness[T]) snapshot() map[string]map[string]any {
+	out := map[string]map[string]any{}
+	add := func(gvr schema.GroupVersionResource, obj runtime.Object) {
+		u, err := toUnstructured(obj, schema.GroupVersionKind{})
+		if err != nil {
+			h.t.Fatalf("reconciletest: snapshot: %v", err)
+		}
+		unstructured.RemoveNestedField(u.Object, "metadata", "resourceVersion")
+		unstructured.RemoveNestedField(u.Object, "metadata", "managedFields")
+		out[gvr.Resource+" "+opkit.KeyOf(u).String()] = u.Object
+	}
+	for gvr := range builtins {
+		list, err := h.Clientset.Tracker().List(gvr, builtins[gvr], "")
+		if err != nil {
+			continue // a kind the tracker cannot list: none stored
+		}
+		items, _ := meta.ExtractList(list)
+		for _, o := range items {
+			add(gvr, o)
+		}
+	}
+	for _, gvr := range h.resources {
+		list, err := h.Dynamic.Resource(gvr).List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			h.t.Fatalf("reconciletest: snapshot %s: %v", gvr.Resource, err)
+		}
+		for i := range list.Items {
+			add(gvr, &list.Items[i])
+		}
+	}
+	h.takeActions()
+	return out
 }
 
 // Events returns the Kubernetes Events recorded so far through the fake
