@@ -201,7 +201,7 @@ type Cause[T Object] struct {
 // sources, of the reasons and of the related resources, Added and
 // Teardown or-ed, the highest Retries.
 func (c *Cause[T]) Merge(o Cause[T]) {
-	if !isNil(o.Object) && (isNil(c.Object) || newer(o.Object.GetResourceVersion(), c.Object.GetResourceVersion())) {
+	if !isNil(o.Object) && (isNil(c.Object) || NewerResourceVersion(o.Object.GetResourceVersion(), c.Object.GetResourceVersion())) {
 		c.Object = o.Object
 	}
 	c.Sources |= o.Sources
@@ -212,10 +212,11 @@ func (c *Cause[T]) Merge(o Cause[T]) {
 	c.Retries = max(c.Retries, o.Retries)
 }
 
-// newer reports whether resourceVersion a is later than b. etcd's
-// resourceVersions are decimal numbers without leading zeros; for any
-// other strings the order is still total, so the merge stays a join.
-func newer(a, b string) bool {
+// NewerResourceVersion reports whether resourceVersion a is later than b.
+// etcd's resourceVersions are decimal numbers without leading zeros: a
+// longer one is larger, equal lengths compare as strings. For any other
+// strings the order is still total, so Cause.Merge stays a join.
+func NewerResourceVersion(a, b string) bool {
 	if len(a) != len(b) {
 		return len(a) > len(b)
 	}

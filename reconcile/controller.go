@@ -145,6 +145,7 @@ type Controller[T opkit.Object] struct {
 	sel     labels.Selector // the watch's label selector (everything for none)
 	rec     *Recorder       // nil with NoEvents
 	retries retries         // the retry policy: failed turns per key
+	written writtenKeys     // the operator's own last write per key
 
 	mu       sync.Mutex
 	running  bool
@@ -382,6 +383,7 @@ func (c *Controller[T]) runTerm(runCtx, termCtx context.Context, work []Runnable
 	// Retries this term could not add (the intake closed) and reconciles
 	// it interrupted leave streaks no entry stands for.
 	c.retries.reset()
+	c.written.reset()
 	return err
 }
 
@@ -431,6 +433,13 @@ func (c *Controller[T]) runTurn(ctx context.Context, item queue.Item[opkit.Key, 
 	term, _ := leader.TermFrom(ctx)
 	base := Request[T]{Key: key, Sources: cause.Sources, Reasons: cause.Reasons, Related: cause.Related, Retries: c.retries.count(key, cause.Retries), Term: term.Number}
 	t := &turn[T]{log: log.With("key", key.String())}
+	tw := &turnWrites{}
+	ctx = context.WithValue(ctx, turnWritesKey{}, tw)
+	defer func() {
+		if rv := tw.get(); rv != "" {
+			c.written.set(key, rv)
+		}
+	}()
 	deletes := c.watch.Deletes(key)
 	for _, d := range deletes {
 		req := base
@@ -529,14 +538,16 @@ func (c *Controller[T]) retryAs(t *turn[T], req Request[T]) {
 
 // liveObject returns the object that has key's name now, or a nil T when
 // there is none: the one the cause carries when it is the latest state
-// the watch has seen (by resourceVersion); nothing, without a read, when
+// the watch has seen (by resourceVersion) and no older than the last
+// turn's own write of it (see writes.go); nothing, without a read, when
 // the watch sees no object of the name and no trigger asked; else what
 // the API server has.
 func (c *Controller[T]) liveObject(ctx context.Context, key opkit.Key, cause opkit.Cause[T]) (T, error) {
 	var none T
 	rv, seen := c.watch.ResourceVersion(key)
+	wrote := c.written.take(key) // the last turn's own write, which the watch may not have delivered
 	switch {
-	case seen && !isNil(cause.Object) && cause.Object.GetResourceVersion() == rv:
+	case seen && !isNil(cause.Object) && cause.Object.GetResourceVersion() == rv && !opkit.NewerResourceVersion(wrote, rv):
 		return cause.Object, nil
 	case !seen && !cause.Sources.Has(opkit.Operator) && !cause.Teardown:
 		return none, nil

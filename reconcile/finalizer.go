@@ -134,6 +134,7 @@ func (f *Finalizer[T]) update(ctx context.Context, obj T, change func(T) ([]stri
 		}
 		switch out, err := f.client.Patch(ctx, key, types.MergePatchType, patch); {
 		case err == nil:
+			noteWrite(ctx, out)
 			return out, nil
 		case !apierrors.IsConflict(err) || attempt >= DefaultConflictRetries:
 			return cur, fmt.Errorf("reconcile: finalizer %s on %s: %w", f.name, key, err)

@@ -2,26 +2,25 @@ package reconcile_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"reflect"
 	"testing"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/opkit/opkit/internal/typed"
 	"github.com/opkit/opkit/reconcile"
 )
 
-// statusPatches returns the patches of the status subresource dyn saw.
-func statusPatches(dyn *fakeDyn) [][]byte {
-	var out [][]byte
+func updateStatusActions(dyn *fakeDyn) int {
+	n := 0
 	for _, a := range dyn.Actions() {
-		if p, ok := a.(k8stesting.PatchAction); ok && a.GetSubresource() == "status" {
-			out = append(out, p.GetPatch())
+		if a.GetVerb() == "update" && a.GetSubresource() == "status" {
+			n++
 		}
 	}
-	return out
+	return n
 }
 
 func TestStatusSetsObservedGenerationAndSkipsUnchangedWrites(t *testing.T) {
@@ -39,7 +38,7 @@ func TestStatusSetsObservedGenerationAndSkipsUnchangedWrites(t *testing.T) {
 	if out.Status != (WidgetStatus{ObservedGeneration: 3, Phase: "Ready"}) || stored.Status != out.Status {
 		t.Fatalf("status: returned %+v, stored %+v; want phase Ready, observedGeneration 3", out.Status, stored.Status)
 	}
-	if n := len(statusPatches(dyn)); n != 1 {
+	if n := updateStatusActions(dyn); n != 1 {
 		t.Fatalf("%d status writes, want 1", n)
 	}
 	dyn.ClearActions()
@@ -51,79 +50,40 @@ func TestStatusSetsObservedGenerationAndSkipsUnchangedWrites(t *testing.T) {
 	}
 }
 
-// A status write is a JSON patch of what changed, after a test of the
-// UID: it does not fail when the object changed since it was read (the
-// spec, the operator's own earlier status write), and it leaves every
-// other field as stored.
-func TestStatusWritesOnlyWhatChangedWithoutAPrecondition(t *testing.T) {
-	dyn := newFakeDynamic(t, widget("a", func(w *Widget) { w.Status.ObservedGeneration = 1 }))
+func TestStatusReappliesMutateToAFreshCopyOnConflict(t *testing.T) {
+	dyn := newFakeDynamic(t, widget("a"))
 	st, err := reconcile.NewStatus[*Widget](reconcile.StatusConfig{Dynamic: dyn, Resource: widgets})
 	if err != nil {
 		t.Fatal(err)
 	}
 	stale := getWidget(t, dyn, "a")
-	// Meanwhile the spec changed (generation 2) and an earlier status
-	// write set a phase.
-	u, _ := typed.ToUnstructured(widget("a", func(w *Widget) {
-		w.Generation, w.Spec.Size, w.ResourceVersion, w.Status.Phase, w.Status.ObservedGeneration = 2, 5, "7", "Old", 1
-	}))
-	if err := dyn.Tracker().Update(widgets.GroupVersionResource, u, "ns"); err != nil {
-		t.Fatal(err)
-	}
-	dyn.ClearActions()
-	out, err := st.Update(context.Background(), stale, func(w *Widget) error { w.Status.Message = "seen size 1"; return nil })
+	first := true
+	dyn.PrependReactor("update", "widgets", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if !first || a.GetSubresource() != "status" {
+			return false, nil, nil
+		}
+		first = false
+		// Someone changed the spec meanwhile (generation 2).
+		u, _ := typed.ToUnstructured(widget("a", func(w *Widget) { w.Generation, w.Spec.Size, w.ResourceVersion = 2, 5, "2" }))
+		if err := dyn.Tracker().Update(widgets.GroupVersionResource, u, "ns"); err != nil {
+			t.Error(err)
+		}
+		return true, nil, apierrors.NewConflict(widgets.GroupResource(), "a", errors.New("rv mismatch"))
+	})
+	var seen []int
+	out, err := st.Update(context.Background(), stale, func(w *Widget) error {
+		seen = append(seen, w.Spec.Size)
+		w.Status.Phase = "Sized"
+		return nil
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	patches := statusPatches(dyn)
-	if len(patches) != 1 || len(dyn.Actions()) != 1 {
-		t.Fatalf("actions %v, want one status patch", dyn.Actions())
+	if len(seen) != 2 || seen[0] != 1 || seen[1] != 5 {
+		t.Fatalf("mutate saw sizes %v, want [1 5] (stale, then fresh)", seen)
 	}
-	var got []map[string]any
-	if err := json.Unmarshal(patches[0], &got); err != nil {
-		t.Fatal(err)
-	}
-	want := []map[string]any{
-		{"op": "test", "path": "/metadata/uid", "value": "uid-a"},
-		{"op": "add", "path": "/status/message", "value": "seen size 1"},
-	}
-	if !reflect.DeepEqual(got, want) {
-		t.Fatalf("patch %s, want %v: the UID tested, then the changed fields; no resourceVersion", patches[0], want)
-	}
-	stored := getWidget(t, dyn, "a")
-	if stored.Spec.Size != 5 || stored.Status != (WidgetStatus{ObservedGeneration: 1, Phase: "Old", Message: "seen size 1"}) || out.Status != stored.Status {
-		t.Fatalf("stored %+v / %+v, returned %+v: want the new spec and the other status field kept", stored.Spec, stored.Status, out.Status)
-	}
-}
-
-// Within a status that exists, only the members that changed are
-// written, and a member mutate removed is removed.
-func TestStatusRemovesWhatMutateRemoved(t *testing.T) {
-	dyn := newFakeDynamic(t, widget("a", func(w *Widget) { w.Status.Phase, w.Status.ObservedGeneration = "Ready", 1 }))
-	st, _ := reconcile.NewStatus[*Widget](reconcile.StatusConfig{Dynamic: dyn, Resource: widgets})
-	if _, err := st.Update(context.Background(), getWidget(t, dyn, "a"), func(w *Widget) error { w.Status.Phase, w.Status.Message = "", "m"; return nil }); err != nil {
-		t.Fatal(err)
-	}
-	if got := getWidget(t, dyn, "a").Status; got != (WidgetStatus{ObservedGeneration: 1, Message: "m"}) {
-		t.Fatalf("stored status %+v, want the phase gone and the message set", got)
-	}
-	want := `[{"op":"test","path":"/metadata/uid","value":"uid-a"},{"op":"add","path":"/status/message","value":"m"},{"op":"remove","path":"/status/phase"}]`
-	if p := statusPatches(dyn); len(p) != 1 || string(p[0]) != want {
-		t.Fatalf("patches %q, want %s", p, want)
-	}
-}
-
-// A status read empty is written whole: the API server may hold none, and
-// a JSON patch cannot add a member to an object that does not exist.
-func TestStatusReadEmptyIsWrittenWhole(t *testing.T) {
-	dyn := newFakeDynamic(t, widget("a"))
-	st, _ := reconcile.NewStatus[*Widget](reconcile.StatusConfig{Dynamic: dyn, Resource: widgets})
-	if _, err := st.Update(context.Background(), getWidget(t, dyn, "a"), func(w *Widget) error { w.Status.Phase = "Ready"; return nil }); err != nil {
-		t.Fatal(err)
-	}
-	want := `[{"op":"test","path":"/metadata/uid","value":"uid-a"},{"op":"add","path":"/status","value":{"observedGeneration":1,"phase":"Ready"}}]`
-	if p := statusPatches(dyn); len(p) != 1 || string(p[0]) != want {
-		t.Fatalf("patches %q, want %s", p, want)
+	if stored := getWidget(t, dyn, "a"); stored.Status.ObservedGeneration != 2 || stored.Spec.Size != 5 || out.Status.Phase != "Sized" {
+		t.Fatalf("stored %+v / %+v, want the fresh spec kept and observedGeneration 2", stored.Spec, stored.Status)
 	}
 }
 
@@ -134,7 +94,7 @@ func TestStatusReturnsMutateErrorsWithoutWriting(t *testing.T) {
 	if _, err := st.Update(context.Background(), getWidget(t, dyn, "a"), func(*Widget) error { return boom }); !errors.Is(err, boom) {
 		t.Fatalf("err = %v, want boom", err)
 	}
-	if n := len(statusPatches(dyn)); n != 0 {
+	if n := updateStatusActions(dyn); n != 0 {
 		t.Fatalf("%d writes after a failed mutate", n)
 	}
 }
@@ -144,9 +104,44 @@ func TestNewStatusValidatesItsConfig(t *testing.T) {
 	for _, cfg := range []reconcile.StatusConfig{
 		{Resource: widgets},
 		{Dynamic: dyn},
+		{Dynamic: dyn, Resource: widgets, ConflictRetries: -1},
 	} {
 		if _, err := reconcile.NewStatus[*Widget](cfg); err == nil {
 			t.Errorf("NewStatus(%+v) accepted", cfg)
 		}
+	}
+}
+
+// uid-a's status write conflicts because uid-a was deleted and a new object
+// of the same name (uid-b) created: the retry must not write uid-a's
+// reconcile outcome onto uid-b, which nothing has reconciled yet.
+func TestStatusRetryAfterAConflictLeavesARecreatedObjectAlone(t *testing.T) {
+	dyn := newFakeDynamic(t, widget("a"))
+	st, err := reconcile.NewStatus[*Widget](reconcile.StatusConfig{Dynamic: dyn, Resource: widgets})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := getWidget(t, dyn, "a")
+	first := true
+	dyn.PrependReactor("update", "widgets", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if !first {
+			return false, nil, nil
+		}
+		first = false
+		u, _ := typed.ToUnstructured(widget("a", func(w *Widget) { w.UID = "uid-b"; w.ResourceVersion = "9" }))
+		if err := dyn.Tracker().Update(widgets.GroupVersionResource, u, "ns"); err != nil {
+			t.Error(err)
+		}
+		return true, nil, apierrors.NewConflict(widgets.GroupResource(), "a", errors.New("rv mismatch"))
+	})
+	out, err := st.Update(context.Background(), old, func(w *Widget) error { w.Status.Phase = "Ready"; return nil })
+	t.Logf("Update: out uid %v, err %v", func() any {
+		if out == nil {
+			return nil
+		}
+		return out.UID
+	}(), err)
+	if now := getWidget(t, dyn, "a"); now.UID == "uid-b" && now.Status.Phase == "Ready" {
+		t.Fatalf("uid-a's status was written onto the recreated object uid-b: %+v", now.Status)
 	}
 }

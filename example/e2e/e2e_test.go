@@ -209,7 +209,8 @@ func name(i int) string { return fmt.Sprintf("entity-%02d", i) }
 
 func TestTwoReplicasFiftyEntitiesTriggersAndFailover(t *testing.T) {
 	ctx := context.Background()
-	c := testcluster.Shared(t)
+	// A garbage collector: the ConfigMaps of deleted entities go with them.
+	c := testcluster.Start(t, testcluster.Options{ControllerManager: true})
 	e := &env{t: t, kube: kubernetes.NewForConfigOrDie(c.Config()), dyn: dynamic.NewForConfigOrDie(c.Config()), replicas: map[string]*harness.Replica{}}
 	dir := t.TempDir()
 
@@ -398,7 +399,8 @@ func TestTwoReplicasFiftyEntitiesTriggersAndFailover(t *testing.T) {
 		}
 	}
 
-	// Deleting entities removes their ConfigMaps through the finalizer.
+	// Deleting entities runs their finalizer (an Event), then the garbage
+	// collector removes their ConfigMaps.
 	deleted := names[entities-5:]
 	for _, n := range deleted {
 		if err := e.entities().Delete(ctx, n, metav1.DeleteOptions{}); err != nil {
@@ -425,13 +427,13 @@ func TestTwoReplicasFiftyEntitiesTriggersAndFailover(t *testing.T) {
 	}
 	finalized := map[string]bool{}
 	for _, ev := range evs.Items {
-		if ev.Reason == reconciler.EventConfigMapDeleted {
+		if ev.Reason == reconciler.EventFinalized {
 			finalized[ev.Regarding.Name] = true
 		}
 	}
 	for _, n := range deleted {
 		if !finalized[n] {
-			t.Errorf("no %s Event for %s", reconciler.EventConfigMapDeleted, n)
+			t.Errorf("no %s Event for %s", reconciler.EventFinalized, n)
 		}
 	}
 	e.waitConverged(ctx, names[:entities-5])

@@ -39,8 +39,8 @@ func ExampleNew() {
 
 	fmt.Println(h.AssertConverged(ctx, r, key).Writes(), t.Failed())
 	// Output:
-	// [patch demoentities team-a/hello patch configmaps team-a/hello-demo patch demoentities/status team-a/hello]
-	// [patch configmaps team-a/hello-demo patch demoentities/status team-a/hello]
+	// [patch demoentities team-a/hello patch configmaps team-a/hello-demo update demoentities/status team-a/hello]
+	// [patch configmaps team-a/hello-demo update demoentities/status team-a/hello]
 	// Operator deployed build 42
 	// [patch configmaps team-a/hello-demo] false
 }

@@ -10,8 +10,9 @@
 //
 //   - Deleted requests: nothing (the finalizer already cleaned up).
 //   - the finalizer demo.opkit.dev/cleanup is added on first sight; when the
-//     entity is being deleted, finalize deletes the ConfigMap, records an
-//     Event and the finalizer is removed;
+//     entity is being deleted, finalize records an Event and the finalizer
+//     is removed (the garbage collector deletes the ConfigMap, which the
+//     entity controls);
 //   - the ConfigMap is applied (server-side apply through a
 //     [reconcile.Applier]: one request creates it or brings it back to the
 //     spec), controlled by the entity; the operator's controller Owns
@@ -60,10 +61,8 @@ const (
 	ReasonConfigMapConflict = "ConfigMapOwnedElsewhere"
 )
 
-// Event reasons recorded by the reconciler.
-const (
-	EventConfigMapDeleted = "ConfigMapDeleted"
-)
+// EventFinalized is the reason of the Event the finalizer records.
+const EventFinalized = "Finalized"
 
 // FieldManager names the operator in the ConfigMaps' managed fields.
 const FieldManager = "demo.opkit.dev/demo-operator"
@@ -204,21 +203,17 @@ func desiredData(obj *demov1.DemoEntity) map[string]string {
 	}
 }
 
-// finalize deletes the entity's ConfigMap (only one it controls) and
-// records an Event. It is idempotent: a missing ConfigMap is success.
+// finalize is where an operator releases what an entity holds outside
+// Kubernetes before it goes; the demo holds nothing there and records an
+// Event. The ConfigMap needs nothing: its controller reference makes the
+// garbage collector delete it with the entity.
 func (r *Reconciler) finalize(ctx context.Context, obj *demov1.DemoEntity) error {
-	name := ConfigMapName(obj.Name)
-	deleted, err := r.apply.Delete(ctx, obj, ConfigMaps, opkit.Key{Namespace: obj.Namespace, Name: name})
-	if err != nil || !deleted {
-		return err
-	}
-	r.log.LogAttrs(ctx, slog.LevelInfo, "deleted ConfigMap", slog.String("entity", opkit.KeyOf(obj).String()), slog.String("configmap", name))
 	if err := r.recorder.Record(ctx, obj, reconcile.EventSpec{
-		Reason: EventConfigMapDeleted,
+		Reason: EventFinalized,
 		Action: "Finalize",
-		Note:   fmt.Sprintf("Deleted ConfigMap %s before the entity's deletion", name),
+		Note:   fmt.Sprintf("Finalized; the garbage collector deletes ConfigMap %s with the entity", ConfigMapName(obj.Name)),
 	}); err != nil {
-		// The Event is informational: the cleanup itself succeeded.
+		// The Event is informational: finalizing itself succeeded.
 		r.log.LogAttrs(ctx, slog.LevelWarn, "could not record event", slog.Any("error", err))
 	}
 	return nil

@@ -98,7 +98,7 @@ func ExampleHarness() {
 	// Output:
 	// Done <nil>
 	// patch widgets shop/blue
-	// patch widgets/status shop/blue
+	// update widgets/status shop/blue
 	// [test.opkit.dev/release] Ready(3) 2
 	// converged: true
 }

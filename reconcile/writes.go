@@ -1,0 +1,80 @@
+package reconcile
+
+import (
+	"context"
+	"sync"
+
+	"github.com/opkit/opkit"
+)
+
+// The operator's own writes. A turn's reconcile writes its object (the
+// Status and Finalizer helpers note each write in the turn's context);
+// the key's next turn may start before the watch has delivered that
+// write, holding an older state of the object. Reconciled as is, that
+// state would make the next status write fail with a 409 on the
+// operator's own write; the controller reads the object again instead.
+
+type turnWritesKey struct{}
+
+// turnWrites is what a turn's helpers wrote: the newest resourceVersion
+// of the turn's object.
+type turnWrites struct {
+	mu sync.Mutex
+	rv string
+}
+
+// noteWrite notes, in a turn's context, that obj was written and is now
+// at its resourceVersion. Outside a turn it does nothing.
+func noteWrite(ctx context.Context, obj opkit.Object) {
+	tw, ok := ctx.Value(turnWritesKey{}).(*turnWrites)
+	if !ok || isNil(obj) {
+		return
+	}
+	tw.mu.Lock()
+	defer tw.mu.Unlock()
+	if rv := obj.GetResourceVersion(); opkit.NewerResourceVersion(rv, tw.rv) {
+		tw.rv = rv
+	}
+}
+
+func (tw *turnWrites) get() string {
+	tw.mu.Lock()
+	defer tw.mu.Unlock()
+	return tw.rv
+}
+
+// maxWritten bounds the keys whose last write the controller remembers;
+// beyond it they are forgotten (a turn then may meet a 409, which the
+// helpers retry on a fresh read).
+const maxWritten = 10_000
+
+// writtenKeys remembers, per key, the resourceVersion of the operator's
+// last write of its object, until the key's next turn.
+type writtenKeys struct {
+	mu sync.Mutex
+	rv map[opkit.Key]string
+}
+
+func (w *writtenKeys) set(key opkit.Key, rv string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.rv == nil || len(w.rv) >= maxWritten {
+		w.rv = map[opkit.Key]string{}
+	}
+	w.rv[key] = rv
+}
+
+// take returns and forgets the last write of key's object.
+func (w *writtenKeys) take(key opkit.Key) string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	rv := w.rv[key]
+	delete(w.rv, key)
+	return rv
+}
+
+func (w *writtenKeys) reset() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.rv = nil
+}
