@@ -125,8 +125,8 @@ func (d *demo) run(ctx context.Context) error {
 		buildDone <- err
 	}()
 
-	step("starting the control plane: etcd %s + kube-apiserver %s (RBAC on, no controller-manager)", testcluster.EtcdVersion, testcluster.KubernetesVersion)
-	d.cluster, err = testcluster.New(ctx, testcluster.Options{})
+	step("starting the control plane: etcd %s + kube-apiserver %s (RBAC on) + kube-controller-manager (garbage collector, namespaces, service accounts)", testcluster.EtcdVersion, testcluster.KubernetesVersion)
+	d.cluster, err = testcluster.New(ctx, testcluster.Options{ControllerManager: true})
 	if err != nil {
 		return err
 	}
@@ -214,6 +214,26 @@ func (d *demo) run(ctx context.Context) error {
 		return err
 	}
 
+	step("drift: editing ConfigMap world-demo by hand (the controller Owns ConfigMaps)")
+	cms := d.kube.CoreV1().ConfigMaps(ns)
+	cm, err := cms.Get(ctx, "world-demo", metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	want := cm.Data["message"]
+	cm.Data["message"] = "edited by hand"
+	if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		return err
+	}
+	edited := time.Now()
+	if err := harness.Poll(ctx, 30*time.Second, func() (bool, error) {
+		cm, err := cms.Get(ctx, "world-demo", metav1.GetOptions{})
+		return err == nil && cm.Data["message"] == want, nil
+	}); err != nil {
+		return fmt.Errorf("world-demo was not repaired: %w", err)
+	}
+	info("world-demo's message is %q again %.2fs later: the edit reconciled world, whose apply put it back", want, time.Since(edited).Seconds())
+
 	step("HTTP trigger, as a CI pipeline would fire it")
 	if err := harness.GrantTrigger(ctx, d.kube, ns, "ci-deployer"); err != nil {
 		return err
@@ -291,8 +311,13 @@ func (d *demo) run(ctx context.Context) error {
 	if err := d.table(ctx, "hello", "world"); err != nil {
 		return err
 	}
-	_, err = d.kube.CoreV1().ConfigMaps(ns).Get(ctx, "lorem-demo", metav1.GetOptions{})
-	info("lorem is gone; its ConfigMap lorem-demo: %s", map[bool]string{true: "deleted by the finalizer", false: fmt.Sprint(err)}[apierrors.IsNotFound(err)])
+	if err := harness.Poll(ctx, 60*time.Second, func() (bool, error) {
+		_, err := cms.Get(ctx, "lorem-demo", metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	}); err != nil {
+		return fmt.Errorf("lorem-demo was not garbage-collected: %w", err)
+	}
+	info("lorem is gone (its finalizer recorded an Event), and the garbage collector deleted its ConfigMap lorem-demo, which it controlled")
 	evs, err := d.kube.EventsV1().Events(ns).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return err
