@@ -103,7 +103,51 @@
 //
 // Add Config.Leader (a *leader.Config) for leader election, serve
 // ctrl.Trigger() through trigger.NewHandler for an HTTP trigger, and run
-// everything as one unit with reconcile.Group.
+// everything as one unit with reconcile.Group (Group.HealthServer serves
+// its /healthz and /readyz).
+//
+// # Children
+//
+// An operator that creates objects (children) states each one and lets a
+// reconcile.Applier write it: server-side apply, one request, with a
+// controller reference to its owner. Config.Owns lists the children's
+// resources: a child changed or deleted (by hand, say) reconciles its
+// owner, whose apply puts it back; the garbage collector deletes the
+// children with their owner. Config.Watches relates any other resource
+// by a mapping of your own.
+//
+//	func (s *sizer) Reconcile(ctx context.Context, req reconcile.Request[*Widget]) (reconcile.Result, error) {
+//		if req.Type == opkit.Deleted || req.Object.DeletionTimestamp != nil {
+//			return reconcile.Done(), nil // the garbage collector deletes the child
+//		}
+//		child := corev1ac.ConfigMap(req.Object.Name+"-size", "").
+//			WithData(map[string]string{"size": strconv.Itoa(req.Object.Spec.Size)})
+//		_, err := s.apply.Apply(ctx, req.Object, configMaps, child)
+//		return reconcile.Done(), err
+//	}
+//
+//	ctrl, err := reconcile.NewController(reconcile.Config[*Widget]{
+//		Name: "example.com/widgets", Resource: widgets, Dynamic: dyn, Reconciler: r,
+//		Owns: []opkit.Resource{configMaps},
+//	})
+//
+// What a reconcile costs: the object comes with its key when the watch
+// has the latest state (no request), or is read (a GET) after a trigger
+// joined a waiting entry, a child's change, a retry or the operator's own
+// write the watch has not delivered yet; each apply, status write or
+// finalizer change is one request; reading a child is a GET (there is no
+// cache).
+//
+// reconcile/reconciletest tests the reconciler without a cluster, on
+// client-go's fakes (the typed clientset with server-side apply, and the
+// dynamic client, over one store):
+//
+//	h := reconciletest.New[*Widget](t, widgets, w)
+//	r, _ := newSizer(h.Dynamic)
+//	fmt.Println(h.ReconcileKey(ctx, r, key).Writes()) // [patch configmaps shop/blue-size]
+//	h.AssertConverged(ctx, r, key)                   // a second reconcile changes nothing
+//
+// The repository's example_owns_test.go has both, whole and runnable.
 //
 // # The reference operator
 //

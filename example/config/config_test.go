@@ -517,7 +517,7 @@ func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, ni
 // Rules that no fake can exercise, with the reason they are needed.
 var neededOutsideFakes = map[string]string{
 	"update demoentities/finalizers.demo.opkit.dev": "the OwnerReferencesPermissionEnforcement admission plugin checks it when the ConfigMap's owner reference sets blockOwnerDeletion",
-	"create configmaps.": "a server-side apply that creates the object is authorized as create too (a fake records only the patch)",
+	"create configmaps.":                            "a server-side apply that creates the object is authorized as create too (a fake records only the patch)",
 }
 
 func TestRBACCoversEveryCall(t *testing.T) {

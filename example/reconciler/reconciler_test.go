@@ -91,8 +91,8 @@ func TestCreateMakesOwnedConfigMapAndStatus(t *testing.T) {
 		t.Fatal(c.Err)
 	}
 	want := []string{
-		"patch demoentities team-a/hello",        // the finalizer
-		"patch configmaps team-a/hello-demo",     // the ConfigMap, applied
+		"patch demoentities team-a/hello",         // the finalizer
+		"patch configmaps team-a/hello-demo",      // the ConfigMap, applied
 		"update demoentities/status team-a/hello", // the status
 	}
 	if got := c.Writes(); !slices.Equal(got, want) {
