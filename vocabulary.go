@@ -193,13 +193,18 @@ type Cause[T Object] struct {
 	// Retries seeds the key's retry count: the controller takes the
 	// highest of this and its own count for the key.
 	Retries int
+	// Ticket is the highest number of the tracked triggers merged in
+	// (package trigger: a caller waiting for the outcome); the turn that
+	// takes the entry reports its outcome for every ticket of the key up
+	// to it. Zero: none.
+	Ticket uint64
 }
 
 // Merge joins o into c: the newer object (by resourceVersion: a longer
 // decimal string is a larger number, equal lengths compare as strings, and
 // equal resourceVersions are taken for the same state), the union of the
 // sources, of the reasons and of the related resources, Added and
-// Teardown or-ed, the highest Retries.
+// Teardown or-ed, the highest Retries and Ticket.
 func (c *Cause[T]) Merge(o Cause[T]) {
 	if !isNil(o.Object) && (isNil(c.Object) || NewerResourceVersion(o.Object.GetResourceVersion(), c.Object.GetResourceVersion())) {
 		c.Object = o.Object
@@ -210,6 +215,7 @@ func (c *Cause[T]) Merge(o Cause[T]) {
 	c.Added = c.Added || o.Added
 	c.Teardown = c.Teardown || o.Teardown
 	c.Retries = max(c.Retries, o.Retries)
+	c.Ticket = max(c.Ticket, o.Ticket)
 }
 
 // NewerResourceVersion reports whether resourceVersion a is later than b.

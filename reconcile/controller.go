@@ -256,6 +256,15 @@ func WithDefaultRate(cfg *rest.Config) *rest.Config {
 	return cfg
 }
 
+// identity names this replica in outcomes: the elector's identity, or ""
+// without leader election.
+func (c *Controller[T]) identity() string {
+	if c.leader == nil {
+		return ""
+	}
+	return c.leader.Identity()
+}
+
 // Elector returns the leader elector, or nil without Config.Leader.
 func (c *Controller[T]) Elector() *leader.Elector { return c.leader }
 
@@ -381,8 +390,10 @@ func (c *Controller[T]) runTerm(runCtx, termCtx context.Context, work []Runnable
 	cancelWork()
 	err := g.Wait()
 	// Retries this term could not add (the intake closed) and reconciles
-	// it interrupted leave streaks no entry stands for.
+	// it interrupted leave streaks no entry stands for, and the triggers
+	// the cleared queue held are not served by this replica.
 	c.retries.reset()
+	c.trig.Abandon("the leadership term ended before the reconcile: the next leader reconciles every object")
 	c.written.reset()
 	return err
 }
@@ -426,6 +437,23 @@ type turn[T opkit.Object] struct {
 	after       time.Duration // the shortest such delay
 	interrupted bool          // the term or the drain ended
 	again       opkit.Cause[T]
+	// What the turn's triggers learn (trigger.Outcome): the worst state
+	// of its requests, the error of the one that set it.
+	state trigger.State
+	err   string
+}
+
+// severity orders the states a turn reports: the worst wins.
+var severity = map[trigger.State]int{trigger.Skipped: 1, trigger.Succeeded: 2, trigger.Requeued: 3, trigger.Terminal: 4, trigger.Failed: 5}
+
+// note records a request's state in the turn's outcome.
+func (t *turn[T]) note(s trigger.State, err error) {
+	if severity[s] > severity[t.state] {
+		t.state, t.err = s, ""
+		if err != nil {
+			t.err = err.Error()
+		}
+	}
 }
 
 func (c *Controller[T]) runTurn(ctx context.Context, item queue.Item[opkit.Key, opkit.Cause[T]], log *slog.Logger) {
@@ -433,6 +461,7 @@ func (c *Controller[T]) runTurn(ctx context.Context, item queue.Item[opkit.Key, 
 	term, _ := leader.TermFrom(ctx)
 	base := Request[T]{Key: key, Sources: cause.Sources, Reasons: cause.Reasons, Related: cause.Related, Retries: c.retries.count(key, cause.Retries), Term: term.Number}
 	t := &turn[T]{log: log.With("key", key.String())}
+	began := time.Now()
 	tw := &turnWrites{}
 	ctx = context.WithValue(ctx, turnWritesKey{}, tw)
 	defer func() {
@@ -457,9 +486,15 @@ func (c *Controller[T]) runTurn(ctx context.Context, item queue.Item[opkit.Key, 
 		// ledger brings back what was not settled.
 		return
 	}
+	if t.state == "" {
+		t.state = trigger.Skipped
+	}
+	c.trig.Report(key, cause.Ticket, trigger.Outcome{State: t.state, Error: t.err, Attempts: base.Retries + 1,
+		Duration: time.Since(began).Round(time.Microsecond).String(), Replica: c.identity(), Term: term.Number})
 	if t.failed {
 		delay := max(c.retries.when(key), t.floor)
 		t.log.Warn("turn failed: retrying", "after", delay, "failures", base.Retries+1)
+		t.again.Ticket = cause.Ticket // tickets waiting for a final outcome follow the retry
 		c.add(key, t.again, queue.AddOptions{Delay: delay, Priority: item.Priority}, t.log)
 	} else {
 		c.retries.forget(key)
@@ -578,6 +613,7 @@ func (c *Controller[T]) outcome(ctx context.Context, t *turn[T], req Request[T],
 	case err == nil && !requeue:
 		c.cfg.Metrics.Reconciled(OutcomeDone, took)
 		log.Debug("reconciled", "took", took)
+		t.note(trigger.Succeeded, nil)
 		return true
 	case err == nil:
 		c.cfg.Metrics.Reconciled(OutcomeRequeue, took)
@@ -585,6 +621,7 @@ func (c *Controller[T]) outcome(ctx context.Context, t *turn[T], req Request[T],
 		if !t.requeue || after < t.after {
 			t.requeue, t.after = true, after
 		}
+		t.note(trigger.Requeued, nil)
 		return false
 	case ctx.Err() != nil:
 		// The term ended or the drain ran out: not the reconciler's failure,
@@ -597,15 +634,18 @@ func (c *Controller[T]) outcome(ctx context.Context, t *turn[T], req Request[T],
 		c.cfg.Metrics.Reconciled(OutcomeTerminal, took)
 		log.Error("reconcile failed with a terminal error: not retried", "err", err)
 		c.record(ctx, req, "ReconcileTerminalError", err, log)
+		t.note(trigger.Terminal, err)
 		return true
 	case c.cfg.MaxRetries >= 0 && req.Retries >= c.cfg.MaxRetries && req.Sources == 0: // a retry of the controller's own
 		c.cfg.Metrics.Reconciled(OutcomeGaveUp, took)
 		log.Error("reconcile failed on its last retry: given up", "err", err, "maxRetries", c.cfg.MaxRetries)
 		c.record(ctx, req, "ReconcileFailed", fmt.Errorf("gave up after %d retries: %w", req.Retries, err), log)
+		t.note(trigger.Terminal, fmt.Errorf("gave up after %d retries: %w", req.Retries, err))
 		return true
 	}
 	c.cfg.Metrics.Reconciled(OutcomeRetry, took)
 	log.Warn("reconcile failed", "err", err)
+	t.note(trigger.Failed, err)
 	t.failed = true
 	if requeue {
 		t.floor = max(t.floor, after)

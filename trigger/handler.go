@@ -18,6 +18,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -67,6 +69,12 @@ type HandlerConfig[T opkit.Object] struct {
 	Type opkit.Type
 	// MaxDelay bounds the `delay` query parameter; zero means 1h.
 	MaxDelay time.Duration
+	// MaxWait bounds the `wait` query parameter; zero means
+	// DefaultMaxWait. MaxWaiting bounds the callers waiting for outcomes
+	// at once (they hold no in-flight slot while they wait); zero means
+	// DefaultMaxWaiting; beyond, 429.
+	MaxWait    time.Duration
+	MaxWaiting int
 	// MaxBodyBytes bounds the optional JSON body ({"reason": "..."});
 	// zero means DefaultMaxBodyBytes. Larger bodies get 413.
 	MaxBodyBytes int64
@@ -124,7 +132,18 @@ type Accepted struct {
 	Delay string `json:"delay"`
 	// Outcome is "Queued" or "Merged" (into an entry already pending).
 	Outcome string `json:"outcome"`
+	// ID and StatusPath, when the caller waited (?wait=) and the wait
+	// ended first: the trigger's id and the path whose GET answers its
+	// Outcome while this replica remembers it.
+	ID         string `json:"id,omitempty"`
+	StatusPath string `json:"statusPath,omitempty"`
 }
+
+// Defaults of HandlerConfig.MaxWait and MaxWaiting.
+const (
+	DefaultMaxWait    = 5 * time.Minute
+	DefaultMaxWaiting = 1024
+)
 
 // Status is the JSON body of every error answer, shaped like a Kubernetes
 // metav1.Status, plus the leader's identity and the queue's outcome when an
@@ -156,6 +175,7 @@ type handler[T opkit.Object] struct {
 	inflight chan struct{}                  // nil when unlimited
 	rate     flowcontrol.PassiveRateLimiter // nil when unlimited
 	failures *ttlCache[int]                 // failed authentications by client address
+	waiting  atomic.Int64                   // callers waiting for outcomes
 	log      *sampler
 }
 
@@ -163,9 +183,12 @@ type handler[T opkit.Object] struct {
 // POST /reconcile/{namespace}/{name} (namespaced resources) or POST
 // /reconcile/{name} (cluster-scoped); mount it at the server root or
 // behind http.StripPrefix. Query parameters: delay (a Go duration, 0 to
-// MaxDelay) and reason (one of the reasons the reconcile request carries);
-// the reason may instead come in an application/json body {"reason":
-// "..."}. The package documentation lists the status codes.
+// MaxDelay), reason (one of the reasons the reconcile request carries;
+// or in an application/json body {"reason": "..."}) and wait (a Go
+// duration up to MaxWait: answer with the reconcile's Outcome, 200, if it
+// finishes within it, else 202 with the trigger's id); GET
+// .../triggers/{id} answers what is known of a waited-for trigger. The
+// package documentation lists the status codes.
 func NewHandler[T opkit.Object](cfg HandlerConfig[T]) (http.Handler, error) {
 	cfg.Type = cmp.Or(cfg.Type, opkit.Modified)
 	switch {
@@ -179,13 +202,14 @@ func NewHandler[T opkit.Object](cfg HandlerConfig[T]) (http.Handler, error) {
 		return nil, errors.New("trigger: HandlerConfig needs an Authenticator (or Reviews for the Kubernetes-native one); set InsecureSkipAuth to run without authentication")
 	case !cfg.Type.Valid():
 		return nil, fmt.Errorf("trigger: HandlerConfig.Type %v is invalid", cfg.Type)
-	case cfg.MaxDelay < 0 || cfg.MaxBodyBytes < 0 || cfg.BodyTimeout < 0 || cfg.APITimeout < 0 || cfg.RetryAfter < 0 || cfg.RateLimit < 0 || cfg.RateBurst < 0 ||
+	case cfg.MaxWait < 0 || cfg.MaxWaiting < 0 || cfg.MaxDelay < 0 || cfg.MaxBodyBytes < 0 || cfg.BodyTimeout < 0 || cfg.APITimeout < 0 || cfg.RetryAfter < 0 || cfg.RateLimit < 0 || cfg.RateBurst < 0 ||
 		cfg.AuthFailureBackoff < 0 || math.IsNaN(cfg.RateLimit) || math.IsInf(cfg.RateLimit, 0):
 		return nil, errors.New("trigger: HandlerConfig durations, sizes and limits must be finite and not negative")
 	case cfg.RateBurst > 0 && cfg.RateLimit == 0:
 		return nil, errors.New("trigger: HandlerConfig.RateBurst without RateLimit would have no effect; set RateLimit too")
 	}
 	cfg.MaxDelay = cmp.Or(cfg.MaxDelay, time.Hour)
+	cfg.MaxWait, cfg.MaxWaiting = cmp.Or(cfg.MaxWait, DefaultMaxWait), cmp.Or(cfg.MaxWaiting, DefaultMaxWaiting)
 	cfg.MaxBodyBytes = cmp.Or(cfg.MaxBodyBytes, DefaultMaxBodyBytes)
 	cfg.BodyTimeout = cmp.Or(cfg.BodyTimeout, 2*time.Second)
 	cfg.MaxAuthFailures = cmp.Or(cfg.MaxAuthFailures, 10)
@@ -220,6 +244,9 @@ func (h *handler[T]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	bodyRead := false
 	body := h.serve(w, r, &bodyRead)
 	code, reason := http.StatusAccepted, "Accepted"
+	if _, ok := body.(Outcome); ok {
+		code, reason = http.StatusOK, "OK"
+	}
 	if st, ok := body.(*Status); ok {
 		code, reason = st.Code, string(st.Reason)
 		if (code >= 500 || code == http.StatusUnauthorized || code == http.StatusForbidden || code == http.StatusTooManyRequests) && r.Context().Err() == nil {
@@ -256,13 +283,13 @@ func writeJSON(w http.ResponseWriter, code int, body any) {
 // the trigger budget, the read, the enqueue). It returns an Accepted or a
 // *Status.
 func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request, bodyRead *bool) any {
-	key, st := h.route(r)
+	key, id, st := h.route(r)
 	if st != nil {
 		return st
 	}
-	if r.Method != http.MethodPost {
-		w.Header().Set("Allow", http.MethodPost)
-		return h.fail(http.StatusMethodNotAllowed, "only POST triggers a reconcile", nil)
+	if want := map[bool]string{false: http.MethodPost, true: http.MethodGet}[id != ""]; r.Method != want {
+		w.Header().Set("Allow", want)
+		return h.fail(http.StatusMethodNotAllowed, "only POST triggers a reconcile, and only GET reads a trigger's outcome", nil)
 	}
 	if h.rate != nil && !h.rate.TryAccept() {
 		return h.fail(http.StatusTooManyRequests, "request rate limit exceeded", nil)
@@ -272,18 +299,16 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request, bodyRead *boo
 		return h.fail(http.StatusTooManyRequests, "too many failed authentications from this address; try again later", nil)
 	}
 	p := Pointer{Key: key, Type: h.cfg.Type}
-	if code, err := h.parse(w, r, &p); err != nil {
+	var wait time.Duration
+	if code, err := h.parse(w, r, &p, &wait, id != ""); err != nil {
 		return h.fail(code, err.Error(), nil)
 	}
 	*bodyRead = true
-	if h.inflight != nil {
-		select {
-		case h.inflight <- struct{}{}:
-			defer func() { <-h.inflight }()
-		default:
-			return h.fail(http.StatusTooManyRequests, "too many requests in flight", nil)
-		}
+	release, st := h.slot()
+	if st != nil {
+		return st
 	}
+	defer release()
 	var user string
 	var authErr error
 	authorize := func(ctx context.Context, key opkit.Key) (string, error) {
@@ -300,7 +325,28 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request, bodyRead *boo
 		return "user " + user, authErr
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), h.cfg.APITimeout)
-	obj, o, err := h.cfg.Trigger.Intake(ctx, p, IntakeOptions{Authorize: authorize})
+	var obj T
+	var o queue.Outcome
+	var tk *Ticket
+	var err error
+	switch {
+	case id != "": // GET: what is known of a trigger
+		if _, err = authorize(ctx, key); err == nil {
+			cancel()
+			return h.cfg.Trigger.Lookup(key, id)
+		}
+		err = fmt.Errorf("trigger: %w", err)
+	case wait > 0:
+		if h.waiting.Add(1) > int64(h.cfg.MaxWaiting) {
+			h.waiting.Add(-1)
+			cancel()
+			return h.fail(http.StatusTooManyRequests, fmt.Sprintf("%d callers wait for outcomes already", h.cfg.MaxWaiting), &key)
+		}
+		defer h.waiting.Add(-1)
+		obj, o, tk, err = h.cfg.Trigger.IntakeTracked(ctx, p, IntakeOptions{Authorize: authorize}, Tracked)
+	default:
+		obj, o, err = h.cfg.Trigger.Intake(ctx, p, IntakeOptions{Authorize: authorize})
+	}
 	cancel()
 	switch {
 	case errors.Is(err, ErrInvalid):
@@ -334,7 +380,38 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request, bodyRead *boo
 	if !isNil(obj) { // not joined into an entry that waited: read
 		a.UID, a.ResourceVersion = string(obj.GetUID()), obj.GetResourceVersion()
 	}
-	return a
+	if tk == nil {
+		return a
+	}
+	// The caller waits; its slot is for work, not for waiting.
+	release()
+	a.ID, a.StatusPath = tk.ID, strings.TrimSuffix(r.URL.Path, "/")+"/triggers/"+tk.ID
+	wctx, stop := context.WithTimeout(r.Context(), wait)
+	defer stop()
+	out, err := tk.Wait(wctx)
+	switch {
+	case err != nil && r.Context().Err() != nil:
+		return h.fail(http.StatusServiceUnavailable, "the caller left before the outcome", &key)
+	case err != nil:
+		return a // the wait ended first: 202, with the trigger's id
+	case out.State == Unknown:
+		return h.fail(http.StatusServiceUnavailable, "no outcome: "+out.Error, &key)
+	}
+	return out
+}
+
+// slot takes an in-flight slot; release gives it back (once, however
+// often it is called).
+func (h *handler[T]) slot() (release func(), st *Status) {
+	if h.inflight == nil {
+		return func() {}, nil
+	}
+	select {
+	case h.inflight <- struct{}{}:
+		return sync.OnceFunc(func() { <-h.inflight }), nil
+	default:
+		return nil, h.fail(http.StatusTooManyRequests, "too many requests in flight", nil)
+	}
 }
 
 // clientHost is the host of r's remote address, the unit the failed
@@ -353,7 +430,7 @@ func clientHost(r *http.Request) string {
 // empty, "." or ".." segments is refused: a mux would redirect it to its
 // cleaned form, and a client following that would trigger another name
 // than it wrote.
-func (h *handler[T]) route(r *http.Request) (opkit.Key, *Status) {
+func (h *handler[T]) route(r *http.Request) (key opkit.Key, id string, st *Status) {
 	res := h.cfg.Trigger.Resource()
 	want, scope, use := 1, "cluster-scoped", "use POST /reconcile/{name}"
 	if res.Namespaced {
@@ -364,30 +441,39 @@ func (h *handler[T]) route(r *http.Request) (opkit.Key, *Status) {
 		var err error
 		segs[i], err = url.PathUnescape(seg)
 		if err != nil || segs[i] == "." || segs[i] == ".." || segs[i] == "" && i < len(segs)-1 {
-			return opkit.Key{}, h.fail(http.StatusBadRequest, fmt.Sprintf("the path %q has an empty, dot, dot-dot or badly escaped segment; %s", r.URL.Path, use), nil)
+			return key, "", h.fail(http.StatusBadRequest, fmt.Sprintf("the path %q has an empty, dot, dot-dot or badly escaped segment; %s", r.URL.Path, use), nil)
 		}
 	}
+	if n := len(segs); n == 3+want && segs[n-2] == "triggers" { // .../triggers/{id}
+		id, segs = segs[n-1], segs[:n-2]
+	}
 	if len(segs) != 1+want || segs[0] != "reconcile" || slices.Contains(segs, "") {
-		return opkit.Key{}, h.fail(http.StatusNotFound, fmt.Sprintf("no such route: %s is %s; %s", res.Resource, scope, use), nil)
+		return key, "", h.fail(http.StatusNotFound, fmt.Sprintf("no such route: %s is %s; %s (and GET its .../triggers/{id})", res.Resource, scope, use), nil)
 	}
 	if want == 1 {
-		return opkit.Key{Name: segs[1]}, nil
+		return opkit.Key{Name: segs[1]}, id, nil
 	}
-	return opkit.Key{Namespace: segs[1], Name: segs[2]}, nil
+	return opkit.Key{Namespace: segs[1], Name: segs[2]}, id, nil
 }
 
 // parse reads the query's delay and reason, and the reason of the
 // optional application/json body ({"reason": "..."}), into p; on failure
 // it returns the status code (400, 413 or 415). Intake checks the key and
 // the reason.
-func (h *handler[T]) parse(w http.ResponseWriter, r *http.Request, p *Pointer) (int, error) {
+func (h *handler[T]) parse(w http.ResponseWriter, r *http.Request, p *Pointer, wait *time.Duration, lookup bool) (int, error) {
 	q, err := url.ParseQuery(r.URL.RawQuery)
 	if err != nil {
 		return http.StatusBadRequest, invalid("query: %v", err)
 	}
 	for k, v := range q {
-		if k != "delay" && k != "reason" || len(v) != 1 {
-			return http.StatusBadRequest, invalid("query parameter %q: want at most one delay and one reason, and nothing else", k)
+		if k != "delay" && k != "reason" && k != "wait" || len(v) != 1 || lookup {
+			return http.StatusBadRequest, invalid("query parameter %q: want at most one delay, one reason and one wait, and nothing else (a lookup takes none)", k)
+		}
+	}
+	if q.Has("wait") {
+		*wait, err = time.ParseDuration(q.Get("wait"))
+		if err != nil || *wait <= 0 || *wait > h.cfg.MaxWait {
+			return http.StatusBadRequest, invalid("wait %q: want a Go duration above 0 and at most %v", q.Get("wait"), h.cfg.MaxWait)
 		}
 	}
 	if q.Has("delay") {

@@ -41,6 +41,7 @@ func (allowAll) Authorize(context.Context, trigger.AuthRequest) (string, error) 
 
 type handlerEnv struct {
 	h   http.Handler
+	tr  *trigger.Trigger[*corev1.ConfigMap]
 	q   *cmQueue
 	dyn *dynfake.FakeDynamicClient
 	m   *countingMetrics
@@ -65,8 +66,8 @@ func newHandlerEnvWith(t *testing.T, trig func(*trigger.Config[*corev1.ConfigMap
 	if trig != nil {
 		trig(&tcfg)
 	}
-	var tr *trigger.Trigger[*corev1.ConfigMap]
-	tr, e.q = newCMTriggerWith(t, tcfg)
+	e.tr, e.q = newCMTriggerWith(t, tcfg)
+	tr := e.tr
 	cfg := trigger.HandlerConfig[*corev1.ConfigMap]{
 		Trigger:       tr,
 		Authenticator: allowAll{},

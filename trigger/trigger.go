@@ -148,8 +148,9 @@ type Config[T opkit.Object] struct {
 type Trigger[T opkit.Object] struct {
 	cfg    Config[T]               // validated, defaults applied
 	budget flowcontrol.RateLimiter // nil: unlimited
-	shares *shares                 // the callers' shares of budget; nil with it
-	log    *sampler
+	shares  *shares                 // the callers' shares of budget; nil with it
+	tickets *tickets                // the tracked triggers
+	log     *sampler
 }
 
 // New validates cfg and returns a Trigger bound to cfg.Queue.
@@ -175,7 +176,7 @@ func New[T opkit.Object](cfg Config[T]) (*Trigger[T], error) {
 	cfg.Priority = cmp.Or(cfg.Priority, DefaultPriority)
 	cfg.Metrics = cmp.Or[Metrics](cfg.Metrics, nopMetrics{})
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
-	t := &Trigger[T]{cfg: cfg, log: newSampler(cfg.Logger)}
+	t := &Trigger[T]{cfg: cfg, tickets: newTickets(), log: newSampler(cfg.Logger)}
 	if cfg.Rate >= 0 {
 		rate, burst := float32(cmp.Or(cfg.Rate, DefaultRate)), cmp.Or(cfg.Burst, DefaultBurst)
 		t.budget = flowcontrol.NewTokenBucketRateLimiter(rate, burst)
@@ -269,6 +270,38 @@ func (t *Trigger[T]) cause(obj T, typ opkit.Type, reason string, retries int) op
 		Added: typ == opkit.Added, Teardown: typ == opkit.Deleted, Retries: retries}
 }
 
+// addTracked is add with, for track, a ticket whose number the cause
+// carries.
+func (t *Trigger[T]) addTracked(ctx context.Context, key opkit.Key, c opkit.Cause[T], delay time.Duration, mergeOnly bool, track Tracking) (queue.Outcome, *Ticket, error) {
+	if track == NotTracked {
+		return t.add(ctx, key, c, delay, mergeOnly), nil, nil
+	}
+	var o queue.Outcome
+	tk, full := t.tickets.take(key, track == FinalOnly, func(n uint64) bool {
+		c.Ticket = n
+		o = t.add(ctx, key, c, delay, mergeOnly)
+		return o.Accepted()
+	})
+	if full {
+		return 0, nil, fmt.Errorf("trigger: %w: %d tracked triggers wait for their reconciles", ErrBusy, MaxTracked)
+	}
+	return o, tk, nil
+}
+
+// Report hands the outcome o of the reconcile turn of key whose entry
+// carried ticket (opkit.Cause.Ticket) to the tickets it serves (the
+// controller calls it after every turn).
+func (t *Trigger[T]) Report(key opkit.Key, ticket uint64, o Outcome) { t.tickets.report(key, ticket, o) }
+
+// Abandon resolves every ticket still waiting as Unknown, with why: the
+// queue that held their entries is cleared (the controller calls it at
+// the end of a leadership term). Their ids are unknown from then on.
+func (t *Trigger[T]) Abandon(why string) { t.tickets.abandon(why) }
+
+// Lookup returns what this replica knows of the tracked trigger id of
+// key: Pending, its outcome while remembered (MaxRemembered), or Unknown.
+func (t *Trigger[T]) Lookup(key opkit.Key, id string) Outcome { return t.tickets.lookup(key, id) }
+
 // add adds c for key at the trigger priority (with mergeOnly, only into an
 // entry waiting for it), and counts and logs the outcome.
 func (t *Trigger[T]) add(ctx context.Context, key opkit.Key, c opkit.Cause[T], delay time.Duration, mergeOnly bool) queue.Outcome {
@@ -354,55 +387,83 @@ type Pointer struct {
 // has seen; a joined trigger's reconcile reads the object as every turn
 // does.
 func (t *Trigger[T]) Intake(ctx context.Context, p Pointer, opts IntakeOptions) (T, queue.Outcome, error) {
+	obj, o, _, err := t.IntakeTracked(ctx, p, opts, NotTracked)
+	return obj, o, err
+}
+
+// Tracking says whether [Trigger.IntakeTracked] tracks the trigger.
+type Tracking uint8
+
+const (
+	// NotTracked: no ticket.
+	NotTracked Tracking = iota
+	// Tracked: the ticket's outcome is that of the first reconcile turn
+	// that serves the trigger (an HTTP caller waiting for it).
+	Tracked
+	// FinalOnly: the ticket's outcome is the first final one (State.Final,
+	// or Unknown when the term ends): a failed reconcile's retries serve
+	// it too (a broker acknowledging only what was reconciled).
+	FinalOnly
+)
+
+// IntakeTracked is Intake that also returns, with track, a Ticket on
+// which the outcome of the reconcile that serves the trigger arrives
+// (nil when the trigger was not scheduled). A tracked trigger that joins
+// an entry waiting for its key is served by that entry's reconcile.
+// Beyond MaxTracked tickets waiting, a tracked trigger is refused with
+// ErrBusy.
+func (t *Trigger[T]) IntakeTracked(ctx context.Context, p Pointer, opts IntakeOptions, track Tracking) (T, queue.Outcome, *Ticket, error) {
 	var none T
 	p.Type = cmp.Or(p.Type, opkit.Modified)
 	if err := t.check(p.Key, p.Type, p.Delay, p.Reason); err != nil {
-		return none, 0, t.rejected(ctx, err)
+		return none, 0, nil, t.rejected(ctx, err)
 	}
 	var caller string
 	if opts.Authorize != nil {
 		var err error
 		if caller, err = opts.Authorize(ctx, p.Key); err != nil {
-			return none, 0, err
+			return none, 0, nil, err
 		}
 	}
 	if err := t.checkNamespace(p.Key); err != nil {
-		return none, 0, t.rejected(ctx, err)
+		return none, 0, nil, t.rejected(ctx, err)
 	}
 	if t.cfg.Get == nil {
-		return none, 0, errNoGetter
+		return none, 0, nil, errNoGetter
 	}
 	// A key that waits already gets this trigger's reason and marks for
 	// free: its reconcile reads the object anyway. While the intake is
 	// closed this is also the answer (a drop), before anything is read.
-	if o := t.add(ctx, p.Key, t.cause(none, p.Type, p.Reason, 0), p.Delay, true); o != queue.NotHeld {
-		return none, o, nil
+	if o, tk, err := t.addTracked(ctx, p.Key, t.cause(none, p.Type, p.Reason, 0), p.Delay, true, track); err != nil || o != queue.NotHeld {
+		return none, o, tk, err
 	}
 	if t.budget != nil && !opts.Paid {
 		if caller != "" && !t.shares.take(caller) {
-			return none, 0, fmt.Errorf("trigger: %w: this caller's share of the trigger budget (half of it) is spent", ErrBusy)
+			return none, 0, nil, fmt.Errorf("trigger: %w: this caller's share of the trigger budget (half of it) is spent", ErrBusy)
 		}
 		if !t.budget.TryAccept() {
-			return none, 0, fmt.Errorf("trigger: %w: the trigger budget (%v a second, %d at once) is spent", ErrBusy, t.budget.QPS(), cmp.Or(t.cfg.Burst, DefaultBurst))
+			return none, 0, nil, fmt.Errorf("trigger: %w: the trigger budget (%v a second, %d at once) is spent", ErrBusy, t.budget.QPS(), cmp.Or(t.cfg.Burst, DefaultBurst))
 		}
 	}
 	obj, err := t.cfg.Get(ctx, p.Key)
 	switch {
 	case typed.Gone(err, p.Key.Name):
-		return none, 0, fmt.Errorf("trigger: %w: %s %q", ErrNotFound, t.cfg.Resource.Resource, p.Key)
+		return none, 0, nil, fmt.Errorf("trigger: %w: %s %q", ErrNotFound, t.cfg.Resource.Resource, p.Key)
 	case err != nil:
-		return none, 0, fmt.Errorf("trigger: reading %s %q: %w", t.cfg.Resource.Resource, p.Key, typed.Explain(err, t.cfg.Resource, p.Key.Name))
+		return none, 0, nil, fmt.Errorf("trigger: reading %s %q: %w", t.cfg.Resource.Resource, p.Key, typed.Explain(err, t.cfg.Resource, p.Key.Name))
 	}
 	if err := t.checkLabels(obj); err != nil {
-		return none, 0, t.rejected(ctx, err)
+		return none, 0, nil, t.rejected(ctx, err)
 	}
-	o, err := t.Submit(ctx, Request[T]{Object: obj, Type: p.Type, Source: opkit.Operator, Delay: p.Delay, Reason: p.Reason})
-	if errors.Is(err, ErrInvalid) {
+	req := Request[T]{Object: obj, Type: p.Type, Source: opkit.Operator, Delay: p.Delay, Reason: p.Reason}
+	if err := t.validate(req); err != nil {
 		// p was checked: the API server returned an object the trigger
 		// refuses (another kind), not the caller's fault.
-		return none, 0, fmt.Errorf("trigger: the API server returned an object the trigger refuses: %v", err)
+		t.rejected(ctx, err)
+		return none, 0, nil, fmt.Errorf("trigger: the API server returned an object the trigger refuses: %v", err)
 	}
-	return obj, o, err
+	o, tk, err := t.addTracked(ctx, p.Key, t.cause(obj, p.Type, p.Reason, 0), p.Delay, false, track)
+	return obj, o, tk, err
 }
 
 // IntakeOptions are the caller's part of [Trigger.Intake].

@@ -1,0 +1,213 @@
+package trigger
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/opkit/opkit"
+)
+
+// State is what became of the reconcile that served a trigger.
+type State string
+
+// States of an [Outcome].
+const (
+	// Pending: the trigger is accepted; its reconcile has not finished.
+	Pending State = "pending"
+	// Succeeded: the reconcile returned no error.
+	Succeeded State = "succeeded"
+	// Requeued: it succeeded and asked to be run again later.
+	Requeued State = "requeued"
+	// Failed: it returned an error; the controller retries it.
+	Failed State = "failed"
+	// Terminal: it failed with a terminal error, or was given up on
+	// after its retries: nothing more will be tried.
+	Terminal State = "terminal"
+	// Skipped: there was nothing to reconcile (the object is gone, or
+	// out of the controller's scope).
+	Skipped State = "skipped"
+	// Unknown: this replica does not know, or no longer knows: the trigger
+	// belongs to another leadership term or replica, it was forgotten, or
+	// the term ended before its reconcile (the next leader's full list
+	// reconciles the object, not this trigger).
+	Unknown State = "unknown"
+)
+
+// Final reports whether s is an outcome a broker may acknowledge on:
+// the reconcile ran and nothing will retry it.
+func (s State) Final() bool {
+	return s == Succeeded || s == Requeued || s == Terminal || s == Skipped
+}
+
+// Outcome is the result of the reconcile that served a tracked trigger
+// (see [IntakeOptions].Track), as the HTTP endpoint answers it.
+type Outcome struct {
+	// ID is the trigger's id, unique per leadership term of a replica.
+	ID    string `json:"id"`
+	State State  `json:"state"`
+	// Error is the reconcile's error, for Failed and Terminal.
+	Error string `json:"error,omitempty"`
+	// Attempts counts the reconciles of the key so far in its streak
+	// (1 for a first success); Duration is the reconcile's.
+	Attempts int    `json:"attempts,omitempty"`
+	Duration string `json:"duration,omitempty"`
+	// Replica and Term say which replica and leadership term ran it.
+	Replica string `json:"replica,omitempty"`
+	Term    int32  `json:"term,omitempty"`
+}
+
+// Limits of the tickets a Trigger keeps.
+const (
+	// MaxTracked bounds the tracked triggers whose reconcile has not
+	// finished; beyond, Intake refuses to track (ErrBusy).
+	MaxTracked = 10_000
+	// MaxRemembered bounds the finished outcomes kept for lookups; the
+	// oldest are forgotten (Unknown).
+	MaxRemembered = 4096
+)
+
+// Ticket is a tracked trigger: its reconcile's outcome arrives on it.
+type Ticket struct {
+	// ID is the trigger's id, for [Trigger.Lookup].
+	ID string
+
+	key   opkit.Key
+	n     uint64
+	final bool // resolve only on a final state (a broker acknowledging)
+	out   chan Outcome
+}
+
+// Wait returns the outcome once the reconcile that serves the trigger has
+// finished (with a final one, for a ticket taken with FinalOnly), or
+// ctx's error if ctx ends first (the ticket stays tracked: its outcome is
+// still recorded for Lookup). An ended leadership term resolves it as
+// Unknown.
+func (tk *Ticket) Wait(ctx context.Context) (Outcome, error) {
+	select {
+	case o := <-tk.out:
+		tk.out <- o // for a later Wait
+		return o, nil
+	case <-ctx.Done():
+		return Outcome{ID: tk.ID, State: Pending}, ctx.Err()
+	}
+}
+
+// tickets is a Trigger's record of tracked triggers. A tracked add takes
+// the next number under mu and hands it to the queue with the cause
+// (Cause.Ticket, merged as the highest): the turn that takes the entry
+// serves exactly the tickets of its key up to that number, since the adds
+// of a key happen in number order.
+type tickets struct {
+	nonce string // this Trigger's, in every id
+
+	mu      sync.Mutex
+	epoch   int // bumped by each abandon: ids of an earlier epoch are unknown
+	next    uint64
+	waiting map[opkit.Key][]*Ticket
+	nWait   int
+	done    map[string]Outcome
+	order   []string // done's ids, oldest first
+}
+
+func newTickets() *tickets {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return &tickets{nonce: hex.EncodeToString(b), waiting: map[opkit.Key][]*Ticket{}, done: map[string]Outcome{}}
+}
+
+// take registers the next ticket for key if add, called with its number,
+// accepts it (tk is nil when it did not, or when MaxTracked tickets wait).
+func (ts *tickets) take(key opkit.Key, final bool, add func(n uint64) bool) (tk *Ticket, full bool) {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	if ts.nWait >= MaxTracked {
+		return nil, true
+	}
+	n := ts.next + 1
+	if !add(n) {
+		return nil, false
+	}
+	ts.next = n
+	tk = &Ticket{ID: fmt.Sprintf("%s-%d-%d", ts.nonce, ts.epoch, n), key: key, n: n, final: final, out: make(chan Outcome, 1)}
+	ts.waiting[key] = append(ts.waiting[key], tk)
+	ts.nWait++
+	return tk, false
+}
+
+// report resolves the tickets of key numbered up to upTo with o, but for
+// tickets taken FinalOnly when o is not final (the retry that follows
+// serves them).
+func (ts *tickets) report(key opkit.Key, upTo uint64, o Outcome) {
+	if upTo == 0 {
+		return
+	}
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	var kept []*Ticket
+	for _, tk := range ts.waiting[key] {
+		if tk.n > upTo || tk.final && !o.State.Final() {
+			kept = append(kept, tk)
+			continue
+		}
+		ts.resolve(tk, o)
+	}
+	if len(kept) == 0 {
+		delete(ts.waiting, key)
+	} else {
+		ts.waiting[key] = kept
+	}
+}
+
+// abandon resolves every waiting ticket as Unknown (the term ended: the
+// queue that held them is cleared) and starts a new epoch.
+func (ts *tickets) abandon(why string) {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	for key, tks := range ts.waiting {
+		for _, tk := range tks {
+			ts.resolve(tk, Outcome{State: Unknown, Error: why})
+		}
+		delete(ts.waiting, key)
+	}
+	ts.epoch++
+}
+
+// resolve hands o to tk and remembers it; the caller holds mu.
+func (ts *tickets) resolve(tk *Ticket, o Outcome) {
+	o.ID = tk.ID
+	tk.out <- o
+	ts.nWait--
+	if len(ts.order) >= MaxRemembered {
+		delete(ts.done, ts.order[0])
+		ts.order = ts.order[1:]
+	}
+	ts.done[tk.ID] = o
+	ts.order = append(ts.order, tk.ID)
+}
+
+// lookup returns what is known of the trigger id of key.
+func (ts *tickets) lookup(key opkit.Key, id string) Outcome {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	if o, ok := ts.done[id]; ok {
+		return o
+	}
+	parts := strings.Split(id, "-")
+	if len(parts) == 3 && parts[0] == ts.nonce && parts[1] == strconv.Itoa(ts.epoch) {
+		for _, tk := range ts.waiting[key] {
+			if tk.ID == id {
+				return Outcome{ID: id, State: Pending}
+			}
+		}
+	}
+	return Outcome{ID: id, State: Unknown}
+}
+
+// durationString renders a reconcile's duration for an Outcome.
+func durationString(d time.Duration) string { return d.Round(time.Microsecond).String() }

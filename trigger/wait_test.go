@@ -1,0 +1,194 @@
+package trigger_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/trigger"
+)
+
+// The specification of triggers a caller waits for (?wait=): the answer
+// is the outcome of the reconcile that serves the trigger, or, when the
+// wait ends first, the trigger's id, whose outcome a GET tells later.
+
+// serveTurn takes the next entry as a controller's worker does and
+// reports outcome for the tickets it carries.
+func serveTurn(t *testing.T, e *handlerEnv, o trigger.Outcome) {
+	t.Helper()
+	it, err := e.q.Get(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.tr.Report(it.Key, it.Value.Ticket, o)
+	e.q.Done(it.Key)
+}
+
+// postAsync POSTs target in a goroutine and returns the answer's channel.
+func postAsync(e *handlerEnv, target string) <-chan *httptest.ResponseRecorder {
+	out := make(chan *httptest.ResponseRecorder, 1)
+	go func() { out <- post(e, target) }()
+	return out
+}
+
+func outcomeOf(t *testing.T, w *httptest.ResponseRecorder) trigger.Outcome {
+	t.Helper()
+	var o trigger.Outcome
+	if err := json.Unmarshal(w.Body.Bytes(), &o); err != nil {
+		t.Fatalf("body %s is not an Outcome: %v", w.Body, err)
+	}
+	return o
+}
+
+func TestAWaitingCallerGetsTheReconcilesOutcome(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		o    trigger.Outcome
+	}{
+		{"succeeded", trigger.Outcome{State: trigger.Succeeded, Attempts: 1, Replica: "replica-a", Term: 3}},
+		{"failed", trigger.Outcome{State: trigger.Failed, Error: "the database is down", Attempts: 2}},
+		{"terminal", trigger.Outcome{State: trigger.Terminal, Error: "terminal: the name is taken", Attempts: 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				e := newHandlerEnv(t, nil)
+				answer := postAsync(e, "/reconcile/ns/a?wait=30s")
+				synctest.Wait()
+				serveTurn(t, e, tc.o)
+				w := <-answer
+				if w.Code != http.StatusOK {
+					t.Fatalf("code %d, body %s; want 200", w.Code, w.Body)
+				}
+				got := outcomeOf(t, w)
+				want := tc.o
+				want.ID = got.ID
+				if got != want || got.ID == "" {
+					t.Fatalf("outcome %+v, want %+v with an id", got, want)
+				}
+			})
+		})
+	}
+}
+
+// Triggers merged into one entry all get its outcome; one merged into an
+// entry in flight waits for the next turn.
+func TestTriggersMergedIntoAnEntryShareItsOutcome(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newHandlerEnv(t, nil)
+		first, second := postAsync(e, "/reconcile/ns/a?wait=30s&reason=one"), postAsync(e, "/reconcile/ns/a?wait=30s&reason=two")
+		synctest.Wait()
+		serveTurn(t, e, trigger.Outcome{State: trigger.Succeeded})
+		for _, a := range []<-chan *httptest.ResponseRecorder{first, second} {
+			if w := <-a; w.Code != http.StatusOK || outcomeOf(t, w).State != trigger.Succeeded {
+				t.Fatalf("answer %d %s, want 200 succeeded", w.Code, w.Body)
+			}
+		}
+		// A turn in flight: a trigger parks behind it, and waits for the next.
+		if w := post(e, "/reconcile/ns/a"); w.Code != http.StatusAccepted {
+			t.Fatalf("plain trigger: %d", w.Code)
+		}
+		it, _ := e.q.Get(context.Background())
+		third := postAsync(e, "/reconcile/ns/a?wait=30s")
+		synctest.Wait()
+		e.tr.Report(it.Key, it.Value.Ticket, trigger.Outcome{State: trigger.Failed, Error: "the old turn"})
+		e.q.Done(it.Key)
+		synctest.Wait()
+		select {
+		case w := <-third:
+			t.Fatalf("the parked trigger got the in-flight turn's answer: %d %s", w.Code, w.Body)
+		default:
+		}
+		serveTurn(t, e, trigger.Outcome{State: trigger.Succeeded})
+		if w := <-third; w.Code != http.StatusOK || outcomeOf(t, w).State != trigger.Succeeded {
+			t.Fatalf("parked trigger: %d %s, want 200 succeeded", w.Code, w.Body)
+		}
+	})
+}
+
+// When the wait ends first: 202 with the id and the path to ask; a GET
+// there says pending, then the outcome; an id this replica does not know
+// is Unknown, not an error.
+func TestAWaitThatEndsFirstLeavesAnIDToAsk(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newHandlerEnv(t, nil)
+		w := post(e, "/reconcile/ns/a?wait=2s")
+		var a trigger.Accepted
+		if err := json.Unmarshal(w.Body.Bytes(), &a); err != nil || w.Code != http.StatusAccepted || a.ID == "" || a.StatusPath != "/reconcile/ns/a/triggers/"+a.ID {
+			t.Fatalf("answer %d %s, want 202 with the id and its path", w.Code, w.Body)
+		}
+		get := func(path string) trigger.Outcome {
+			t.Helper()
+			w := e.do(http.MethodGet, path, nil, nil)
+			if w.Code != http.StatusOK {
+				t.Fatalf("GET %s: %d %s", path, w.Code, w.Body)
+			}
+			return outcomeOf(t, w)
+		}
+		if o := get(a.StatusPath); o.State != trigger.Pending || o.ID != a.ID {
+			t.Fatalf("before the reconcile: %+v, want pending", o)
+		}
+		serveTurn(t, e, trigger.Outcome{State: trigger.Requeued})
+		if o := get(a.StatusPath); o.State != trigger.Requeued {
+			t.Fatalf("after the reconcile: %+v, want requeued", o)
+		}
+		if o := get("/reconcile/ns/a/triggers/ffffffff-0-7"); o.State != trigger.Unknown {
+			t.Fatalf("an unknown id: %+v, want unknown", o)
+		}
+	})
+}
+
+// A waiting caller whose leader's term ends gets 503 at once, not a hang;
+// what it waited for is unknown from then on.
+func TestAWaitingCallerGets503WhenTheTermEnds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newHandlerEnv(t, nil)
+		answer := postAsync(e, "/reconcile/ns/a?wait=5m")
+		synctest.Wait()
+		e.tr.Abandon("the term ended")
+		synctest.Wait()
+		select {
+		case w := <-answer:
+			wantStatus(t, w, http.StatusServiceUnavailable, "ServiceUnavailable")
+			if w.Header().Get("Retry-After") == "" {
+				t.Error("no Retry-After")
+			}
+		default:
+			t.Fatal("the waiting caller still waits after the term ended")
+		}
+	})
+}
+
+// A waiting caller holds no in-flight slot: with one slot, another
+// trigger is served while it waits.
+func TestWaitingHoldsNoInFlightSlot(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) { c.MaxInFlight = 1 })
+		answer := postAsync(e, "/reconcile/ns/a?wait=1m")
+		synctest.Wait()
+		if w := post(e, "/reconcile/ns/a?reason=meanwhile"); w.Code != http.StatusAccepted {
+			t.Fatalf("a trigger while another waits: %d %s, want 202", w.Code, w.Body)
+		}
+		serveTurn(t, e, trigger.Outcome{State: trigger.Succeeded})
+		<-answer
+	})
+}
+
+func TestBadWaitsAreRefused(t *testing.T) {
+	e := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) { c.MaxWait = time.Minute })
+	for _, target := range []string{"/reconcile/ns/a?wait=0s", "/reconcile/ns/a?wait=-1s", "/reconcile/ns/a?wait=2m", "/reconcile/ns/a?wait=soon", "/reconcile/ns/a?wait=1s&wait=2s"} {
+		wantStatus(t, post(e, target), http.StatusBadRequest, "BadRequest")
+	}
+	if e.q.Len() != 0 {
+		t.Fatalf("%d entries after refused triggers", e.q.Len())
+	}
+	wantStatus(t, e.do(http.MethodPost, "/reconcile/ns/a/triggers/x", nil, nil), http.StatusMethodNotAllowed, "MethodNotAllowed")
+	wantStatus(t, e.do(http.MethodGet, "/reconcile/ns/a/triggers/x?wait=1s", nil, nil), http.StatusBadRequest, "BadRequest")
+	_ = opkit.Key{}
+}
