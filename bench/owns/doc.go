@@ -31,8 +31,9 @@
 // Gadgets alone is subtracted from the growth on the Gadgets and their
 // children, and the difference divided by the children. The contenders run
 // one at a time in the same process, each stopped before the next starts,
-// and each runs once unmeasured first in the process, so that one-time
-// allocations (transports, registries) fall in no measurement.
+// and each first runs once unmeasured in every call of the benchmark (each
+// -count), so that one-time allocations (transports, registries) fall in
+// no measurement.
 //
 // Latency, on the same running contender: the benchmark patches one data
 // key of a child of each of 100 owners, one every 50ms, through its own

@@ -458,10 +458,10 @@ type tally struct {
 
 // run measures one contender: its heap with the owners alone (the
 // baseline) and with the owners and their children, then, on the latter,
-// the latency of paced child changes and deletions. The first time in a
-// process it starts and stops the contender once unmeasured, so that
-// one-time allocations (clients' transports, registries) fall in neither
-// measurement.
+// the latency of paced child changes and deletions. The first time for
+// t (once per call of the benchmark) it starts and stops the contender
+// once unmeasured, so that one-time allocations (clients' transports,
+// registries) fall in neither measurement.
 func (t *tally) run(b *testing.B, c *testcluster.Cluster, ct contender, round int) {
 	ctx := context.Background()
 	measure := func(ns string, tr *tracker) (grew float64, r running) {
