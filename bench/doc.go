@@ -1,6 +1,6 @@
 // Package bench holds opkit's side-by-side benchmarks against its peers
 // (client-go's workqueue, informers and leaderelection, controller-runtime's
-// priorityqueue and source.Channel), and the measurements that have no
+// priorityqueue, source.Channel and Owns), and the measurements that have no
 // peer (floods: the trigger endpoint under the floods of issue 22). It is a
 // separate module so that those peers never become dependencies of the SDK.
 //

@@ -8,7 +8,6 @@ import (
 	"os"
 	"runtime"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -25,6 +24,7 @@ import (
 
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/bench/internal/fixture"
+	"github.com/opkit/opkit/bench/internal/stats"
 	"github.com/opkit/opkit/internal/testcluster"
 	"github.com/opkit/opkit/queue"
 	"github.com/opkit/opkit/watcher"
@@ -32,51 +32,6 @@ import (
 
 // objects is the number of custom objects every sync reads.
 const objects = 10_000
-
-// Gadget is the benchmark's custom resource, typed by a plain struct.
-type Gadget struct {
-	metav1.TypeMeta   `json:",inline"`
-	metav1.ObjectMeta `json:"metadata,omitempty"`
-	Spec              GadgetSpec `json:"spec,omitempty"`
-}
-
-type GadgetSpec struct {
-	Size int    `json:"size,omitempty"`
-	Data string `json:"data,omitempty"`
-}
-
-// DeepCopyObject makes *Gadget a runtime.Object, which the typed informer
-// needs (the opkit watcher does not).
-func (g *Gadget) DeepCopyObject() kruntime.Object {
-	c := *g
-	g.ObjectMeta.DeepCopyInto(&c.ObjectMeta)
-	return &c
-}
-
-// GadgetList is what the typed informer's list returns, as a generated
-// clientset's list would.
-type GadgetList struct {
-	metav1.TypeMeta `json:",inline"`
-	metav1.ListMeta `json:"metadata,omitempty"`
-	Items           []Gadget `json:"items"`
-}
-
-// DeepCopyObject makes *GadgetList a runtime.Object.
-func (l *GadgetList) DeepCopyObject() kruntime.Object {
-	c := *l
-	l.ListMeta.DeepCopyInto(&c.ListMeta)
-	c.Items = make([]Gadget, len(l.Items))
-	for i := range l.Items {
-		c.Items[i] = *l.Items[i].DeepCopyObject().(*Gadget)
-	}
-	return &c
-}
-
-var gadgets = opkit.Resource{
-	GroupVersionResource: schema.GroupVersionResource{Group: "bench.opkit.dev", Version: "v1", Resource: "gadgets"},
-	Kind:                 "Gadget",
-	Namespaced:           true,
-}
 
 const namespace = "bench"
 
@@ -106,7 +61,7 @@ func populate(ctx context.Context, b *testing.B, c *testcluster.Cluster) error {
 		return err
 	}
 	env.client = d
-	if err := c.InstallCRD(ctx, testcluster.CRD{Resource: gadgets.GroupVersionResource, Kind: gadgets.Kind, Namespaced: true}); err != nil {
+	if err := c.InstallCRD(ctx, fixture.GadgetCRD); err != nil {
 		return err
 	}
 	nsGVR := schema.GroupVersionResource{Version: "v1", Resource: "namespaces"}
@@ -114,36 +69,25 @@ func populate(ctx context.Context, b *testing.B, c *testcluster.Cluster) error {
 	if _, err := d.Resource(nsGVR).Create(ctx, ns, metav1.CreateOptions{}); err != nil {
 		return err
 	}
-	res := d.Resource(gadgets.GroupVersionResource).Namespace(namespace)
+	res := d.Resource(fixture.Gadgets.GroupVersionResource).Namespace(namespace)
 
 	start := time.Now()
 	data := strings.Repeat("0123456789abcdef", 40) // 640 bytes; the rest is metadata
-	var (
-		wg    sync.WaitGroup
-		next  atomic.Int64
-		first atomic.Value
-	)
-	for range 8 {
-		wg.Go(func() {
-			for i := int(next.Add(1)) - 1; i < objects; i = int(next.Add(1)) - 1 {
-				u := &unstructured.Unstructured{Object: map[string]any{
-					"apiVersion": "bench.opkit.dev/v1",
-					"kind":       "Gadget",
-					"metadata": map[string]any{
-						"namespace": namespace, "name": fmt.Sprintf("gadget-%05d", i),
-						"labels": map[string]any{"app": "bench", "shard": fmt.Sprint(i % 16)},
-					},
-					"spec": map[string]any{"size": int64(i), "data": data},
-				}}
-				if _, err := res.Create(ctx, u, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-					first.CompareAndSwap(nil, err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	if err, _ := first.Load().(error); err != nil {
+	if err := fixture.Parallel(objects, 8, func(i int) error {
+		u := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "bench.opkit.dev/v1",
+			"kind":       "Gadget",
+			"metadata": map[string]any{
+				"namespace": namespace, "name": fmt.Sprintf("gadget-%05d", i),
+				"labels": map[string]any{"app": "bench", "shard": fmt.Sprint(i % 16)},
+			},
+			"spec": map[string]any{"size": int64(i), "data": data},
+		}}
+		if _, err := res.Create(ctx, u, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return err
+		}
+		return nil
+	}); err != nil {
 		return err
 	}
 	one, err := res.Get(ctx, "gadget-00000", metav1.GetOptions{})
@@ -155,21 +99,12 @@ func populate(ctx context.Context, b *testing.B, c *testcluster.Cluster) error {
 	return nil
 }
 
-// heap returns the live heap after a full collection.
-func heap() uint64 {
-	runtime.GC()
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return ms.HeapAlloc
-}
-
 // counter is the queue for the opkit watcher: it counts entries and keeps
 // none, so the heap measured is the watcher's own (a real queue holds
 // pending entries until workers take them, whatever the watcher).
 type counter struct{ n atomic.Int64 }
 
-func (c *counter) Add(opkit.Key, opkit.Cause[*Gadget], queue.AddOptions) queue.Outcome {
+func (c *counter) Add(opkit.Key, opkit.Cause[*fixture.Gadget], queue.AddOptions) queue.Outcome {
 	c.n.Add(1)
 	return queue.Queued
 }
@@ -183,11 +118,11 @@ func measure(b *testing.B, sync func() (stop func(), count int64)) {
 	b.ResetTimer()
 	for range b.N {
 		b.StopTimer()
-		base := heap()
+		base := stats.LiveHeap()
 		b.StartTimer()
 		stop, count := sync()
 		b.StopTimer()
-		after := heap()
+		after := stats.LiveHeap()
 		if count != objects {
 			b.Fatalf("synced %d objects, want %d", count, objects)
 		}
@@ -211,8 +146,8 @@ func stripManagedFields(obj any) (any, error) {
 // Gadget the opkit watcher decodes into, with the same converter. It clears
 // TypeMeta, as the decoders of generated clientsets and of
 // controller-runtime's informers do (runtime.WithoutVersionDecoder).
-func toGadget(u *unstructured.Unstructured) (*Gadget, error) {
-	g := &Gadget{}
+func toGadget(u *unstructured.Unstructured) (*fixture.Gadget, error) {
+	g := &fixture.Gadget{}
 	if err := kruntime.DefaultUnstructuredConverter.FromUnstructured(u.Object, g); err != nil {
 		return nil, err
 	}
@@ -226,14 +161,14 @@ func toGadget(u *unstructured.Unstructured) (*Gadget, error) {
 // WatchList semantics, same namespace index) and converts every object but
 // an Error event's status into a *Gadget before the informer sees it.
 func typedInformer(client dynamic.Interface) cache.SharedIndexInformer {
-	res := client.Resource(gadgets.GroupVersionResource).Namespace(namespace)
+	res := client.Resource(fixture.Gadgets.GroupVersionResource).Namespace(namespace)
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (kruntime.Object, error) {
 			ul, err := res.List(ctx, o)
 			if err != nil {
 				return nil, err
 			}
-			l := &GadgetList{Items: make([]Gadget, len(ul.Items))}
+			l := &fixture.GadgetList{Items: make([]fixture.Gadget, len(ul.Items))}
 			l.ResourceVersion, l.Continue = ul.GetResourceVersion(), ul.GetContinue()
 			l.RemainingItemCount = ul.GetRemainingItemCount()
 			for i := range ul.Items {
@@ -266,10 +201,10 @@ func typedInformer(client dynamic.Interface) cache.SharedIndexInformer {
 	}
 	return cache.NewSharedIndexInformerWithOptions(
 		cache.ToListWatcherWithWatchListSemantics(lw, client),
-		&Gadget{},
+		&fixture.Gadget{},
 		cache.SharedIndexInformerOptions{
 			Indexers:          cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc},
-			ObjectDescription: gadgets.GroupVersionResource.String(),
+			ObjectDescription: fixture.Gadgets.GroupVersionResource.String(),
 		},
 	)
 }
@@ -281,8 +216,8 @@ func BenchmarkInitialSync(b *testing.B) {
 		measure(b, func() (func(), int64) {
 			q := &counter{}
 			synced := make(chan struct{})
-			w, err := watcher.New(watcher.Config[*Gadget]{
-				Client: client, Resource: gadgets, Namespace: namespace, Queue: q, Logger: discard,
+			w, err := watcher.New(watcher.Config[*fixture.Gadget]{
+				Client: client, Resource: fixture.Gadgets, Namespace: namespace, Queue: q, Logger: discard,
 				OnSync: func(e watcher.SyncEvent) {
 					if e.Phase == watcher.SyncFinished && e.Initial {
 						close(synced)
@@ -315,7 +250,7 @@ func BenchmarkInitialSync(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			measure(b, func() (func(), int64) {
 				factory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(client, 0, namespace, nil)
-				inf := factory.ForResource(gadgets.GroupVersionResource).Informer()
+				inf := factory.ForResource(fixture.Gadgets.GroupVersionResource).Informer()
 				if strip {
 					inf.SetTransform(stripManagedFields)
 				}

@@ -1,9 +1,11 @@
 // Package stats holds the summary statistics the bench module's
-// benchmarks report, so that every package computes them the same way.
+// benchmarks report, and the live-heap measurement of the memory ones, so
+// that every package computes them the same way.
 package stats
 
 import (
 	"math"
+	"runtime"
 	"time"
 )
 
@@ -16,4 +18,15 @@ func Percentile(sorted []time.Duration, q float64) time.Duration {
 	}
 	i := int(math.Ceil(q*float64(len(sorted)))) - 1
 	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+// LiveHeap returns the heap in use after two full collections (the second
+// frees what finalizers of the first released): what a benchmark's
+// structures retain, measured before and after building them.
+func LiveHeap() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
 }
