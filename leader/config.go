@@ -62,6 +62,11 @@ type Config struct {
 	// Identity is this replica's holder identity; it must be unique among
 	// the replicas. Default: the hostname, "_" and 8 random hex digits.
 	Identity string
+	// Annotations are what the holder publishes on the Lease while it
+	// holds it (set when it acquires it, removed when it releases it),
+	// read by the other replicas with Elector.LeaderAnnotation: where the
+	// leader's trigger endpoint listens, say.
+	Annotations map[string]string
 
 	// LeaseDuration is how long followers wait, after observing the last
 	// change of the Lease, before they consider it expired and acquire it.

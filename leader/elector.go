@@ -2,6 +2,7 @@ package leader
 
 import (
 	"cmp"
+	"maps"
 	"context"
 	"errors"
 	"fmt"
@@ -32,8 +33,9 @@ type Elector struct {
 
 	// The fields below are written only by Run's goroutine, under mu; that
 	// goroutine reads them without it.
-	mu        sync.Mutex
-	holder    string    // last observed holder identity
+	mu          sync.Mutex
+	holder      string            // last observed holder identity
+	annotations map[string]string // of the Lease last observed with a holder
 	leading   bool      // between Gate.Resume and Gate.Suspend
 	lastRenew time.Time // start of the last successful write while leading
 	overrun   bool      // a finished term's work is past its bound
@@ -201,7 +203,23 @@ func (e *Elector) observe(obs *observation, l *coordinationv1.Lease) {
 		obs.last, obs.at = l, time.Now()
 	}
 	obs.known, obs.lease = true, l
-	e.locked(func() { e.holder = holderOf(obs.last) })
+	e.locked(func() { e.holder, e.annotations = holderOf(obs.last), annotationsOf(obs.last) })
+}
+
+func annotationsOf(l *coordinationv1.Lease) map[string]string {
+	if holderOf(l) == "" {
+		return nil
+	}
+	return l.Annotations
+}
+
+// LeaderAnnotation returns the annotation name of the Lease as last
+// observed while someone held it (see Config.Annotations), "" when it
+// has none or no one holds it.
+func (e *Elector) LeaderAnnotation(name string) string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.annotations[name]
 }
 
 // untilAcquirable returns how long until the observed Lease may be taken;
@@ -387,6 +405,12 @@ func (e *Elector) acquire(ctx context.Context, observed *coordinationv1.Lease) (
 	now, id, secs := metav1.NewMicroTime(sent), e.cfg.Identity, e.leaseSeconds()
 	l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds, l.Spec.LeaseTransitions = &id, &secs, &n
 	l.Spec.AcquireTime, l.Spec.RenewTime = &now, &now
+	if len(e.cfg.Annotations) > 0 {
+		if l.Annotations == nil {
+			l.Annotations = map[string]string{}
+		}
+		maps.Copy(l.Annotations, e.cfg.Annotations)
+	}
 	rctx, cancel := context.WithTimeout(ctx, e.cfg.RenewDeadline)
 	defer cancel()
 	if observed == nil {
@@ -414,7 +438,10 @@ func (e *Elector) lead(ctx context.Context, lease *coordinationv1.Lease, acquire
 	term := Term{Number: transitions(lease), Identity: e.cfg.Identity, Acquired: acquired}
 	log := e.log.With("term", term.Number)
 
-	e.locked(func() { e.leading, e.lastRenew, e.holder, e.refusedWrite = true, term.Acquired, e.cfg.Identity, nil })
+	e.locked(func() {
+		e.leading, e.lastRenew, e.holder, e.refusedWrite = true, term.Acquired, e.cfg.Identity, nil
+		e.annotations = lease.Annotations
+	})
 	e.cfg.Gate.Resume()
 	e.cfg.Metrics.Leading(true)
 	e.cfg.Metrics.Renewed(term.Acquired)
@@ -482,7 +509,7 @@ loop:
 	// Our term is over: until the Lease is read again the leader is unknown
 	// (unless a renew found it), and naming ourselves would send callers
 	// back here.
-	e.locked(func() { e.leading, e.holder = false, newHolder })
+	e.locked(func() { e.leading, e.holder, e.annotations = false, newHolder, nil })
 	e.cfg.Metrics.Leading(false)
 	cancelTerm()
 	cleared := e.cfg.Gate.Clear()
@@ -598,9 +625,12 @@ func (e *Elector) release(ctx context.Context, cur *coordinationv1.Lease, log *s
 		l := cur.DeepCopy()
 		empty, now := "", metav1.NewMicroTime(time.Now())
 		l.Spec.HolderIdentity, l.Spec.RenewTime = &empty, &now
+		for k := range e.cfg.Annotations {
+			delete(l.Annotations, k)
+		}
 		_, err := e.leases.Update(rctx, l, metav1.UpdateOptions{})
 		if err == nil {
-			e.locked(func() { e.holder = "" })
+			e.locked(func() { e.holder, e.annotations = "", nil })
 			log.Info("released lease")
 			return
 		}

@@ -1067,3 +1067,39 @@ func TestEndedTermDoesNotReportItselfAsLeader(t *testing.T) {
 		}
 	})
 }
+
+// The holder publishes Config.Annotations on the Lease; a follower reads
+// them with LeaderAnnotation; they go when the holder releases the Lease.
+func TestTheHolderPublishesItsAnnotations(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		const endpoint = "trigger.opkit.dev/endpoint"
+		publish := func(url string) func(*leader.Config) {
+			return func(c *leader.Config) { c.Annotations = map[string]string{endpoint: url} }
+		}
+		a := e.start("a", publish("https://10.0.0.1:8443"), nil)
+		sleep(time.Second)
+		b := e.start("b", publish("https://10.0.0.2:8443"), nil)
+		sleep(3 * time.Second)
+		if !a.elector.IsLeader() || b.elector.IsLeader() {
+			t.Fatal("a should lead, b follow")
+		}
+		if got := b.elector.LeaderAnnotation(endpoint); got != "https://10.0.0.1:8443" {
+			t.Fatalf("b reads %q, want a's endpoint", got)
+		}
+		if got := a.elector.LeaderAnnotation(endpoint); got != "https://10.0.0.1:8443" {
+			t.Fatalf("a reads %q, want its own endpoint", got)
+		}
+		if err := a.stop(); err != nil {
+			t.Fatal(err)
+		}
+		if got := e.api.lease().Annotations[endpoint]; got != "" {
+			t.Fatalf("the released Lease still says %q", got)
+		}
+		sleep(3 * time.Second)
+		if !b.elector.IsLeader() || b.elector.LeaderAnnotation(endpoint) != "https://10.0.0.2:8443" {
+			t.Fatalf("b leads %v with %q, want its own endpoint published", b.elector.IsLeader(), b.elector.LeaderAnnotation(endpoint))
+		}
+		b.stop()
+	})
+}

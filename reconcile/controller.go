@@ -265,6 +265,17 @@ func (c *Controller[T]) identity() string {
 	return c.leader.Identity()
 }
 
+// LeaderEndpoint is trigger.HandlerConfig's LeaderEndpoint for this
+// controller: the trigger endpoint the leader publishes on its Lease
+// (trigger.EndpointAnnotation in Config.Leader's Annotations) while this
+// replica does not lead; "" while it leads, or without leader election.
+func (c *Controller[T]) LeaderEndpoint() string {
+	if c.leader == nil || c.leader.IsLeader() {
+		return ""
+	}
+	return c.leader.LeaderAnnotation(trigger.EndpointAnnotation)
+}
+
 // Elector returns the leader elector, or nil without Config.Leader.
 func (c *Controller[T]) Elector() *leader.Elector { return c.leader }
 

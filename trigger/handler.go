@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"mime"
 	"net"
@@ -34,6 +35,16 @@ import (
 // LeaderHeader is the response header that names the current leader when a
 // trigger was dropped (503), so a caller can retry against it.
 const LeaderHeader = "X-Opkit-Leader"
+
+// ForwardedHeader marks a request a follower forwarded to the leader (its
+// value names the follower), which is never forwarded again, and the
+// answer a follower passed on.
+const ForwardedHeader = "X-Opkit-Forwarded"
+
+// EndpointAnnotation is the Lease annotation under which a leader
+// publishes the base URL of its trigger endpoint (leader.Config's
+// Annotations), for followers to forward to.
+const EndpointAnnotation = "trigger.opkit.dev/endpoint"
 
 // Status reasons of the answers Kubernetes has no reason for: 502 (the
 // API server failed), 408 (the body came too late) and 431 (the headers
@@ -64,6 +75,24 @@ type HandlerConfig[T opkit.Object] struct {
 	// Leader returns the current leader's identity for 503 answers (for
 	// example leader.Elector's Leader method); nil or "" means unknown.
 	Leader func() string
+	// LeaderEndpoint returns the base URL of the leader's trigger
+	// endpoint ("https://10.0.0.7:8443", as its Lease's
+	// EndpointAnnotation says) while this replica does not lead, and ""
+	// while it leads or no leader is known (reconcile.Controller's
+	// LeaderEndpoint). When set, a follower authenticates and authorizes
+	// a request as the leader would, then forwards it there with the
+	// caller's credentials (the leader authenticates and authorizes it
+	// again: a follower never impersonates) and answers with the leader's
+	// answer: 502 when the leader does not answer. A forwarded request
+	// is never forwarded again (a replica that does not lead answers it
+	// 503), and over TLS one is forwarded only to an https endpoint.
+	LeaderEndpoint func() string
+	// ForwardClient sends forwarded requests; nil means
+	// http.DefaultClient. Over TLS, give it the configuration that
+	// trusts the replicas' serving certificates. Identity names this
+	// replica in the forwarded requests' ForwardedHeader.
+	ForwardClient *http.Client
+	Identity      string
 	// Type is the event type of triggered reconciles; zero means
 	// opkit.Modified.
 	Type opkit.Type
@@ -210,6 +239,7 @@ func NewHandler[T opkit.Object](cfg HandlerConfig[T]) (http.Handler, error) {
 	}
 	cfg.MaxDelay = cmp.Or(cfg.MaxDelay, time.Hour)
 	cfg.MaxWait, cfg.MaxWaiting = cmp.Or(cfg.MaxWait, DefaultMaxWait), cmp.Or(cfg.MaxWaiting, DefaultMaxWaiting)
+	cfg.ForwardClient = cmp.Or(cfg.ForwardClient, http.DefaultClient)
 	cfg.MaxBodyBytes = cmp.Or(cfg.MaxBodyBytes, DefaultMaxBodyBytes)
 	cfg.BodyTimeout = cmp.Or(cfg.BodyTimeout, 2*time.Second)
 	cfg.MaxAuthFailures = cmp.Or(cfg.MaxAuthFailures, 10)
@@ -243,6 +273,14 @@ func (h *handler[T]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	bodyRead := false
 	body := h.serve(w, r, &bodyRead)
+	if f, ok := body.(forwarded); ok {
+		maps.Copy(w.Header(), f.header)
+		w.Header().Set(ForwardedHeader, "by this replica to the leader")
+		w.WriteHeader(f.code)
+		_, _ = w.Write(f.body)
+		h.cfg.Metrics.Request(f.code, "Forwarded", time.Since(start))
+		return
+	}
 	code, reason := http.StatusAccepted, "Accepted"
 	if _, ok := body.(Outcome); ok {
 		code, reason = http.StatusOK, "OK"
@@ -329,7 +367,15 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request, bodyRead *boo
 	var o queue.Outcome
 	var tk *Ticket
 	var err error
+	leaderURL := ""
+	if h.cfg.LeaderEndpoint != nil && r.Header.Get(ForwardedHeader) == "" {
+		leaderURL = h.cfg.LeaderEndpoint()
+	}
 	switch {
+	case leaderURL != "": // a follower: the leader answers, once the caller passed here too
+		if _, err = authorize(ctx, key); err != nil {
+			err = fmt.Errorf("trigger: %w", err)
+		}
 	case id != "": // GET: what is known of a trigger
 		if _, err = authorize(ctx, key); err == nil {
 			cancel()
@@ -348,31 +394,14 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request, bodyRead *boo
 		obj, o, err = h.cfg.Trigger.Intake(ctx, p, IntakeOptions{Authorize: authorize})
 	}
 	cancel()
-	switch {
-	case errors.Is(err, ErrInvalid):
-		return h.fail(http.StatusBadRequest, err.Error(), nil)
-	case errors.Is(err, ErrBusy):
-		return h.fail(http.StatusTooManyRequests, err.Error(), &key)
-	case errors.Is(authErr, ErrUnauthenticated):
-		// RFC 6750: an error code only when a token was presented.
-		challenge := `Bearer realm="opkit-trigger"`
-		if _, ok := bearerToken(r); ok {
-			challenge += `, error="invalid_token"`
-		}
-		w.Header().Set("WWW-Authenticate", challenge)
-		return h.fail(http.StatusUnauthorized, err.Error(), &key)
-	case errors.Is(authErr, ErrForbidden):
-		return h.fail(http.StatusForbidden, err.Error(), &key)
-	case authErr != nil:
-		// The caller is not authenticated or not authorized yet: the API
-		// server's answer (which may describe the operator's own RBAC)
-		// goes to the log only.
-		return h.apiFailure(r, "authorization", err, key)
-	case errors.Is(err, ErrOutOfScope), errors.Is(err, ErrNotFound):
-		return h.fail(http.StatusNotFound, err.Error(), &key)
-	case err != nil:
-		return h.apiFailure(r, "read", err, key)
-	case !o.Accepted():
+	if st := h.refusal(w, r, key, err, authErr); st != nil {
+		return st
+	}
+	if leaderURL != "" {
+		release() // the leader does the work
+		return h.forward(r, leaderURL, p, wait, key)
+	}
+	if !o.Accepted() {
 		return h.dropped(w, o, key)
 	}
 	h.cfg.Logger.LogAttrs(r.Context(), slog.LevelDebug, "trigger: scheduled", slog.String("key", key.String()), slog.String("user", user), slog.String("outcome", o.String()))
@@ -398,6 +427,97 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request, bodyRead *boo
 		return h.fail(http.StatusServiceUnavailable, "no outcome: "+out.Error, &key)
 	}
 	return out
+}
+
+// refusal is the answer to a request Intake or the authorization refused
+// (err, and authErr the authorization's), or nil when neither did.
+func (h *handler[T]) refusal(w http.ResponseWriter, r *http.Request, key opkit.Key, err, authErr error) *Status {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, ErrInvalid):
+		return h.fail(http.StatusBadRequest, err.Error(), nil)
+	case errors.Is(err, ErrBusy):
+		return h.fail(http.StatusTooManyRequests, err.Error(), &key)
+	case errors.Is(authErr, ErrUnauthenticated):
+		// RFC 6750: an error code only when a token was presented.
+		challenge := `Bearer realm="opkit-trigger"`
+		if _, ok := bearerToken(r); ok {
+			challenge += `, error="invalid_token"`
+		}
+		w.Header().Set("WWW-Authenticate", challenge)
+		return h.fail(http.StatusUnauthorized, err.Error(), &key)
+	case errors.Is(authErr, ErrForbidden):
+		return h.fail(http.StatusForbidden, err.Error(), &key)
+	case authErr != nil:
+		// The caller is not authenticated or not authorized yet: the API
+		// server's answer (which may describe the operator's own RBAC)
+		// goes to the log only.
+		return h.apiFailure(r, "authorization", err, key)
+	case errors.Is(err, ErrOutOfScope), errors.Is(err, ErrNotFound):
+		return h.fail(http.StatusNotFound, err.Error(), &key)
+	}
+	return h.apiFailure(r, "read", err, key)
+}
+
+// forwarded is the leader's answer to a forwarded request, passed on as
+// it came.
+type forwarded struct {
+	code   int
+	header http.Header
+	body   []byte
+}
+
+// forward sends the request r (its pointer p and wait) to the leader's
+// endpoint with the caller's credentials, and returns the leader's answer
+// (or 502 when there is none, or when it would take credentials from TLS
+// to plain HTTP).
+func (h *handler[T]) forward(r *http.Request, leader string, p Pointer, wait time.Duration, key opkit.Key) any {
+	u, err := url.Parse(leader)
+	switch {
+	case err != nil || u.Host == "" || u.Scheme != "http" && u.Scheme != "https":
+		return h.fail(http.StatusBadGateway, "the leader publishes no usable endpoint", &key)
+	case r.TLS != nil && u.Scheme != "https":
+		return h.fail(http.StatusBadGateway, "the leader's endpoint is not HTTPS: the caller's credentials stay here", &key)
+	}
+	if h.waiting.Add(1) > int64(h.cfg.MaxWaiting) {
+		h.waiting.Add(-1)
+		return h.fail(http.StatusTooManyRequests, fmt.Sprintf("%d forwarded or waiting requests already", h.cfg.MaxWaiting), &key)
+	}
+	defer h.waiting.Add(-1)
+	q := r.URL.Query()
+	if p.Reason != "" {
+		q.Set("reason", p.Reason) // it may have come in the body
+	}
+	u = u.JoinPath(r.URL.Path)
+	u.RawQuery = q.Encode()
+	ctx, cancel := context.WithTimeout(r.Context(), wait+2*h.cfg.APITimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, r.Method, u.String(), nil)
+	if err != nil {
+		return h.fail(http.StatusBadGateway, "the leader's endpoint cannot be addressed", &key)
+	}
+	if auth := r.Header.Get("Authorization"); auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	req.Header.Set(ForwardedHeader, cmp.Or(h.cfg.Identity, "follower"))
+	resp, err := h.cfg.ForwardClient.Do(req)
+	if err != nil {
+		h.log.Log(r.Context(), slog.LevelWarn, "forward", "trigger: forwarding to the leader failed", slog.String("leader", leader), slog.Any("error", err))
+		return h.fail(http.StatusBadGateway, "the leader's endpoint did not answer", &key)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return h.fail(http.StatusBadGateway, "the leader's answer was cut off", &key)
+	}
+	header := http.Header{}
+	for _, k := range []string{"Content-Type", "Retry-After", LeaderHeader, "WWW-Authenticate"} {
+		if v := resp.Header.Get(k); v != "" {
+			header.Set(k, v)
+		}
+	}
+	return forwarded{code: resp.StatusCode, header: header, body: body}
 }
 
 // slot takes an in-flight slot; release gives it back (once, however

@@ -146,8 +146,8 @@ type Config[T opkit.Object] struct {
 // Trigger puts external reconcile requests into a controller's queue. It
 // holds no goroutines; its methods are safe for concurrent use.
 type Trigger[T opkit.Object] struct {
-	cfg    Config[T]               // validated, defaults applied
-	budget flowcontrol.RateLimiter // nil: unlimited
+	cfg     Config[T]               // validated, defaults applied
+	budget  flowcontrol.RateLimiter // nil: unlimited
 	shares  *shares                 // the callers' shares of budget; nil with it
 	tickets *tickets                // the tracked triggers
 	log     *sampler
@@ -291,7 +291,9 @@ func (t *Trigger[T]) addTracked(ctx context.Context, key opkit.Key, c opkit.Caus
 // Report hands the outcome o of the reconcile turn of key whose entry
 // carried ticket (opkit.Cause.Ticket) to the tickets it serves (the
 // controller calls it after every turn).
-func (t *Trigger[T]) Report(key opkit.Key, ticket uint64, o Outcome) { t.tickets.report(key, ticket, o) }
+func (t *Trigger[T]) Report(key opkit.Key, ticket uint64, o Outcome) {
+	t.tickets.report(key, ticket, o)
+}
 
 // Abandon resolves every ticket still waiting as Unknown, with why: the
 // queue that held their entries is cleared (the controller calls it at

@@ -1,0 +1,89 @@
+package trigger_test
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/opkit/opkit/trigger"
+)
+
+// A follower forwards a trigger to the leader's endpoint and answers with
+// the leader's answer; a forwarded request is never forwarded again; a
+// leader that does not answer is a 502; credentials do not leave TLS for
+// plain HTTP.
+func TestAFollowerForwardsToTheLeader(t *testing.T) {
+	leader := newHandlerEnv(t, nil)
+	leaderSrv := httptest.NewServer(leader.h)
+	defer leaderSrv.Close()
+	follower := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) {
+		c.LeaderEndpoint = func() string { return leaderSrv.URL }
+		c.Identity = "replica-b"
+	})
+	follower.q.Suspend() // it does not lead
+	followerSrv := httptest.NewServer(follower.h)
+	defer followerSrv.Close()
+
+	resp, err := http.Post(followerSrv.URL+"/reconcile/ns/a?reason=deployed", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var a trigger.Accepted
+	if resp.StatusCode != http.StatusAccepted || json.Unmarshal(body, &a) != nil || a.Key != "ns/a" || resp.Header.Get(trigger.ForwardedHeader) == "" {
+		t.Fatalf("through the follower: %d %s (forwarded %q), want the leader's 202", resp.StatusCode, body, resp.Header.Get(trigger.ForwardedHeader))
+	}
+	if leader.q.Len() != 1 || follower.q.Len() != 0 {
+		t.Fatalf("queued: leader %d, follower %d; want the leader's", leader.q.Len(), follower.q.Len())
+	}
+	if it, _ := leader.q.Get(t.Context()); len(it.Value.Reasons) != 1 || it.Value.Reasons[0] != "deployed" {
+		t.Fatalf("the leader queued %+v, want the caller's reason", it.Value)
+	}
+
+	// Two followers that each think the other leads: one hop, then 503.
+	var otherURL string
+	other := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) { c.LeaderEndpoint = func() string { return otherURL } })
+	other.q.Suspend()
+	otherSrv := httptest.NewServer(other.h)
+	defer otherSrv.Close()
+	confused := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) { c.LeaderEndpoint = func() string { return otherSrv.URL } })
+	confused.q.Suspend()
+	confusedSrv := httptest.NewServer(confused.h)
+	defer confusedSrv.Close()
+	otherURL = confusedSrv.URL
+	resp, err = http.Post(confusedSrv.URL+"/reconcile/ns/a", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("between two followers: %d, want 503 after one hop", resp.StatusCode)
+	}
+
+	// A leader endpoint that does not answer.
+	gone := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) { c.LeaderEndpoint = func() string { return "http://127.0.0.1:1" } })
+	wantStatus(t, post(gone, "/reconcile/ns/a"), http.StatusBadGateway, "BadGateway")
+	if gone.q.Len() != 0 {
+		t.Fatal("a trigger the leader never got was queued here")
+	}
+
+	// Over TLS, never to plain HTTP.
+	tlsFollower := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) { c.LeaderEndpoint = func() string { return leaderSrv.URL } })
+	tlsSrv := httptest.NewTLSServer(tlsFollower.h)
+	defer tlsSrv.Close()
+	resp, err = tlsSrv.Client().Post(tlsSrv.URL+"/reconcile/ns/a", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadGateway || !strings.Contains(string(body), "not HTTPS") {
+		t.Fatalf("TLS to plain HTTP: %d %s, want 502 saying so", resp.StatusCode, body)
+	}
+}
