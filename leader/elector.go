@@ -2,11 +2,11 @@ package leader
 
 import (
 	"cmp"
-	"maps"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -36,9 +36,9 @@ type Elector struct {
 	mu          sync.Mutex
 	holder      string            // last observed holder identity
 	annotations map[string]string // of the Lease last observed with a holder
-	leading   bool      // between Gate.Resume and Gate.Suspend
-	lastRenew time.Time // start of the last successful write while leading
-	overrun   bool      // a finished term's work is past its bound
+	leading     bool              // between Gate.Resume and Gate.Suspend
+	lastRenew   time.Time         // start of the last successful write while leading
+	overrun     bool              // a finished term's work is past its bound
 	// refusedRead and refusedWrite are the last errors of a campaign's
 	// Lease read and write that retrying does not fix; nil after a success.
 	refusedRead, refusedWrite error

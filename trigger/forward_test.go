@@ -48,11 +48,15 @@ func TestAFollowerForwardsToTheLeader(t *testing.T) {
 
 	// Two followers that each think the other leads: one hop, then 503.
 	var otherURL string
-	other := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) { c.LeaderEndpoint = func() string { return otherURL } })
+	other := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) {
+		c.LeaderEndpoint = func() string { return otherURL }
+	})
 	other.q.Suspend()
 	otherSrv := httptest.NewServer(other.h)
 	defer otherSrv.Close()
-	confused := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) { c.LeaderEndpoint = func() string { return otherSrv.URL } })
+	confused := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) {
+		c.LeaderEndpoint = func() string { return otherSrv.URL }
+	})
 	confused.q.Suspend()
 	confusedSrv := httptest.NewServer(confused.h)
 	defer confusedSrv.Close()
@@ -67,14 +71,18 @@ func TestAFollowerForwardsToTheLeader(t *testing.T) {
 	}
 
 	// A leader endpoint that does not answer.
-	gone := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) { c.LeaderEndpoint = func() string { return "http://127.0.0.1:1" } })
+	gone := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) {
+		c.LeaderEndpoint = func() string { return "http://127.0.0.1:1" }
+	})
 	wantStatus(t, post(gone, "/reconcile/ns/a"), http.StatusBadGateway, "BadGateway")
 	if gone.q.Len() != 0 {
 		t.Fatal("a trigger the leader never got was queued here")
 	}
 
 	// Over TLS, never to plain HTTP.
-	tlsFollower := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) { c.LeaderEndpoint = func() string { return leaderSrv.URL } })
+	tlsFollower := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) {
+		c.LeaderEndpoint = func() string { return leaderSrv.URL }
+	})
 	tlsSrv := httptest.NewTLSServer(tlsFollower.h)
 	defer tlsSrv.Close()
 	resp, err = tlsSrv.Client().Post(tlsSrv.URL+"/reconcile/ns/a", "", nil)
