@@ -9,6 +9,7 @@ import (
 	"github.com/opkit/opkit/example/metrics"
 	"github.com/opkit/opkit/leader"
 	"github.com/opkit/opkit/reconcile"
+	"github.com/opkit/opkit/trigger"
 )
 
 // newController builds the controller, with a leader elector on the Lease
@@ -26,6 +27,9 @@ func newController(cfg reconcile.Config[*demov1.DemoEntity], kube kubernetes.Int
 			RetryPeriod:   o.RetryPeriod,
 			Metrics:       m.Leader(),
 			Logger:        logger,
+		}
+		if o.TriggerAdvertiseURL != "" {
+			cfg.Leader.Annotations = map[string]string{trigger.EndpointAnnotation: o.TriggerAdvertiseURL}
 		}
 	}
 	ctrl, err := reconcile.NewController(cfg)

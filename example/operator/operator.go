@@ -12,6 +12,8 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -94,7 +96,14 @@ type Options struct {
 	InsecureSkipTriggerAuth bool
 	// TriggerCertFile and TriggerKeyFile, when both set, make the trigger
 	// endpoint speak HTTPS only, reloading the pair when the files change.
-	TriggerCertFile, TriggerKeyFile string
+	// TriggerCAFile holds the CA the replicas' serving certificates chain
+	// to, for triggers a follower forwards (empty: the system's roots).
+	TriggerCertFile, TriggerKeyFile, TriggerCAFile string
+	// TriggerAdvertiseURL is the base URL of this replica's trigger
+	// endpoint, which it publishes on the Lease while it leads, for the
+	// followers to forward triggers to; empty: http(s)://$POD_IP:port when
+	// POD_IP is set, else from TriggerBindAddress when that names a host.
+	TriggerAdvertiseURL string
 	// LeaseDuration, RenewDeadline and RetryPeriod tune leader election;
 	// zero means the leader package's defaults (15s, 10s, 2s).
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
@@ -245,7 +254,38 @@ func (o Options) withDefaults() Options {
 			o.LeaderElectionNamespace = "default"
 		}
 	}
+	if o.TriggerAdvertiseURL == "" && o.TriggerBindAddress != "0" {
+		scheme := "http"
+		if o.TriggerCertFile != "" {
+			scheme = "https"
+		}
+		host, port, _ := net.SplitHostPort(o.TriggerBindAddress)
+		if ip := os.Getenv("POD_IP"); ip != "" {
+			host = ip
+		}
+		if host != "" && host != "0.0.0.0" && host != "::" {
+			o.TriggerAdvertiseURL = scheme + "://" + net.JoinHostPort(host, port)
+		}
+	}
 	return o
+}
+
+// forwardClient is the client of forwarded triggers, trusting caFile's
+// certificates (empty: the system's roots).
+func forwardClient(caFile string) (*http.Client, error) {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, fmt.Errorf("--trigger-ca-file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--trigger-ca-file %s holds no PEM certificate", caFile)
+		}
+		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	}
+	return &http.Client{Transport: tr}, nil
 }
 
 // Assemble builds every component from o and d and registers them in a
@@ -318,10 +358,19 @@ func Assemble(o Options, d Deps) (*Operator, error) {
 
 	// The HTTP trigger endpoint, on every replica: followers answer 503
 	// with the leader's identity.
+	// A follower forwards to the leader's endpoint (its Lease says
+	// where), so a Service in front of every replica answers.
+	forward, err := forwardClient(o.TriggerCAFile)
+	if err != nil {
+		return nil, err
+	}
 	hcfg := trigger.HandlerConfig[*demov1.DemoEntity]{
 		Trigger:          trig,
 		InsecureSkipAuth: o.InsecureSkipTriggerAuth,
 		Leader:           leaderOf,
+		LeaderEndpoint:   ctrl.LeaderEndpoint,
+		ForwardClient:    forward,
+		Identity:         o.Identity,
 		Metrics:          m.Handler(),
 		Logger:           logger,
 	}

@@ -89,6 +89,8 @@ Flags:
 	fs.StringVar(&o.NATSListen, "nats-listen", "", "host:port of the embedded NATS server (:port: every interface); empty: "+operator.DefaultNATSListen+" (where 'trigger --via nats' connects by default); port 0: a free port")
 	fs.StringVar(&o.TriggerCertFile, "trigger-cert-file", "", "PEM certificate (chain) for HTTPS on the trigger endpoint, reloaded when it changes; needs --trigger-key-file; empty: plain HTTP")
 	fs.StringVar(&o.TriggerKeyFile, "trigger-key-file", "", "PEM private key for --trigger-cert-file")
+	fs.StringVar(&o.TriggerCAFile, "trigger-ca-file", "", "PEM CA of the replicas' serving certificates, for triggers a follower forwards to the leader; empty: the system's roots")
+	fs.StringVar(&o.TriggerAdvertiseURL, "trigger-advertise-url", "", "base URL of this replica's trigger endpoint, published on the Lease while it leads; empty: from $POD_IP or --trigger-bind-address")
 	fs.BoolVar(&o.InsecureSkipTriggerAuth, "insecure-skip-trigger-auth", false, "INSECURE: serve the HTTP trigger endpoint without TokenReview/SubjectAccessReview (development only)")
 	if err := fs.Parse(args); err != nil {
 		return o, err

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/opkit/opkit/example/natsbroker"
 	"github.com/opkit/opkit/example/operator"
+	"github.com/opkit/opkit/queue"
 	"github.com/opkit/opkit/trigger"
 )
 
@@ -30,7 +32,7 @@ type triggerOptions struct {
 	URL                     string
 	Token, TokenFile        string
 	NATSURL                 string
-	Timeout                 time.Duration
+	Timeout, Wait           time.Duration
 }
 
 func parseTriggerFlags(args []string, stderr io.Writer) (triggerOptions, error) {
@@ -47,9 +49,12 @@ server; the reason lands in its status.lastTrigger.reason.
   --via http  POST {url}/reconcile/NS/NAME with a bearer token minted for
               the audience %q (kubectl create token SA --audience %s);
               the caller needs "create" on demoentities/reconcile
-              (ClusterRole opkit-demo-trigger). Exit 0 on 202 Accepted;
-              a 503 (not the leader) or 429 is retried after its
-              Retry-After until --timeout.
+              (ClusterRole opkit-demo-trigger). Any replica accepts it (a
+              follower forwards it to the leader). Exit 0 on 202
+              Accepted; with --wait, on the outcome "succeeded" (or
+              "requeued"), 1 on any other. A 502, 503 (no leader now) or
+              504, and a 429, are retried with backoff (at least the
+              answer's Retry-After) until --timeout.
   --via nats  publish {"namespace","name","reason"} to the JetStream
               subject %s; exit 0 once the stream stored it.
 
@@ -65,6 +70,7 @@ Flags:
 	fs.StringVar(&o.TokenFile, "token-file", "", "file holding the bearer token (--via http), e.g. a projected ServiceAccount token")
 	fs.StringVar(&o.NATSURL, "nats-url", "nats://127.0.0.1:4222", "NATS server URL (--via nats)")
 	fs.DurationVar(&o.Timeout, "timeout", 15*time.Second, "give up after this long")
+	fs.DurationVar(&o.Wait, "wait", 0, "wait up to this long (within --timeout) for the reconcile's outcome and exit 1 unless it succeeded (--via http)")
 
 	// NAME may stand between flags: parse, take one positional, go on.
 	var names []string
@@ -95,8 +101,8 @@ Flags:
 	if err := trigger.CheckReason(o.Reason); err != nil {
 		return o, usageError(fs, stderr, "--reason: %v", err)
 	}
-	if o.Timeout <= 0 {
-		return o, usageError(fs, stderr, "--timeout must be positive")
+	if o.Timeout <= 0 || o.Wait < 0 || o.Wait > o.Timeout {
+		return o, usageError(fs, stderr, "--timeout must be positive, --wait within it")
 	}
 	switch o.Via {
 	case "http":
@@ -107,8 +113,8 @@ Flags:
 			return o, usageError(fs, stderr, "--url %q: want http(s)://host:port", o.URL)
 		}
 	case "nats":
-		if o.Token != "" || o.TokenFile != "" {
-			return o, usageError(fs, stderr, "--token and --token-file apply to --via http only")
+		if o.Token != "" || o.TokenFile != "" || o.Wait != 0 {
+			return o, usageError(fs, stderr, "--token, --token-file and --wait apply to --via http only")
 		}
 	default:
 		return o, usageError(fs, stderr, "--via %q: want http or nats", o.Via)
@@ -152,10 +158,10 @@ func triggerNATS(ctx context.Context, o triggerOptions, stdout io.Writer) error 
 	return nil
 }
 
-// triggerHTTP posts the trigger. A 503 (the replica that answered is not
-// the leader, or leadership is changing) or a 429 is retried after the
-// Retry-After the endpoint sent, until --timeout: behind a Service, any
-// replica may answer.
+// triggerHTTP posts the trigger and, with --wait, waits for its outcome.
+// A 502, 503 or 504 (no leader now, or the leader did not answer a
+// forwarding replica) and a 429 are retried with backoff, at least the
+// Retry-After the endpoint sent, until --timeout.
 func triggerHTTP(ctx context.Context, o triggerOptions, stdout, stderr io.Writer) error {
 	token := o.Token
 	if o.TokenFile != "" {
@@ -175,52 +181,99 @@ func triggerHTTP(ctx context.Context, o triggerOptions, stdout, stderr io.Writer
 		}
 		body = b.Bytes()
 	}
-	u := strings.TrimRight(o.URL, "/") + "/reconcile/" + url.PathEscape(o.Namespace) + "/" + url.PathEscape(o.Name)
-	for {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(body))
+	base := strings.TrimRight(o.URL, "/")
+	u := base + "/reconcile/" + url.PathEscape(o.Namespace) + "/" + url.PathEscape(o.Name)
+	if o.Wait > 0 {
+		u += "?wait=" + o.Wait.String()
+	}
+	method := http.MethodPost
+	for failures := 1; ; failures++ {
+		code, b, retryAfter, err := send(ctx, method, u, body, token)
 		if err != nil {
 			return err
 		}
-		if body != nil {
-			req.Header.Set("Content-Type", "application/json")
+		switch code {
+		case http.StatusOK: // the outcome
+			var out trigger.Outcome
+			if err := json.Unmarshal(b, &out); err != nil {
+				return fmt.Errorf("200 with a body that is no outcome: %s", b)
+			}
+			switch out.State {
+			case trigger.Pending:
+				// A GET of a trigger whose reconcile has not finished.
+			case trigger.Succeeded, trigger.Requeued:
+				fmt.Fprintf(stdout, "reconciled: %s\n", b)
+				return nil
+			default:
+				return fmt.Errorf("reconcile %s: %s", out.State, b)
+			}
+		case http.StatusAccepted:
+			var a trigger.Accepted
+			_ = json.Unmarshal(b, &a)
+			if o.Wait == 0 || a.StatusPath == "" {
+				fmt.Fprintf(stdout, "202 Accepted: %s\n", bytes.TrimSpace(b))
+				return nil
+			}
+			// The wait ended first: ask for the outcome until --timeout.
+			method, body, u = http.MethodGet, nil, base+a.StatusPath
+			fmt.Fprintf(stderr, "demo-operator trigger: accepted as %s; waiting for its outcome\n", a.ID)
+		default:
+			var st struct {
+				Reason, Message, Leader string
+			}
+			_ = json.Unmarshal(b, &st)
+			msg := strings.TrimSpace(fmt.Sprintf("%d %s: %s %s", code, http.StatusText(code), st.Reason, st.Message))
+			if !slices.Contains([]int{http.StatusTooManyRequests, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout}, code) {
+				return errors.New(msg)
+			}
+			wait := max(retryAfter, queue.Backoff{Base: 500 * time.Millisecond, Cap: 5 * time.Second}.Delay(failures))
+			if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < wait {
+				return fmt.Errorf("%s; no time left to retry within --timeout", msg)
+			}
+			fmt.Fprintf(stderr, "demo-operator trigger: %s; retrying in %s\n", msg, wait.Round(time.Millisecond))
+			if !pause(ctx, wait) {
+				return fmt.Errorf("%s; gave up: %w", msg, ctx.Err())
+			}
+			continue
 		}
-		if token != "" {
-			req.Header.Set("Authorization", "Bearer "+token)
+		if !pause(ctx, time.Second) { // polling a pending outcome
+			return fmt.Errorf("no outcome within --timeout: %w", ctx.Err())
 		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return err
-		}
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-		resp.Body.Close()
-		if resp.StatusCode == http.StatusAccepted {
-			fmt.Fprintf(stdout, "202 Accepted: %s\n", strings.TrimSpace(string(b)))
-			return nil
-		}
-		var st struct {
-			Reason, Message, Leader string
-		}
-		_ = json.Unmarshal(b, &st)
-		msg := fmt.Sprintf("%s: %s %s", resp.Status, st.Reason, st.Message)
-		if st.Leader != "" && !strings.Contains(msg, st.Leader) {
-			msg += " (leader: " + st.Leader + ")"
-		}
-		msg = strings.TrimSpace(msg)
-		if resp.StatusCode != http.StatusServiceUnavailable && resp.StatusCode != http.StatusTooManyRequests {
-			return errors.New(msg)
-		}
-		wait := time.Second
-		if secs, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && secs > 0 {
-			wait = time.Duration(secs) * time.Second
-		}
-		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < wait {
-			return fmt.Errorf("%s; no time left to retry within --timeout", msg)
-		}
-		fmt.Fprintf(stderr, "demo-operator trigger: %s; retrying in %s\n", msg, wait)
-		select {
-		case <-time.After(wait):
-		case <-ctx.Done():
-			return fmt.Errorf("%s; gave up: %w", msg, ctx.Err())
-		}
+	}
+}
+
+// send makes one request and returns the answer's code, body and
+// Retry-After.
+func send(ctx context.Context, method, u string, body []byte, token string) (int, []byte, time.Duration, error) {
+	req, err := http.NewRequestWithContext(ctx, method, u, bytes.NewReader(body))
+	if err != nil {
+		return 0, nil, 0, err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, nil, 0, err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	var retryAfter time.Duration
+	if secs, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && secs > 0 {
+		retryAfter = time.Duration(secs) * time.Second
+	}
+	return resp.StatusCode, b, retryAfter, nil
+}
+
+// pause waits d, or until ctx ends (false).
+func pause(ctx context.Context, d time.Duration) bool {
+	select {
+	case <-time.After(d):
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }
