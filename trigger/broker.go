@@ -41,6 +41,22 @@ type Message interface {
 	Term(ctx context.Context, reason string) error
 }
 
+// Progresser is optionally implemented by a Message whose broker
+// redelivers what is not acknowledged within a deadline (JetStream's
+// AckWait): InProgress pushes that deadline back. The Consumer calls it
+// while it waits for a reconcile (ConsumerConfig.AckAfterReconcile).
+type Progresser interface {
+	InProgress(ctx context.Context) error
+}
+
+// Replier is optionally implemented by a Message that may carry a reply
+// address (a NATS request's reply subject): Reply publishes data there,
+// and does nothing when the message has none. The Consumer replies with
+// the reconcile's Outcome as JSON (ConsumerConfig.AckAfterReconcile).
+type Replier interface {
+	Reply(ctx context.Context, data []byte) error
+}
+
 // DeadLetterer is optionally implemented by a Message whose broker
 // enforces a delivery limit in Nack: on the last allowed delivery its Nack
 // dead-letters the message instead of handing it back. After a Nack that
@@ -153,6 +169,9 @@ const (
 	AckScheduled AckReason = "Scheduled"
 	// AckNotFound: the object no longer exists; there is nothing to do.
 	AckNotFound AckReason = "NotFound"
+	// AckReconciled: with ConsumerConfig.AckAfterReconcile, the
+	// reconcile that served the message succeeded or failed terminally.
+	AckReconciled AckReason = "Reconciled"
 
 	// NackDropped: the enqueue was dropped (not the leader, leadership in
 	// transition, or shutting down); the broker redelivers it later,
@@ -165,8 +184,13 @@ const (
 	// controller that shares the subscription (or, if none, for the
 	// broker's delivery limit, which dead-letters it).
 	NackOutOfScope NackReason = "OutOfScope"
-	// NackStopping: received while the consumer was stopping, not handled.
+	// NackStopping: received while the consumer was stopping, not handled
+	// (or, with AckAfterReconcile, stopping while it waited).
 	NackStopping NackReason = "Stopping"
+	// NackTermEnded: with AckAfterReconcile, the leadership term ended
+	// before the reconcile that would serve the message: the next leader
+	// gets it again.
+	NackTermEnded NackReason = "TermEnded"
 
 	// TermTooLarge: the message is larger than the configured limit.
 	TermTooLarge TermReason = "TooLarge"

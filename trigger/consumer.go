@@ -3,6 +3,7 @@ package trigger
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -78,6 +79,17 @@ type ConsumerConfig[T opkit.Object] struct {
 	// PausePoll is how often a paused consumer asks Paused again; zero
 	// means 250ms.
 	PausePoll time.Duration
+	// AckAfterReconcile acknowledges a scheduled message only once the
+	// reconcile that serves it succeeded or failed terminally (a
+	// FinalOnly ticket: a failed reconcile's retries serve it too),
+	// keeping it alive meanwhile with InProgress every ProgressInterval
+	// (zero: 10s) when the Message is a Progresser, and replying the
+	// Outcome to a Message that is a Replier. If the leadership term ends
+	// first, the message is handed back (NackTermEnded), so the broker
+	// redelivers it to the next leader. A message waiting for its
+	// reconcile holds one of the Concurrency handlers: raise it.
+	AckAfterReconcile bool
+	ProgressInterval  time.Duration
 	// LagInterval is how often a Broker that implements Lag is asked for
 	// its backlog; zero means 15s, negative disables the poll.
 	LagInterval time.Duration
@@ -115,7 +127,7 @@ func NewConsumer[T opkit.Object](cfg ConsumerConfig[T]) (*Consumer[T], error) {
 	case !cfg.Type.Valid():
 		return nil, fmt.Errorf("trigger: ConsumerConfig.Type %v is invalid", cfg.Type)
 	case cfg.Concurrency < 0 || cfg.MaxMessageBytes < 0 || min(cfg.APITimeout, cfg.BrokerTimeout, cfg.RetryBase, cfg.RetryCap,
-		cfg.DroppedDelay, cfg.ReconnectBase, cfg.ReconnectCap, cfg.PausePoll) < 0:
+		cfg.DroppedDelay, cfg.ReconnectBase, cfg.ReconnectCap, cfg.PausePoll, cfg.ProgressInterval) < 0:
 		return nil, errors.New("trigger: ConsumerConfig sizes, counts and durations (but LagInterval) must not be negative")
 	}
 	cfg.Concurrency = cmp.Or(cfg.Concurrency, 1)
@@ -128,6 +140,7 @@ func NewConsumer[T opkit.Object](cfg ConsumerConfig[T]) (*Consumer[T], error) {
 	cfg.ReconnectBase = cmp.Or(cfg.ReconnectBase, 500*time.Millisecond)
 	cfg.ReconnectCap = cmp.Or(cfg.ReconnectCap, 30*time.Second)
 	cfg.PausePoll = cmp.Or(cfg.PausePoll, 250*time.Millisecond)
+	cfg.ProgressInterval = cmp.Or(cfg.ProgressInterval, 10*time.Second)
 	cfg.LagInterval = cmp.Or(cfg.LagInterval, 15*time.Second)
 	cfg.Metrics = cmp.Or[ConsumerMetrics](cfg.Metrics, nopMetrics{})
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
@@ -342,9 +355,14 @@ func (c *Consumer[T]) decode(data []byte) (Pointer, TermReason, error) {
 func (c *Consumer[T]) handle(ctx context.Context, msg Message, start time.Time) {
 	p, term, err := c.decode(msg.Data())
 	var o queue.Outcome
+	var tk *Ticket
 	if err == nil {
 		ictx, cancel := context.WithTimeout(ctx, c.cfg.APITimeout)
-		_, o, err = c.cfg.Trigger.Intake(ictx, p, IntakeOptions{Paid: true}) // Run took the token
+		track := NotTracked
+		if c.cfg.AckAfterReconcile {
+			track = FinalOnly
+		}
+		_, o, tk, err = c.cfg.Trigger.IntakeTracked(ictx, p, IntakeOptions{Paid: true}, track) // Run took the token
 		cancel()
 	}
 	key := slog.String("key", p.Key.String())
@@ -375,8 +393,49 @@ func (c *Consumer[T]) handle(ctx context.Context, msg Message, start time.Time) 
 		// Never ack a dropped trigger: the broker must redeliver it, to the
 		// leader or to this replica once it leads.
 		c.nack(ctx, msg, NackDropped, c.cfg.DroppedDelay, start)
+	case tk != nil:
+		c.settleReconciled(ctx, msg, tk, start)
 	default:
 		c.ack(ctx, msg, AckScheduled, start)
+	}
+}
+
+// settleReconciled waits for the final outcome of the reconcile that
+// serves msg (keeping msg alive meanwhile), replies it, and acknowledges
+// msg, or hands it back when the term ended or the consumer stops first.
+func (c *Consumer[T]) settleReconciled(ctx context.Context, msg Message, tk *Ticket, start time.Time) {
+	progress := time.NewTicker(c.cfg.ProgressInterval)
+	defer progress.Stop()
+	for {
+		select {
+		case out := <-tk.out:
+			if out.State == Unknown {
+				c.nack(ctx, msg, NackTermEnded, c.cfg.DroppedDelay, start)
+				return
+			}
+			if r, ok := msg.(Replier); ok {
+				if data, err := json.Marshal(out); err == nil {
+					rctx, cancel := context.WithTimeout(ctx, c.cfg.BrokerTimeout)
+					if err := r.Reply(rctx, data); err != nil {
+						c.brokerFailed(ctx, brokerLevel(err), "trigger consumer: replying the outcome failed", err)
+					}
+					cancel()
+				}
+			}
+			c.ack(ctx, msg, AckReconciled, start)
+			return
+		case <-ctx.Done():
+			c.nack(context.WithoutCancel(ctx), msg, NackStopping, 0, start)
+			return
+		case <-progress.C: // still waiting: keep the message
+			if p, ok := msg.(Progresser); ok {
+				pctx, cancel := context.WithTimeout(ctx, c.cfg.BrokerTimeout)
+				if err := p.InProgress(pctx); err != nil {
+					c.brokerFailed(ctx, brokerLevel(err), "trigger consumer: extending the message's deadline failed", err)
+				}
+				cancel()
+			}
+		}
 	}
 }
 

@@ -69,6 +69,7 @@ func (o *objects) get(ctx context.Context, key opkit.Key) (*corev1.ConfigMap, er
 
 type consumerEnv struct {
 	b    *brokertest.Broker
+	tr   *trigger.Trigger[*corev1.ConfigMap]
 	q    *cmQueue
 	objs *objects
 	m    *countingMetrics
@@ -89,9 +90,8 @@ func newConsumerEnvWith(t *testing.T, trig func(*trigger.Config[*corev1.ConfigMa
 	if trig != nil {
 		trig(&tcfg)
 	}
-	var tr *trigger.Trigger[*corev1.ConfigMap]
-	tr, e.q = newCMTriggerWith(t, tcfg)
-	cfg := trigger.ConsumerConfig[*corev1.ConfigMap]{Broker: e.b, Trigger: tr, Metrics: e.m, Logger: discard, LagInterval: -1}
+	e.tr, e.q = newCMTriggerWith(t, tcfg)
+	cfg := trigger.ConsumerConfig[*corev1.ConfigMap]{Broker: e.b, Trigger: e.tr, Metrics: e.m, Logger: discard, LagInterval: -1}
 	if mutate != nil {
 		mutate(&cfg)
 	}

@@ -40,6 +40,12 @@ const (
 	HeaderStreamSeq  = "Opkit-Stream-Seq"
 	HeaderDeliveries = "Opkit-Deliveries"
 	HeaderSubject    = "Opkit-Subject"
+	// HeaderReplyTo, on a published trigger, names the subject where the
+	// consumer publishes the reconcile's outcome (trigger.Outcome as
+	// JSON) when it acknowledges after the reconcile
+	// (trigger.ConsumerConfig.AckAfterReconcile): request-reply over the
+	// stream (the message's own reply subject is JetStream's ack subject).
+	HeaderReplyTo = "Opkit-Reply-To"
 )
 
 // connectionCheckInterval is how often a waiting Receive checks that the
@@ -539,6 +545,27 @@ type message struct {
 func (m *message) DeadLettered() bool { return m.dead }
 
 func (m *message) Data() []byte { return m.msg.Data() }
+
+// InProgress pushes the delivery's AckWait back.
+func (m *message) InProgress(context.Context) error {
+	if err := m.msg.InProgress(); err != nil {
+		return &trigger.BrokerError{Kind: m.b.classify(err), Op: "in-progress", Err: err}
+	}
+	return nil
+}
+
+// Reply publishes data to the message's HeaderReplyTo subject, if it has
+// one.
+func (m *message) Reply(ctx context.Context, data []byte) error {
+	to := m.msg.Headers().Get(HeaderReplyTo)
+	if to == "" {
+		return nil
+	}
+	if err := m.b.nc.Publish(to, data); err != nil {
+		return &trigger.BrokerError{Kind: m.b.classify(err), Op: "reply", Err: err}
+	}
+	return m.flush(ctx, "reply")
+}
 
 // Deliveries is the server's delivery count for this message (1 on the first).
 func (m *message) Deliveries() int { return int(m.md.NumDelivered) }

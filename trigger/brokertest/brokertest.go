@@ -73,6 +73,9 @@ type entry struct {
 	data       []byte
 	deliveries int
 	state      state
+	request    bool     // published with PublishRequest: it takes replies
+	replies    [][]byte // what Reply sent
+	progress   int      // InProgress calls
 }
 
 // Broker is an in-memory broker with at-least-once delivery. The zero value
@@ -100,8 +103,10 @@ type Broker struct {
 }
 
 var (
-	_ trigger.Broker = (*Broker)(nil)
-	_ trigger.Lag    = (*Broker)(nil)
+	_ trigger.Broker     = (*Broker)(nil)
+	_ trigger.Lag        = (*Broker)(nil)
+	_ trigger.Progresser = (*message)(nil)
+	_ trigger.Replier    = (*message)(nil)
 )
 
 // New returns an empty broker.
@@ -157,6 +162,31 @@ func (b *Broker) count(states ...state) int {
 		}
 	}
 	return n
+}
+
+// PublishRequest is Publish of a message with a reply address: its
+// deliveries' Reply is recorded (Replies).
+func (b *Broker) PublishRequest(data []byte) uint64 {
+	id := b.Publish(data)
+	b.mu.Lock()
+	b.entries[id-1].request = true
+	b.mu.Unlock()
+	return id
+}
+
+// Replies returns what the deliveries of message id replied, in order.
+func (b *Broker) Replies(id uint64) [][]byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.entries[id-1].replies)
+}
+
+// Progress returns how often the deliveries of message id called
+// InProgress.
+func (b *Broker) Progress(id uint64) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.entries[id-1].progress
 }
 
 // Receive returns the oldest ready message, blocking until there is one or
@@ -254,6 +284,26 @@ type message struct {
 }
 
 func (m *message) Data() []byte { return slices.Clone(m.e.data) }
+
+// InProgress counts the call (Progress); it keeps nothing alive, as the
+// broker redelivers an unsettled delivery only after a failed settle.
+func (m *message) InProgress(ctx context.Context) error {
+	m.b.mu.Lock()
+	defer m.b.mu.Unlock()
+	m.e.progress++
+	return ctx.Err()
+}
+
+// Reply records data for a message published with PublishRequest, and
+// does nothing for one without a reply address.
+func (m *message) Reply(ctx context.Context, data []byte) error {
+	m.b.mu.Lock()
+	defer m.b.mu.Unlock()
+	if m.e.request {
+		m.e.replies = append(m.e.replies, slices.Clone(data))
+	}
+	return ctx.Err()
+}
 
 // DeadLettered reports whether Nack dead-lettered the message (MaxDeliver).
 func (m *message) DeadLettered() bool { return m.dead.Load() }
