@@ -1,6 +1,7 @@
 // Package bench holds opkit's side-by-side benchmarks against its peers
 // (client-go's workqueue, informers and leaderelection, controller-runtime's
-// priorityqueue, source.Channel and Owns), and the measurements that have no
+// priorityqueue, source.Channel and Owns, and its manager in convergence:
+// the same reconcile under both controllers), and the measurements that have no
 // peer (floods: the trigger endpoint under the floods of issue 22). It is a
 // separate module so that those peers never become dependencies of the SDK.
 //

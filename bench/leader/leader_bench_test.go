@@ -2,11 +2,9 @@ package leaderbench
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
 	"os"
 	"slices"
 	"sync"
@@ -23,6 +21,7 @@ import (
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/klog/v2"
 
+	"github.com/opkit/opkit/bench/internal/traffic"
 	"github.com/opkit/opkit/internal/testcluster"
 	"github.com/opkit/opkit/leader"
 )
@@ -92,29 +91,13 @@ func setup(b *testing.B) *testcluster.Cluster {
 	return env.cluster
 }
 
-// killSwitch fails every request once killed.
-type killSwitch struct {
-	dead atomic.Bool
-	rt   http.RoundTripper
-}
-
-func (k *killSwitch) RoundTrip(r *http.Request) (*http.Response, error) {
-	if k.dead.Load() {
-		return nil, errors.New("killed")
-	}
-	return k.rt.RoundTrip(r)
-}
-
 // newClient returns a clientset of its own (own transport, no client-side
 // rate limit) and its kill switch.
-func newClient(b *testing.B, c *testcluster.Cluster) (*kubernetes.Clientset, *killSwitch) {
+func newClient(b *testing.B, c *testcluster.Cluster) (*kubernetes.Clientset, *traffic.Switch) {
 	cfg := rest.CopyConfig(c.Config())
 	cfg.QPS, cfg.Burst = -1, 0
-	k := &killSwitch{}
-	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
-		k.rt = rt
-		return k
-	}
+	k := &traffic.Switch{}
+	cfg.WrapTransport = k.Wrap
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		b.Fatal(err)
@@ -124,7 +107,7 @@ func newClient(b *testing.B, c *testcluster.Cluster) (*kubernetes.Clientset, *ki
 
 // replica is one running elector of either kind.
 type replica struct {
-	kill    *killSwitch
+	kill    *traffic.Switch
 	started chan time.Time // when its term started (first term only)
 	cancel  context.CancelFunc
 	done    chan struct{}
@@ -231,7 +214,7 @@ func measure(b *testing.B, start startFunc, crash bool) {
 		time.Sleep(settle)
 		var t0 time.Time
 		if crash {
-			a.kill.dead.Store(true)
+			a.kill.Kill()
 			t0 = time.Now()
 			a.stop() // its requests fail: nothing is released
 		} else {
