@@ -84,7 +84,9 @@ type Config[T opkit.Object] struct {
 	// take the Lease ([leader.Elector.WorkDeadline]).
 	Timeout, ShutdownTimeout time.Duration
 	// Watch configures the watcher; the controller sets Client, Resource,
-	// Queue (leave them zero) and a nil Logger.
+	// Queue (leave them zero), a nil Logger, TriggerPriority, and an empty
+	// RequestAnnotation to watcher.DefaultRequestAnnotation (durable
+	// triggers: "-" for none).
 	Watch watcher.Config[T]
 	// Owns lists the resources of the objects the reconciler creates and
 	// controls (children, with a controller reference to their owner): a
@@ -193,6 +195,13 @@ func NewController[T opkit.Object](cfg Config[T]) (*Controller[T], error) {
 	c.queue = queue.New[opkit.Key](queue.Config[opkit.Cause[T]]{Merge: (*opkit.Cause[T]).Merge, Metrics: cfg.QueueMetrics})
 	wcfg := cfg.Watch
 	wcfg.Client, wcfg.Resource, wcfg.Queue, wcfg.Logger = cfg.Dynamic, cfg.Resource, c.queue, cmp.Or(wcfg.Logger, log)
+	wcfg.TriggerPriority = cfg.TriggerPriority
+	switch wcfg.RequestAnnotation {
+	case "":
+		wcfg.RequestAnnotation = watcher.DefaultRequestAnnotation
+	case "-":
+		wcfg.RequestAnnotation = ""
+	}
 	var err error
 	if c.watch, err = watcher.New(wcfg); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)

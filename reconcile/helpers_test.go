@@ -31,6 +31,8 @@ type WidgetStatus struct {
 	ObservedGeneration int64  `json:"observedGeneration,omitempty"`
 	Phase              string `json:"phase,omitempty"`
 	Message            string `json:"message,omitempty"`
+	// LastHandledReconcileAt is the durable trigger handled last.
+	LastHandledReconcileAt string `json:"lastHandledReconcileAt,omitempty"`
 }
 
 var widgets = opkit.Resource{

@@ -13,15 +13,20 @@ import (
 
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/internal/typed"
+	"github.com/opkit/opkit/watcher"
 )
 
 // StatusConfig configures a [Status] helper (Dynamic and Resource are
 // required). Unless SkipObservedGeneration, status.observedGeneration is
-// set to metadata.generation when T's status has it.
+// set to metadata.generation when T's status has it; and
+// status.lastHandledReconcileAt to the value of the RequestAnnotation
+// (empty: watcher.DefaultRequestAnnotation; "-": none) when the object
+// has it and T's status has the field: the durable trigger is handled.
 type StatusConfig struct {
 	Dynamic                dynamic.Interface
 	Resource               opkit.Resource
 	SkipObservedGeneration bool
+	RequestAnnotation      string
 	ConflictRetries        int
 }
 
@@ -45,6 +50,7 @@ func NewStatus[T opkit.Object](cfg StatusConfig) (*Status[T], error) {
 		return nil, fmt.Errorf("reconcile: status: negative ConflictRetries %d", cfg.ConflictRetries)
 	}
 	cfg.ConflictRetries = cmp.Or(cfg.ConflictRetries, DefaultConflictRetries)
+	cfg.RequestAnnotation = cmp.Or(cfg.RequestAnnotation, watcher.DefaultRequestAnnotation)
 	return &Status[T]{client: typed.New[T](cfg.Dynamic, cfg.Resource), cfg: cfg}, nil
 }
 
@@ -70,6 +76,11 @@ func (s *Status[T]) Update(ctx context.Context, obj T, mutate func(obj T) error)
 		}
 		if !s.cfg.SkipObservedGeneration {
 			if err := unstructured.SetNestedField(u.Object, cur.GetGeneration(), "status", "observedGeneration"); err != nil {
+				return obj, fmt.Errorf("reconcile: status of %s: %w", key, err)
+			}
+		}
+		if at := cur.GetAnnotations()[s.cfg.RequestAnnotation]; at != "" && s.cfg.RequestAnnotation != "-" {
+			if err := unstructured.SetNestedField(u.Object, at, "status", "lastHandledReconcileAt"); err != nil {
 				return obj, fmt.Errorf("reconcile: status of %s: %w", key, err)
 			}
 		}

@@ -145,3 +145,19 @@ func TestStatusRetryAfterAConflictLeavesARecreatedObjectAlone(t *testing.T) {
 		t.Fatalf("uid-a's status was written onto the recreated object uid-b: %+v", now.Status)
 	}
 }
+
+// The status records the durable trigger it handled: the request
+// annotation's value as status.lastHandledReconcileAt (when the status
+// has the field).
+func TestStatusRecordsTheHandledRequest(t *testing.T) {
+	dyn := newFakeDynamic(t, widget("a", func(w *Widget) {
+		w.Annotations = map[string]string{"reconcile.opkit.dev/requestedAt": "2026-12-02T10:00:00Z"}
+	}))
+	st, _ := reconcile.NewStatus[*Widget](reconcile.StatusConfig{Dynamic: dyn, Resource: widgets})
+	if _, err := st.Update(context.Background(), getWidget(t, dyn, "a"), func(w *Widget) error { w.Status.Phase = "Ready"; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if got := getWidget(t, dyn, "a").Status.LastHandledReconcileAt; got != "2026-12-02T10:00:00Z" {
+		t.Fatalf("lastHandledReconcileAt %q, want the annotation's value", got)
+	}
+}

@@ -52,6 +52,10 @@ const (
 	// DefaultMaxDeletesPerKey is how many unsettled deletes one key may
 	// hold when Config.MaxDeletesPerKey is zero.
 	DefaultMaxDeletesPerKey = 16
+	// DefaultRequestAnnotation is the annotation reconcile's controller
+	// watches for durable triggers (Config.RequestAnnotation); Flux's
+	// "reconcile.fluxcd.io/requestedAt" works the same way.
+	DefaultRequestAnnotation = "reconcile.opkit.dev/requestedAt"
 )
 
 // Backoff is the retry policy for failed list and watch calls. The zero
@@ -125,6 +129,17 @@ type Config[T opkit.Object] struct {
 	// SkipStatusOnly (and that the watcher fingerprints).
 	WatchLabels      []string
 	WatchAnnotations []string
+	// RequestAnnotation names the annotation that asks for a reconcile
+	// through the API server (a durable trigger: `kubectl annotate ...
+	// reconcile.opkit.dev/requestedAt="$(date)"`): while its value is set
+	// and differs from the object's status.lastHandledReconcileAt, the
+	// object's entries carry source Operator, the reason "requestedAt
+	// <value>", and TriggerPriority, and its changes are never
+	// status-only. reconcile.Status records the value it handled, which
+	// ends the request. Empty: none (reconcile's controller sets
+	// DefaultRequestAnnotation).
+	RequestAnnotation string
+	TriggerPriority   int
 	// OwnFinalizers are the finalizers the operator adds and removes
 	// itself. Under SkipStatusOnly, adding one is not a change worth a
 	// reconcile (it is the operator's own write); removing one from an
@@ -262,6 +277,9 @@ func (c Config[T]) withDefaults() (Config[T], error) {
 	c.MaxFinalStates = cmp.Or(c.MaxFinalStates, DefaultMaxFinalStates)
 	c.MaxDeletesPerKey = cmp.Or(c.MaxDeletesPerKey, DefaultMaxDeletesPerKey)
 	c.WatchLabels, c.WatchAnnotations = slices.Clone(c.WatchLabels), slices.Clone(c.WatchAnnotations)
+	if c.RequestAnnotation != "" {
+		c.WatchAnnotations = append(c.WatchAnnotations, c.RequestAnnotation)
+	}
 	c.OwnFinalizers = slices.Clone(c.OwnFinalizers)
 	c.Metrics, c.Logger = cmp.Or(c.Metrics, Metrics(nopMetrics{})), cmp.Or(c.Logger, slog.Default())
 	if c.OnSync == nil {

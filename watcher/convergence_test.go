@@ -3,8 +3,11 @@ package watcher_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
+	"slices"
+	"sync"
 	"syscall"
 	"testing"
 	"testing/synctest"
@@ -17,6 +20,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/queue"
 	"github.com/opkit/opkit/watcher"
 )
 
@@ -250,4 +254,80 @@ func TestWaitSyncedWaitsForTheFirstListOfTheRun(t *testing.T) {
 			t.Fatalf("WaitSynced in the next Run = %v", err)
 		}
 	})
+}
+
+// A durable trigger through the API server: while the request annotation
+// differs from status.lastHandledReconcileAt, the object's entries carry
+// source Operator, the request as reason, at the trigger priority; a
+// status write that records it handled refreshes only, and other changes
+// do not look like a request.
+func TestTheRequestAnnotationIsADurableTrigger(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ann = watcher.DefaultRequestAnnotation
+		annotated := func(at, handled string) func(*unstructured.Unstructured) {
+			return func(u *unstructured.Unstructured) {
+				if at != "" {
+					u.SetAnnotations(map[string]string{ann: at})
+				}
+				st := u.Object["status"].(map[string]any)
+				if handled != "" {
+					st["lastHandledReconcileAt"] = handled
+				}
+			}
+		}
+		c := newFake(widget("ns", "a", "ua", "1", 1, annotated("t1", "")))
+		adds := &causes{}
+		cfg := watcher.Config[*Widget]{Client: c, Resource: widgets, Queue: adds, Logger: discard,
+			SkipStatusOnly: true, RequestAnnotation: ann, TriggerPriority: 100}
+		stop := start(t, mustNew(t, cfg))
+		defer stop()
+		synctest.Wait()
+		res := c.Resource(widgets.GroupVersionResource).Namespace("ns")
+		for _, u := range []*unstructured.Unstructured{
+			widget("ns", "a", "ua", "2", 1, annotated("t1", "t1")), // handled: a status write, refresh only
+			widget("ns", "a", "ua", "3", 1, annotated("t1", "t1"), func(u *unstructured.Unstructured) {
+				u.SetLabels(map[string]string{"x": "y"}) // some other metadata change: no request
+			}),
+			widget("ns", "a", "ua", "4", 1, annotated("t2", "t1")), // a new request
+		} {
+			mustDo(t)(res.Update(ctx, u, metav1.UpdateOptions{}))
+		}
+		synctest.Wait()
+		want := []string{
+			"a rv=1 APIServer|Operator [requestedAt t1] prio=100", // the list found a pending request
+			"a rv=2 refresh",
+			"a rv=3 refresh", // a label no one watches: not a change, and not a request
+			"a rv=4 APIServer|Operator [requestedAt t2] prio=100",
+		}
+		if got := adds.take(); !slices.Equal(got, want) {
+			t.Fatalf("adds:\n got  %q\n want %q", got, want)
+		}
+	})
+}
+
+// causes is a fake queue that describes every add's cause.
+type causes struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (c *causes) Add(key opkit.Key, cause opkit.Cause[*Widget], opts queue.AddOptions) queue.Outcome {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := fmt.Sprintf("%s rv=%s", key.Name, cause.Object.ResourceVersion)
+	if opts.MergeOnly {
+		s += " refresh"
+	} else {
+		s += fmt.Sprintf(" %s %v prio=%d", cause.Sources, cause.Reasons, opts.Priority)
+	}
+	c.got = append(c.got, s)
+	return queue.Queued
+}
+
+func (c *causes) take() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := c.got
+	c.got = nil
+	return out
 }

@@ -215,7 +215,15 @@ func (w *Watcher[T]) observe(u *unstructured.Unstructured, list *SyncEvent) {
 	if list != nil && rank == 0 {
 		prio = *w.cfg.ListPriority
 	}
-	w.emit(key, typ, obj, prio)
+	if at, ok := w.requested(u); ok {
+		// A durable trigger, through the API server.
+		c := opkit.Cause[T]{Object: obj, Sources: opkit.Sources(opkit.APIServer) | opkit.Sources(opkit.Operator),
+			Reasons: opkit.ReasonsOf("requestedAt " + at), Added: typ == opkit.Added}
+		out := w.cfg.Queue.Add(key, c, queue.AddOptions{Priority: max(prio, w.cfg.TriggerPriority)})
+		w.cfg.Metrics.Event(typ, out)
+	} else {
+		w.emit(key, typ, obj, prio)
+	}
 	if typ == opkit.Added {
 		ev.Added++
 	} else {
@@ -229,6 +237,17 @@ func (w *Watcher[T]) rank(u *unstructured.Unstructured, obj T) int {
 		return min(max(w.cfg.Rank(obj), 0), MaxRank)
 	}
 	return DefaultRank(u)
+}
+
+// requested returns the value of u's Config.RequestAnnotation when it
+// asks for a reconcile: set, and not the status.lastHandledReconcileAt.
+func (w *Watcher[T]) requested(u *unstructured.Unstructured) (string, bool) {
+	if w.cfg.RequestAnnotation == "" {
+		return "", false
+	}
+	at := u.GetAnnotations()[w.cfg.RequestAnnotation]
+	handled, _, _ := unstructured.NestedString(u.Object, "status", "lastHandledReconcileAt")
+	return at, at != "" && at != handled
 }
 
 // MaxRank bounds an object's rank (see Config.Rank).

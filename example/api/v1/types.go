@@ -83,6 +83,12 @@ type DemoEntityStatus struct {
 	// ObservedGeneration is the metadata.generation the last successful
 	// reconcile acted on.
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// LastHandledReconcileAt is the value of the annotation
+	// reconcile.opkit.dev/requestedAt the last reconcile handled: set the
+	// annotation to a new value (`kubectl annotate --overwrite ...
+	// reconcile.opkit.dev/requestedAt="$(date +%s)"`) and wait until this
+	// equals it, as with Flux's reconcile.fluxcd.io/requestedAt.
+	LastHandledReconcileAt string `json:"lastHandledReconcileAt,omitempty"`
 	// LastReconciled is when the status was last written by a reconcile.
 	LastReconciled *metav1.MicroTime `json:"lastReconciled,omitempty"`
 	// LastTrigger says what caused the last reconcile that wrote the status.
