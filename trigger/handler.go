@@ -609,8 +609,13 @@ func (h *handler[T]) parse(w http.ResponseWriter, r *http.Request, p *Pointer, w
 	// It must arrive within BodyTimeout (a recorder in tests has no
 	// deadline to set). It is decoded at once; the checks below apply in
 	// this order.
-	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(h.cfg.BodyTimeout))
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Now().Add(h.cfg.BodyTimeout))
 	body, err := io.ReadAll(http.MaxBytesReader(w, cmp.Or[io.ReadCloser](r.Body, http.NoBody), h.cfg.MaxBodyBytes))
+	// The body is in: no read deadline from here on (net/http would take
+	// its passing for the caller going away, and end a wait for the
+	// outcome early).
+	_ = rc.SetReadDeadline(time.Time{})
 	mt, _, mtErr := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	var reason *string // nil: no reason member, or a body of null
 	jsonErr := decodeObject(body, map[string]any{"reason": &reason}, false)

@@ -410,12 +410,16 @@ func Assemble(o Options, d Deps) (*Operator, error) {
 	// is nacked and redelivered.
 	if d.Broker != nil {
 		op.Consumer, err = trigger.NewConsumer(trigger.ConsumerConfig[*demov1.DemoEntity]{
-			Broker:      d.Broker,
-			Trigger:     trig,
-			Concurrency: 4,
-			LagInterval: 5 * time.Second,
-			Metrics:     m.Consumer(),
-			Logger:      logger,
+			Broker:  d.Broker,
+			Trigger: trig,
+			// A message is acknowledged once its reconcile succeeded (or
+			// failed for good): a leader that dies first leaves it to the
+			// next. Each waits in a handler meanwhile, hence 16.
+			AckAfterReconcile: true,
+			Concurrency:       16,
+			LagInterval:       5 * time.Second,
+			Metrics:           m.Consumer(),
+			Logger:            logger,
 		})
 		if err != nil {
 			return nil, err
