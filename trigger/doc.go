@@ -39,9 +39,23 @@
 // What an acknowledgement (or a 202) promises: the trigger is in the
 // leader's queue, not yet reconciled. If the leader's term ends first, the
 // queue is cleared and the next leader's full list reconciles every object
-// instead, without the trigger's reason (or teardown mark). Callers that
-// need the reason to survive a failover make it part of the object (a
-// field or an annotation).
+// instead, without the trigger's reason (or teardown mark). Three ways to
+// learn more, or to outlive the term:
+//
+//   - Tracked triggers ([Trigger.IntakeTracked]): the outcome of the
+//     reconcile that serves the trigger arrives on its [Ticket] (an HTTP
+//     caller's ?wait=, below); the end of the term resolves it as Unknown.
+//   - The consumer's AckAfterReconcile: a message is acknowledged only
+//     once its reconcile succeeded or failed for good, so the broker
+//     redelivers it to the next leader if the term ends first.
+//   - Durable triggers through the API server: the annotation
+//     reconcile.opkit.dev/requestedAt (watcher.DefaultRequestAnnotation)
+//     asks for a reconcile, at trigger priority and source Operator, until
+//     reconcile.Status records it in status.lastHandledReconcileAt, across
+//     leader changes and restarts, with RBAC on the object as the only
+//     permission: `kubectl annotate --overwrite widget/w
+//     reconcile.opkit.dev/requestedAt="$(date +%s)"` then `kubectl wait
+//     --for=jsonpath='{.status.lastHandledReconcileAt}'=...`.
 //
 // Goroutines: a Trigger owns none; the HTTP handler runs on net/http's
 // request goroutines; a Consumer's Run and a Server's Serve own theirs and
@@ -68,18 +82,24 @@
 // (within BodyTimeout), takes an in-flight slot, and only then checks the
 // key, authenticates and authorizes the caller, joins the entry waiting
 // for the key or takes a token of the trigger budget, reads the object
-// and enqueues it:
+// and enqueues it. On a follower with HandlerConfig.LeaderEndpoint it
+// authenticates and authorizes, then forwards the request with the
+// caller's credentials to the leader (which checks them again) and passes
+// its answer on; a forwarded request is not forwarded again. With
+// ?wait=D (at most MaxWait) the caller waits, holding no in-flight slot,
+// for the outcome of the reconcile that serves its trigger:
 //
-//	202            scheduled: an [Accepted] {key, namespace, name, uid, resourceVersion, delay, outcome}; no uid and resourceVersion when it joined a waiting entry
+//	200            the reconcile finished within the wait: an [Outcome] {id, state (succeeded, requeued, failed, terminal, skipped), error, attempts, duration, replica, term}; also the answer of GET .../triggers/{id} (pending or unknown included)
+//	202            scheduled: an [Accepted] {key, namespace, name, uid, resourceVersion, delay, outcome}; no uid and resourceVersion when it joined a waiting entry; with a wait that ended first, the trigger's id and statusPath to GET
 //	400, 408       an invalid key ([CheckName]), delay, reason, query or body, a path with empty, "." or ".." segments; 408: the body came too late
 //	401            no valid bearer token for the audience (WWW-Authenticate: Bearer, error="invalid_token" if sent)
 //	403            the SubjectAccessReview denied the caller
 //	404            no such object, an object outside the controller's scope (ErrOutOfScope), or no such route
-//	405            a method other than POST (Allow: POST)
+//	405            a method other than POST (GET for .../triggers/{id}; Allow says which)
 //	413, 415, 431  a body over HandlerConfig.MaxBodyBytes; a body that is not application/json; headers over ServerConfig.MaxHeaderBytes
 //	429            the rate or in-flight limit, the trigger budget, the reviews in flight, or the client's failed authentications (Retry-After)
-//	502, 504       the API server failed or returned an object of another kind; 504: a call timed out (APITimeout)
-//	503            the enqueue was dropped (Retry-After, X-Opkit-Leader, "leader" in the body), or the caller left first
+//	502, 504       the API server failed or returned an object of another kind, or the leader's endpoint is plain HTTP for a TLS request; 504: a call timed out (APITimeout)
+//	503            the enqueue was dropped (Retry-After, X-Opkit-Leader, "leader" in the body), the leader's term ended while the caller waited, the leader's endpoint does not answer (it is likely gone), or the caller left first
 //
 // What holds under floods: a trigger for a key that already waits costs
 // no read and no reconcile, and the others start at most Config.Rate
@@ -113,7 +133,7 @@
 //	object outside the scope           Nack after DroppedDelay: another controller on the subscription may own it
 //	API server error, another kind     Nack after RetryBase*2^(deliveries-1), at most RetryCap
 //	enqueue dropped                    Nack after DroppedDelay, never Ack
-//	scheduled                          Ack
+//	scheduled                          Ack; with AckAfterReconcile, Ack once the reconcile succeeded or failed for good (InProgress meanwhile, the Outcome replied), Nack when the term ends first
 //	received while Run is stopping     Nack at once
 //	a Nack the broker dead-letters     counted as terminated (TermMaxDeliveries, see [DeadLetterer])
 //

@@ -15,8 +15,8 @@ import (
 
 // A follower forwards a trigger to the leader's endpoint and answers with
 // the leader's answer; a forwarded request is never forwarded again; a
-// leader that does not answer is a 502; credentials do not leave TLS for
-// plain HTTP.
+// leader that does not answer is a 503 (it is likely gone); credentials
+// do not leave TLS for plain HTTP.
 func TestAFollowerForwardsToTheLeader(t *testing.T) {
 	leader := newHandlerEnv(t, nil)
 	leaderSrv := httptest.NewServer(leader.h)
@@ -74,7 +74,7 @@ func TestAFollowerForwardsToTheLeader(t *testing.T) {
 	gone := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) {
 		c.LeaderEndpoint = func() string { return "http://127.0.0.1:1" }
 	})
-	wantStatus(t, post(gone, "/reconcile/ns/a"), http.StatusBadGateway, "BadGateway")
+	wantStatus(t, post(gone, "/reconcile/ns/a"), http.StatusServiceUnavailable, "ServiceUnavailable")
 	if gone.q.Len() != 0 {
 		t.Fatal("a trigger the leader never got was queued here")
 	}

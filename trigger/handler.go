@@ -83,7 +83,8 @@ type HandlerConfig[T opkit.Object] struct {
 	// a request as the leader would, then forwards it there with the
 	// caller's credentials (the leader authenticates and authorizes it
 	// again: a follower never impersonates) and answers with the leader's
-	// answer: 502 when the leader does not answer. A forwarded request
+	// answer: 503 when the leader does not answer (it is likely gone).
+	// A forwarded request
 	// is never forwarded again (a replica that does not lead answers it
 	// 503), and over TLS one is forwarded only to an https endpoint.
 	LeaderEndpoint func() string
@@ -470,8 +471,8 @@ type forwarded struct {
 
 // forward sends the request r (its pointer p and wait) to the leader's
 // endpoint with the caller's credentials, and returns the leader's answer
-// (or 502 when there is none, or when it would take credentials from TLS
-// to plain HTTP).
+// (or 503 when there is none: the leader is likely gone; 502 when it
+// would take credentials from TLS to plain HTTP).
 func (h *handler[T]) forward(r *http.Request, leader string, p Pointer, wait time.Duration, key opkit.Key) any {
 	u, err := url.Parse(leader)
 	switch {
@@ -503,8 +504,10 @@ func (h *handler[T]) forward(r *http.Request, leader string, p Pointer, wait tim
 	req.Header.Set(ForwardedHeader, cmp.Or(h.cfg.Identity, "follower"))
 	resp, err := h.cfg.ForwardClient.Do(req)
 	if err != nil {
+		// Most likely the leader died and its Lease has not expired yet:
+		// for the caller, no replica leads right now.
 		h.log.Log(r.Context(), slog.LevelWarn, "forward", "trigger: forwarding to the leader failed", slog.String("leader", leader), slog.Any("error", err))
-		return h.fail(http.StatusBadGateway, "the leader's endpoint did not answer", &key)
+		return h.fail(http.StatusServiceUnavailable, "the leader's endpoint does not answer: leadership is likely changing", &key)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
