@@ -248,11 +248,10 @@ func (d *demo) run(ctx context.Context) error {
 	}
 	info("ServiceAccount %s/ci-deployer is bound to ClusterRole %s; its token has audience %q", ns, config.TriggerClusterRole, operator.TriggerAudience)
 	before := time.Now()
-	d.cli(ctx, "trigger", "--namespace", ns, "hello", "--via", "http", "--url", follower.TriggerURL, "--token-file", tokenFile, "--reason", "deployed build 42")
-	info("(the follower refused it, naming the leader; the CLI exits 1, and a pipeline retries against the leader)")
-	if out, ok := d.cli(ctx, "trigger", "--namespace", ns, "hello", "--via", "http", "--url", leader.TriggerURL, "--token-file", tokenFile, "--reason", "deployed build 42"); !ok {
-		return fmt.Errorf("trigger via the leader failed: %s", out)
+	if out, ok := d.cli(ctx, "trigger", "--namespace", ns, "hello", "--via", "http", "--url", follower.TriggerURL, "--token-file", tokenFile, "--reason", "deployed build 42", "--wait", "10s"); !ok {
+		return fmt.Errorf("trigger via the follower failed: %s", out)
 	}
+	info("(sent to the follower %s, which forwarded it to the leader %s, the one that reconciled it; --wait printed its outcome)", follower.Identity, leaderID)
 	if err := d.waitReconciled(ctx, "hello", triggeredAfter(before, "deployed build 42")); err != nil {
 		return err
 	}
@@ -264,6 +263,19 @@ func (d *demo) run(ctx context.Context) error {
 	info("the same ServiceAccount's token for the API server's own audience: %d (refused: tokens are not replayable across audiences)", code)
 	code = d.post(leader.TriggerURL+"/reconcile/"+ns+"/hello", "")
 	info("no token at all: %d", code)
+
+	step("durable trigger: the annotation reconcile.opkit.dev/requestedAt, then waiting for status.lastHandledReconcileAt")
+	requested := time.Now().UTC().Format(time.RFC3339Nano)
+	info("$ kubectl annotate --overwrite demoentity/world -n %s reconcile.opkit.dev/requestedAt=%s", ns, requested)
+	patch := fmt.Appendf(nil, `{"metadata":{"annotations":{"reconcile.opkit.dev/requestedAt":%q}}}`, requested)
+	if _, err := d.entities().Patch(ctx, "world", "application/merge-patch+json", patch, metav1.PatchOptions{}); err != nil {
+		return err
+	}
+	info("$ kubectl wait demoentity/world -n %s --for=jsonpath='{.status.lastHandledReconcileAt}'=%s", ns, requested)
+	if err := d.waitReconciled(ctx, "world", func(x *demov1.DemoEntity) bool { return x.Status.LastHandledReconcileAt == requested }); err != nil {
+		return err
+	}
+	info("handled: needs only RBAC on the DemoEntity, and survives leader changes and restarts")
 
 	step("NATS trigger: a message {namespace, name, reason} on subject demo.reconcile")
 	before = time.Now()
