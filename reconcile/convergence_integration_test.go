@@ -54,21 +54,8 @@ func (s *sizes) of(name string) int {
 // its normal backoff, never by the slow path for lasting permission errors
 // (nothing is logged at ERROR). Durations are logged, not asserted.
 func TestIntegrationTenAPIServerRestartsEachFollowedByAReconciledChange(t *testing.T) {
-	c := testcluster.Start(t, testcluster.Options{})
+	c, dyn, kube, ns := privateWidgets(t, testcluster.Options{})
 	ctx := context.Background()
-	cfg := c.Config()
-	dyn, err := dynamic.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kube, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.InstallCRD(ctx, testcluster.CRD{Resource: widgets.GroupVersionResource, Kind: widgets.Kind, Namespaced: true}); err != nil {
-		t.Fatal(err)
-	}
-	ns := c.Namespace(t)
 	logs := &syncBuffer{}
 	rec := &sizes{last: map[string]int{}}
 	ctrl := runController(t, reconcile.Config[*Widget]{
@@ -181,4 +168,24 @@ func TestIntegrationATermReconcilesStaleObjectsFirst(t *testing.T) {
 	if !slices.IsSortedFunc(order, func(a, b string) int { return rank(a) - rank(b) }) {
 		t.Fatalf("reconciled in the order %v, want the two-behind first, then the one-behind and new, then the up-to-date", order)
 	}
+}
+
+// privateWidgets starts a private control plane (opts) with the widgets
+// CRD served, and returns it with admin clients and a fresh namespace.
+func privateWidgets(t *testing.T, opts testcluster.Options) (*testcluster.Cluster, dynamic.Interface, kubernetes.Interface, string) {
+	t.Helper()
+	c := testcluster.Start(t, opts)
+	cfg := c.Config()
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.InstallCRD(context.Background(), testcluster.CRD{Resource: widgets.GroupVersionResource, Kind: widgets.Kind, Namespaced: true}); err != nil {
+		t.Fatal(err)
+	}
+	return c, dyn, kube, c.Namespace(t)
 }

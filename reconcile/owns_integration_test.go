@@ -18,8 +18,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/internal/testcluster"
@@ -70,21 +68,8 @@ func (r *childReconciler) lastErr(name string) error {
 // its children with it, a child controlled by someone else is left
 // alone, and a Watches mapping reaches several owners.
 func TestIntegrationOwnedChildren(t *testing.T) {
-	c := testcluster.Start(t, testcluster.Options{ControllerManager: true})
+	_, dyn, kube, ns := privateWidgets(t, testcluster.Options{ControllerManager: true})
 	ctx := context.Background()
-	cfg := c.Config()
-	dyn, err := dynamic.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kube, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.InstallCRD(ctx, testcluster.CRD{Resource: widgets.GroupVersionResource, Kind: widgets.Kind, Namespaced: true}); err != nil {
-		t.Fatal(err)
-	}
-	ns := c.Namespace(t)
 	apply, err := reconcile.NewApplier(reconcile.ApplyConfig{Dynamic: dyn, FieldManager: "test.opkit.dev/owners", Owner: widgets})
 	if err != nil {
 		t.Fatal(err)

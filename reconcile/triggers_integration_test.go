@@ -186,15 +186,8 @@ func (tc *triggerCluster) post(t *testing.T, r *triggerReplica, name, query stri
 // durable trigger set while no replica leads is handled by the next
 // leader.
 func TestIntegrationTriggersAPipelineCanRelyOn(t *testing.T) {
-	c := testcluster.Start(t, testcluster.Options{})
+	c, dyn, kube, ns := privateWidgets(t, testcluster.Options{})
 	ctx := context.Background()
-	admin := c.Config()
-	dyn := dynamic.NewForConfigOrDie(admin)
-	kube := kubernetes.NewForConfigOrDie(admin)
-	if err := c.InstallCRD(ctx, testcluster.CRD{Resource: widgets.GroupVersionResource, Kind: widgets.Kind, Namespaced: true}); err != nil {
-		t.Fatal(err)
-	}
-	ns := c.Namespace(t)
 	// The pipeline may update (so trigger) widgets; the replicas run as
 	// admin.
 	if _, err := kube.RbacV1().Roles(ns).Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "trigger"},
@@ -236,7 +229,7 @@ func TestIntegrationTriggersAPipelineCanRelyOn(t *testing.T) {
 	})
 
 	t.Run("a follower forwards to the leader", func(t *testing.T) {
-			for _, f := range followers {
+		for _, f := range followers {
 			code, body := tc.post(t, f, "ok-1", "?reason=from-"+f.id)
 			if code != http.StatusAccepted {
 				t.Fatalf("through %s: %d %s, want 202 (the leader's)", f.id, code, body)
@@ -259,7 +252,7 @@ func TestIntegrationTriggersAPipelineCanRelyOn(t *testing.T) {
 	})
 
 	t.Run("a waiting caller gets the outcome", func(t *testing.T) {
-			for _, tt := range []struct {
+		for _, tt := range []struct {
 			name  string
 			state trigger.State
 			err   string
@@ -273,7 +266,7 @@ func TestIntegrationTriggersAPipelineCanRelyOn(t *testing.T) {
 	})
 
 	t.Run("waiting callers get 503 when the leader's term ends", func(t *testing.T) {
-			type answer struct {
+		type answer struct {
 			code int
 			body []byte
 		}
