@@ -219,7 +219,6 @@ func startOpkit(b *testing.B, r *replica, cfg *rest.Config, ns string) {
 	go func() { r.done <- ctrl.Run(ctx) }()
 }
 
-
 func toUnstructured(cm *corev1.ConfigMap) (*unstructured.Unstructured, error) {
 	m, err := kruntime.DefaultUnstructuredConverter.ToUnstructured(cm)
 	if err != nil {
