@@ -88,9 +88,11 @@ type HandlerConfig[T opkit.Object] struct {
 	// is never forwarded again (a replica that does not lead answers it
 	// 503), and over TLS one is forwarded only to an https endpoint.
 	LeaderEndpoint func() string
-	// ForwardClient sends forwarded requests; nil means
-	// http.DefaultClient. Over TLS, give it the configuration that
-	// trusts the replicas' serving certificates. Identity names this
+	// ForwardClient sends forwarded requests; nil means a client of
+	// net/http's default transport that keeps 64 idle connections to the
+	// leader. Over TLS, give it the configuration that
+	// trusts the replicas' serving certificates (and as many idle
+	// connections). Identity names this
 	// replica in the forwarded requests' ForwardedHeader.
 	ForwardClient *http.Client
 	Identity      string
@@ -240,7 +242,13 @@ func NewHandler[T opkit.Object](cfg HandlerConfig[T]) (http.Handler, error) {
 	}
 	cfg.MaxDelay = cmp.Or(cfg.MaxDelay, time.Hour)
 	cfg.MaxWait, cfg.MaxWaiting = cmp.Or(cfg.MaxWait, DefaultMaxWait), cmp.Or(cfg.MaxWaiting, DefaultMaxWaiting)
-	cfg.ForwardClient = cmp.Or(cfg.ForwardClient, http.DefaultClient)
+	if cfg.ForwardClient == nil {
+		// Waiting callers hold their forwarded request's connection: keep
+		// as many idle ones to the leader as may wait, not net/http's 2.
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.MaxIdleConnsPerHost = 64
+		cfg.ForwardClient = &http.Client{Transport: tr}
+	}
 	cfg.MaxBodyBytes = cmp.Or(cfg.MaxBodyBytes, DefaultMaxBodyBytes)
 	cfg.BodyTimeout = cmp.Or(cfg.BodyTimeout, 2*time.Second)
 	cfg.MaxAuthFailures = cmp.Or(cfg.MaxAuthFailures, 10)
