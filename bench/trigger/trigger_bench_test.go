@@ -28,6 +28,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	dynfake "k8s.io/client-go/dynamic/fake"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/workqueue"
 	crcontroller "sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/priorityqueue"
@@ -91,6 +92,7 @@ func backlogName(i int) string { return fmt.Sprintf("backlog-%06d", i) }
 var env struct {
 	fixture.Cluster
 	client dynamic.Interface
+	kube   kubernetes.Interface // for the Leases of BenchmarkTriggerOutcome
 
 	targetObjs  []*corev1.ConfigMap              // what Enqueue is handed
 	targetMeta  []*metav1.PartialObjectMetadata  // what a GenericEvent carries
@@ -124,6 +126,9 @@ func populate(ctx context.Context, b *testing.B, c *testcluster.Cluster) error {
 		return err
 	}
 	env.client = d
+	if env.kube, err = kubernetes.NewForConfig(cfg); err != nil {
+		return err
+	}
 	nsGVR := schema.GroupVersionResource{Version: "v1", Resource: "namespaces"}
 	ns := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": namespace}}}
 	if _, err := d.Resource(nsGVR).Create(ctx, ns, metav1.CreateOptions{}); err != nil {
@@ -259,13 +264,19 @@ func (c *durations) reset() {
 	c.mu.Unlock()
 }
 
-// report reports the p50 and p99 of what was collected as <prefix>-p50-ns
-// and <prefix>-p99-ns.
-func (c *durations) report(b *testing.B, prefix string) {
+// sorted returns what was collected, sorted.
+func (c *durations) sorted() []time.Duration {
 	c.mu.Lock()
 	d := slices.Clone(c.d)
 	c.mu.Unlock()
 	slices.Sort(d)
+	return d
+}
+
+// report reports the p50 and p99 of what was collected as <prefix>-p50-ns
+// and <prefix>-p99-ns.
+func (c *durations) report(b *testing.B, prefix string) {
+	d := c.sorted()
 	b.ReportMetric(float64(stats.Percentile(d, 0.50)), prefix+"-p50-ns")
 	b.ReportMetric(float64(stats.Percentile(d, 0.99)), prefix+"-p99-ns")
 }
