@@ -28,6 +28,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	dynfake "k8s.io/client-go/dynamic/fake"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/workqueue"
 	crcontroller "sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/priorityqueue"
@@ -91,6 +92,7 @@ func backlogName(i int) string { return fmt.Sprintf("backlog-%06d", i) }
 var env struct {
 	fixture.Cluster
 	client dynamic.Interface
+	kube   kubernetes.Interface // for the Leases of BenchmarkTriggerOutcome
 
 	targetObjs  []*corev1.ConfigMap              // what Enqueue is handed
 	targetMeta  []*metav1.PartialObjectMetadata  // what a GenericEvent carries
@@ -124,6 +126,9 @@ func populate(ctx context.Context, b *testing.B, c *testcluster.Cluster) error {
 		return err
 	}
 	env.client = d
+	if env.kube, err = kubernetes.NewForConfig(cfg); err != nil {
+		return err
+	}
 	nsGVR := schema.GroupVersionResource{Version: "v1", Resource: "namespaces"}
 	ns := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": namespace}}}
 	if _, err := d.Resource(nsGVR).Create(ctx, ns, metav1.CreateOptions{}); err != nil {
@@ -259,13 +264,19 @@ func (c *durations) reset() {
 	c.mu.Unlock()
 }
 
-// report reports the p50 and p99 of what was collected as <prefix>-p50-ns
-// and <prefix>-p99-ns.
-func (c *durations) report(b *testing.B, prefix string) {
+// sorted returns what was collected, sorted.
+func (c *durations) sorted() []time.Duration {
 	c.mu.Lock()
 	d := slices.Clone(c.d)
 	c.mu.Unlock()
 	slices.Sort(d)
+	return d
+}
+
+// report reports the p50 and p99 of what was collected as <prefix>-p50-ns
+// and <prefix>-p99-ns.
+func (c *durations) report(b *testing.B, prefix string) {
+	d := c.sorted()
 	b.ReportMetric(float64(stats.Percentile(d, 0.50)), prefix+"-p50-ns")
 	b.ReportMetric(float64(stats.Percentile(d, 0.99)), prefix+"-p99-ns")
 }
@@ -481,13 +492,12 @@ func fakeAPI(b *testing.B) dynamic.Interface {
 		map[schema.GroupVersionResource]string{configMaps.GroupVersionResource: "ConfigMapList"}, seed...)
 }
 
-// startOpkit runs an opkit controller over the targets' namespace and waits
-// until its initial list has been reconciled. With viaHTTP the triggers go
-// through the HTTP endpoint, else straight to Trigger.Enqueue.
-func startOpkit(b *testing.B, client dynamic.Interface, tr *tracker, viaHTTP bool) contender {
-	b.Helper()
-	qm := &waits{}
-	ctrl, err := reconcile.NewController(reconcile.Config[*corev1.ConfigMap]{
+// opkitConfig is the controller every opkit contender runs over the
+// targets' namespace: the shared reconciler logic (tr), the default worker
+// count and reserved worker, no trigger budget, a watch that lists the
+// backlog objects too when client is wrapped by withBacklog.
+func opkitConfig(client dynamic.Interface, tr *tracker) reconcile.Config[*corev1.ConfigMap] {
+	return reconcile.Config[*corev1.ConfigMap]{
 		Name:     "trigger-bench",
 		Resource: configMaps,
 		Dynamic:  client,
@@ -502,33 +512,67 @@ func startOpkit(b *testing.B, client dynamic.Interface, tr *tracker, viaHTTP boo
 		TriggerRate: -1,
 		// The watch lists the backlog objects too (withBacklog), so a
 		// backlog entry is reconciled from the state it carries.
-		Watch:        watcher.Config[*corev1.ConfigMap]{Namespace: namespace},
-		NoEvents:     true,
-		Logger:       discard,
-		QueueMetrics: qm,
-	})
-	if err != nil {
-		b.Fatal(err)
+		Watch:    watcher.Config[*corev1.ConfigMap]{Namespace: namespace},
+		NoEvents: true,
+		Logger:   discard,
 	}
-	qm.prio = ctrl.Trigger().Priority()
+}
+
+// run runs ctrl until stop, which returns once Run has returned and fails
+// b if Run failed.
+func run(b *testing.B, ctrl *reconcile.Controller[*corev1.ConfigMap]) (ctx context.Context, stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- ctrl.Run(ctx) }()
-	stop := func() {
+	return ctx, func() {
 		cancel()
 		if err := <-done; err != nil {
 			b.Errorf("controller: %v", err)
 		}
 	}
-	// The initial list queues every target once (source APIServer); let
-	// the workers take them all before measuring.
+}
+
+// awaitListed waits until ctrl (the leader, with leader election) has
+// reconciled its initial list, which queues every target once (source
+// APIServer): the workers take them all before anything is measured.
+func awaitListed(ctrl *reconcile.Controller[*corev1.ConfigMap], tr *tracker) error {
 	deadline := time.Now().Add(time.Minute)
 	for tr.listed.Load() < targets || ctrl.Queue().Len() > 0 || ctrl.Check() != nil {
 		if time.Now().After(deadline) {
-			stop()
-			b.Fatalf("initial sync not reconciled: %d of %d, queue %d, check %v", tr.listed.Load(), targets, ctrl.Queue().Len(), ctrl.Check())
+			return fmt.Errorf("initial sync not reconciled: %d of %d, queue %d, check %v", tr.listed.Load(), targets, ctrl.Queue().Len(), ctrl.Check())
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+	return nil
+}
+
+// fillBacklog queues the backlog entries into q at priority prio.
+func fillBacklog(b *testing.B, q *queue.Queue[opkit.Key, opkit.Cause[*corev1.ConfigMap]], prio int) {
+	for i := range env.backlog {
+		ev := env.backlog[i]
+		if out := q.Add(opkit.KeyOf(ev.Object), ev, queue.AddOptions{Priority: prio}); !out.Accepted() {
+			b.Fatalf("backlog add dropped: %v", out)
+		}
+	}
+}
+
+// startOpkit runs an opkit controller over the targets' namespace and waits
+// until its initial list has been reconciled. With viaHTTP the triggers go
+// through the HTTP endpoint, else straight to Trigger.Enqueue.
+func startOpkit(b *testing.B, client dynamic.Interface, tr *tracker, viaHTTP bool) contender {
+	b.Helper()
+	qm := &waits{}
+	cfg := opkitConfig(client, tr)
+	cfg.QueueMetrics = qm
+	ctrl, err := reconcile.NewController(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	qm.prio = ctrl.Trigger().Priority()
+	ctx, stop := run(b, ctrl)
+	if err := awaitListed(ctrl, tr); err != nil {
+		stop()
+		b.Fatal(err)
 	}
 
 	q := ctrl.Queue()
@@ -552,12 +596,7 @@ func startOpkit(b *testing.B, client dynamic.Interface, tr *tracker, viaHTTP boo
 			if l == relistBacklog {
 				prio = watcher.DefaultListPriority
 			}
-			for i := range env.backlog {
-				ev := env.backlog[i]
-				if out := q.Add(opkit.KeyOf(ev.Object), ev, queue.AddOptions{Priority: prio}); !out.Accepted() {
-					b.Fatalf("backlog add dropped: %v", out)
-				}
-			}
+			fillBacklog(b, q, prio)
 		},
 		stop: stop,
 	}
