@@ -70,7 +70,10 @@ type HandlerConfig[T opkit.Object] struct {
 	// Reviews is the client for the default Authenticator.
 	Reviews ReviewClient
 	// InsecureSkipAuth serves every caller without authentication. Only
-	// for development or behind another authenticating layer.
+	// for development or behind another authenticating layer. Callers
+	// are then told apart by address only, for their share of the trigger
+	// budget: a leader sees those a follower forwards as one caller, the
+	// follower.
 	InsecureSkipAuth bool
 	// Leader returns the current leader's identity for 503 answers (for
 	// example leader.Elector's Leader method); nil or "" means unknown.
