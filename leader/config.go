@@ -65,7 +65,9 @@ type Config struct {
 	// Annotations are what the holder publishes on the Lease while it
 	// holds it (set when it acquires it, removed when it releases it),
 	// read by the other replicas with Elector.LeaderAnnotation: where the
-	// leader's trigger endpoint listens, say.
+	// leader's trigger endpoint listens, say. Their names are recorded
+	// in PublishedAnnotation so that the next holder removes them even
+	// if this one dies without releasing the Lease.
 	Annotations map[string]string
 
 	// LeaseDuration is how long followers wait, after observing the last

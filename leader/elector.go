@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"maps"
 	"runtime/debug"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -405,12 +407,7 @@ func (e *Elector) acquire(ctx context.Context, observed *coordinationv1.Lease) (
 	now, id, secs := metav1.NewMicroTime(sent), e.cfg.Identity, e.leaseSeconds()
 	l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds, l.Spec.LeaseTransitions = &id, &secs, &n
 	l.Spec.AcquireTime, l.Spec.RenewTime = &now, &now
-	if len(e.cfg.Annotations) > 0 {
-		if l.Annotations == nil {
-			l.Annotations = map[string]string{}
-		}
-		maps.Copy(l.Annotations, e.cfg.Annotations)
-	}
+	publish(l, e.cfg.Annotations)
 	rctx, cancel := context.WithTimeout(ctx, e.cfg.RenewDeadline)
 	defer cancel()
 	if observed == nil {
@@ -419,6 +416,29 @@ func (e *Elector) acquire(ctx context.Context, observed *coordinationv1.Lease) (
 	}
 	got, err := e.leases.Update(rctx, l, metav1.UpdateOptions{})
 	return got, sent, err
+}
+
+// PublishedAnnotation lists, comma-separated, the annotation names the
+// holder published on the Lease (Config.Annotations), so that the next
+// holder removes them even when the previous one died without releasing
+// the Lease and the new one does not publish the same names.
+const PublishedAnnotation = "leader.opkit.dev/published"
+
+// publish removes from l the annotations its previous holder published
+// and adds own, recording their names in PublishedAnnotation.
+func publish(l *coordinationv1.Lease, own map[string]string) {
+	for _, k := range strings.Split(l.Annotations[PublishedAnnotation], ",") {
+		delete(l.Annotations, k)
+	}
+	delete(l.Annotations, PublishedAnnotation)
+	if len(own) == 0 {
+		return
+	}
+	if l.Annotations == nil {
+		l.Annotations = map[string]string{}
+	}
+	maps.Copy(l.Annotations, own)
+	l.Annotations[PublishedAnnotation] = strings.Join(slices.Sorted(maps.Keys(own)), ",")
 }
 
 // ---- leading ----
@@ -625,9 +645,7 @@ func (e *Elector) release(ctx context.Context, cur *coordinationv1.Lease, log *s
 		l := cur.DeepCopy()
 		empty, now := "", metav1.NewMicroTime(time.Now())
 		l.Spec.HolderIdentity, l.Spec.RenewTime = &empty, &now
-		for k := range e.cfg.Annotations {
-			delete(l.Annotations, k)
-		}
+		publish(l, nil)
 		_, err := e.leases.Update(rctx, l, metav1.UpdateOptions{})
 		if err == nil {
 			e.locked(func() { e.holder, e.annotations = "", nil })

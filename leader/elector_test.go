@@ -1093,7 +1093,8 @@ func TestTheHolderPublishesItsAnnotations(t *testing.T) {
 		if err := a.stop(); err != nil {
 			t.Fatal(err)
 		}
-		if got := e.api.lease().Annotations[endpoint]; got != "" {
+		// b may already have taken the released Lease over.
+		if got := e.api.lease().Annotations[endpoint]; got == "https://10.0.0.1:8443" {
 			t.Fatalf("the released Lease still says %q", got)
 		}
 		sleep(3 * time.Second)
@@ -1101,5 +1102,69 @@ func TestTheHolderPublishesItsAnnotations(t *testing.T) {
 			t.Fatalf("b leads %v with %q, want its own endpoint published", b.elector.IsLeader(), b.elector.LeaderAnnotation(endpoint))
 		}
 		b.stop()
+	})
+}
+
+// A holder that dies without releasing the Lease leaves its annotations
+// behind; the next holder removes them even when it publishes other names
+// (a rolling upgrade that renamed or dropped the endpoint), so nobody
+// reads a dead replica's endpoint as the leader's.
+func TestTheNextHolderRemovesACrashedHoldersAnnotations(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		a := e.start("a", func(c *leader.Config) {
+			c.Annotations = map[string]string{"old.example/endpoint": "https://10.0.0.1:8443"}
+		}, nil)
+		sleep(time.Second)
+		b := e.start("b", func(c *leader.Config) {
+			c.Annotations = map[string]string{"new.example/endpoint": "https://10.0.0.2:8443"}
+		}, nil)
+		c := e.start("c", nil, nil)
+		sleep(3 * time.Second)
+		if !a.elector.IsLeader() || c.elector.LeaderAnnotation("old.example/endpoint") != "https://10.0.0.1:8443" {
+			t.Fatal("a should lead with its endpoint published")
+		}
+		// a crashes: its renewals fail and it never gets to release.
+		e.api.setHook("a", func(string) error { return errors.New("dial tcp: connection refused") })
+		sleep(3 * leaseDuration)
+		synctest.Wait()
+		if !b.elector.IsLeader() && !c.elector.IsLeader() {
+			t.Fatalf("nobody took over; journal:\n%s", e.j)
+		}
+		got := e.api.lease().Annotations
+		if _, stale := got["old.example/endpoint"]; stale {
+			t.Errorf("the new holder left the crashed holder's annotation: %v", got)
+		}
+		if c.elector.LeaderAnnotation("old.example/endpoint") != "" {
+			t.Error("a follower still reads the crashed holder's endpoint")
+		}
+		if b.elector.IsLeader() && got["new.example/endpoint"] != "https://10.0.0.2:8443" {
+			t.Errorf("b leads but did not publish its endpoint: %v", got)
+		}
+		e.api.setHook("a", nil)
+		a.stop()
+		b.stop()
+		c.stop()
+	})
+}
+
+// Releasing the Lease removes what the holder published, bookkeeping
+// included.
+func TestReleasingTheLeaseRemovesThePublishedAnnotations(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		a := e.start("a", func(c *leader.Config) {
+			c.Annotations = map[string]string{"trigger.opkit.dev/endpoint": "https://10.0.0.1:8443"}
+		}, nil)
+		sleep(time.Second)
+		if got := e.api.lease().Annotations[leader.PublishedAnnotation]; got != "trigger.opkit.dev/endpoint" {
+			t.Fatalf("%s = %q while leading", leader.PublishedAnnotation, got)
+		}
+		if err := a.stop(); err != nil {
+			t.Fatal(err)
+		}
+		if got := e.api.lease().Annotations; len(got) != 0 {
+			t.Fatalf("the released Lease still carries %v", got)
+		}
 	})
 }
