@@ -32,10 +32,15 @@ const (
 	// NotHeld: an add with [AddOptions.MergeOnly] found no entry waiting
 	// for the key; nothing was stored.
 	NotHeld
+	// MergedNotDue: an add with [AddOptions.MergeOnly] was merged into an
+	// entry that waits for its due time (a delayed retry or requeue),
+	// which it left alone.
+	MergedNotDue
 )
 
-// Accepted reports whether the add was stored (Queued or Merged).
-func (o Outcome) Accepted() bool { return o == Queued || o == Merged }
+// Accepted reports whether the add was stored (Queued, Merged or
+// MergedNotDue).
+func (o Outcome) Accepted() bool { return o == Queued || o == Merged || o == MergedNotDue }
 
 // String returns the outcome's name.
 func (o Outcome) String() string {
@@ -50,6 +55,8 @@ func (o Outcome) String() string {
 		return "DroppedShutDown"
 	case NotHeld:
 		return "NotHeld"
+	case MergedNotDue:
+		return "MergedNotDue"
 	}
 	return "Outcome(?)"
 }
@@ -64,8 +71,10 @@ type AddOptions struct {
 	Priority int
 	// MergeOnly stores the add only if it merges into an entry waiting
 	// for the key (pending, or parked behind the one in flight), so it
-	// never makes another hand-out; otherwise Add stores nothing and
-	// returns NotHeld.
+	// never makes another hand-out, nor an earlier one: it joins the
+	// payload and may raise the priority, but leaves the entry's due time
+	// (a delayed retry or requeue stays delayed; Delay is ignored).
+	// Otherwise Add stores nothing and returns NotHeld.
 	MergeOnly bool
 }
 

@@ -78,7 +78,10 @@ func (m *model) add(k, v int, o queue.AddOptions, now time.Time) queue.Outcome {
 		return queue.NotHeld // nothing waiting to merge into
 	}
 	due := now
-	if o.Delay > 0 {
+	switch {
+	case o.MergeOnly:
+		due = time.Unix(1<<40, 0) // it never moves the held entry's due time
+	case o.Delay > 0:
 		due = now.Add(o.Delay)
 	}
 	e := &modelEntry{val: v, prio: o.Priority, due: due}
@@ -92,6 +95,9 @@ func (m *model) add(k, v int, o queue.AddOptions, now time.Time) queue.Outcome {
 		return queue.Merged
 	}
 	m.mergeInto(mk, e, now)
+	if o.MergeOnly && mk.held[0].due.After(now) {
+		return queue.MergedNotDue // joined an entry that waits for its time
+	}
 	return queue.Merged
 }
 

@@ -272,7 +272,10 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 	out := Merged
 	switch {
 	case at != none:
-		q.mergeInto(at, value, opts.Delay, prio, now, haveNow)
+		q.mergeInto(at, value, opts.Delay, prio, now, haveNow, opts.MergeOnly)
+		if s := q.sl(at); opts.MergeOnly && (s.state() == stDelayed || s.state() == stParked && s.due > q.lastNow) {
+			out = MergedNotDue
+		}
 	case hs != nil && hs.state() == stInFlight:
 		// The first add while the key is in flight: parked behind it.
 		if !haveNow {
@@ -316,7 +319,7 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 	}
 	q.mu.Unlock()
 	if m := q.metrics; m != nil {
-		m.Added(int(prio), out == Merged)
+		m.Added(int(prio), out != Queued)
 	}
 	return out
 }
@@ -340,9 +343,10 @@ func (q *Queue[K, V]) touchesReady(at int32, hs *slot[K, V], delay time.Duration
 	return false
 }
 
-// mergeInto merges an add into the held (pending or parked) entry t.
-// now is the clock if haveNow, else it is read only when the merge needs it.
-func (q *Queue[K, V]) mergeInto(t int32, value V, delay time.Duration, prio int32, now int64, haveNow bool) {
+// mergeInto merges an add into the held (pending or parked) entry t;
+// keepDue (a MergeOnly add) leaves its due time alone. now is the clock
+// if haveNow, else it is read only when the merge needs it.
+func (q *Queue[K, V]) mergeInto(t int32, value V, delay time.Duration, prio int32, now int64, haveNow, keepDue bool) {
 	s := q.sl(t)
 	if q.merge != nil {
 		q.merge(&s.val, value)
@@ -350,7 +354,7 @@ func (q *Queue[K, V]) mergeInto(t int32, value V, delay time.Duration, prio int3
 	// The incoming due time is now+delay. It matters only if it may be
 	// earlier than the held one, which an entry already due never is.
 	var due int64
-	if s.state() != stReady && (delay > 0 || s.due > q.lastNow) {
+	if !keepDue && s.state() != stReady && (delay > 0 || s.due > q.lastNow) {
 		if !haveNow {
 			now = q.clock()
 		}

@@ -261,6 +261,27 @@ func TestMergeOnlyJoinsWhatWaitsAndNeverMakesAHandOut(t *testing.T) {
 	}
 }
 
+// A MergeOnly add leaves the due time of what it joins alone: a delayed
+// retry or requeue stays delayed (it never makes an earlier hand-out),
+// and the add says so (MergedNotDue).
+func TestMergeOnlyLeavesTheDueTimeAlone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := newQ(t, queue.Config[int]{Merge: union})
+		mustAdd(t, q, "a", 1, queue.AddOptions{Delay: time.Hour}, queue.Queued)
+		mustAdd(t, q, "a", 2, queue.AddOptions{MergeOnly: true, Priority: 5}, queue.MergedNotDue)
+		ctx, cancel := context.WithTimeout(context.Background(), 59*time.Minute)
+		defer cancel()
+		if it, err := q.Get(ctx); err == nil {
+			t.Fatalf("got %+v before the hour: the MergeOnly add made the entry due", it)
+		}
+		ctx, cancel = context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if it, err := q.Get(ctx); err != nil || it.Value != 3 || it.Priority != 5 {
+			t.Fatalf("Get = %+v, %v; want value 3 at priority 5 once due", it, err)
+		}
+	})
+}
+
 func TestDonePanicsForKeyNotInFlight(t *testing.T) {
 	q := newQ(t, queue.Config[int]{})
 	q.Add("a", 1, queue.AddOptions{})
