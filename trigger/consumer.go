@@ -382,6 +382,10 @@ func (c *Consumer[T]) handle(ctx context.Context, msg Message, start time.Time) 
 	case errors.Is(err, ErrNotFound):
 		c.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "trigger consumer: object no longer exists; acknowledging", key, slog.String("triggerReason", p.Reason))
 		c.ack(ctx, msg, AckNotFound, start)
+	case errors.Is(err, ErrBusy):
+		// Too many tracked triggers wait: later, as for a drop (it is not
+		// the message's fault, nor the API server's).
+		c.nack(ctx, msg, NackDropped, c.cfg.DroppedDelay, start)
 	case err != nil:
 		// The API server failed, or returned something the trigger
 		// refuses (another kind): not the message's fault.

@@ -474,3 +474,39 @@ func TestTheConsumerWaitsForTheTriggerBudget(t *testing.T) {
 		}
 	})
 }
+
+// A trigger that joins an entry waiting for its due time (a retry's
+// backoff, a requeue) makes it due now only for a token of the budget:
+// a join alone never starts a reconcile sooner.
+func TestAJoinMakesAWaitingEntryDueOnlyForAToken(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		anything := func(_ context.Context, k opkit.Key) (*corev1.ConfigMap, error) { return cm(k.Namespace, k.Name), nil }
+		tr, q := newCMTriggerWith(t, trigger.Config[*corev1.ConfigMap]{Get: anything, Rate: 1, Burst: 1})
+		a := opkit.Key{Namespace: "ns", Name: "a"}
+		q.Add(a, opkit.Cause[*corev1.ConfigMap]{}, queue.AddOptions{Delay: time.Hour}) // a retry, an hour away
+		intake := func() {
+			t.Helper()
+			if _, o, err := tr.Intake(context.Background(), trigger.Pointer{Key: a}, trigger.IntakeOptions{}); err != nil || o != queue.Merged {
+				t.Fatalf("Intake = %v, %v; want Merged", o, err)
+			}
+		}
+		due := func() bool {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			it, err := q.Get(ctx)
+			if err == nil {
+				q.Done(it.Key)
+				q.Add(a, opkit.Cause[*corev1.ConfigMap]{}, queue.AddOptions{Delay: time.Hour})
+			}
+			return err == nil
+		}
+		intake() // the budget's one token: due now
+		if !due() {
+			t.Fatal("a paid trigger left the entry an hour away")
+		}
+		intake() // no token left: joined, still an hour away
+		if due() {
+			t.Fatal("a trigger without a token made the entry due")
+		}
+	})
+}

@@ -354,6 +354,11 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request, bodyRead *boo
 		return h.fail(code, err.Error(), nil)
 	}
 	*bodyRead = true
+	if wait > 0 {
+		// The answer may come as late as the wait's end (the server's
+		// WriteTimeout would cut it off).
+		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(wait + 2*h.cfg.APITimeout))
+	}
 	release, st := h.slot()
 	if st != nil {
 		return st
@@ -385,8 +390,10 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request, bodyRead *boo
 	}
 	switch {
 	case leaderURL != "": // a follower: the leader answers, once the caller passed here too
-		if _, err = authorize(ctx, key); err != nil {
-			err = fmt.Errorf("trigger: %w", err)
+		if err = h.cfg.Trigger.check(key, cmp.Or(p.Type, opkit.Modified), p.Delay, p.Reason); err == nil {
+			if _, err = authorize(ctx, key); err != nil {
+				err = fmt.Errorf("trigger: %w", err)
+			}
 		}
 	case id != "": // GET: what is known of a trigger
 		if _, err = authorize(ctx, key); err == nil {
@@ -426,7 +433,12 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request, bodyRead *boo
 	}
 	// The caller waits; its slot is for work, not for waiting.
 	release()
-	a.ID, a.StatusPath = tk.ID, strings.TrimSuffix(r.URL.Path, "/")+"/triggers/"+tk.ID
+	// The path as the caller sent it (a prefix StripPrefix removed included).
+	path, _, _ := strings.Cut(r.RequestURI, "?")
+	if path == "" {
+		path = r.URL.Path
+	}
+	a.ID, a.StatusPath = tk.ID, strings.TrimSuffix(path, "/")+"/triggers/"+tk.ID
 	wctx, stop := context.WithTimeout(r.Context(), wait)
 	defer stop()
 	out, err := tk.Wait(wctx)

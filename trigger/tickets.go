@@ -70,6 +70,9 @@ const (
 	// MaxRemembered bounds the finished outcomes kept for lookups; the
 	// oldest are forgotten (Unknown).
 	MaxRemembered = 4096
+	// MaxTrackedPerKey bounds the tracked triggers waiting for one key's
+	// reconcile; beyond, Intake refuses to track (ErrBusy).
+	MaxTrackedPerKey = 64
 )
 
 // Ticket is a tracked trigger: its reconcile's outcome arrives on it.
@@ -98,6 +101,13 @@ func (tk *Ticket) Wait(ctx context.Context) (Outcome, error) {
 	}
 }
 
+// remembered is a finished ticket's outcome, with its key: an id is
+// answered only for the key it was taken for.
+type remembered struct {
+	key opkit.Key
+	out Outcome
+}
+
 // tickets is a Trigger's record of tracked triggers. A tracked add takes
 // the next number under mu and hands it to the queue with the cause
 // (Cause.Ticket, merged as the highest): the turn that takes the entry
@@ -111,14 +121,14 @@ type tickets struct {
 	next    uint64
 	waiting map[opkit.Key][]*Ticket
 	nWait   int
-	done    map[string]Outcome
+	done    map[string]remembered
 	order   []string // done's ids, oldest first
 }
 
 func newTickets() *tickets {
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
-	return &tickets{nonce: hex.EncodeToString(b), waiting: map[opkit.Key][]*Ticket{}, done: map[string]Outcome{}}
+	return &tickets{nonce: hex.EncodeToString(b), waiting: map[opkit.Key][]*Ticket{}, done: map[string]remembered{}}
 }
 
 // take registers the next ticket for key if add, called with its number,
@@ -126,7 +136,7 @@ func newTickets() *tickets {
 func (ts *tickets) take(key opkit.Key, final bool, add func(n uint64) bool) (tk *Ticket, full bool) {
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
-	if ts.nWait >= MaxTracked {
+	if ts.nWait >= MaxTracked || len(ts.waiting[key]) >= MaxTrackedPerKey {
 		return nil, true
 	}
 	n := ts.next + 1
@@ -187,16 +197,17 @@ func (ts *tickets) resolve(tk *Ticket, o Outcome) {
 		delete(ts.done, ts.order[0])
 		ts.order = ts.order[1:]
 	}
-	ts.done[tk.ID] = o
+	ts.done[tk.ID] = remembered{key: tk.key, out: o}
 	ts.order = append(ts.order, tk.ID)
 }
 
-// lookup returns what is known of the trigger id of key.
+// lookup returns what is known of the trigger id of key (nothing of an
+// id taken for another key).
 func (ts *tickets) lookup(key opkit.Key, id string) Outcome {
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
-	if o, ok := ts.done[id]; ok {
-		return o
+	if r, ok := ts.done[id]; ok && r.key == key {
+		return r.out
 	}
 	parts := strings.Split(id, "-")
 	if len(parts) == 3 && parts[0] == ts.nonce && parts[1] == strconv.Itoa(ts.epoch) {

@@ -283,7 +283,7 @@ func (t *Trigger[T]) addTracked(ctx context.Context, key opkit.Key, c opkit.Caus
 		return o.Accepted()
 	})
 	if full {
-		return 0, nil, fmt.Errorf("trigger: %w: %d tracked triggers wait for their reconciles", ErrBusy, MaxTracked)
+		return 0, nil, fmt.Errorf("trigger: %w: too many tracked triggers wait for their reconciles (%d in all, %d for one key)", ErrBusy, MaxTracked, MaxTrackedPerKey)
 	}
 	return o, tk, nil
 }
@@ -434,18 +434,21 @@ func (t *Trigger[T]) IntakeTracked(ctx context.Context, p Pointer, opts IntakeOp
 		return none, 0, nil, errNoGetter
 	}
 	// A key that waits already gets this trigger's reason and marks for
-	// free: its reconcile reads the object anyway. While the intake is
-	// closed this is also the answer (a drop), before anything is read.
+	// free: its reconcile reads the object anyway. The join leaves the
+	// entry's due time alone (a retry's backoff, a requeue): making it due
+	// sooner costs a token, when there is one. While the intake is closed
+	// this is also the answer (a drop), before anything is read.
 	if o, tk, err := t.addTracked(ctx, p.Key, t.cause(none, p.Type, p.Reason, 0), p.Delay, true, track); err != nil || o != queue.NotHeld {
+		if o == queue.MergedNotDue {
+			if t.pay(caller, opts) == nil { // sooner, for a token
+				t.cfg.Queue.Add(p.Key, opkit.Cause[T]{}, queue.AddOptions{Delay: p.Delay, Priority: t.cfg.Priority})
+			}
+			o = queue.Merged
+		}
 		return none, o, tk, err
 	}
-	if t.budget != nil && !opts.Paid {
-		if caller != "" && !t.shares.take(caller) {
-			return none, 0, nil, fmt.Errorf("trigger: %w: this caller's share of the trigger budget (half of it) is spent", ErrBusy)
-		}
-		if !t.budget.TryAccept() {
-			return none, 0, nil, fmt.Errorf("trigger: %w: the trigger budget (%v a second, %d at once) is spent", ErrBusy, t.budget.QPS(), cmp.Or(t.cfg.Burst, DefaultBurst))
-		}
+	if err := t.pay(caller, opts); err != nil {
+		return none, 0, nil, err
 	}
 	obj, err := t.cfg.Get(ctx, p.Key)
 	switch {
@@ -480,6 +483,22 @@ type IntakeOptions struct {
 	// Paid says the caller took a token of the trigger budget already
 	// ([Trigger.WaitForBudget]): Intake takes none.
 	Paid bool
+}
+
+// pay takes a token of caller's share of the trigger budget and one of
+// the budget (none with opts.Paid or an unlimited budget), or says which
+// is spent (ErrBusy).
+func (t *Trigger[T]) pay(caller string, opts IntakeOptions) error {
+	if t.budget == nil || opts.Paid {
+		return nil
+	}
+	if caller != "" && !t.shares.take(caller) {
+		return fmt.Errorf("trigger: %w: this caller's share of the trigger budget (half of it) is spent", ErrBusy)
+	}
+	if !t.budget.TryAccept() {
+		return fmt.Errorf("trigger: %w: the trigger budget (%v a second, %d at once) is spent", ErrBusy, t.budget.QPS(), cmp.Or(t.cfg.Burst, DefaultBurst))
+	}
+	return nil
 }
 
 // maxShares bounds the callers whose shares of the trigger budget are

@@ -192,3 +192,25 @@ func TestBadWaitsAreRefused(t *testing.T) {
 	wantStatus(t, e.do(http.MethodGet, "/reconcile/ns/a/triggers/x?wait=1s", nil, nil), http.StatusBadRequest, "BadRequest")
 	_ = opkit.Key{}
 }
+
+// A trigger's id tells its outcome only for its own object: the same id
+// under another object's path is unknown (ids are guessable; what a
+// caller may see is decided by the object it asks about).
+func TestAnIDIsAnsweredOnlyForItsObject(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newHandlerEnv(t, nil)
+		w := post(e, "/reconcile/ns/a?wait=1s")
+		var a trigger.Accepted
+		if err := json.Unmarshal(w.Body.Bytes(), &a); err != nil || a.ID == "" {
+			t.Fatalf("answer %d %s, want 202 with an id", w.Code, w.Body)
+		}
+		serveTurn(t, e, trigger.Outcome{State: trigger.Failed, Error: "a secret of ns/a"})
+		w = e.do(http.MethodGet, "/reconcile/other/b/triggers/"+a.ID, nil, nil)
+		if o := outcomeOf(t, w); o.State != trigger.Unknown || o.Error != "" {
+			t.Fatalf("ns/a's id under other/b: %+v, want unknown and nothing else", o)
+		}
+		if o := outcomeOf(t, e.do(http.MethodGet, a.StatusPath, nil, nil)); o.State != trigger.Failed {
+			t.Fatalf("under its own path: %+v, want failed", o)
+		}
+	})
+}
