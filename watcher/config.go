@@ -39,9 +39,9 @@ const (
 	// succeeds, or a watch event, resets it at once).
 	DefaultBackoffReset = time.Minute
 	// DefaultBackoffUnreachable is the longest retry delay while the API
-	// server cannot be reached at all (connection refused or reset): such
-	// a retry costs the server nothing, and the watcher is back within
-	// about a second of the server's return.
+	// server refuses connections (it is down or restarting): such a retry
+	// costs the server nothing, and the watcher is back within about a
+	// second of the server's return.
 	DefaultBackoffUnreachable = time.Second
 	// DefaultBackoffSlow is the retry delay for permission (403) and
 	// missing-resource (404) errors.
@@ -64,7 +64,7 @@ const (
 // After the n-th consecutive failure (n >= 1) the watcher waits a random
 // duration in [d/2, d], where d = min(Base * 2^(n-1), Cap) (a
 // [queue.Backoff] with Jitter 0.5), and at most Unreachable while the API
-// server cannot be reached at all (connection refused or reset). A 429
+// server refuses connections. A 429
 // waits at least its Retry-After. A 404, and a 401 or 403 once
 // [queue.TransientRefusals] of them came in a row, wait a random duration
 // in [Slow/2, Slow] (never less than the transient delay); the first
@@ -82,7 +82,7 @@ type Backoff struct {
 	Cap         time.Duration // longest delay; default DefaultBackoffCap
 	Reset       time.Duration // watch time without events that forgets failures; default DefaultBackoffReset
 	Slow        time.Duration // delay for a lasting 401/403, and for 404; default DefaultBackoffSlow
-	Unreachable time.Duration // longest delay while the server cannot be reached; default DefaultBackoffUnreachable
+	Unreachable time.Duration // longest delay while the server refuses connections; default DefaultBackoffUnreachable
 }
 
 // Config configures a [Watcher]. Client, Resource and Queue are required;
@@ -153,7 +153,7 @@ type Config[T opkit.Object] struct {
 	// object of rank 0 is queued at ListPriority, after everything that
 	// needs work; an object of rank r >= 1, listed or from the watch, at
 	// Priority + r - 1. So a new term reconciles what needs work first,
-	// the longest waiting first, and what is up to date after it.
+	// the furthest behind first, and what is up to date after it.
 	Rank func(obj T) int
 
 	// MaxFinalStates bounds the unsettled deletes that keep their final

@@ -146,7 +146,7 @@ func TestTheOperatorsOwnFinalizerAddedIsNoChange(t *testing.T) {
 // refused is the error a dial to a stopped API server returns.
 var refused = &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
 
-// While the API server cannot be reached the watcher tries again at most
+// While the API server refuses connections the watcher tries again at most
 // Backoff.Unreachable apart, whatever the failure count: it is back about
 // a second after the server is.
 func TestAnUnreachableAPIServerIsRetriedAtLeastEverySecond(t *testing.T) {

@@ -57,7 +57,7 @@
 // watch's priority, raised by how long they have waited, and the
 // up-to-date ones at [Config.ListPriority], after them; watch events and
 // deletes are work, at the watch's priority. So a new leader reconciles
-// first what changed while no one led, the longest waiting first, and an
+// first what changed while no one led, the furthest behind first, and an
 // object left behind by a term that ended early goes ahead of the ones it
 // reconciled.
 //
@@ -65,14 +65,15 @@
 //
 // Network errors, 5xx, 429 and an API server that is down are retried with
 // jittered exponential backoff (see [Backoff]), at most a second apart
-// while the server cannot be reached; a 429's Retry-After is honoured. The
-// failure count is forgotten as soon as a list succeeds or a watch
-// delivers anything. 404 (resource type not served, e.g. the CRD is not
+// while the server refuses connections; a 429's Retry-After is honoured.
+// The failure count is forgotten as soon as a list succeeds or a watch
+// delivers anything. Every failure is reported by [Watcher.Check] until a
+// call succeeds. 404 (resource type not served, e.g. the CRD is not
 // installed), and 401 or 403 (permission) once they came
-// queue.TransientRefusals times in a row, are logged at error level,
-// reported by [Watcher.Check] and retried slowly ([Backoff.Slow]); the
-// first refusals in a row are warnings retried like transient failures,
-// as a just-started API server refuses until its authorizer has synced. A
+// queue.TransientRefusals times in a row, are logged at error level and
+// retried slowly ([Backoff.Slow]); the first refusals in a row are
+// warnings retried like transient failures, as a just-started API server
+// refuses until its authorizer has synced. A
 // watch that delivers neither an event nor a bookmark for
 // [Config.IdleTimeout] is restarted.
 //

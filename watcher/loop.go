@@ -236,7 +236,7 @@ func classify(err error) Reason {
 		return ReasonNotFound
 	case apierrors.IsTooManyRequests(err):
 		return ReasonThrottled
-	case utilnet.IsConnectionRefused(err), utilnet.IsConnectionReset(err), utilnet.IsProbableEOF(err):
+	case utilnet.IsConnectionRefused(err):
 		return ReasonUnreachable
 	}
 	return ReasonError

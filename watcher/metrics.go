@@ -24,8 +24,9 @@ const (
 	ReasonIdle Reason = "idle"
 	// ReasonError: a network error, a 5xx, or an error event on the watch.
 	ReasonError Reason = "error"
-	// ReasonUnreachable: the API server could not be reached (connection
-	// refused or reset, EOF): it is down or restarting.
+	// ReasonUnreachable: the API server refused the connection: it is
+	// down or restarting. (A connection reset, or cut off mid-answer, is
+	// a ReasonError: the server may be overloaded.)
 	ReasonUnreachable Reason = "unreachable"
 	// ReasonThrottled: the server answered 429 Too Many Requests.
 	ReasonThrottled Reason = "throttled"

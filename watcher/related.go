@@ -77,8 +77,9 @@ type RelatedConfig[T opkit.Object] struct {
 
 // Related lists and watches a resource related to a controller's primary
 // resource (owned children, or anything a MapFunc relates) and adds the
-// primary keys each change maps to. It remembers, per related object,
-// only its resourceVersion and the keys it mapped to, never the object,
+// primary keys each change maps to. It remembers, per related object that
+// maps to a key, only its resourceVersion and the keys it mapped to, never
+// the object,
 // so that a deleted object still reaches the keys it mapped to, and an
 // object whose mapping changed reaches its old keys as well as its new
 // ones.
@@ -183,6 +184,16 @@ func (r *Related[T]) object(u *unstructured.Unstructured, listed bool) {
 	default:
 		// The keys it had (it may have left them) and the keys it has.
 		r.add(slices.Concat(old.keys, slices.DeleteFunc(slices.Clone(keys), func(k opkit.Key) bool { return slices.Contains(old.keys, k) })))
+	}
+	if len(keys) == 0 {
+		// It concerns no key: nothing to remember (a ConfigMap no one
+		// owns, of which a cluster may hold many).
+		if known {
+			r.mu.Lock()
+			delete(r.objects, key)
+			r.mu.Unlock()
+		}
+		return
 	}
 	kept := make([]opkit.Key, len(keys))
 	for i, k := range keys {
