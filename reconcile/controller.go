@@ -420,7 +420,7 @@ func (c *Controller[T]) runTerm(runCtx, termCtx context.Context, work []Runnable
 
 // worker takes entries (a reserved one only those at TriggerPriority or
 // above) until intakeCtx ends and runs their turns under workCtx. The
-// others start once the watcher's first list is queued, so that a term
+// others start once the watchers' first lists are done, so that a term
 // begins with what needs work, not with what the list delivered first.
 func (c *Controller[T]) worker(intakeCtx, workCtx context.Context, log *slog.Logger, reserved bool) {
 	get := c.queue.Get
@@ -428,8 +428,18 @@ func (c *Controller[T]) worker(intakeCtx, workCtx context.Context, log *slog.Log
 		get = func(ctx context.Context) (queue.Item[opkit.Key, opkit.Cause[T]], error) {
 			return c.queue.GetAtLeast(ctx, c.cfg.TriggerPriority)
 		}
-	} else if c.watch.WaitSynced(intakeCtx) != nil {
-		return
+	} else {
+		if c.watch.WaitSynced(intakeCtx) != nil {
+			return
+		}
+		// The related watchers' first lists add nothing: a change they see
+		// before theirs is done would be missed by a term that started
+		// reconciling without them.
+		for _, r := range c.related {
+			if r.WaitSynced(intakeCtx) != nil {
+				return
+			}
+		}
 	}
 	for {
 		item, err := get(intakeCtx)
