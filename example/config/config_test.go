@@ -518,6 +518,7 @@ func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, ni
 var neededOutsideFakes = map[string]string{
 	"update demoentities/finalizers.demo.opkit.dev": "the OwnerReferencesPermissionEnforcement admission plugin checks it when the ConfigMap's owner reference sets blockOwnerDeletion",
 	"create configmaps.":                            "a server-side apply that creates the object is authorized as create too (a fake records only the patch)",
+	"get configmaps.":                               "Applier reads the child when the API server refuses an apply because another object controls it (a fake does not enforce one controller reference)",
 }
 
 func TestRBACCoversEveryCall(t *testing.T) {
