@@ -1,11 +1,13 @@
 package natsbroker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -555,11 +557,17 @@ func (m *message) InProgress(context.Context) error {
 }
 
 // Reply publishes data to the message's HeaderReplyTo subject, if it has
-// one.
+// one. Only an inbox is answered (a subject under the connection's inbox
+// prefix, "_INBOX." by default, as Request uses): a publisher may not
+// make the operator publish to any other subject, such as the trigger
+// stream's own.
 func (m *message) Reply(ctx context.Context, data []byte) error {
 	to := m.msg.Headers().Get(HeaderReplyTo)
 	if to == "" {
 		return nil
+	}
+	if prefix := cmp.Or(m.b.nc.Opts.InboxPrefix, nats.InboxPrefix); !strings.HasPrefix(to, strings.TrimSuffix(prefix, ".")+".") {
+		return fmt.Errorf("natsbroker: not replying to %q: %s must name an inbox (%s...)", to, HeaderReplyTo, prefix)
 	}
 	if err := m.b.nc.Publish(to, data); err != nil {
 		return &trigger.BrokerError{Kind: m.b.classify(err), Op: "reply", Err: err}

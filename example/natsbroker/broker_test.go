@@ -568,3 +568,61 @@ func TestStartEmbeddedOnATakenPortSaysSo(t *testing.T) {
 		t.Fatalf("err = %v, want one wrapping EADDRINUSE", err)
 	}
 }
+
+// Request publishes a trigger that asks for its outcome and returns what
+// the consumer replies; a reply address outside the inbox prefix is
+// refused, so a publisher cannot make the operator publish elsewhere.
+func TestRequestGetsTheReplyAndOnlyInboxesAreAnswered(t *testing.T) {
+	srv := startServer(t)
+	b := open(t, srv.URL(), nil)
+
+	type result struct {
+		out trigger.Outcome
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		out, err := natsbroker.Request(ctx5(t), b.Conn(), "", natsbroker.Pointer{Namespace: "ns", Name: "a"})
+		got <- result{out, err}
+	}()
+	m := receive(t, b)
+	want := trigger.Outcome{ID: "t-1", State: trigger.Succeeded, Attempts: 1}
+	data, _ := json.Marshal(want)
+	if err := m.(trigger.Replier).Reply(ctx5(t), data); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Ack(ctx5(t)); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-got; r.err != nil || r.out != want {
+		t.Fatalf("Request = %+v, %v; want %+v", r.out, r.err, want)
+	}
+
+	// A publisher that names the trigger subject itself as reply address.
+	loop, err := b.Conn().SubscribeSync(natsbroker.DefaultSubject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(b.Conn())
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := &nats.Msg{Subject: natsbroker.DefaultSubject, Data: []byte(`{"namespace":"ns","name":"b"}`),
+		Header: nats.Header{natsbroker.HeaderReplyTo: []string{natsbroker.DefaultSubject}}}
+	if _, err := js.PublishMsg(ctx5(t), msg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := loop.NextMsg(5 * time.Second); err != nil { // the publish itself
+		t.Fatal(err)
+	}
+	m = receive(t, b)
+	if err := m.(trigger.Replier).Reply(ctx5(t), data); err == nil || !strings.Contains(err.Error(), "inbox") {
+		t.Fatalf("Reply to %s = %v, want a refusal naming the inbox rule", natsbroker.DefaultSubject, err)
+	}
+	if err := m.Ack(ctx5(t)); err != nil {
+		t.Fatal(err)
+	}
+	if extra, err := loop.NextMsg(200 * time.Millisecond); err == nil {
+		t.Fatalf("the refused reply was published anyway: %s", extra.Data)
+	}
+}

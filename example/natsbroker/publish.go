@@ -48,11 +48,57 @@ func Publish(ctx context.Context, nc *nats.Conn, subject string, p Pointer) (uin
 	if subject == "" {
 		subject = DefaultSubject
 	}
+	return publishBody(ctx, nc, subject, body, "")
+}
+
+// Request publishes a trigger as Publish does, asking for the outcome of
+// the reconcile it causes (HeaderReplyTo names a new inbox), and waits
+// for the answer until ctx ends. The consumer answers once the reconcile
+// ran when it acknowledges after the reconcile
+// (trigger.ConsumerConfig.AckAfterReconcile); otherwise no answer comes
+// and Request returns ctx's error. A trigger that is redelivered (the
+// operator was changing leaders, say) is answered by the delivery that
+// ran the reconcile.
+func Request(ctx context.Context, nc *nats.Conn, subject string, p Pointer) (trigger.Outcome, error) {
+	body, err := encodePointer(p)
+	if err != nil {
+		return trigger.Outcome{}, err
+	}
+	if subject == "" {
+		subject = DefaultSubject
+	}
+	inbox := nc.NewInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		return trigger.Outcome{}, &trigger.BrokerError{Kind: Classify(err), Op: "subscribe", Err: err}
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if _, err := publishBody(ctx, nc, subject, body, inbox); err != nil {
+		return trigger.Outcome{}, err
+	}
+	msg, err := sub.NextMsgWithContext(ctx)
+	if err != nil {
+		return trigger.Outcome{}, fmt.Errorf("waiting for the outcome of the trigger of %s/%s: %w", p.Namespace, p.Name, err)
+	}
+	var out trigger.Outcome
+	if err := json.Unmarshal(msg.Data, &out); err != nil {
+		return trigger.Outcome{}, fmt.Errorf("the outcome of the trigger of %s/%s: %w", p.Namespace, p.Name, err)
+	}
+	return out, nil
+}
+
+// publishBody publishes body to subject through JetStream, with
+// HeaderReplyTo set to replyTo unless it is empty.
+func publishBody(ctx context.Context, nc *nats.Conn, subject string, body []byte, replyTo string) (uint64, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return 0, err
 	}
-	ack, err := js.Publish(ctx, subject, body)
+	msg := &nats.Msg{Subject: subject, Data: body}
+	if replyTo != "" {
+		msg.Header = nats.Header{HeaderReplyTo: []string{replyTo}}
+	}
+	ack, err := js.PublishMsg(ctx, msg)
 	if err != nil {
 		return 0, &trigger.BrokerError{Kind: Classify(err), Op: "publish", Err: fmt.Errorf("publish to %s: %w", subject, err)}
 	}

@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"net/http"
@@ -18,6 +20,7 @@ import (
 	dynfake "k8s.io/client-go/dynamic/fake"
 
 	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/example/natsbroker"
 	"github.com/opkit/opkit/queue"
 	"github.com/opkit/opkit/trigger"
 )
@@ -206,4 +209,55 @@ func configMapHandler(t *testing.T, q *queue.Queue[opkit.Key, opkit.Cause[*corev
 		t.Fatal(err)
 	}
 	return h
+}
+
+// With --via nats --wait the command asks for the outcome on a reply
+// inbox and exits as the reconcile ended: 1 when it failed, 0 when it
+// succeeded. The test stands in for the operator's consumer.
+func TestTriggerViaNATSWaitsForTheOutcome(t *testing.T) {
+	srv, err := natsbroker.StartEmbedded(natsbroker.EmbeddedConfig{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	b, err := natsbroker.Open(ctx, natsbroker.Config{URL: srv.URL(), AckWait: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	for _, tc := range []struct {
+		out      trigger.Outcome
+		wantCode int
+	}{
+		{trigger.Outcome{State: trigger.Failed, Error: "the database is down", Attempts: 1}, 1},
+		{trigger.Outcome{State: trigger.Succeeded, Attempts: 2}, 0},
+	} {
+		type exit struct {
+			code           int
+			stdout, stderr string
+		}
+		done := make(chan exit, 1)
+		go func() {
+			var so, se bytes.Buffer
+			code := run([]string{"trigger", "--via", "nats", "--nats-url", srv.URL(), "--namespace", "ns", "a", "--wait", "20s", "--timeout", "25s"}, &so, &se)
+			done <- exit{code, so.String(), se.String()}
+		}()
+		m, err := b.Receive(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, _ := json.Marshal(tc.out)
+		if err := m.(trigger.Replier).Reply(ctx, data); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Ack(ctx); err != nil {
+			t.Fatal(err)
+		}
+		e := <-done
+		if e.code != tc.wantCode || !strings.Contains(e.stdout+e.stderr, string(tc.out.State)) {
+			t.Errorf("outcome %s: exit %d, stdout %q, stderr %q; want exit %d naming the state", tc.out.State, e.code, e.stdout, e.stderr, tc.wantCode)
+		}
+	}
 }

@@ -57,6 +57,9 @@ server; the reason lands in its status.lastTrigger.reason.
               answer's Retry-After) until --timeout.
   --via nats  publish {"namespace","name","reason"} to the JetStream
               subject %s; exit 0 once the stream stored it.
+              With --wait, ask for the outcome on a reply inbox (the
+              operator answers once the reconcile ran) and exit as for
+              http.
 
 Flags:
 `, operator.TriggerAudience, operator.TriggerAudience, natsbroker.DefaultSubject)
@@ -70,7 +73,7 @@ Flags:
 	fs.StringVar(&o.TokenFile, "token-file", "", "file holding the bearer token (--via http), e.g. a projected ServiceAccount token")
 	fs.StringVar(&o.NATSURL, "nats-url", "nats://127.0.0.1:4222", "NATS server URL (--via nats)")
 	fs.DurationVar(&o.Timeout, "timeout", 15*time.Second, "give up after this long")
-	fs.DurationVar(&o.Wait, "wait", 0, "wait up to this long (within --timeout) for the reconcile's outcome and exit 1 unless it succeeded (--via http)")
+	fs.DurationVar(&o.Wait, "wait", 0, "wait up to this long (within --timeout) for the reconcile's outcome and exit 1 unless it succeeded")
 
 	// NAME may stand between flags: parse, take one positional, go on.
 	var names []string
@@ -113,8 +116,8 @@ Flags:
 			return o, usageError(fs, stderr, "--url %q: want http(s)://host:port", o.URL)
 		}
 	case "nats":
-		if o.Token != "" || o.TokenFile != "" || o.Wait != 0 {
-			return o, usageError(fs, stderr, "--token, --token-file and --wait apply to --via http only")
+		if o.Token != "" || o.TokenFile != "" {
+			return o, usageError(fs, stderr, "--token and --token-file apply to --via http only")
 		}
 	default:
 		return o, usageError(fs, stderr, "--via %q: want http or nats", o.Via)
@@ -150,7 +153,17 @@ func triggerNATS(ctx context.Context, o triggerOptions, stdout io.Writer) error 
 		return fmt.Errorf("connect to %s: %w", o.NATSURL, err)
 	}
 	defer nc.Close()
-	seq, err := natsbroker.Publish(ctx, nc, natsbroker.DefaultSubject, natsbroker.Pointer{Namespace: o.Namespace, Name: o.Name, Reason: o.Reason})
+	p := natsbroker.Pointer{Namespace: o.Namespace, Name: o.Name, Reason: o.Reason}
+	if o.Wait > 0 {
+		wctx, cancel := context.WithTimeout(ctx, o.Wait)
+		defer cancel()
+		out, err := natsbroker.Request(wctx, nc, natsbroker.DefaultSubject, p)
+		if err != nil {
+			return err
+		}
+		return reportOutcome(out, stdout)
+	}
+	seq, err := natsbroker.Publish(ctx, nc, natsbroker.DefaultSubject, p)
 	if err != nil {
 		return err
 	}
@@ -198,14 +211,8 @@ func triggerHTTP(ctx context.Context, o triggerOptions, stdout, stderr io.Writer
 			if err := json.Unmarshal(b, &out); err != nil {
 				return fmt.Errorf("200 with a body that is no outcome: %s", b)
 			}
-			switch out.State {
-			case trigger.Pending:
-				// A GET of a trigger whose reconcile has not finished.
-			case trigger.Succeeded, trigger.Requeued:
-				fmt.Fprintf(stdout, "reconciled: %s\n", b)
-				return nil
-			default:
-				return fmt.Errorf("reconcile %s: %s", out.State, b)
+			if out.State != trigger.Pending { // Pending: a GET of a trigger whose reconcile has not finished
+				return reportOutcome(out, stdout)
 			}
 		case http.StatusAccepted:
 			var a trigger.Accepted
@@ -266,6 +273,22 @@ func send(ctx context.Context, method, u string, body []byte, token string) (int
 		retryAfter = time.Duration(secs) * time.Second
 	}
 	return resp.StatusCode, b, retryAfter, nil
+}
+
+// reportOutcome prints a finished reconcile's outcome; it is an error
+// unless the reconcile succeeded or was requeued.
+func reportOutcome(out trigger.Outcome, stdout io.Writer) error {
+	b, err := json.Marshal(out)
+	if err != nil {
+		return err
+	}
+	switch out.State {
+	case trigger.Succeeded, trigger.Requeued:
+		fmt.Fprintf(stdout, "reconciled: %s\n", b)
+		return nil
+	default:
+		return fmt.Errorf("reconcile %s: %s", out.State, b)
+	}
 }
 
 // pause waits d, or until ctx ends (false).
