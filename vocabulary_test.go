@@ -110,6 +110,13 @@ func TestCauseMergeIsAJoin(t *testing.T) {
 		}
 		c.Reasons = opkit.ReasonsOf(rs...)
 		c.Added, c.Teardown, c.Retries = rng.IntN(2) == 0, rng.IntN(4) == 0, rng.IntN(3)
+		// Related is sorted and distinct, as the related watchers emit it.
+		for _, r := range []string{"configmaps", "deployments.apps", "services"} {
+			if rng.IntN(3) == 0 {
+				c.Related = append(c.Related, r)
+			}
+		}
+		c.Ticket = uint64(rng.IntN(4))
 		return c
 	}
 	merge := func(cs ...opkit.Cause[*corev1.ConfigMap]) opkit.Cause[*corev1.ConfigMap] {
@@ -127,7 +134,8 @@ func TestCauseMergeIsAJoin(t *testing.T) {
 			return c.Object.ResourceVersion
 		}
 		return rv(a) == rv(b) && a.Sources == b.Sources && slices.Equal(a.Reasons, b.Reasons) &&
-			a.Added == b.Added && a.Teardown == b.Teardown && a.Retries == b.Retries
+			a.Added == b.Added && a.Teardown == b.Teardown && a.Retries == b.Retries &&
+			slices.Equal(a.Related, b.Related) && a.Ticket == b.Ticket
 	}
 	for range 2000 {
 		a, b, c := random(), random(), random()
@@ -142,6 +150,12 @@ func TestCauseMergeIsAJoin(t *testing.T) {
 		all := merge(a, b, c)
 		if len(all.Reasons) > opkit.MaxReasons || !slices.IsSorted(all.Reasons) {
 			t.Fatalf("reasons %q: want at most %d, sorted", all.Reasons, opkit.MaxReasons)
+		}
+		if !slices.IsSorted(all.Related) || len(slices.Compact(slices.Clone(all.Related))) != len(all.Related) {
+			t.Fatalf("related %q: want sorted and distinct", all.Related)
+		}
+		if all.Ticket != max(a.Ticket, b.Ticket, c.Ticket) {
+			t.Fatalf("ticket %d, want the highest of %d, %d, %d", all.Ticket, a.Ticket, b.Ticket, c.Ticket)
 		}
 	}
 	// The newest object by resourceVersion wins, numerically.

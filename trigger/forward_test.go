@@ -1,11 +1,14 @@
 package trigger_test
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -93,5 +96,76 @@ func TestAFollowerForwardsToTheLeader(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusBadGateway || !strings.Contains(string(body), "not HTTPS") {
 		t.Fatalf("TLS to plain HTTP: %d %s, want 502 saying so", resp.StatusCode, body)
+	}
+}
+
+// tokenAuth allows the bearer token "good" and refuses any other as
+// unauthenticated, recording every Authorization header it was shown.
+type tokenAuth struct {
+	mu   sync.Mutex
+	seen []string
+}
+
+func (a *tokenAuth) Authorize(_ context.Context, r trigger.AuthRequest) (string, error) {
+	h := r.HTTP.Header.Get("Authorization")
+	a.mu.Lock()
+	a.seen = append(a.seen, h)
+	a.mu.Unlock()
+	if h != "Bearer good" {
+		return "", fmt.Errorf("%w: bad token", trigger.ErrUnauthenticated)
+	}
+	return "pipeline", nil
+}
+
+func (a *tokenAuth) shown() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]string(nil), a.seen...)
+}
+
+// The follower checks the caller too and forwards only a caller it
+// accepted, with the caller's own token (never one of its own): the
+// leader authenticates that token again. A refused caller gets the
+// follower's 401, and the leader never hears of it.
+func TestAForwardedTriggerCarriesTheCallersTokenAndARefusedOneIsNotForwarded(t *testing.T) {
+	leaderAuth, followerAuth := &tokenAuth{}, &tokenAuth{}
+	leader := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) { c.Authenticator = leaderAuth })
+	leaderSrv := httptest.NewServer(leader.h)
+	defer leaderSrv.Close()
+	follower := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) {
+		c.Authenticator = followerAuth
+		c.LeaderEndpoint = func() string { return leaderSrv.URL }
+	})
+	follower.q.Suspend()
+	followerSrv := httptest.NewServer(follower.h)
+	defer followerSrv.Close()
+
+	send := func(token string) int {
+		req, err := http.NewRequest(http.MethodPost, followerSrv.URL+"/reconcile/ns/a", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := send("forged"); code != http.StatusUnauthorized {
+		t.Fatalf("a bad token through the follower: %d, want 401", code)
+	}
+	if seen := leaderAuth.shown(); len(seen) != 0 {
+		t.Fatalf("the leader was shown %q for a caller the follower refused", seen)
+	}
+	if code := send("good"); code != http.StatusAccepted {
+		t.Fatalf("a good token through the follower: %d, want the leader's 202", code)
+	}
+	if seen := leaderAuth.shown(); len(seen) != 1 || seen[0] != "Bearer good" {
+		t.Fatalf("the leader was shown %q, want the caller's own token once", seen)
+	}
+	if leader.q.Len() != 1 || follower.q.Len() != 0 {
+		t.Fatalf("queued: leader %d, follower %d; want the leader's one", leader.q.Len(), follower.q.Len())
 	}
 }
