@@ -16,18 +16,27 @@ import (
 	"github.com/opkit/opkit/watcher"
 )
 
-// StatusConfig configures a [Status] helper (Dynamic and Resource are
-// required). Unless SkipObservedGeneration, status.observedGeneration is
-// set to metadata.generation when T's status has it; and
-// status.lastHandledReconcileAt to the value of the RequestAnnotation
-// (empty: watcher.DefaultRequestAnnotation; "-": none) when the object
-// has it and T's status has the field: the durable trigger is handled.
+// StatusConfig configures a [Status] helper.
 type StatusConfig struct {
-	Dynamic                dynamic.Interface
-	Resource               opkit.Resource
+	// Dynamic and Resource are required: the client the status is
+	// written with and the resource of T.
+	Dynamic  dynamic.Interface
+	Resource opkit.Resource
+	// SkipObservedGeneration leaves status.observedGeneration alone.
+	// Otherwise every write sets it to metadata.generation when T's
+	// status has the field (the Kubernetes convention that the watcher's
+	// DefaultRank reads).
 	SkipObservedGeneration bool
-	RequestAnnotation      string
-	ConflictRetries        int
+	// RequestAnnotation is the durable trigger's annotation (empty:
+	// watcher.DefaultRequestAnnotation; "-": none). When the object has
+	// it and T's status has lastHandledReconcileAt, every write copies the
+	// annotation's value there: the request is handled. Set it to the
+	// watcher's RequestAnnotation (e.g. Flux's
+	// reconcile.fluxcd.io/requestedAt).
+	RequestAnnotation string
+	// ConflictRetries is how often a write that met a 409 Conflict is
+	// retried on a fresh read. Default DefaultConflictRetries.
+	ConflictRetries int
 }
 
 // Status writes the status subresource with optimistic concurrency: on a

@@ -60,8 +60,9 @@
 // Goroutines: a Trigger owns none; the HTTP handler runs on net/http's
 // request goroutines; a Consumer's Run and a Server's Serve own theirs and
 // return only after all of them have finished. Every API call and every
-// Ack, Nack, Term, Lag and Release has a timeout, and the handler never
-// waits on the queue.
+// Ack, Nack, Term, Lag and Release has a timeout. The handler never
+// blocks on the queue: a caller's ?wait= waits on its ticket, holding no
+// in-flight slot.
 //
 // # The HTTP endpoint
 //
