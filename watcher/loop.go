@@ -181,13 +181,19 @@ func (l *loop) list(ctx context.Context, s sink) (string, error) {
 			s.object(&page.Items[i], true)
 		}
 		if opts.Continue = page.GetContinue(); opts.Continue == "" {
-			s.end(initial, page.GetResourceVersion())
+			// Synced and healthy before end, which calls OnSync (whose
+			// callback may ask Check); WaitSynced returns after it, once
+			// every entry of the list was handed on.
 			l.mu.Lock()
-			if !l.synced {
-				close(l.firstList)
-			}
+			first := !l.synced
 			l.synced, l.lastErr = true, nil
 			l.mu.Unlock()
+			s.end(initial, page.GetResourceVersion())
+			if first {
+				l.mu.RLock()
+				close(l.firstList)
+				l.mu.RUnlock()
+			}
 			l.failures, l.refusals = 0, 0
 			return page.GetResourceVersion(), nil
 		}
