@@ -99,6 +99,13 @@ type Config[T opkit.Object] struct {
 	// API server's syntax. An object that stops matching is seen as deleted.
 	LabelSelector string
 	FieldSelector string
+	// Shards narrows the list and the watch to the objects whose
+	// metadata.uid hashes into the held shards (zero: every object). The
+	// API server applies it when it runs with the ShardedListAndWatch
+	// feature gate; otherwise the watcher receives everything, drops what
+	// is not of its shards, says so once in the log and reports it to a
+	// Metrics that is a ShardingMetrics.
+	Shards opkit.Shards
 
 	// Queue receives the key of every change, with its cause (source
 	// APIServer; the object, except for deletes), keyed by opkit.KeyOf.
@@ -191,7 +198,7 @@ func (c Config[T]) loopConfig() loopConfig {
 	if c.Namespace != "" {
 		res = c.Client.Resource(gvr).Namespace(c.Namespace)
 	}
-	return loopConfig{res: res, name: name, labelSelector: c.LabelSelector, fieldSelector: c.FieldSelector,
+	return loopConfig{res: res, name: name, labelSelector: c.LabelSelector, fieldSelector: c.FieldSelector, shards: c.Shards,
 		pageSize: c.PageSize, idleTimeout: c.IdleTimeout, backoff: c.Backoff, metrics: c.Metrics,
 		log: c.Logger.With("resource", name, "namespace", c.Namespace)}
 }
@@ -256,6 +263,8 @@ func (c Config[T]) withDefaults() (Config[T], error) {
 		return bad("%v", err)
 	case !c.Resource.Namespaced && c.Namespace != "":
 		return bad("resource %s is cluster-scoped but Namespace is %q", c.Resource.GroupVersionResource, c.Namespace)
+	case c.Shards.Validate() != nil:
+		return bad("%v", c.Shards.Validate())
 	case c.PageSize < 0 || c.IdleTimeout < 0 || c.MaxFinalStates < 0 || c.MaxDeletesPerKey < 0:
 		return bad("PageSize, IdleTimeout, MaxFinalStates and MaxDeletesPerKey must not be negative")
 	case b.Base < 0 || b.Cap < 0 || b.Reset < 0 || b.Slow < 0 || b.Unreachable < 0:

@@ -92,6 +92,20 @@
 // it already added may be added again (the queue merges them), and
 // vanished objects are only decided by a list that completed.
 //
+// # Shards
+//
+// With [Config.Shards] the watcher lists and watches only the objects
+// whose metadata.uid hashes into the held shards (see opkit.Shards),
+// through the API server's sharded list and watch (KEP-5866, alpha in
+// Kubernetes v1.36, feature gate ShardedListAndWatch): each replica then
+// receives about 1/N of the stream. A server that does not apply the
+// selector sends everything; the watcher drops what is not of its shards
+// (one FNV-1a hash per object), logs a warning once and tells a
+// [ShardingMetrics]. A UID never changes, so an object never moves
+// between shards; a deleted object and a new one of the same name may be
+// on different shards. Changing the held shards means a new Run with a
+// new Config: the old shards' keys are no longer this watcher's.
+//
 // # Synced
 //
 // A Run reports the start and the end of every (re)list through

@@ -206,6 +206,7 @@ type metrics struct {
 	errors   map[watcher.Reason]int
 	tracked  int
 	observed int
+	sharding []bool // every Sharding call: server side?
 }
 
 func newMetrics() *metrics {
@@ -227,6 +228,16 @@ func (m *metrics) WatchRestart(r watcher.Reason) {
 func (m *metrics) Error(r watcher.Reason) { m.mu.Lock(); m.errors[r]++; m.mu.Unlock() }
 func (m *metrics) Tracked(n int)          { m.mu.Lock(); m.tracked = n; m.mu.Unlock() }
 func (m *metrics) Observed(time.Time)     { m.mu.Lock(); m.observed++; m.mu.Unlock() }
+func (m *metrics) Sharding(server bool) {
+	m.mu.Lock()
+	m.sharding = append(m.sharding, server)
+	m.mu.Unlock()
+}
+func (m *metrics) shardingCalls() []bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.sharding)
+}
 func (m *metrics) get(f func(*metrics) int) int {
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -3,10 +3,8 @@
 package watcher_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -103,26 +101,4 @@ func (r *recorder) all() []record {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]record(nil), r.records...)
-}
-
-// logBuffer is a concurrency-safe buffer behind a slog text handler.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func (b *logBuffer) logger() *slog.Logger {
-	return slog.New(slog.NewTextHandler(b, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }

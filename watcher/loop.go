@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
 
+	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/queue"
 )
 
@@ -40,6 +41,7 @@ type loopConfig struct {
 	res                          dynamic.ResourceInterface
 	name                         string // the resource as logs and errors show it: "widgets.example.com/v1"
 	labelSelector, fieldSelector string
+	shards                       opkit.Shards
 	pageSize                     int64
 	idleTimeout                  time.Duration
 	backoff                      Backoff
@@ -58,6 +60,12 @@ type loop struct {
 	// Owned by run's goroutine.
 	failures int // consecutive failed calls, for the backoff
 	refusals int // consecutive 401/403 answers among them
+	// clientShard: the API server did not confirm that it applied the
+	// shard selector, so the loop checks what it receives itself;
+	// foreign counts what it dropped since the list began, warned says
+	// the log told of it already.
+	clientShard, warned bool
+	foreign             int
 
 	// mu guards the health below.
 	mu     sync.RWMutex
@@ -171,16 +179,26 @@ func (l *loop) list(ctx context.Context, s sink) (string, error) {
 	}
 	l.cfg.metrics.Relist(reason)
 	s.begin(initial, reason)
-	opts := metav1.ListOptions{LabelSelector: l.cfg.labelSelector, FieldSelector: l.cfg.fieldSelector, Limit: l.cfg.pageSize}
-	for {
+	opts := metav1.ListOptions{LabelSelector: l.cfg.labelSelector, FieldSelector: l.cfg.fieldSelector, Limit: l.cfg.pageSize,
+		ShardSelector: l.cfg.shards.Selector()}
+	l.foreign = 0
+	for first := true; ; first = false {
 		page, err := l.cfg.res.List(ctx, opts)
 		if err != nil {
 			return "", err
 		}
+		if first && opts.ShardSelector != "" {
+			l.sharded(page)
+		}
 		for i := range page.Items {
-			s.object(&page.Items[i], true)
+			if l.mine(&page.Items[i]) {
+				s.object(&page.Items[i], true)
+			}
 		}
 		if opts.Continue = page.GetContinue(); opts.Continue == "" {
+			if sm, ok := l.cfg.metrics.(ShardingMetrics); ok && opts.ShardSelector != "" {
+				sm.Sharding(l.foreign == 0)
+			}
 			// Synced and healthy before end, which calls OnSync (whose
 			// callback may ask Check); WaitSynced returns after it, once
 			// every entry of the list was handed on.
@@ -198,6 +216,31 @@ func (l *loop) list(ctx context.Context, s sink) (string, error) {
 			return page.GetResourceVersion(), nil
 		}
 	}
+}
+
+// sharded notes whether the API server confirmed that it applied the
+// shard selector to the list (it echoes it in metadata.shardInfo); if
+// not, the loop checks each object it receives. (kube-apiserver v1.37.2
+// filters custom resources but does not echo the selector for them.)
+func (l *loop) sharded(page *unstructured.UnstructuredList) {
+	echo, _, _ := unstructured.NestedString(page.Object, "metadata", "shardInfo", "selector")
+	l.clientShard = echo != l.cfg.shards.Selector()
+}
+
+// mine reports whether u is of the held shards. The first object of
+// another shard the server sends means it ignored the selector: the log
+// says so, once.
+func (l *loop) mine(u *unstructured.Unstructured) bool {
+	if !l.clientShard || l.cfg.shards.Contains(u.GetUID()) {
+		return true
+	}
+	l.foreign++
+	if !l.warned {
+		l.warned = true
+		l.cfg.log.Warn("the API server ignored the shard selector (is the ShardedListAndWatch feature gate on?); filtering on the client, which receives every object",
+			"shards", l.cfg.shards.Count, "held", l.cfg.shards.Held)
+	}
+	return false
 }
 
 // failure logs and counts a failed call, and returns how long to wait
@@ -294,6 +337,7 @@ func (l *loop) watch(ctx context.Context, s sink, rv *string) error {
 	wi, err := l.cfg.res.Watch(ctx, metav1.ListOptions{
 		LabelSelector:       l.cfg.labelSelector,
 		FieldSelector:       l.cfg.fieldSelector,
+		ShardSelector:       l.cfg.shards.Selector(),
 		ResourceVersion:     *rv,
 		AllowWatchBookmarks: true,
 		TimeoutSeconds:      &timeout,
@@ -358,10 +402,12 @@ func (l *loop) consume(ctx context.Context, s sink, wi watch.Interface, rv *stri
 			if !ok {
 				continue
 			}
-			switch ev.Type {
-			case watch.Added, watch.Modified:
+			switch {
+			case ev.Type == watch.Bookmark:
+			case !l.mine(u): // another shard's (a UID never changes)
+			case ev.Type == watch.Added, ev.Type == watch.Modified:
 				s.object(u, false)
-			case watch.Deleted:
+			case ev.Type == watch.Deleted:
 				s.deleted(u)
 			}
 			*rv = u.GetResourceVersion()

@@ -70,6 +70,15 @@ type Metrics interface {
 	Observed(at time.Time)
 }
 
+// ShardingMetrics is implemented by a Metrics that also wants to know how
+// a sharded watcher's (Config.Shards) lists were filtered: Sharding is
+// called after every complete list, serverSide false when the list held
+// objects of other shards (the API server ignored the shard selector),
+// which the watcher dropped itself.
+type ShardingMetrics interface {
+	Sharding(serverSide bool)
+}
+
 type nopMetrics struct{}
 
 func (nopMetrics) Event(opkit.Type, queue.Outcome) {}

@@ -41,6 +41,7 @@ type Metrics struct {
 	watchErrors   *prometheus.CounterVec
 	watchTracked  prometheus.Gauge
 	watchLastSeen prometheus.Gauge
+	watchClientSh prometheus.Gauge
 
 	leaderLeading     prometheus.Gauge
 	leaderLastRenew   prometheus.Gauge
@@ -97,6 +98,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		watchErrors:   cv("watcher", "errors_total", "Failed list or watch calls, by reason.", "reason"),
 		watchTracked:  g("watcher", "tracked_objects", "Objects the watcher tracks."),
 		watchLastSeen: g("watcher", "last_event_timestamp_seconds", "Unix time of the latest watch event or bookmark."),
+		watchClientSh: g("watcher", "client_side_sharding", "1 when the API server ignored the shard selector and the watcher filters on its side."),
 
 		leaderLeading:     g("leader", "is_leader", "1 while this replica holds the Lease."),
 		leaderLastRenew:   g("leader", "last_renew_timestamp_seconds", "Unix time of the last successful acquire or renew request."),
@@ -125,7 +127,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	}
 	for _, col := range []prometheus.Collector{
 		m.queueAdds, m.queueDropped, m.queueDepth, m.queueWait, m.queueWork, m.queueRetries,
-		m.watchEvents, m.watchRelists, m.watchRestarts, m.watchErrors, m.watchTracked, m.watchLastSeen,
+		m.watchEvents, m.watchRelists, m.watchRestarts, m.watchErrors, m.watchTracked, m.watchLastSeen, m.watchClientSh,
 		m.leaderLeading, m.leaderLastRenew, m.leaderRenewFailed, m.leaderOverran,
 		m.triggerEnqueued, m.triggerRejected, m.httpRequests, m.httpDuration,
 		m.consReceived, m.consAcked, m.consNacked, m.consTerminated, m.consProcessed, m.consLag, m.consBrokerErrs,
@@ -256,6 +258,13 @@ func (w watcherMetrics) Error(reason watcher.Reason) {
 }
 func (w watcherMetrics) Tracked(n int)         { w.m.watchTracked.Set(float64(n)) }
 func (w watcherMetrics) Observed(at time.Time) { w.m.watchLastSeen.Set(float64(at.UnixNano()) / 1e9) }
+func (w watcherMetrics) Sharding(serverSide bool) {
+	if serverSide {
+		w.m.watchClientSh.Set(0)
+	} else {
+		w.m.watchClientSh.Set(1)
+	}
+}
 
 type leaderMetrics struct{ m *Metrics }
 
