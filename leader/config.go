@@ -43,6 +43,10 @@ var (
 	// panicked (on the goroutine Run started it on); the message carries
 	// the panic value and stack.
 	ErrWorkPanicked = errors.New("leader: term work panicked")
+	// ErrYielded is the cause of a term's context when the term ends
+	// because Elector.Yield was called: the work may finish what it has
+	// in flight (the Lease is released only once it returned).
+	ErrYielded = errors.New("leader: term yielded")
 	// ErrCannotCampaign is returned by Check while the API server refuses
 	// this replica's reads or writes of the Lease for a reason retrying
 	// does not fix (forbidden, unauthorized, invalid, namespace missing):
@@ -97,6 +101,11 @@ type Config struct {
 	// Gate is the queue's intake. It is suspended at start, resumed when a
 	// term starts and suspended first when a term ends. Nil: no gate.
 	Gate queue.Gate
+	// Admit, if set, is asked before every attempt to acquire a Lease
+	// that is free or expired; false: the replica keeps following and
+	// asks again within RetryPeriod. A Balancer's Admit spreads the
+	// Leases of shards over the replicas.
+	Admit func() bool
 	// ExitOnLoss makes Run return ErrLeadershipLost (after the term's work
 	// has returned) instead of campaigning again when a term is lost.
 	ExitOnLoss bool

@@ -76,4 +76,19 @@
 // remaining risks, clocks running at slightly different rates and request
 // latency: the ex-leader's work must be gone ClockSkew before a follower
 // could possibly decide that the Lease has expired.
+//
+// # Shards
+//
+// A deployment that shares its work over replicas runs one elector per
+// shard, each for its own Lease, so every shard has the guarantees
+// above. A [Balancer] decides who may campaign: every shard elector's
+// Config.Admit is the Balancer's Admit, which lets a replica acquire
+// while it holds fewer than its share, ⌈S/N⌉ of S shards for N live
+// replicas (counted from member Leases, with the same local-time rule as
+// expiry); a replica holding more hands one shard per RetryPeriod over
+// with [Elector.Yield], which ends the term as a shutdown does (the work's
+// context ends with [ErrYielded]; the Lease is released once the work
+// returned) and campaigns again. A replica that joins thus gets its share
+// within a few RetryPeriods, one that leaves gracefully has its shards
+// taken at once, one that dies after LeaseDuration.
 package leader

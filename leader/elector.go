@@ -32,6 +32,7 @@ type Elector struct {
 	leases coordclient.LeaseInterface
 	log    *slog.Logger
 	ran    atomic.Bool
+	yield  chan struct{} // Yield's request to the term (buffered, 1)
 
 	// The fields below are written only by Run's goroutine, under mu; that
 	// goroutine reads them without it.
@@ -62,7 +63,24 @@ func New(cfg Config) (*Elector, error) {
 		cfg:    c,
 		leases: c.Client.CoordinationV1().Leases(c.Namespace),
 		log:    c.Logger.With("lease", c.Namespace+"/"+c.Name, "identity", c.Identity),
+		yield:  make(chan struct{}, 1),
 	}, nil
+}
+
+// Yield ends the current term as a shutdown does, but Run goes on
+// campaigning: the intake is suspended, the work's context ends with the
+// cause ErrYielded, and the Lease is released once the work returned, so
+// that another replica can take it at once. It reports whether a term
+// was running; a Balancer calls it to hand a shard to another replica.
+func (e *Elector) Yield() bool {
+	if !e.IsLeader() {
+		return false
+	}
+	select {
+	case e.yield <- struct{}{}:
+	default: // asked already
+	}
+	return true
 }
 
 // Identity returns this replica's holder identity.
@@ -306,6 +324,10 @@ func (e *Elector) campaign(ctx context.Context) (*coordinationv1.Lease, time.Tim
 			expiry = time.After(wait)
 			continue
 		}
+		if e.cfg.Admit != nil && !e.cfg.Admit() {
+			expiry = time.After(e.cfg.RetryPeriod)
+			continue
+		}
 		lease, sent, err := e.acquire(ctx, obs.lease)
 		if err == nil {
 			e.writeRefusals = 0
@@ -469,8 +491,12 @@ func (e *Elector) lead(ctx context.Context, lease *coordinationv1.Lease, acquire
 
 	// The term's context keeps ctx's values but not its cancellation: on
 	// shutdown the intake must be suspended before the work sees the end.
-	termCtx, cancelTerm := context.WithCancel(context.WithValue(context.WithoutCancel(ctx), termKey{}, term))
-	defer cancelTerm()
+	termCtx, cancelTerm := context.WithCancelCause(context.WithValue(context.WithoutCancel(ctx), termKey{}, term))
+	defer cancelTerm(nil)
+	select {
+	case <-e.yield: // a Yield of an earlier term
+	default:
+	}
 	workDone := make(chan error, 1)
 	go func() {
 		defer func() {
@@ -486,11 +512,14 @@ func (e *Elector) lead(ctx context.Context, lease *coordinationv1.Lease, acquire
 	defer tick.Stop()
 	var renewing chan renewResult // non-nil while a renew is in flight
 	var lost, workErr error       // why the term was lost; what work returned
-	workReturned, newHolder := false, ""
+	workReturned, yielded, newHolder := false, false, ""
 loop:
 	for {
 		select {
 		case <-ctx.Done():
+			break loop
+		case <-e.yield:
+			yielded = true
 			break loop
 		case workErr = <-workDone:
 			workReturned = true
@@ -531,13 +560,19 @@ loop:
 	// back here.
 	e.locked(func() { e.leading, e.holder, e.annotations = false, newHolder, nil })
 	e.cfg.Metrics.Leading(false)
-	cancelTerm()
+	if yielded {
+		cancelTerm(ErrYielded)
+	} else {
+		cancelTerm(nil)
+	}
 	cleared := e.cfg.Gate.Clear()
 	switch {
 	case lost != nil:
 		log.Warn("lost leadership; intake suspended", "cause", lost, "cleared", cleared)
 	case workReturned:
 		log.Info("work returned; stepping down", "err", workErr, "cleared", cleared)
+	case yielded:
+		log.Info("yielding the lease; intake suspended", "cleared", cleared)
 	default:
 		log.Info("shutting down; intake suspended", "cleared", cleared)
 	}
@@ -564,6 +599,9 @@ loop:
 		return ctx.Err() != nil, nil
 	}
 	e.release(ctx, lease, log)
+	if yielded && !workReturned {
+		return ctx.Err() != nil, nil
+	}
 	if workErr != nil {
 		return true, fmt.Errorf("leader: term %d work: %w", term.Number, workErr)
 	}
