@@ -65,7 +65,11 @@ func TestAnOwnedChildsChangeReconcilesItsOwner(t *testing.T) {
 			time.Sleep(time.Second)
 			synctest.Wait()
 		}
-		if _, err := cms.Update(ctx, ownedConfigMap("a-cm", "a", "drifted"), metav1.UpdateOptions{}); err != nil {
+		// The fake keeps the resourceVersion it is given, as the API server
+		// would set a new one.
+		drifted := ownedConfigMap("a-cm", "a", "drifted")
+		drifted.SetResourceVersion("2")
+		if _, err := cms.Update(ctx, drifted, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		settle()

@@ -170,9 +170,7 @@ func (r *Related[T]) object(u *unstructured.Unstructured, listed bool) {
 	r.mu.RLock()
 	old, known := r.objects[key]
 	r.mu.RUnlock()
-	// An object without a resourceVersion (a fake client's) cannot be
-	// told unchanged: take it as changed.
-	changed := !known || u.GetResourceVersion() == "" || old.rv != u.GetResourceVersion()
+	changed := !known || old.rv != u.GetResourceVersion()
 	switch {
 	case !changed && slices.Equal(old.keys, keys):
 		// Unchanged (a relist, or a replayed event): keep what is there.
