@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
@@ -208,7 +210,7 @@ func NewController[T opkit.Object](cfg Config[T]) (*Controller[T], error) {
 	}
 	watches := slices.Clone(cfg.Watches)
 	for _, res := range cfg.Owns {
-		watches = append(watches, Watch{Resource: res, Map: watcher.OwnedBy(cfg.Resource)})
+		watches = append(watches, Watch{Resource: res, Map: ownedIn(cfg.Resource, cfg.Watch.Shards)})
 	}
 	for _, w := range watches {
 		ns := ""
@@ -388,8 +390,9 @@ func (c *Controller[T]) runTerm(runCtx, termCtx context.Context, work []Runnable
 	}
 
 	<-intakeCtx.Done()
-	if runCtx.Err() != nil && errors.Is(context.Cause(intakeCtx), context.Canceled) {
-		// Graceful shutdown: no new intake; in-flight reconciles get the drain.
+	if runCtx.Err() != nil && errors.Is(context.Cause(intakeCtx), context.Canceled) || errors.Is(context.Cause(intakeCtx), leader.ErrYielded) {
+		// Graceful shutdown, or a shard handed to another replica: no new
+		// intake; in-flight reconciles get the drain.
 		drain := c.cfg.ShutdownTimeout
 		if c.leader == nil {
 			c.queue.ShutDown()
@@ -416,6 +419,21 @@ func (c *Controller[T]) runTerm(runCtx, termCtx context.Context, work []Runnable
 	c.trig.Abandon("the leadership term ended before the reconcile: the next leader reconciles every object")
 	c.written.reset()
 	return err
+}
+
+// ownedIn maps a child to the owner its controller reference names, of
+// resource owner, when the owner's UID is of shards.
+func ownedIn(owner opkit.Resource, shards opkit.Shards) watcher.MapFunc {
+	m := watcher.OwnedBy(owner)
+	if shards.All() {
+		return m
+	}
+	return func(u *unstructured.Unstructured) []opkit.Key {
+		if ref := metav1.GetControllerOfNoCopy(u); ref == nil || !shards.Contains(ref.UID) {
+			return nil
+		}
+		return m(u)
+	}
 }
 
 // worker takes entries (a reserved one only those at TriggerPriority or
@@ -567,6 +585,12 @@ func (c *Controller[T]) live(ctx context.Context, t *turn[T], req Request[T], ca
 		return
 	}
 	switch {
+	case !isNil(obj) && !c.cfg.Watch.Shards.Contains(obj.GetUID()):
+		// Another shard's object (a Watches mapping names keys of every
+		// shard): its shard's controller reconciles it.
+		t.log.Debug("object of another shard: skipped")
+		c.cfg.Metrics.Skipped(SkipOutOfScope)
+		return
 	case !isNil(obj) && !c.sel.Matches(labels.Set(obj.GetLabels())):
 		// Not an object the watch sees (a trigger's for another shard, or
 		// one that left the selector, whose delete the watch delivers),

@@ -1,0 +1,128 @@
+package reconcile
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+
+	"golang.org/x/sync/errgroup"
+	"k8s.io/client-go/dynamic"
+
+	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/leader"
+)
+
+// Sharded shares a controller's work over the replicas of a deployment:
+// the objects are split into S shards by the hash of their UID
+// (opkit.Shards), and each shard has its own Controller, with its own
+// Lease, queue, watcher (narrowed to the shard) and workers, which works
+// only while this replica holds the shard's Lease. A leader.Balancer lets
+// each replica hold at most ⌈S/N⌉ shards of N live replicas and hands
+// shards over as replicas come and go, each after its in-flight
+// reconciles drained. S = 1 is the single-leader Controller.
+//
+// Owned children (Config.Owns) reach their owner's shard through the
+// owner reference's UID. A Watches mapping names keys, not UIDs: every
+// shard's controller receives them, and one whose watch does not see the
+// key's object drops it without a read.
+//
+// As with one leader, a delete made while its shard changes hands is
+// seen by no watcher: a reconciler that must clean up after every delete
+// keeps a Finalizer. A name can be on two shards at once (a deleted
+// object and a new one of the same name have different UIDs), so two
+// replicas may reconcile the two objects at the same time: act on
+// children by owner UID, never by name alone.
+type Sharded[T opkit.Object] struct {
+	controllers []*Controller[T]
+	balancer    *leader.Balancer
+}
+
+// NewSharded returns a Sharded of S shards for cfg, whose Leader is
+// required: shard i's Lease is Leader.Name + "-i", and Leader.Name (a DNS
+// label of at most 40 characters) names the group of replicas, whose
+// member Leases it prefixes. Config.Concurrency and ReservedWorkers are
+// per held shard. Leader.Identity, when empty, is chosen once for all
+// shards. The controllers share one client.
+func NewSharded[T opkit.Object](cfg Config[T], shards int) (*Sharded[T], error) {
+	if cfg.Leader == nil {
+		return nil, fmt.Errorf("%w: sharded: Leader is required", ErrInvalidConfig)
+	}
+	if shards < 1 || shards > opkit.MaxShards {
+		return nil, fmt.Errorf("%w: sharded: %d shards: want 1 to %d", ErrInvalidConfig, shards, opkit.MaxShards)
+	}
+	if cfg.Dynamic == nil && cfg.RESTConfig != nil {
+		d, err := dynamic.NewForConfig(WithDefaultRate(cfg.RESTConfig))
+		if err != nil {
+			return nil, fmt.Errorf("%w: RESTConfig: %w", ErrInvalidConfig, err)
+		}
+		cfg.Dynamic = d
+	}
+	id := cfg.Leader.Identity
+	if id == "" {
+		host, err := os.Hostname()
+		if err != nil {
+			return nil, fmt.Errorf("%w: sharded: default identity: %w", ErrInvalidConfig, err)
+		}
+		id = fmt.Sprintf("%s_%08x", host, rand.Uint32())
+	}
+	log := cmp.Or(cfg.Logger, slog.Default())
+	b, err := leader.NewBalancer(leader.BalancerConfig{Client: cfg.Leader.Client, Namespace: cfg.Leader.Namespace,
+		Group: cfg.Leader.Name, Identity: id, Shards: shards, LeaseDuration: cfg.Leader.LeaseDuration,
+		RetryPeriod: cfg.Leader.RetryPeriod, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	s := &Sharded[T]{balancer: b}
+	for i := range shards {
+		c := cfg
+		c.Watch.Shards = opkit.Shards{Count: shards, Held: []int{i}}
+		l := *cfg.Leader
+		l.Name, l.Identity, l.Admit = fmt.Sprintf("%s-%d", cfg.Leader.Name, i), id, b.Admit
+		c.Leader = &l
+		c.Logger = log.With("shard", i)
+		ctrl, err := NewController(c)
+		if err != nil {
+			return nil, fmt.Errorf("shard %d: %w", i, err)
+		}
+		b.Add(ctrl.leader)
+		s.controllers = append(s.controllers, ctrl)
+	}
+	return s, nil
+}
+
+// Controllers returns the shards' controllers, shard i's at index i.
+func (s *Sharded[T]) Controllers() []*Controller[T] { return s.controllers }
+
+// Balancer returns the balancer of the shards' Leases.
+func (s *Sharded[T]) Balancer() *leader.Balancer { return s.balancer }
+
+// Run runs every shard's controller and the balancer until ctx ends, and
+// returns nil, or the first error of a controller.
+func (s *Sharded[T]) Run(ctx context.Context) error {
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return s.balancer.Run(gctx) })
+	for _, c := range s.controllers {
+		g.Go(func() error { return c.Run(gctx) })
+	}
+	return g.Wait()
+}
+
+// Check is the readiness check of every shard's controller.
+func (s *Sharded[T]) Check() error {
+	var errs []error
+	for i, c := range s.controllers {
+		if err := c.Check(); err != nil {
+			errs = append(errs, fmt.Errorf("shard %d: %w", i, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Runnable returns s as a Group component.
+func (s *Sharded[T]) Runnable() Runnable {
+	return Runnable{Name: s.controllers[0].cfg.Name + " (sharded)", Run: s.Run, Ready: s.Check}
+}

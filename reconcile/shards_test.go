@@ -1,0 +1,125 @@
+package reconcile_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/reconcile"
+	"github.com/opkit/opkit/watcher"
+)
+
+// spreadWidgets returns widgets x0..x7 with UUID-like UIDs (real ones are
+// random; "uid-"+name would all share FNV-1a's high bits, hence a shard),
+// and their names by shard of 2.
+func spreadWidgets() (ws []*Widget, byShard [2][]string) {
+	for i := range 8 {
+		uid := types.UID(fmt.Sprintf("%08x-5e1f-4c2a-9d3b-7a6c5b4e3f2d", uint32(i)*2654435761))
+		w := widget(fmt.Sprintf("x%d", i), func(w *Widget) { w.UID = uid })
+		ws = append(ws, w)
+		s := opkit.ShardOf(uid, 2)
+		byShard[s] = append(byShard[s], w.Name)
+	}
+	return ws, byShard
+}
+
+// ownedBy is a ConfigMap controlled by w.
+func ownedBy(name string, w *Widget) *unstructured.Unstructured {
+	u := ownedConfigMap(name, w.Name, "1")
+	refs := u.GetOwnerReferences()
+	refs[0].UID = w.UID
+	u.SetOwnerReferences(refs)
+	return u
+}
+
+// A controller of one shard reconciles only its shard's objects: its
+// watcher lists and watches only them, a child reaches its owner only
+// when the owner is of the shard (by the owner reference's UID), and a
+// Watches mapping that names another shard's object is skipped once the
+// object is read.
+func TestAShardsControllerReconcilesOnlyItsShard(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ws, byShard := spreadWidgets()
+		if len(byShard[0]) == 0 || len(byShard[1]) == 0 {
+			t.Fatalf("the fixture's uids fall in one shard: %v", byShard)
+		}
+		mine, theirs := ws[slices.IndexFunc(ws, func(w *Widget) bool { return w.Name == byShard[0][0] })],
+			ws[slices.IndexFunc(ws, func(w *Widget) bool { return w.Name == byShard[1][0] })]
+		rec := &recorder{}
+		e := start(t, rec, func(c *reconcile.Config[*Widget]) {
+			c.Watch = watcher.Config[*Widget]{Shards: opkit.Shards{Count: 2, Held: []int{0}}}
+			c.Owns = []opkit.Resource{configMaps}
+			c.NoEvents = true
+		}, ws...)
+		synctest.Wait()
+		var listed []string
+		for _, c := range rec.snapshot() {
+			listed = append(listed, c.req.Key.Name)
+		}
+		slices.Sort(listed)
+		if !slices.Equal(listed, byShard[0]) {
+			t.Fatalf("reconciled %v, want shard 0's %v", listed, byShard[0])
+		}
+
+		cms := e.dyn.Resource(configMaps.GroupVersionResource).Namespace("ns")
+		ctx := context.Background()
+		for _, u := range []*unstructured.Unstructured{ownedBy("theirs-cm", theirs), ownedBy("mine-cm", mine)} {
+			if _, err := cms.Create(ctx, u, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		synctest.Wait()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		calls := rec.snapshot()[len(listed):]
+		if len(calls) != 1 || calls[0].req.Key.Name != mine.Name {
+			t.Fatalf("after two children were created: %d reconciles %v, want one of %s (the other's owner is of shard 1)", len(calls), calls, mine.Name)
+		}
+	})
+}
+
+// A Watches mapping names keys, not UIDs: a key of another shard's
+// object reaches the controller, which drops it without even a read, as
+// its watch does not see the object; a key of its own is reconciled.
+func TestAShardsControllerSkipsAWatchesKeyOfAnotherShard(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ws, byShard := spreadWidgets()
+		other, own := byShard[1][0], byShard[0][0]
+		rec := &recorder{}
+		e := start(t, rec, func(c *reconcile.Config[*Widget]) {
+			c.Watch = watcher.Config[*Widget]{Shards: opkit.Shards{Count: 2, Held: []int{0}}}
+			c.Watches = []reconcile.Watch{{Resource: configMaps, Map: func(*unstructured.Unstructured) []opkit.Key {
+				return []opkit.Key{{Namespace: "ns", Name: other}, {Namespace: "ns", Name: own}}
+			}}}
+			c.NoEvents = true
+		}, ws...)
+		synctest.Wait()
+		before, reads := len(rec.snapshot()), e.metrics.refetchedN()
+		cm := ownedConfigMap("any", "nobody", "1")
+		cm.SetOwnerReferences(nil)
+		if _, err := e.dyn.Resource(configMaps.GroupVersionResource).Namespace("ns").Create(context.Background(), cm, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		calls := rec.snapshot()[before:]
+		if len(calls) != 1 || calls[0].req.Key.Name != own || e.metrics.refetchedN() != reads+1 {
+			t.Fatalf("reconciles %v, reads %d -> %d; want %s's alone, with its one read (%s is of shard 1)", calls, reads, e.metrics.refetchedN(), own, other)
+		}
+	})
+}
+
+func (m *countingMetrics) refetchedN() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.refetched
+}
