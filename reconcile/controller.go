@@ -144,6 +144,7 @@ type Controller[T opkit.Object] struct {
 	client  *typed.Client[T]
 	watch   *watcher.Watcher[T]
 	related []*watcher.Related[T] // Config.Owns, then Config.Watches
+	slots   chan struct{}         // shared by a Sharded replica's controllers; nil: none
 	leader  *leader.Elector       // nil without Config.Leader
 	trig    *trigger.Trigger[T]
 	sel     labels.Selector // the watch's label selector (everything for none)
@@ -436,6 +437,27 @@ func ownedIn(owner opkit.Resource, shards opkit.Shards) watcher.MapFunc {
 	}
 }
 
+// takeSlot waits for one of the turns a Sharded replica runs at once
+// (the shards' controllers share Concurrency); false if ctx ended first.
+// A controller of its own has no such limit beyond its workers.
+func (c *Controller[T]) takeSlot(ctx context.Context) bool {
+	if c.slots == nil {
+		return true
+	}
+	select {
+	case c.slots <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func (c *Controller[T]) releaseSlot() {
+	if c.slots != nil {
+		<-c.slots
+	}
+}
+
 // worker takes entries (a reserved one only those at TriggerPriority or
 // above) until intakeCtx ends and runs their turns under workCtx. The
 // others start once the watchers' first lists are done, so that a term
@@ -464,12 +486,15 @@ func (c *Controller[T]) worker(intakeCtx, workCtx context.Context, log *slog.Log
 		if err != nil {
 			return
 		}
-		if intakeCtx.Err() != nil {
+		if intakeCtx.Err() != nil || !reserved && !c.takeSlot(intakeCtx) {
 			// Handed out as the intake closed: abandoned like the queued ones.
 			c.queue.Done(item.Key)
 			return
 		}
 		c.runTurn(workCtx, item, log)
+		if !reserved {
+			c.releaseSlot()
+		}
 		c.queue.Done(item.Key)
 	}
 }

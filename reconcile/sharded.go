@@ -44,8 +44,9 @@ type Sharded[T opkit.Object] struct {
 // NewSharded returns a Sharded of S shards for cfg, whose Leader is
 // required: shard i's Lease is Leader.Name + "-i", and Leader.Name (a DNS
 // label of at most 40 characters) names the group of replicas, whose
-// member Leases it prefixes. Config.Concurrency and ReservedWorkers are
-// per held shard. Leader.Identity, when empty, is chosen once for all
+// member Leases it prefixes. Config.Concurrency is per replica: at most
+// that many reconciles run at once over all the shards it holds (each
+// shard's ReservedWorkers come on top, for triggers). Leader.Identity, when empty, is chosen once for all
 // shards. The controllers share one client.
 func NewSharded[T opkit.Object](cfg Config[T], shards int) (*Sharded[T], error) {
 	if cfg.Leader == nil {
@@ -77,6 +78,7 @@ func NewSharded[T opkit.Object](cfg Config[T], shards int) (*Sharded[T], error) 
 		return nil, err
 	}
 	s := &Sharded[T]{balancer: b}
+	slots := make(chan struct{}, cmp.Or(cfg.Concurrency, DefaultConcurrency))
 	for i := range shards {
 		c := cfg
 		c.Watch.Shards = opkit.Shards{Count: shards, Held: []int{i}}
@@ -88,6 +90,7 @@ func NewSharded[T opkit.Object](cfg Config[T], shards int) (*Sharded[T], error) 
 		if err != nil {
 			return nil, fmt.Errorf("shard %d: %w", i, err)
 		}
+		ctrl.slots = slots
 		b.Add(ctrl.leader)
 		s.controllers = append(s.controllers, ctrl)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -11,8 +12,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	kfake "k8s.io/client-go/kubernetes/fake"
 
 	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/leader"
 	"github.com/opkit/opkit/reconcile"
 	"github.com/opkit/opkit/watcher"
 )
@@ -122,4 +125,59 @@ func (m *countingMetrics) refetchedN() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.refetched
+}
+
+// A Sharded replica runs at most Concurrency reconciles at once over all
+// the shards it holds, not Concurrency per shard.
+func TestAShardedReplicaSharesItsWorkersOverItsShards(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ws, _ := spreadWidgets()
+		var mu sync.Mutex
+		running, most, done := 0, 0, 0
+		release := make(chan struct{})
+		rec := reconcile.Func[*Widget](func(ctx context.Context, req reconcile.Request[*Widget]) (reconcile.Result, error) {
+			mu.Lock()
+			running++
+			most = max(most, running)
+			mu.Unlock()
+			<-release
+			mu.Lock()
+			running--
+			done++
+			mu.Unlock()
+			return reconcile.Done(), nil
+		})
+		s, err := reconcile.NewSharded(reconcile.Config[*Widget]{
+			Name: "w", Resource: widgets, Dynamic: newFakeDynamic(t, ws...), Reconciler: rec, Logger: quiet, NoEvents: true,
+			Concurrency: 2, ReservedWorkers: -1,
+			Leader: &leader.Config{Client: kfake.NewClientset(), Namespace: "ns", Name: "widgets", Identity: "me"},
+		}, 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		ran := make(chan error, 1)
+		go func() { ran <- s.Run(ctx) }()
+		time.Sleep(10 * time.Second) // every shard acquired, every list done
+		synctest.Wait()
+		if held := s.Balancer().Held(); held != 4 {
+			t.Fatalf("the only replica holds %d of 4 shards", held)
+		}
+		mu.Lock()
+		if most != 2 {
+			t.Errorf("%d reconciles ran at once, want Concurrency, 2", most)
+		}
+		mu.Unlock()
+		close(release)
+		synctest.Wait()
+		mu.Lock()
+		if done != len(ws) {
+			t.Errorf("%d of %d objects reconciled", done, len(ws))
+		}
+		mu.Unlock()
+		cancel()
+		if err := <-ran; err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	})
 }
