@@ -102,8 +102,10 @@ type KubeAuthConfig struct {
 	MaxEntries int
 	// MaxReviews bounds the TokenReviews and SubjectAccessReviews in
 	// flight; a request that needs another gets an error wrapping ErrBusy
-	// (429). Concurrent requests that need the same review share one.
-	// Zero means 16.
+	// (429). One user's SubjectAccessReviews take at most half of them,
+	// so a caller triggering many objects cannot lock the others out.
+	// Concurrent requests that need the same review share one. Zero
+	// means 16.
 	MaxReviews int
 	// ReviewTimeout bounds one review; zero means 5s. A review runs on
 	// even if the request that started it leaves, for the others that
@@ -122,6 +124,9 @@ type KubeAuthenticator struct {
 	perms   *ttlCache[error] // nil: allowed; else wraps ErrForbidden
 	flights singleflight.Group
 	slots   chan struct{} // one per review in flight
+
+	mu     sync.Mutex
+	byUser map[string]int // SubjectAccessReviews in flight per user
 }
 
 var _ Authenticator = (*KubeAuthenticator)(nil)
@@ -159,9 +164,16 @@ func NewKubeAuthenticator(cfg KubeAuthConfig) (*KubeAuthenticator, error) {
 // shared runs review once for the concurrent callers of the same key,
 // under ReviewTimeout rather than the first caller's context (a caller
 // that leaves stops waiting; the review goes on for the others), and at
-// most MaxReviews at once (ErrBusy beyond).
-func shared[V any](ctx context.Context, a *KubeAuthenticator, key string, review func(context.Context) (V, error)) (V, error) {
+// most MaxReviews at once, at most half of them for one user when user
+// is set (ErrBusy beyond).
+func shared[V any](ctx context.Context, a *KubeAuthenticator, key, user string, review func(context.Context) (V, error)) (V, error) {
 	ch := a.flights.DoChan(key, func() (any, error) {
+		if user != "" {
+			if !a.takeUserSlot(user) {
+				return *new(V), fmt.Errorf("%w: this caller has %d reviews in flight", ErrBusy, a.userShare())
+			}
+			defer a.releaseUserSlot(user)
+		}
 		select {
 		case a.slots <- struct{}{}:
 			defer func() { <-a.slots }()
@@ -178,6 +190,30 @@ func shared[V any](ctx context.Context, a *KubeAuthenticator, key string, review
 		return v, r.Err
 	case <-ctx.Done():
 		return *new(V), ctx.Err()
+	}
+}
+
+// userShare is how many reviews one user may have in flight.
+func (a *KubeAuthenticator) userShare() int { return max(1, a.cfg.MaxReviews/2) }
+
+func (a *KubeAuthenticator) takeUserSlot(user string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.byUser[user] >= a.userShare() {
+		return false
+	}
+	if a.byUser == nil {
+		a.byUser = map[string]int{}
+	}
+	a.byUser[user]++
+	return true
+}
+
+func (a *KubeAuthenticator) releaseUserSlot(user string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.byUser[user]--; a.byUser[user] <= 0 {
+		delete(a.byUser, user)
 	}
 }
 
@@ -206,7 +242,7 @@ func (a *KubeAuthenticator) Authorize(ctx context.Context, req AuthRequest) (str
 	tr, ok := a.tokens.get(tokKey)
 	if !ok {
 		var err error
-		if tr, err = shared(ctx, a, "token\x00"+tokKey, func(ctx context.Context) (tokenResult, error) { return a.review(ctx, tokKey, tok) }); err != nil {
+		if tr, err = shared(ctx, a, "token\x00"+tokKey, "", func(ctx context.Context) (tokenResult, error) { return a.review(ctx, tokKey, tok) }); err != nil {
 			return "", err
 		}
 	}
@@ -257,7 +293,7 @@ func (a *KubeAuthenticator) access(ctx context.Context, user authnv1.UserInfo, r
 	if denied, ok := a.perms.get(key); ok {
 		return denied
 	}
-	denied, err := shared(ctx, a, "access\x00"+key, func(ctx context.Context) (error, error) { return a.sar(ctx, key, user, attrs) })
+	denied, err := shared(ctx, a, "access\x00"+key, userKey(user), func(ctx context.Context) (error, error) { return a.sar(ctx, key, user, attrs) })
 	if err != nil {
 		return err
 	}

@@ -51,6 +51,9 @@ type fakeReviews struct {
 	// held counts them.
 	hold chan struct{}
 	held int
+	// holdSAR and heldSAR do the same for SubjectAccessReviews.
+	holdSAR chan struct{}
+	heldSAR int
 }
 
 func (f *fakeReviews) AuthenticationV1() authnclient.AuthenticationV1Interface {
@@ -82,7 +85,32 @@ func (h heldReviews) Create(ctx context.Context, tr *authnv1.TokenReview, opts m
 	return h.TokenReviewInterface.Create(ctx, tr, opts)
 }
 func (f *fakeReviews) AuthorizationV1() authzclient.AuthorizationV1Interface {
-	return f.cs.AuthorizationV1()
+	return heldAuthz{f.cs.AuthorizationV1(), f}
+}
+
+type heldAuthz struct {
+	authzclient.AuthorizationV1Interface
+	f *fakeReviews
+}
+
+func (h heldAuthz) SubjectAccessReviews() authzclient.SubjectAccessReviewInterface {
+	return heldSARs{h.AuthorizationV1Interface.SubjectAccessReviews(), h.f}
+}
+
+type heldSARs struct {
+	authzclient.SubjectAccessReviewInterface
+	f *fakeReviews
+}
+
+func (h heldSARs) Create(ctx context.Context, sar *authzv1.SubjectAccessReview, opts metav1.CreateOptions) (*authzv1.SubjectAccessReview, error) {
+	h.f.mu.Lock()
+	hold := h.f.holdSAR
+	h.f.heldSAR++
+	h.f.mu.Unlock()
+	if hold != nil {
+		<-hold
+	}
+	return h.SubjectAccessReviewInterface.Create(ctx, sar, opts)
 }
 
 func sarKey(user string, a *authzv1.ResourceAttributes) string {

@@ -216,6 +216,58 @@ func TestReviewsAreSharedBoundedAndOutliveTheCallerThatLeft(t *testing.T) {
 	})
 }
 
+// One caller triggering many objects takes at most half of the review
+// slots for its SubjectAccessReviews: beyond, it gets ErrBusy at once,
+// while another caller's review still finds a slot.
+func TestOneCallerTakesAtMostHalfTheReviewSlots(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rev := newFakeReviews(t)
+		for _, name := range []string{"a", "b", "c"} {
+			rev.allowed["system:serviceaccount:ci:deployer update /configmaps/ ns/"+name] = true
+		}
+		rev.allowed["system:serviceaccount:ci:intruder update /configmaps/ ns/x"] = true
+		a, err := trigger.NewKubeAuthenticator(trigger.KubeAuthConfig{Client: rev, MaxReviews: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The users' tokens reviewed (and cached) first.
+		rev.allowed["system:serviceaccount:ci:deployer update /configmaps/ ns/warm"] = true
+		rev.allowed["system:serviceaccount:ci:intruder update /configmaps/ ns/warm"] = true
+		for _, tok := range []string{"good-token", "other-token"} {
+			if err := authorize(a, context.Background(), tok, "warm"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rev.holdSAR = make(chan struct{})
+		release := sync.OnceFunc(func() { close(rev.holdSAR) })
+		var wg sync.WaitGroup
+		defer wg.Wait()
+		defer release() // also when the test fails early
+		errs := make([]error, 3)
+		wg.Go(func() { errs[0] = authorize(a, context.Background(), "good-token", "a") })
+		wg.Go(func() { errs[1] = authorize(a, context.Background(), "good-token", "b") })
+		synctest.Wait()
+		if err := authorize(a, context.Background(), "good-token", "c"); !errors.Is(err, trigger.ErrBusy) {
+			t.Fatalf("the deployer's third review with MaxReviews 4: %v, want ErrBusy", err)
+		}
+		wg.Go(func() { errs[2] = authorize(a, context.Background(), "other-token", "x") })
+		synctest.Wait()
+		rev.mu.Lock()
+		held := rev.heldSAR
+		rev.mu.Unlock()
+		if held != 2+2+1 { // the two warm-ups, the deployer's two, the other caller's
+			t.Fatalf("%d SubjectAccessReviews made, want 5: the other caller's found a slot", held)
+		}
+		release()
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Errorf("review %d: %v", i, err)
+			}
+		}
+	})
+}
+
 // A decision is cached by user, verb and object: another token of the same
 // user needs a TokenReview, not another SubjectAccessReview.
 func TestDecisionsAreCachedByUserNotByToken(t *testing.T) {
