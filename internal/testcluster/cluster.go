@@ -566,6 +566,17 @@ func (c *Cluster) mustPort(i int) int {
 	return c.apiservers[i].port
 }
 
+// APIServerPID returns the process ID of API server i, or 0 while it is
+// stopped: for benchmarks that report its CPU time.
+func (c *Cluster) APIServerPID(i int) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if i < 0 || i >= len(c.apiservers) || c.apiservers[i].proc == nil {
+		return 0
+	}
+	return c.apiservers[i].proc.cmd.Process.Pid
+}
+
 // APIServers returns the number of API server slots (running or stopped).
 func (c *Cluster) APIServers() int {
 	c.mu.Lock()
