@@ -8,12 +8,14 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"sync"
 
 	"golang.org/x/sync/errgroup"
 	"k8s.io/client-go/dynamic"
 
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/leader"
+	"github.com/opkit/opkit/watcher"
 )
 
 // Sharded shares a controller's work over the replicas of a deployment:
@@ -78,10 +80,21 @@ func NewSharded[T opkit.Object](cfg Config[T], shards int) (*Sharded[T], error) 
 		return nil, err
 	}
 	s := &Sharded[T]{balancer: b}
+	// Gauges add up over the shards: the replica leads while it holds
+	// any, and tracks what all its watchers track.
+	if cfg.Leader.Metrics != nil {
+		l := *cfg.Leader
+		l.Metrics = &anyLeading{Metrics: cfg.Leader.Metrics}
+		cfg.Leader = &l
+	}
+	tracked := &trackedSum{inner: cfg.Watch.Metrics, per: make([]int, shards)}
 	slots := make(chan struct{}, cmp.Or(cfg.Concurrency, DefaultConcurrency))
 	for i := range shards {
 		c := cfg
 		c.Watch.Shards = opkit.Shards{Count: shards, Held: []int{i}}
+		if cfg.Watch.Metrics != nil {
+			c.Watch.Metrics = shardWatcherMetrics{Metrics: cfg.Watch.Metrics, sum: tracked, shard: i}
+		}
 		l := *cfg.Leader
 		l.Name, l.Identity, l.Admit = fmt.Sprintf("%s-%d", cfg.Leader.Name, i), id, b.Admit
 		c.Leader = &l
@@ -128,4 +141,59 @@ func (s *Sharded[T]) Check() error {
 // Runnable returns s as a Group component.
 func (s *Sharded[T]) Runnable() Runnable {
 	return Runnable{Name: s.controllers[0].cfg.Name + " (sharded)", Run: s.Run, Ready: s.Check}
+}
+
+// anyLeading reports a replica's shard electors as one leader.Metrics:
+// Leading(true) when it comes to hold a shard, Leading(false) when it
+// holds none; the other calls pass through.
+type anyLeading struct {
+	leader.Metrics
+	mu   sync.Mutex
+	held int
+}
+
+func (a *anyLeading) Leading(leading bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	before := a.held > 0
+	if leading {
+		a.held++
+	} else {
+		a.held--
+	}
+	if after := a.held > 0; after != before {
+		a.Metrics.Leading(after)
+	}
+}
+
+// trackedSum adds up what the shards' watchers track.
+type trackedSum struct {
+	inner watcher.Metrics
+	mu    sync.Mutex
+	per   []int
+}
+
+// shardWatcherMetrics is one shard watcher's Metrics: Tracked reports the
+// sum over the shards; the rest passes through.
+type shardWatcherMetrics struct {
+	watcher.Metrics
+	sum   *trackedSum
+	shard int
+}
+
+func (m shardWatcherMetrics) Tracked(n int) {
+	m.sum.mu.Lock()
+	defer m.sum.mu.Unlock()
+	m.sum.per[m.shard] = n
+	total := 0
+	for _, k := range m.sum.per {
+		total += k
+	}
+	m.sum.inner.Tracked(total)
+}
+
+func (m shardWatcherMetrics) Sharding(serverSide bool) {
+	if sm, ok := m.Metrics.(watcher.ShardingMetrics); ok {
+		sm.Sharding(serverSide)
+	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/leader"
+	"github.com/opkit/opkit/queue"
 	"github.com/opkit/opkit/reconcile"
 	"github.com/opkit/opkit/watcher"
 )
@@ -127,6 +128,31 @@ func (m *countingMetrics) refetchedN() int {
 	return m.refetched
 }
 
+// runAlone runs cfg as the only replica of 4 shards until it holds them
+// all and has listed them; stop ends it and checks Run's error. It must
+// be called in a synctest bubble.
+func runAlone(t *testing.T, cfg reconcile.Config[*Widget]) (s *reconcile.Sharded[*Widget], stop func()) {
+	t.Helper()
+	s, err := reconcile.NewSharded(cfg, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	ran := make(chan error, 1)
+	go func() { ran <- s.Run(ctx) }()
+	time.Sleep(10 * time.Second) // every shard acquired, every list done
+	synctest.Wait()
+	if held := s.Balancer().Held(); held != 4 {
+		t.Fatalf("the only replica holds %d of 4 shards", held)
+	}
+	return s, func() {
+		cancel()
+		if err := <-ran; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}
+}
+
 // A Sharded replica runs at most Concurrency reconciles at once over all
 // the shards it holds, not Concurrency per shard.
 func TestAShardedReplicaSharesItsWorkersOverItsShards(t *testing.T) {
@@ -147,22 +173,11 @@ func TestAShardedReplicaSharesItsWorkersOverItsShards(t *testing.T) {
 			mu.Unlock()
 			return reconcile.Done(), nil
 		})
-		s, err := reconcile.NewSharded(reconcile.Config[*Widget]{
+		_, stop := runAlone(t, reconcile.Config[*Widget]{
 			Name: "w", Resource: widgets, Dynamic: newFakeDynamic(t, ws...), Reconciler: rec, Logger: quiet, NoEvents: true,
 			Concurrency: 2, ReservedWorkers: -1,
 			Leader: &leader.Config{Client: kfake.NewClientset(), Namespace: "ns", Name: "widgets", Identity: "me"},
-		}, 4)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(t.Context())
-		ran := make(chan error, 1)
-		go func() { ran <- s.Run(ctx) }()
-		time.Sleep(10 * time.Second) // every shard acquired, every list done
-		synctest.Wait()
-		if held := s.Balancer().Held(); held != 4 {
-			t.Fatalf("the only replica holds %d of 4 shards", held)
-		}
+		})
 		mu.Lock()
 		if most != 2 {
 			t.Errorf("%d reconciles ran at once, want Concurrency, 2", most)
@@ -175,9 +190,62 @@ func TestAShardedReplicaSharesItsWorkersOverItsShards(t *testing.T) {
 			t.Errorf("%d of %d objects reconciled", done, len(ws))
 		}
 		mu.Unlock()
-		cancel()
-		if err := <-ran; err != nil {
-			t.Fatalf("Run: %v", err)
+		stop()
+	})
+}
+
+// leadingLog records leader.Metrics' Leading calls.
+type leadingLog struct {
+	mu    sync.Mutex
+	calls []bool
+}
+
+func (l *leadingLog) Leading(b bool)  { l.mu.Lock(); l.calls = append(l.calls, b); l.mu.Unlock() }
+func (*leadingLog) Renewed(time.Time) {}
+func (*leadingLog) RenewFailed()      {}
+func (*leadingLog) WorkOverran()      {}
+func (l *leadingLog) get() []bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.calls)
+}
+
+// trackedLog records watcher.Metrics' Tracked values.
+type trackedLog struct {
+	mu   sync.Mutex
+	last int
+}
+
+func (*trackedLog) Event(opkit.Type, queue.Outcome) {}
+func (*trackedLog) Relist(watcher.Reason)           {}
+func (*trackedLog) WatchRestart(watcher.Reason)     {}
+func (*trackedLog) Error(watcher.Reason)            {}
+func (t *trackedLog) Tracked(n int)                 { t.mu.Lock(); t.last = n; t.mu.Unlock() }
+func (*trackedLog) Observed(time.Time)              {}
+func (t *trackedLog) get() int                      { t.mu.Lock(); defer t.mu.Unlock(); return t.last }
+
+// A Sharded replica's gauges describe the replica, not its last shard:
+// it leads while it holds any shard (one Leading(true) for four shards,
+// one Leading(false) when it lets them all go), and its watchers' tracked
+// objects add up.
+func TestAShardedReplicasGaugesAddUpOverItsShards(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ws, _ := spreadWidgets()
+		lead, tracked := &leadingLog{}, &trackedLog{}
+		_, stop := runAlone(t, reconcile.Config[*Widget]{
+			Name: "w", Resource: widgets, Dynamic: newFakeDynamic(t, ws...), Reconciler: &recorder{}, Logger: quiet, NoEvents: true,
+			Watch:  watcher.Config[*Widget]{Metrics: tracked},
+			Leader: &leader.Config{Client: kfake.NewClientset(), Namespace: "ns", Name: "widgets", Identity: "me", Metrics: lead},
+		})
+		if got := lead.get(); !slices.Equal(got, []bool{true}) {
+			t.Errorf("Leading calls %v while taking 4 shards, want [true]", got)
+		}
+		if got := tracked.get(); got != len(ws) {
+			t.Errorf("tracked %d, want the %d objects of all shards", got, len(ws))
+		}
+		stop()
+		if got := lead.get(); !slices.Equal(got, []bool{true, false}) {
+			t.Errorf("Leading calls %v after stopping, want [true false]", got)
 		}
 	})
 }
