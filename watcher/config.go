@@ -102,8 +102,9 @@ type Config[T opkit.Object] struct {
 	// Shards narrows the list and the watch to the objects whose
 	// metadata.uid hashes into the held shards (zero: every object). The
 	// API server applies it when it runs with the ShardedListAndWatch
-	// feature gate; otherwise the watcher receives everything, drops what
-	// is not of its shards, says so once in the log and reports it to a
+	// feature gate; otherwise it sends everything. The watcher checks
+	// every object it receives and drops what is not of its shards; when
+	// there is any, it says so once in the log and reports it to a
 	// Metrics that is a ShardingMetrics.
 	Shards opkit.Shards
 

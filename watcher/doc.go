@@ -98,13 +98,14 @@
 // whose metadata.uid hashes into the held shards (see opkit.Shards),
 // through the API server's sharded list and watch (KEP-5866, alpha in
 // Kubernetes v1.36, feature gate ShardedListAndWatch): each replica then
-// receives about 1/N of the stream. A server that does not apply the
-// selector sends everything; the watcher drops what is not of its shards
-// (one FNV-1a hash per object), logs a warning once and tells a
-// [ShardingMetrics]. A UID never changes, so an object never moves
-// between shards; a deleted object and a new one of the same name may be
-// on different shards. Changing the held shards means a new Run with a
-// new Config: the old shards' keys are no longer this watcher's.
+// receives about 1/N of the stream. The watcher checks every object it
+// receives all the same (one FNV-1a hash), as a server without the gate
+// sends everything (and behind a load balancer one server may apply the
+// selector and the next not); what is not of its shards it drops, logs a
+// warning once and tells a [ShardingMetrics]. A UID never changes, so an
+// object never moves between shards; a deleted object and a new one of
+// the same name may be on different shards. Changing the held shards
+// means a new Watcher: the old shards' keys are no longer this one's.
 //
 // # Synced
 //

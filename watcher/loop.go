@@ -60,12 +60,10 @@ type loop struct {
 	// Owned by run's goroutine.
 	failures int // consecutive failed calls, for the backoff
 	refusals int // consecutive 401/403 answers among them
-	// clientShard: the API server did not confirm that it applied the
-	// shard selector, so the loop checks what it receives itself;
-	// foreign counts what it dropped since the list began, warned says
-	// the log told of it already.
-	clientShard, warned bool
-	foreign             int
+	// foreign counts the objects of other shards the loop dropped since
+	// the list began; warned says the log told of them already.
+	foreign int
+	warned  bool
 
 	// mu guards the health below.
 	mu     sync.RWMutex
@@ -182,13 +180,10 @@ func (l *loop) list(ctx context.Context, s sink) (string, error) {
 	opts := metav1.ListOptions{LabelSelector: l.cfg.labelSelector, FieldSelector: l.cfg.fieldSelector, Limit: l.cfg.pageSize,
 		ShardSelector: l.cfg.shards.Selector()}
 	l.foreign = 0
-	for first := true; ; first = false {
+	for {
 		page, err := l.cfg.res.List(ctx, opts)
 		if err != nil {
 			return "", err
-		}
-		if first && opts.ShardSelector != "" {
-			l.sharded(page)
 		}
 		for i := range page.Items {
 			if l.mine(&page.Items[i]) {
@@ -218,20 +213,13 @@ func (l *loop) list(ctx context.Context, s sink) (string, error) {
 	}
 }
 
-// sharded notes whether the API server confirmed that it applied the
-// shard selector to the list (it echoes it in metadata.shardInfo); if
-// not, the loop checks each object it receives. (kube-apiserver v1.37.2
-// filters custom resources but does not echo the selector for them.)
-func (l *loop) sharded(page *unstructured.UnstructuredList) {
-	echo, _, _ := unstructured.NestedString(page.Object, "metadata", "shardInfo", "selector")
-	l.clientShard = echo != l.cfg.shards.Selector()
-}
-
-// mine reports whether u is of the held shards. The first object of
-// another shard the server sends means it ignored the selector: the log
-// says so, once.
+// mine reports whether u is of the held shards. Every object is checked
+// (one hash), whatever the API server says it applied: behind a load
+// balancer, one API server may apply the selector and the next not. The
+// first object of another shard means a server ignored the selector: the
+// log says so, once.
 func (l *loop) mine(u *unstructured.Unstructured) bool {
-	if !l.clientShard || l.cfg.shards.Contains(u.GetUID()) {
+	if l.cfg.shards.Contains(u.GetUID()) {
 		return true
 	}
 	l.foreign++

@@ -143,13 +143,20 @@ func TestAShardedWatcherFiltersWhatTheServerDidNotFilter(t *testing.T) {
 		fw := r.ws.last(t)
 		fw.Add(other)
 		fw.Add(mine)
-		fw.Delete(other)
+		gone := other.DeepCopy()
+		gone.SetResourceVersion("999")
+		fw.Delete(gone)
 		synctest.Wait()
 		if got := r.q.take(); len(got) != 1 || got[0].Key.Name != mine.GetName() {
 			t.Fatalf("watch events gave %v, want only %s (shard 0)", got, mine.GetName())
 		}
+		fw.Stop() // the server closes the watch: it resumes after the last event, dropped or not
+		synctest.Wait()
+		if rvs := r.ws.rvs(); len(rvs) != 2 || rvs[1] != "999" {
+			t.Fatalf("watches opened at resourceVersions %v, want the second at 999", rvs)
+		}
 
-		fw.Error(expired) // a relist: still filtered, still one warning
+		r.ws.last(t).Error(expired) // a relist: still filtered, still one warning
 		synctest.Wait()
 		if n := r.logs.count(ignoredSelector); n != 1 {
 			t.Errorf("the log says %q %d times, want once", ignoredSelector, n)
@@ -201,8 +208,9 @@ func (r shardingResource) List(ctx context.Context, opts metav1.ListOptions) (*u
 
 // When the API server applies the selector, whether it echoes it or not,
 // the watcher gets only its shards, warns of nothing and reports
-// server-side sharding.
-func TestAShardedWatcherTrustsAServerThatAppliesTheSelector(t *testing.T) {
+// server-side sharding; an object of another shard that comes all the
+// same is dropped.
+func TestAShardedWatcherOnAServerThatAppliesTheSelector(t *testing.T) {
 	for _, echo := range []bool{true, false} {
 		t.Run(fmt.Sprintf("echo=%v", echo), func(t *testing.T) { testServerSideSharding(t, echo) })
 	}
@@ -221,6 +229,23 @@ func testServerSideSharding(t *testing.T, echo bool) {
 		}
 		if got := r.m.shardingCalls(); len(got) != 1 || !got[0] {
 			t.Errorf("Metrics.Sharding calls %v, want [true]", got)
+		}
+		// Behind a load balancer the watch may reach a server that
+		// ignores the selector even though the list's applied it: every
+		// object is checked.
+		var other *unstructured.Unstructured
+		for i := 100; other == nil; i++ {
+			if u := widget("ns", fmt.Sprintf("n%d", i), shardUID(i), fmt.Sprint(i), 1); opkit.ShardOf(u.GetUID(), 2) == 1 {
+				other = u
+			}
+		}
+		r.ws.last(t).Add(other)
+		synctest.Wait()
+		if got := r.q.take(); len(got) != 0 {
+			t.Fatalf("a watch event of shard 1 gave %v, want nothing", got)
+		}
+		if n := r.logs.count(ignoredSelector); n != 1 {
+			t.Errorf("the log says %q %d times after it, want once", ignoredSelector, n)
 		}
 	})
 }
