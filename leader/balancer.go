@@ -3,10 +3,10 @@ package leader
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -65,7 +65,11 @@ type Balancer struct {
 	electors []*Elector
 
 	mu      sync.Mutex
-	members int // live replicas, this one included; 0 until the first count
+	members int   // live replicas, this one included; 0 until the first count
+	lastErr error // of the last round; nil once one succeeded
+	// admitted holds when Admit last said yes, for acquisitions that
+	// may not show in Held yet (a RetryPeriod/2 covers one Lease write).
+	admitted []time.Time
 	// seen: per member Lease, its resourceVersion and when it was last
 	// seen to change (Run's goroutine only).
 	seen map[string]memberSeen
@@ -143,8 +147,30 @@ func (b *Balancer) Held() int {
 }
 
 // Admit reports whether this replica may acquire one more shard: it
-// holds fewer than its share. It is every shard elector's Config.Admit.
-func (b *Balancer) Admit() bool { return b.Held() < b.Share() }
+// holds fewer than its share, counting the acquisitions it admitted in
+// the last half RetryPeriod (so that shards freed at once do not all go
+// to the replica whose electors ask first). It is every shard elector's
+// Config.Admit.
+func (b *Balancer) Admit() bool {
+	held, share := b.Held(), b.Share()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := time.Now()
+	b.admitted = slices.DeleteFunc(b.admitted, func(at time.Time) bool { return now.Sub(at) > b.cfg.RetryPeriod/2 })
+	if held+len(b.admitted) >= share {
+		return false
+	}
+	b.admitted = append(b.admitted, now)
+	return true
+}
+
+// Check reports the last round's failure (renewing or counting the
+// members), nil when it succeeded.
+func (b *Balancer) Check() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.lastErr
+}
 
 // Run renews this replica's member Lease and counts the live ones every
 // RetryPeriod, and yields one shard per RetryPeriod while this replica
@@ -170,20 +196,27 @@ func (b *Balancer) Run(ctx context.Context) error {
 	}
 }
 
-// round is one RetryPeriod's work: renew, count, rebalance.
+// round is one RetryPeriod's work: count, renew, rebalance. It renews
+// this replica's member Lease only after it could count the others: a
+// replica that cannot list the member Leases would take no shard (its
+// share unknown) while the others counted it.
 func (b *Balancer) round(ctx context.Context) {
 	rctx, cancel := context.WithTimeout(ctx, b.cfg.RetryPeriod)
 	defer cancel()
-	if err := b.renew(rctx); err != nil {
-		if ctx.Err() == nil {
-			b.log.Warn("renewing the member lease failed", "err", err)
-		}
-		return
-	}
 	n, err := b.count(rctx)
+	if err == nil {
+		if err = b.renew(rctx); err != nil {
+			err = fmt.Errorf("leader: renewing the member lease: %w", err)
+		}
+	} else {
+		err = fmt.Errorf("leader: counting the group's members: %w", err)
+	}
+	b.mu.Lock()
+	b.lastErr = err
+	b.mu.Unlock()
 	if err != nil {
 		if ctx.Err() == nil {
-			b.log.Warn("counting the group's members failed", "err", err)
+			b.log.Warn("balancer round failed; retrying", "after", b.cfg.RetryPeriod, "err", err)
 		}
 		return
 	}
@@ -225,29 +258,37 @@ func (b *Balancer) renew(ctx context.Context) error {
 	return err
 }
 
-// count lists the group's member Leases and returns how many are alive:
-// this replica's, and those whose resourceVersion changed less than
-// LeaseDuration ago as this replica saw it (no clock of another node is
+// count lists the group's member Leases and returns how many replicas
+// are alive: this one, and those whose member Lease changed its
+// resourceVersion within its leaseDurationSeconds (at least
+// LeaseDuration) as this replica saw it (no clock of another node is
 // compared). A Lease first seen counts from then. One dead for four
-// LeaseDurations is deleted, with its resourceVersion as precondition.
+// times that is deleted, with its resourceVersion as precondition.
 func (b *Balancer) count(ctx context.Context) (int, error) {
 	list, err := b.leases.List(ctx, metav1.ListOptions{LabelSelector: GroupLabel + "=" + b.cfg.Group})
 	if err != nil {
 		return 0, err
 	}
-	now, live := time.Now(), 0
+	now, live := time.Now(), 1 // this replica
 	present := map[string]bool{}
 	for _, l := range list.Items {
 		present[l.Name] = true
+		if l.Name == b.name {
+			continue
+		}
 		s, ok := b.seen[l.Name]
 		if !ok || s.rv != l.ResourceVersion {
 			s = memberSeen{rv: l.ResourceVersion, changed: now}
 			b.seen[l.Name] = s
 		}
+		ttl := b.cfg.LeaseDuration
+		if l.Spec.LeaseDurationSeconds != nil {
+			ttl = max(ttl, time.Duration(*l.Spec.LeaseDurationSeconds)*time.Second)
+		}
 		switch age := now.Sub(s.changed); {
-		case l.Name == b.name || age < b.cfg.LeaseDuration:
+		case age < ttl:
 			live++
-		case age > 4*b.cfg.LeaseDuration:
+		case age > 4*ttl:
 			rv := l.ResourceVersion
 			err := b.leases.Delete(ctx, l.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &rv}})
 			if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
@@ -259,9 +300,6 @@ func (b *Balancer) count(ctx context.Context) (int, error) {
 		if !present[name] {
 			delete(b.seen, name)
 		}
-	}
-	if !present[b.name] {
-		return 0, errors.New("this replica's member lease is not listed")
 	}
 	return live, nil
 }

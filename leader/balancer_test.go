@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -40,11 +41,14 @@ func newLeaseStore() *leaseStore {
 	return &leaseStore{tracker: k8stesting.NewObjectTracker(scheme.Scheme, scheme.Codecs.UniversalDecoder()), rv: 100}
 }
 
-func (s *leaseStore) client(cut *atomic.Bool) kubernetes.Interface {
+func (s *leaseStore) client(cut, noList *atomic.Bool) kubernetes.Interface {
 	cs := fake.NewClientset()
 	cs.PrependReactor("*", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		if cut.Load() {
+		switch {
+		case cut.Load():
 			return true, nil, errors.New("connection refused")
+		case noList.Load() && a.GetVerb() == "list":
+			return true, nil, apierrors.NewForbidden(leasesGVR.GroupResource(), "", errors.New("no list"))
 		}
 		return s.serve(a)
 	})
@@ -101,6 +105,7 @@ func (s *leaseStore) holders(shards int) []string {
 type shardReplica struct {
 	name     string
 	cut      atomic.Bool
+	noList   atomic.Bool
 	balancer *leader.Balancer
 	cancel   context.CancelFunc
 	done     sync.WaitGroup
@@ -110,9 +115,12 @@ const testShards = 8
 
 // startShardReplica runs a replica whose shard work records, per shard,
 // which replica works on it; two at once fail the test.
-func startShardReplica(t *testing.T, s *leaseStore, name string, working *sync.Map) *shardReplica {
+func startShardReplica(t *testing.T, s *leaseStore, name string, working *sync.Map, tweak ...func(*shardReplica)) *shardReplica {
 	r := &shardReplica{name: name}
-	client := s.client(&r.cut)
+	for _, f := range tweak {
+		f(r)
+	}
+	client := s.client(&r.cut, &r.noList)
 	discard := slog.New(slog.NewTextHandler(io.Discard, nil))
 	b, err := leader.NewBalancer(leader.BalancerConfig{Client: client, Namespace: testNS, Group: "ctrl", Identity: name,
 		Shards: testShards, Logger: discard})
@@ -207,5 +215,29 @@ func TestTheBalancerSpreadsShardsOverTheReplicas(t *testing.T) {
 
 		a.stop()
 		d.stop()
+	})
+}
+
+// A replica that cannot list the member Leases is not counted and takes
+// no shard: the others hold them all, and its Balancer's Check says why.
+func TestAReplicaThatCannotCountTakesNothingAndIsNotCounted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newLeaseStore()
+		var working sync.Map
+		a := startShardReplica(t, s, "a", &working)
+		b := startShardReplica(t, s, "b", &working, func(r *shardReplica) { r.noList.Store(true) })
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if n := held(s.holders(testShards)); n["a"] != testShards {
+			t.Errorf("holders %v, want every shard with a", s.holders(testShards))
+		}
+		if a.balancer.Members() != 1 {
+			t.Errorf("a counts %d members, want 1 (b never wrote a member Lease)", a.balancer.Members())
+		}
+		if err := b.balancer.Check(); err == nil || !strings.Contains(err.Error(), "counting") {
+			t.Errorf("b's Check = %v, want the failed count", err)
+		}
+		b.stop()
+		a.stop()
 	})
 }

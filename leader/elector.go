@@ -73,7 +73,11 @@ func New(cfg Config) (*Elector, error) {
 // that another replica can take it at once. It reports whether a term
 // was running; a Balancer calls it to hand a shard to another replica.
 func (e *Elector) Yield() bool {
-	if !e.IsLeader() {
+	// Under mu, as the term's start empties the channel: a Yield is for
+	// the term that leads when it is called, never for the next one.
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.leading {
 		return false
 	}
 	select {
@@ -483,6 +487,10 @@ func (e *Elector) lead(ctx context.Context, lease *coordinationv1.Lease, acquire
 	e.locked(func() {
 		e.leading, e.lastRenew, e.holder, e.refusedWrite = true, term.Acquired, e.cfg.Identity, nil
 		e.annotations = lease.Annotations
+		select {
+		case <-e.yield: // a Yield of an earlier term
+		default:
+		}
 	})
 	e.cfg.Gate.Resume()
 	e.cfg.Metrics.Leading(true)
@@ -493,10 +501,6 @@ func (e *Elector) lead(ctx context.Context, lease *coordinationv1.Lease, acquire
 	// shutdown the intake must be suspended before the work sees the end.
 	termCtx, cancelTerm := context.WithCancelCause(context.WithValue(context.WithoutCancel(ctx), termKey{}, term))
 	defer cancelTerm(nil)
-	select {
-	case <-e.yield: // a Yield of an earlier term
-	default:
-	}
 	workDone := make(chan error, 1)
 	go func() {
 		defer func() {
