@@ -127,9 +127,13 @@ func (s *Sharded[T]) Run(ctx context.Context) error {
 	return g.Wait()
 }
 
-// Check is the readiness check of every shard's controller.
+// Check is the readiness check of the balancer and of every shard's
+// controller.
 func (s *Sharded[T]) Check() error {
 	var errs []error
+	if err := s.balancer.Check(); err != nil {
+		errs = append(errs, err)
+	}
 	for i, c := range s.controllers {
 		if err := c.Check(); err != nil {
 			errs = append(errs, fmt.Errorf("shard %d: %w", i, err))

@@ -102,8 +102,9 @@ type KubeAuthConfig struct {
 	MaxEntries int
 	// MaxReviews bounds the TokenReviews and SubjectAccessReviews in
 	// flight; a request that needs another gets an error wrapping ErrBusy
-	// (429). One user's SubjectAccessReviews take at most half of them,
-	// so a caller triggering many objects cannot lock the others out.
+	// (429). One user's SubjectAccessReviews (by name and UID, whatever
+	// token or pod it uses) take at most half of them (at least one), so
+	// a caller triggering many objects cannot lock the others out.
 	// Concurrent requests that need the same review share one. Zero
 	// means 16.
 	MaxReviews int
@@ -293,7 +294,7 @@ func (a *KubeAuthenticator) access(ctx context.Context, user authnv1.UserInfo, r
 	if denied, ok := a.perms.get(key); ok {
 		return denied
 	}
-	denied, err := shared(ctx, a, "access\x00"+key, userKey(user), func(ctx context.Context) (error, error) { return a.sar(ctx, key, user, attrs) })
+	denied, err := shared(ctx, a, "access\x00"+key, user.Username+"\x00"+user.UID, func(ctx context.Context) (error, error) { return a.sar(ctx, key, user, attrs) })
 	if err != nil {
 		return err
 	}
