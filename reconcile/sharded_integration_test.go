@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -105,11 +106,23 @@ type shardedReplica struct {
 // leaves, another joins and one crashes. Every object converges (its
 // newest generation reconciled, every delete reconciled), no object is
 // reconciled by two replicas at once (from the reconcilers' own records),
-// and once things settle every shard's Lease is held by exactly one live
-// replica, none holding more than its share.
+// and after each change settles every shard's Lease is held by exactly
+// one live replica, none holding more than its share.
+//
+// It runs with the ShardedListAndWatch gate (the API server filters) and
+// without it (every shard's watcher filters on its side).
 func TestIntegrationShardedReplicasShareTheWorkUnderChurn(t *testing.T) {
-	c := testcluster.Shared(t)
-	dyn, ns := realCluster(t)
+	t.Run("gate=on", func(t *testing.T) {
+		dyn, ns := realCluster(t)
+		shardedUnderChurn(t, testcluster.Shared(t), dyn, ns)
+	})
+	t.Run("gate=off", func(t *testing.T) {
+		c, dyn, _, ns := privateWidgets(t, testcluster.Options{DisableShardedListAndWatch: true})
+		shardedUnderChurn(t, c, dyn, ns)
+	})
+}
+
+func shardedUnderChurn(t *testing.T, c *testcluster.Cluster, dyn dynamic.Interface, ns string) {
 	res := dyn.Resource(widgets.GroupVersionResource).Namespace(ns)
 	ctx := context.Background()
 	const shards, n = 8, 120
@@ -197,11 +210,43 @@ func TestIntegrationShardedReplicasShareTheWorkUnderChurn(t *testing.T) {
 		})
 	}
 
+	kube, err := kubernetes.NewForConfig(c.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// spread waits until every shard's Lease is held by one of live, none
+	// holding more than its share.
+	spread := func(live ...string) {
+		t.Helper()
+		share := (shards + len(live) - 1) / len(live)
+		eventually(t, time.Minute, fmt.Sprintf("every shard held by one of %v, at most %d each", live, share), func() error {
+			held := map[string]int{}
+			for i := range shards {
+				lease, err := kube.CoordinationV1().Leases(ns).Get(ctx, fmt.Sprintf("sharded-%d", i), metav1.GetOptions{})
+				if err != nil {
+					return err
+				}
+				h := ""
+				if lease.Spec.HolderIdentity != nil {
+					h = *lease.Spec.HolderIdentity
+				}
+				if !slices.Contains(live, h) {
+					return fmt.Errorf("shard %d held by %q", i, h)
+				}
+				if held[h]++; held[h] > share {
+					return fmt.Errorf("%s holds more than %d", h, share)
+				}
+			}
+			return nil
+		})
+	}
+
 	start("a")
 	b, cr := start("b"), start("c")
 	createAll(0, n)
 	bumpAll(2)
 	converged(time.Minute) // every object has the finalizer
+	spread("a", "b", "c")
 
 	cr.stop(t) // leaves gracefully
 	start("d")
@@ -222,37 +267,15 @@ func TestIntegrationShardedReplicasShareTheWorkUnderChurn(t *testing.T) {
 	})
 	createAll(0, 10)
 	bumpAll(3)
+	converged(2 * time.Minute)
+	spread("a", "b", "d")
 
 	b.cut.Store(true) // crashes: neither releases nor deletes anything
 	bumpAll(4)
 
 	converged(2 * time.Minute)
 
-	kube, err := kubernetes.NewForConfig(c.Config())
-	if err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, time.Minute, "every shard held by one live replica, at most its share", func() error {
-		held := map[string]int{}
-		for i := range shards {
-			lease, err := kube.CoordinationV1().Leases(ns).Get(ctx, fmt.Sprintf("sharded-%d", i), metav1.GetOptions{})
-			if err != nil {
-				return err
-			}
-			h := ""
-			if lease.Spec.HolderIdentity != nil {
-				h = *lease.Spec.HolderIdentity
-			}
-			if h != "a" && h != "d" {
-				return fmt.Errorf("shard %d held by %q, want a or d", i, h)
-			}
-			held[h]++
-		}
-		if held["a"] > 4 || held["d"] > 4 {
-			return fmt.Errorf("held %v, want at most 4 each", held)
-		}
-		return nil
-	})
+	spread("a", "d")
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if len(l.overlaps) > 0 {
