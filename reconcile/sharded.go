@@ -8,7 +8,9 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"sync"
+	"time"
 
 	"golang.org/x/sync/errgroup"
 	"k8s.io/client-go/dynamic"
@@ -82,10 +84,9 @@ func NewSharded[T opkit.Object](cfg Config[T], shards int) (*Sharded[T], error) 
 	s := &Sharded[T]{balancer: b}
 	// Gauges add up over the shards: the replica leads while it holds
 	// any, and tracks what all its watchers track.
+	var leading *shardsLeading
 	if cfg.Leader.Metrics != nil {
-		l := *cfg.Leader
-		l.Metrics = &anyLeading{Metrics: cfg.Leader.Metrics}
-		cfg.Leader = &l
+		leading = &shardsLeading{inner: cfg.Leader.Metrics, leading: make([]bool, shards), renewed: make([]time.Time, shards)}
 	}
 	tracked := &trackedSum{inner: cfg.Watch.Metrics, per: make([]int, shards)}
 	slots := make(chan struct{}, cmp.Or(cfg.Concurrency, DefaultConcurrency))
@@ -97,6 +98,9 @@ func NewSharded[T opkit.Object](cfg Config[T], shards int) (*Sharded[T], error) 
 		}
 		l := *cfg.Leader
 		l.Name, l.Identity, l.Admit = fmt.Sprintf("%s-%d", cfg.Leader.Name, i), id, b.Admit
+		if leading != nil {
+			l.Metrics = shardLeading{leading, i}
+		}
 		c.Leader = &l
 		c.Logger = log.With("shard", i)
 		ctrl, err := NewController(c)
@@ -147,28 +151,49 @@ func (s *Sharded[T]) Runnable() Runnable {
 	return Runnable{Name: s.controllers[0].cfg.Name + " (sharded)", Run: s.Run, Ready: s.Check}
 }
 
-// anyLeading reports a replica's shard electors as one leader.Metrics:
-// Leading(true) when it comes to hold a shard, Leading(false) when it
-// holds none; the other calls pass through.
-type anyLeading struct {
-	leader.Metrics
-	mu   sync.Mutex
-	held int
+// shardsLeading reports a replica's shard electors as one leader.Metrics
+// (one shardLeading each): Leading(true) when the replica comes to hold a
+// shard, Leading(false) when it holds none; Renewed with the oldest last
+// renewal among the shards it holds, so that one shard that stopped
+// renewing shows; the counters pass through.
+type shardsLeading struct {
+	inner   leader.Metrics
+	mu      sync.Mutex
+	leading []bool
+	renewed []time.Time
 }
 
-func (a *anyLeading) Leading(leading bool) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	before := a.held > 0
-	if leading {
-		a.held++
-	} else {
-		a.held--
-	}
-	if after := a.held > 0; after != before {
-		a.Metrics.Leading(after)
+// shardLeading is one shard elector's Metrics.
+type shardLeading struct {
+	*shardsLeading
+	shard int
+}
+
+func (s shardLeading) Leading(leading bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	before := slices.Contains(s.leading, true)
+	s.leading[s.shard], s.renewed[s.shard] = leading, time.Time{}
+	if after := slices.Contains(s.leading, true); after != before {
+		s.inner.Leading(after)
 	}
 }
+
+func (s shardLeading) Renewed(at time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.renewed[s.shard] = at
+	oldest := at
+	for i, t := range s.renewed {
+		if s.leading[i] && !t.IsZero() && t.Before(oldest) {
+			oldest = t
+		}
+	}
+	s.inner.Renewed(oldest)
+}
+
+func (s shardLeading) RenewFailed() { s.inner.RenewFailed() }
+func (s shardLeading) WorkOverran() { s.inner.WorkOverran() }
 
 // trackedSum adds up what the shards' watchers track.
 type trackedSum struct {

@@ -2,17 +2,21 @@ package reconcile_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	kfake "k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/leader"
@@ -196,14 +200,24 @@ func TestAShardedReplicaSharesItsWorkersOverItsShards(t *testing.T) {
 
 // leadingLog records leader.Metrics' Leading calls.
 type leadingLog struct {
-	mu    sync.Mutex
-	calls []bool
+	mu      sync.Mutex
+	calls   []bool
+	renewed time.Time // the last Renewed
 }
 
-func (l *leadingLog) Leading(b bool)  { l.mu.Lock(); l.calls = append(l.calls, b); l.mu.Unlock() }
-func (*leadingLog) Renewed(time.Time) {}
-func (*leadingLog) RenewFailed()      {}
-func (*leadingLog) WorkOverran()      {}
+func (l *leadingLog) Leading(b bool) { l.mu.Lock(); l.calls = append(l.calls, b); l.mu.Unlock() }
+func (l *leadingLog) Renewed(at time.Time) {
+	l.mu.Lock()
+	l.renewed = at
+	l.mu.Unlock()
+}
+func (l *leadingLog) lastRenewed() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.renewed
+}
+func (*leadingLog) RenewFailed() {}
+func (*leadingLog) WorkOverran() {}
 func (l *leadingLog) get() []bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -247,5 +261,34 @@ func TestAShardedReplicasGaugesAddUpOverItsShards(t *testing.T) {
 		if got := lead.get(); !slices.Equal(got, []bool{true, false}) {
 			t.Errorf("Leading calls %v after stopping, want [true false]", got)
 		}
+	})
+}
+
+// A replica's "last renewal" is its stalest held shard's: one shard whose
+// renewals fail shows, though the others renew.
+func TestAShardedReplicasLastRenewalIsItsStalestShards(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ws, _ := spreadWidgets()
+		lead := &leadingLog{}
+		kube := kfake.NewClientset()
+		var failing atomic.Bool
+		kube.PrependReactor("update", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			if failing.Load() && a.(k8stesting.UpdateAction).GetObject().(metav1.Object).GetName() == "widgets-2" {
+				return true, nil, errors.New("etcd is slow")
+			}
+			return false, nil, nil
+		})
+		_, stop := runAlone(t, reconcile.Config[*Widget]{
+			Name: "w", Resource: widgets, Dynamic: newFakeDynamic(t, ws...), Reconciler: &recorder{}, Logger: quiet, NoEvents: true,
+			Leader: &leader.Config{Client: kube, Namespace: "ns", Name: "widgets", Identity: "me", Metrics: lead},
+		})
+		failed := time.Now()
+		failing.Store(true)
+		time.Sleep(5 * time.Second) // the other shards renew twice more
+		synctest.Wait()
+		if last := lead.lastRenewed(); last.After(failed) || time.Since(last) < 5*time.Second {
+			t.Errorf("last renewal %v ago, want shard 2's, from before its renewals failed %v ago", time.Since(last), time.Since(failed))
+		}
+		stop()
 	})
 }
