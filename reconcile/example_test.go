@@ -7,13 +7,16 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	dynfake "k8s.io/client-go/dynamic/fake"
+	kfake "k8s.io/client-go/kubernetes/fake"
 
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/internal/typed"
+	"github.com/opkit/opkit/leader"
 	"github.com/opkit/opkit/reconcile"
 	"github.com/opkit/opkit/trigger"
 )
@@ -59,6 +62,48 @@ func ExampleNewController() {
 	// Added ns/blue from APIServer [], size 1
 	// scheduled: true <nil>
 	// Modified ns/blue from Operator [deployed], size 1
+	// stopped: <nil>
+}
+
+// A sharded deployment: every replica runs the same Sharded; the
+// objects are split into shards by UID, and the replicas share the
+// shards. Here one replica, which holds both.
+func ExampleNewSharded() {
+	seen := make(chan string)
+	s, err := reconcile.NewSharded(reconcile.Config[*Widget]{
+		Name:     "test.opkit.dev/widgets",
+		Resource: widgets,
+		Dynamic:  exampleCluster(),
+		Reconciler: reconcile.Func[*Widget](func(ctx context.Context, req reconcile.Request[*Widget]) (reconcile.Result, error) {
+			seen <- fmt.Sprintf("%s %s", req.Type, req.Key)
+			return reconcile.Done(), nil
+		}),
+		Concurrency: 2, // per replica, over the shards it holds
+		// Shard i's Lease is widgets-i; the replicas count each other
+		// through member Leases labelled leader.opkit.dev/group=widgets.
+		Leader: &leader.Config{Client: kfake.NewClientset(), Namespace: "ops", Name: "widgets", Identity: "replica-a",
+			LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 200 * time.Millisecond, ClockSkew: 500 * time.Millisecond},
+		Logger: slog.New(slog.DiscardHandler),
+	}, 2)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- s.Run(ctx) }()
+
+	fmt.Println(<-seen) // by the controller of blue's shard, once this replica holds it
+	for s.Balancer().Held() < 2 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	fmt.Printf("holds %d of 2 shards, share %d\n", s.Balancer().Held(), s.Balancer().Share())
+
+	cancel()
+	fmt.Println("stopped:", <-done)
+	// Output:
+	// Added ns/blue
+	// holds 2 of 2 shards, share 2
 	// stopped: <nil>
 }
 
