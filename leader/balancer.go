@@ -203,9 +203,9 @@ func (b *Balancer) Run(ctx context.Context) error {
 func (b *Balancer) round(ctx context.Context) {
 	rctx, cancel := context.WithTimeout(ctx, b.cfg.RetryPeriod)
 	defer cancel()
-	n, err := b.count(rctx)
+	n, own, err := b.count(rctx)
 	if err == nil {
-		if err = b.renew(rctx); err != nil {
+		if err = b.renew(rctx, own); err != nil {
 			err = fmt.Errorf("leader: renewing the member lease: %w", err)
 		}
 	} else {
@@ -238,42 +238,45 @@ func (b *Balancer) round(ctx context.Context) {
 	}
 }
 
-// renew writes this replica's member Lease with a new renewTime.
-func (b *Balancer) renew(ctx context.Context) error {
-	now := metav1.NewMicroTime(time.Now())
-	secs := int32((b.cfg.LeaseDuration + time.Second - 1) / time.Second)
-	l, err := b.leases.Get(ctx, b.name, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
+// renew writes this replica's member Lease with a new renewTime: an
+// update of own, the Lease as count listed it, or a create when it was
+// not listed.
+func (b *Balancer) renew(ctx context.Context, own *coordinationv1.Lease) error {
+	l := own
+	if l == nil {
 		l = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: b.name, Namespace: b.cfg.Namespace,
 			Labels: map[string]string{GroupLabel: b.cfg.Group}}}
-		l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds, l.Spec.RenewTime = &b.cfg.Identity, &secs, &now
-		_, err = b.leases.Create(ctx, l, metav1.CreateOptions{})
-		return err
 	}
-	if err != nil {
-		return err
-	}
+	now, secs := metav1.NewMicroTime(time.Now()), wholeSeconds(b.cfg.LeaseDuration)
 	l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds, l.Spec.RenewTime = &b.cfg.Identity, &secs, &now
-	_, err = b.leases.Update(ctx, l, metav1.UpdateOptions{})
+	var err error
+	if own == nil {
+		_, err = b.leases.Create(ctx, l, metav1.CreateOptions{})
+	} else {
+		_, err = b.leases.Update(ctx, l, metav1.UpdateOptions{})
+	}
 	return err
 }
 
 // count lists the group's member Leases and returns how many replicas
-// are alive: this one, and those whose member Lease changed its
+// are alive, and this replica's member Lease as listed (nil if none):
+// this one, and those whose member Lease changed its
 // resourceVersion within its leaseDurationSeconds (at least
 // LeaseDuration) as this replica saw it (no clock of another node is
 // compared). A Lease first seen counts from then. One dead for four
 // times that is deleted, with its resourceVersion as precondition.
-func (b *Balancer) count(ctx context.Context) (int, error) {
+func (b *Balancer) count(ctx context.Context) (int, *coordinationv1.Lease, error) {
 	list, err := b.leases.List(ctx, metav1.ListOptions{LabelSelector: GroupLabel + "=" + b.cfg.Group})
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	now, live := time.Now(), 1 // this replica
+	var own *coordinationv1.Lease
 	present := map[string]bool{}
-	for _, l := range list.Items {
+	for i, l := range list.Items {
 		present[l.Name] = true
 		if l.Name == b.name {
+			own = &list.Items[i]
 			continue
 		}
 		s, ok := b.seen[l.Name]
@@ -301,5 +304,5 @@ func (b *Balancer) count(ctx context.Context) (int, error) {
 			delete(b.seen, name)
 		}
 	}
-	return live, nil
+	return live, own, nil
 }

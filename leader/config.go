@@ -177,14 +177,30 @@ func (cfg Config) withDefaults() (Config, error) {
 		return invalid("ClockSkew %s too large: RenewDeadline %s + ClockSkew must be less than LeaseDuration %s", cfg.ClockSkew, cfg.RenewDeadline, cfg.LeaseDuration)
 	}
 	if cfg.Identity == "" {
-		host, err := os.Hostname()
+		id, err := DefaultIdentity()
 		if err != nil {
-			return Config{}, fmt.Errorf("%w: default identity: %w", ErrInvalidConfig, err)
+			return Config{}, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
-		cfg.Identity = fmt.Sprintf("%s_%08x", host, rand.Uint32())
+		cfg.Identity = id
 	}
 	cfg.Gate = cmp.Or[queue.Gate](cfg.Gate, nopGate{})
 	cfg.Metrics = cmp.Or[Metrics](cfg.Metrics, nopMetrics{})
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	return cfg, nil
+}
+
+// DefaultIdentity is the identity a replica gets when Config.Identity is
+// empty: the hostname, "_" and 8 random hex digits.
+func DefaultIdentity() (string, error) {
+	host, err := os.Hostname()
+	if err != nil {
+		return "", fmt.Errorf("default identity: %w", err)
+	}
+	return fmt.Sprintf("%s_%08x", host, rand.Uint32()), nil
+}
+
+// wholeSeconds is d rounded up to whole seconds, as a Lease stores its
+// duration.
+func wholeSeconds(d time.Duration) int32 {
+	return int32((d + time.Second - 1) / time.Second)
 }
