@@ -157,17 +157,28 @@ type Controller[T opkit.Object] struct {
 	termWork []Runnable
 }
 
+// buildDynamic sets Dynamic, when it is nil, to a client built from
+// RESTConfig (with the default rate when it has none).
+func (cfg *Config[T]) buildDynamic() error {
+	if cfg.Dynamic != nil || cfg.RESTConfig == nil {
+		return nil
+	}
+	d, err := dynamic.NewForConfig(WithDefaultRate(cfg.RESTConfig))
+	if err != nil {
+		return fmt.Errorf("%w: RESTConfig: %w", ErrInvalidConfig, err)
+	}
+	cfg.Dynamic = d
+	return nil
+}
+
 // NewController validates cfg and builds the controller; it starts
 // nothing.
 func NewController[T opkit.Object](cfg Config[T]) (*Controller[T], error) {
 	bad := func(format string, args ...any) (*Controller[T], error) {
 		return nil, fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
 	}
-	if cfg.Dynamic == nil && cfg.RESTConfig != nil {
-		var err error
-		if cfg.Dynamic, err = dynamic.NewForConfig(WithDefaultRate(cfg.RESTConfig)); err != nil {
-			return bad("RESTConfig: %v", err)
-		}
+	if err := cfg.buildDynamic(); err != nil {
+		return nil, err
 	}
 	switch err := cfg.Resource.Validate(); {
 	case cfg.Name == "" || cfg.Dynamic == nil || cfg.Reconciler == nil:

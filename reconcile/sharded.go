@@ -6,14 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
-	"os"
 	"slices"
 	"sync"
 	"time"
 
 	"golang.org/x/sync/errgroup"
-	"k8s.io/client-go/dynamic"
 
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/leader"
@@ -50,8 +47,9 @@ type Sharded[T opkit.Object] struct {
 // label of at most 40 characters) names the group of replicas, whose
 // member Leases it prefixes. Config.Concurrency is per replica: at most
 // that many reconciles run at once over all the shards it holds (each
-// shard's ReservedWorkers come on top, for triggers). Leader.Identity, when empty, is chosen once for all
-// shards. The controllers share one client.
+// shard's ReservedWorkers come on top, for triggers). Leader.Identity,
+// when empty, is chosen once for all shards. The controllers share one
+// client.
 func NewSharded[T opkit.Object](cfg Config[T], shards int) (*Sharded[T], error) {
 	if cfg.Leader == nil {
 		return nil, fmt.Errorf("%w: sharded: Leader is required", ErrInvalidConfig)
@@ -59,20 +57,15 @@ func NewSharded[T opkit.Object](cfg Config[T], shards int) (*Sharded[T], error) 
 	if shards < 1 || shards > opkit.MaxShards {
 		return nil, fmt.Errorf("%w: sharded: %d shards: want 1 to %d", ErrInvalidConfig, shards, opkit.MaxShards)
 	}
-	if cfg.Dynamic == nil && cfg.RESTConfig != nil {
-		d, err := dynamic.NewForConfig(WithDefaultRate(cfg.RESTConfig))
-		if err != nil {
-			return nil, fmt.Errorf("%w: RESTConfig: %w", ErrInvalidConfig, err)
-		}
-		cfg.Dynamic = d
+	if err := cfg.buildDynamic(); err != nil { // once, for every shard
+		return nil, err
 	}
 	id := cfg.Leader.Identity
 	if id == "" {
-		host, err := os.Hostname()
-		if err != nil {
-			return nil, fmt.Errorf("%w: sharded: default identity: %w", ErrInvalidConfig, err)
+		var err error
+		if id, err = leader.DefaultIdentity(); err != nil {
+			return nil, fmt.Errorf("%w: sharded: %w", ErrInvalidConfig, err)
 		}
-		id = fmt.Sprintf("%s_%08x", host, rand.Uint32())
 	}
 	log := cmp.Or(cfg.Logger, slog.Default())
 	b, err := leader.NewBalancer(leader.BalancerConfig{Client: cfg.Leader.Client, Namespace: cfg.Leader.Namespace,
@@ -88,7 +81,7 @@ func NewSharded[T opkit.Object](cfg Config[T], shards int) (*Sharded[T], error) 
 	if cfg.Leader.Metrics != nil {
 		leading = &shardsLeading{inner: cfg.Leader.Metrics, leading: make([]bool, shards), renewed: make([]time.Time, shards)}
 	}
-	tracked := &trackedSum{inner: cfg.Watch.Metrics, per: make([]int, shards)}
+	tracked := &trackedSum{per: make([]int, shards)}
 	slots := make(chan struct{}, cmp.Or(cfg.Concurrency, DefaultConcurrency))
 	for i := range shards {
 		c := cfg
@@ -195,11 +188,10 @@ func (s shardLeading) Renewed(at time.Time) {
 func (s shardLeading) RenewFailed() { s.inner.RenewFailed() }
 func (s shardLeading) WorkOverran() { s.inner.WorkOverran() }
 
-// trackedSum adds up what the shards' watchers track.
+// trackedSum is what each of the shards' watchers tracks.
 type trackedSum struct {
-	inner watcher.Metrics
-	mu    sync.Mutex
-	per   []int
+	mu  sync.Mutex
+	per []int
 }
 
 // shardWatcherMetrics is one shard watcher's Metrics: Tracked reports the
@@ -218,7 +210,7 @@ func (m shardWatcherMetrics) Tracked(n int) {
 	for _, k := range m.sum.per {
 		total += k
 	}
-	m.sum.inner.Tracked(total)
+	m.Metrics.Tracked(total)
 }
 
 func (m shardWatcherMetrics) Sharding(serverSide bool) {
