@@ -2,6 +2,7 @@ package natsbroker
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -41,14 +42,7 @@ var ErrInvalidPointer = errors.New("natsbroker: invalid trigger pointer")
 // pointer fits in the consumer's default message limit
 // (trigger.DefaultMaxMessageBytes).
 func Publish(ctx context.Context, nc *nats.Conn, subject string, p Pointer) (uint64, error) {
-	body, err := encodePointer(p)
-	if err != nil {
-		return 0, err
-	}
-	if subject == "" {
-		subject = DefaultSubject
-	}
-	return publishBody(ctx, nc, subject, body, "")
+	return publish(ctx, nc, subject, p, "")
 }
 
 // Request publishes a trigger as Publish does, asking for the outcome of
@@ -60,20 +54,13 @@ func Publish(ctx context.Context, nc *nats.Conn, subject string, p Pointer) (uin
 // operator was changing leaders, say) is answered by the delivery that
 // ran the reconcile.
 func Request(ctx context.Context, nc *nats.Conn, subject string, p Pointer) (trigger.Outcome, error) {
-	body, err := encodePointer(p)
-	if err != nil {
-		return trigger.Outcome{}, err
-	}
-	if subject == "" {
-		subject = DefaultSubject
-	}
 	inbox := nc.NewInbox()
 	sub, err := nc.SubscribeSync(inbox)
 	if err != nil {
 		return trigger.Outcome{}, &trigger.BrokerError{Kind: Classify(err), Op: "subscribe", Err: err}
 	}
 	defer func() { _ = sub.Unsubscribe() }()
-	if _, err := publishBody(ctx, nc, subject, body, inbox); err != nil {
+	if _, err := publish(ctx, nc, subject, p, inbox); err != nil {
 		return trigger.Outcome{}, err
 	}
 	msg, err := sub.NextMsgWithContext(ctx)
@@ -87,9 +74,15 @@ func Request(ctx context.Context, nc *nats.Conn, subject string, p Pointer) (tri
 	return out, nil
 }
 
-// publishBody publishes body to subject through JetStream, with
-// HeaderReplyTo set to replyTo unless it is empty.
-func publishBody(ctx context.Context, nc *nats.Conn, subject string, body []byte, replyTo string) (uint64, error) {
+// publish checks and encodes p and publishes it to subject
+// (DefaultSubject when empty) through JetStream, with HeaderReplyTo set
+// to replyTo unless it is empty.
+func publish(ctx context.Context, nc *nats.Conn, subject string, p Pointer, replyTo string) (uint64, error) {
+	body, err := encodePointer(p)
+	if err != nil {
+		return 0, err
+	}
+	subject = cmp.Or(subject, DefaultSubject)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return 0, err
