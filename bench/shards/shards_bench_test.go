@@ -4,9 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
-	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -26,6 +24,7 @@ import (
 
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/bench/internal/fixture"
+	"github.com/opkit/opkit/bench/internal/traffic"
 	"github.com/opkit/opkit/internal/testcluster"
 	"github.com/opkit/opkit/internal/typed"
 	"github.com/opkit/opkit/leader"
@@ -132,37 +131,9 @@ func (l *ledger) atLeast(gen int64) int {
 	return n
 }
 
-// bytesIn counts the response bytes its transports read.
-type bytesIn struct{ n atomic.Int64 }
-
-func (c *bytesIn) wrap(rt http.RoundTripper) http.RoundTripper {
-	return roundTripper(func(r *http.Request) (*http.Response, error) {
-		resp, err := rt.RoundTrip(r)
-		if err == nil {
-			resp.Body = countingBody{resp.Body, &c.n}
-		}
-		return resp, err
-	})
-}
-
-type roundTripper func(*http.Request) (*http.Response, error)
-
-func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
-
-type countingBody struct {
-	io.ReadCloser
-	n *atomic.Int64
-}
-
-func (b countingBody) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p)
-	b.n.Add(int64(n))
-	return n, err
-}
-
 type shardReplica struct {
 	s     *reconcile.Sharded[*Widget]
-	bytes bytesIn
+	bytes traffic.Bytes
 	stop  func()
 }
 
@@ -228,7 +199,7 @@ func run(b *testing.B, c *testcluster.Cluster, replicas int) {
 	})
 
 	for _, r := range rs {
-		r.bytes.n.Store(0)
+		r.bytes.Reset()
 	}
 	cpu0 := cpuSeconds(b, c.APIServerPID(0))
 	b.StartTimer()
@@ -250,7 +221,7 @@ func run(b *testing.B, c *testcluster.Cluster, replicas int) {
 	cpu := cpuSeconds(b, c.APIServerPID(0)) - cpu0
 	var total int64
 	for _, r := range rs {
-		total += r.bytes.n.Load()
+		total += r.bytes.Load()
 	}
 	b.ReportMetric(took.Seconds(), "s-converge")
 	b.ReportMetric(float64(total)/float64(replicas)/1e6, "MB/replica")
@@ -261,7 +232,7 @@ func startReplica(b *testing.B, c *testcluster.Cluster, ns, id string, l *ledger
 	r := &shardReplica{}
 	cfg := c.Config()
 	cfg.QPS, cfg.Burst = 1000, 2000 // requests are not this benchmark's bound
-	cfg.WrapTransport = r.bytes.wrap
+	cfg.WrapTransport = r.bytes.Wrap
 	dyn := dynamic.NewForConfigOrDie(cfg)
 	kube := kubernetes.NewForConfigOrDie(cfg)
 	status, err := reconcile.NewStatus[*Widget](reconcile.StatusConfig{Dynamic: dyn, Resource: widgets})

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"net/http"
 	"net/url"
@@ -173,6 +174,38 @@ func (s *Switch) Wrap(rt http.RoundTripper) http.RoundTripper {
 		}
 		return rt.RoundTrip(r)
 	})
+}
+
+// Bytes counts the response body bytes read through the transports it
+// wraps: what a client received from the API server. It is safe for
+// concurrent use; the zero value is ready.
+type Bytes struct{ n atomic.Int64 }
+
+// Wrap returns rt counting the body bytes of every response, for
+// rest.Config.WrapTransport.
+func (b *Bytes) Wrap(rt http.RoundTripper) http.RoundTripper {
+	return roundTripper(func(r *http.Request) (*http.Response, error) {
+		resp, err := rt.RoundTrip(r)
+		if err == nil {
+			resp.Body = countingBody{resp.Body, &b.n}
+		}
+		return resp, err
+	})
+}
+
+// Load returns the bytes counted so far; Reset starts again from zero.
+func (b *Bytes) Load() int64 { return b.n.Load() }
+func (b *Bytes) Reset()      { b.n.Store(0) }
+
+type countingBody struct {
+	io.ReadCloser
+	n *atomic.Int64
+}
+
+func (b countingBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.n.Add(int64(n))
+	return n, err
 }
 
 type roundTripper func(*http.Request) (*http.Response, error)

@@ -2,6 +2,7 @@ package traffic
 
 import (
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -69,5 +70,27 @@ func TestCounterAndSwitch(t *testing.T) {
 	want := Counts{{"LIST", "", "configmaps"}: 2}
 	if got := c.Counts(); got.Sub(want).String() != "{}" {
 		t.Fatalf("counts %v, want %v (a killed request is not sent, so not counted)", got, want)
+	}
+}
+
+func TestBytesCountsWhatTheClientRead(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("0123456789")) }))
+	defer srv.Close()
+	var b Bytes
+	hc := &http.Client{Transport: b.Wrap(http.DefaultTransport)}
+	for range 3 {
+		resp, err := hc.Get(srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	if got := b.Load(); got != 30 {
+		t.Fatalf("counted %d bytes, want 30", got)
+	}
+	b.Reset()
+	if got := b.Load(); got != 0 {
+		t.Fatalf("after Reset: %d", got)
 	}
 }
