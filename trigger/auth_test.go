@@ -75,14 +75,20 @@ type heldReviews struct {
 }
 
 func (h heldReviews) Create(ctx context.Context, tr *authnv1.TokenReview, opts metav1.CreateOptions) (*authnv1.TokenReview, error) {
-	h.f.mu.Lock()
-	hold := h.f.hold
-	h.f.held++
-	h.f.mu.Unlock()
-	if hold != nil {
-		<-hold
-	}
+	h.f.park(&h.f.hold, &h.f.held)
 	return h.TokenReviewInterface.Create(ctx, tr, opts)
+}
+
+// park counts a review in *held and, while *hold is set, waits for it
+// to close.
+func (f *fakeReviews) park(hold *chan struct{}, held *int) {
+	f.mu.Lock()
+	ch := *hold
+	*held++
+	f.mu.Unlock()
+	if ch != nil {
+		<-ch
+	}
 }
 func (f *fakeReviews) AuthorizationV1() authzclient.AuthorizationV1Interface {
 	return heldAuthz{f.cs.AuthorizationV1(), f}
@@ -103,13 +109,7 @@ type heldSARs struct {
 }
 
 func (h heldSARs) Create(ctx context.Context, sar *authzv1.SubjectAccessReview, opts metav1.CreateOptions) (*authzv1.SubjectAccessReview, error) {
-	h.f.mu.Lock()
-	hold := h.f.holdSAR
-	h.f.heldSAR++
-	h.f.mu.Unlock()
-	if hold != nil {
-		<-hold
-	}
+	h.f.park(&h.f.holdSAR, &h.f.heldSAR)
 	return h.SubjectAccessReviewInterface.Create(ctx, sar, opts)
 }
 
