@@ -555,12 +555,6 @@ func (c *Controller[T]) runTurn(ctx context.Context, item queue.Item[opkit.Key, 
 	}()
 	deletes := c.watch.Deletes(key)
 	for _, d := range deletes {
-		if uid := d.Object.GetUID(); uid != "" && !c.cfg.Watch.Shards.Contains(uid) {
-			// Not this shard's (its watcher drops such objects; this
-			// guards the delete's cleanup all the same).
-			c.watch.Settle(key, uid, d.Object.GetResourceVersion())
-			continue
-		}
 		req := base
 		req.Object, req.Type, req.FinalStateUnknown = d.Object, opkit.Deleted, d.FinalStateUnknown
 		if c.run(ctx, t, req) {
