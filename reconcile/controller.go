@@ -245,9 +245,8 @@ func NewController[T opkit.Object](cfg Config[T]) (*Controller[T], error) {
 	if c.sel, err = labels.Parse(cfg.Watch.LabelSelector); err != nil {
 		return nil, fmt.Errorf("%w: Watch.LabelSelector: %w", ErrInvalidConfig, err)
 	}
-	if c.trig, err = trigger.New(trigger.Config[T]{Queue: c.queue, Get: c.client.Get, Resource: cfg.Resource, Namespace: cfg.Watch.Namespace,
-		Selector: c.sel, Priority: cfg.TriggerPriority, Rate: cfg.TriggerRate, Burst: cfg.TriggerBurst, Metrics: cfg.TriggerMetrics, Logger: log}); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	if c.trig, err = c.newTrigger(c.queue, false, log); err != nil {
+		return nil, err
 	}
 	if !cfg.NoEvents {
 		if c.rec, err = NewRecorder(RecorderConfig{Dynamic: cfg.Dynamic, Controller: cfg.Name, Resource: cfg.Resource}); err != nil {
@@ -266,6 +265,19 @@ func NewController[T opkit.Object](cfg Config[T]) (*Controller[T], error) {
 		}
 	}
 	return c, nil
+}
+
+// newTrigger returns a trigger of the controller's scope and settings
+// that adds to q (by UID: a Sharded replica's shared trigger) and logs
+// to log.
+func (c *Controller[T]) newTrigger(q queue.Adder[opkit.Key, opkit.Cause[T]], byUID bool, log *slog.Logger) (*trigger.Trigger[T], error) {
+	t, err := trigger.New(trigger.Config[T]{Queue: q, Get: c.client.Get, Resource: c.cfg.Resource, Namespace: c.cfg.Watch.Namespace,
+		Selector: c.sel, Priority: c.cfg.TriggerPriority, Rate: c.cfg.TriggerRate, Burst: c.cfg.TriggerBurst, UIDRequired: byUID,
+		Metrics: c.cfg.TriggerMetrics, Logger: log})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return t, nil
 }
 
 // WithDefaultRate returns a copy of cfg whose zero QPS and Burst are
@@ -428,7 +440,7 @@ func (c *Controller[T]) runTerm(runCtx, termCtx context.Context, work []Runnable
 	// it interrupted leave streaks no entry stands for, and the triggers
 	// the cleared queue held are not served by this replica.
 	c.retries.reset()
-	c.trig.Abandon("the leadership term ended before the reconcile: the next leader reconciles every object")
+	c.trig.Abandon("the leadership term ended before the reconcile: the next leader reconciles every object", c.cfg.Watch.Shards)
 	c.written.reset()
 	return err
 }
@@ -573,7 +585,7 @@ func (c *Controller[T]) runTurn(ctx context.Context, item queue.Item[opkit.Key, 
 	if t.state == "" {
 		t.state = trigger.Skipped
 	}
-	c.trig.Report(key, cause.Ticket, trigger.Outcome{State: t.state, Error: t.err, Attempts: base.Retries + 1,
+	c.trig.Report(key, cause.Ticket, c.cfg.Watch.Shards, trigger.Outcome{State: t.state, Error: t.err, Attempts: base.Retries + 1,
 		Duration: time.Since(began).Round(time.Microsecond).String(), Replica: c.identity(), Term: term.Number})
 	if t.failed {
 		delay := max(c.retries.when(key), t.floor)

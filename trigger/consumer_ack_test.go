@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/queue"
 	"github.com/opkit/opkit/trigger"
 )
@@ -29,7 +30,7 @@ func TestAckAfterReconcileWaitsForTheFinalOutcome(t *testing.T) {
 		if err != nil || it.Value.Ticket == 0 {
 			t.Fatalf("queued %+v (%v), want an entry with a ticket", it.Value, err)
 		}
-		e.tr.Report(it.Key, it.Value.Ticket, trigger.Outcome{State: trigger.Failed, Error: "the database is down"})
+		e.tr.Report(it.Key, it.Value.Ticket, opkit.Shards{}, trigger.Outcome{State: trigger.Failed, Error: "the database is down"})
 		e.q.Done(it.Key)
 		time.Sleep(25 * time.Second) // the retry's backoff
 		synctest.Wait()
@@ -42,7 +43,7 @@ func TestAckAfterReconcileWaitsForTheFinalOutcome(t *testing.T) {
 		// The retry carries the ticket on, as the controller's does.
 		e.q.Add(it.Key, it.Value, queue.AddOptions{Priority: it.Priority}) // (a re-add with the same cause)
 		it, _ = e.q.Get(context.Background())
-		e.tr.Report(it.Key, it.Value.Ticket, trigger.Outcome{State: trigger.Succeeded, Attempts: 2})
+		e.tr.Report(it.Key, it.Value.Ticket, opkit.Shards{}, trigger.Outcome{State: trigger.Succeeded, Attempts: 2})
 		e.q.Done(it.Key)
 		synctest.Wait()
 		if got := ops(e.b.EventsFor(id)); got != "Ack" {
@@ -66,7 +67,7 @@ func TestAckAfterReconcileHandsBackWhenTheTermEnds(t *testing.T) {
 		synctest.Wait()
 		e.q.Suspend()
 		e.q.Clear()
-		e.tr.Abandon("term ended")
+		e.tr.Abandon("term ended", opkit.Shards{})
 		synctest.Wait()
 		if got := ops(e.b.EventsFor(id)); got != "Nack@1s" {
 			t.Fatalf("settled %q, want a Nack for the next leader", got)

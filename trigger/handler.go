@@ -26,6 +26,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/flowcontrol"
 
 	"github.com/opkit/opkit"
@@ -91,6 +92,19 @@ type HandlerConfig[T opkit.Object] struct {
 	// is never forwarded again (a replica that does not lead answers it
 	// 503), and over TLS one is forwarded only to an https endpoint.
 	LeaderEndpoint func() string
+	// HolderEndpoint is LeaderEndpoint for a sharded controller
+	// (reconcile.Sharded's HolderEndpoint): it returns the base URL of
+	// the trigger endpoint of the replica that holds the shard of the
+	// object with uid, while this replica does not, and "" while it does
+	// or no holder is known. The object is read here to learn its UID,
+	// and a trigger dropped because this replica does not hold its shard
+	// is forwarded as with LeaderEndpoint (the holder reads it again);
+	// so is a GET of a trigger this replica does not know, after a read.
+	// The Trigger's queue must not drop a trigger before the read, as a
+	// suspended queue drops an add that only joins an entry:
+	// reconcile.Sharded's trigger joins none. At most one of
+	// LeaderEndpoint and HolderEndpoint may be set.
+	HolderEndpoint func(uid types.UID) string
 	// ForwardClient sends forwarded requests; nil means a client of
 	// net/http's default transport that keeps 64 idle connections to the
 	// leader. Over TLS, give it the configuration that
@@ -240,6 +254,8 @@ func NewHandler[T opkit.Object](cfg HandlerConfig[T]) (http.Handler, error) {
 	case cfg.MaxWait < 0 || cfg.MaxWaiting < 0 || cfg.MaxDelay < 0 || cfg.MaxBodyBytes < 0 || cfg.BodyTimeout < 0 || cfg.APITimeout < 0 || cfg.RetryAfter < 0 || cfg.RateLimit < 0 || cfg.RateBurst < 0 ||
 		cfg.AuthFailureBackoff < 0 || math.IsNaN(cfg.RateLimit) || math.IsInf(cfg.RateLimit, 0):
 		return nil, errors.New("trigger: HandlerConfig durations, sizes and limits must be finite and not negative")
+	case cfg.LeaderEndpoint != nil && cfg.HolderEndpoint != nil:
+		return nil, errors.New("trigger: HandlerConfig.LeaderEndpoint and HolderEndpoint are for a controller with one leader and a sharded one: set one of them")
 	case cfg.RateBurst > 0 && cfg.RateLimit == 0:
 		return nil, errors.New("trigger: HandlerConfig.RateBurst without RateLimit would have no effect; set RateLimit too")
 	}
@@ -287,7 +303,7 @@ func (h *handler[T]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body := h.serve(w, r, &bodyRead)
 	if f, ok := body.(forwarded); ok {
 		maps.Copy(w.Header(), f.header)
-		w.Header().Set(ForwardedHeader, "by this replica to the leader")
+		w.Header().Set(ForwardedHeader, "by this replica to the one that serves it")
 		w.WriteHeader(f.code)
 		_, _ = w.Write(f.body)
 		h.cfg.Metrics.Request(f.code, "Forwarded", time.Since(start))
@@ -396,11 +412,21 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request, bodyRead *boo
 			}
 		}
 	case id != "": // GET: what is known of a trigger
-		if _, err = authorize(ctx, key); err == nil {
-			cancel()
-			return h.cfg.Trigger.Lookup(key, id)
+		var caller string
+		if caller, err = authorize(ctx, key); err != nil {
+			err = fmt.Errorf("trigger: %w", err)
+			break
 		}
-		err = fmt.Errorf("trigger: %w", err)
+		out := h.cfg.Trigger.Lookup(key, id)
+		if out.State != Unknown || h.cfg.HolderEndpoint == nil || r.Header.Get(ForwardedHeader) != "" {
+			cancel()
+			return out
+		}
+		// The replica that holds the object's shard may know it.
+		if obj, err = h.cfg.Trigger.read(ctx, key, caller, IntakeOptions{}); err != nil || h.cfg.HolderEndpoint(obj.GetUID()) == "" {
+			cancel()
+			return out
+		}
 	case wait > 0:
 		if h.waiting.Add(1) > int64(h.cfg.MaxWaiting) {
 			h.waiting.Add(-1)
@@ -416,8 +442,14 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request, bodyRead *boo
 	if st := h.refusal(w, r, key, err, authErr); st != nil {
 		return st
 	}
+	if leaderURL == "" && !o.Accepted() && !isNil(obj) && h.cfg.HolderEndpoint != nil && r.Header.Get(ForwardedHeader) == "" {
+		// Dropped here, or a GET of a trigger this replica does not know:
+		// the holder of the object's shard answers, if another replica
+		// holds it.
+		leaderURL = h.cfg.HolderEndpoint(obj.GetUID())
+	}
 	if leaderURL != "" {
-		release() // the leader does the work
+		release() // the leader (the shard's holder) does the work
 		return h.forward(r, leaderURL, p, wait, key)
 	}
 	if !o.Accepted() {

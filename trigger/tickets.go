@@ -5,10 +5,10 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
+
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/opkit/opkit"
 )
@@ -81,6 +81,7 @@ type Ticket struct {
 	ID string
 
 	key   opkit.Key
+	uid   types.UID // the object's, when the trigger read it
 	n     uint64
 	final bool // resolve only on a final state (a broker acknowledging)
 	out   chan Outcome
@@ -131,9 +132,10 @@ func newTickets() *tickets {
 	return &tickets{nonce: hex.EncodeToString(b), waiting: map[opkit.Key][]*Ticket{}, done: map[string]remembered{}}
 }
 
-// take registers the next ticket for key if add, called with its number,
-// accepts it (tk is nil when it did not, or when MaxTracked tickets wait).
-func (ts *tickets) take(key opkit.Key, final bool, add func(n uint64) bool) (tk *Ticket, full bool) {
+// take registers the next ticket for key (of the object with uid, "" when
+// unknown) if add, called with its number, accepts it (tk is nil when it
+// did not, or when MaxTracked tickets wait).
+func (ts *tickets) take(key opkit.Key, uid types.UID, final bool, add func(n uint64) bool) (tk *Ticket, full bool) {
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
 	if ts.nWait >= MaxTracked || len(ts.waiting[key]) >= MaxTrackedPerKey {
@@ -144,16 +146,16 @@ func (ts *tickets) take(key opkit.Key, final bool, add func(n uint64) bool) (tk 
 		return nil, false
 	}
 	ts.next = n
-	tk = &Ticket{ID: fmt.Sprintf("%s-%d-%d", ts.nonce, ts.epoch, n), key: key, n: n, final: final, out: make(chan Outcome, 1)}
+	tk = &Ticket{ID: fmt.Sprintf("%s-%d-%d", ts.nonce, ts.epoch, n), key: key, uid: uid, n: n, final: final, out: make(chan Outcome, 1)}
 	ts.waiting[key] = append(ts.waiting[key], tk)
 	ts.nWait++
 	return tk, false
 }
 
-// report resolves the tickets of key numbered up to upTo with o, but for
-// tickets taken FinalOnly when o is not final (the retry that follows
-// serves them).
-func (ts *tickets) report(key opkit.Key, upTo uint64, o Outcome) {
+// report resolves the tickets of key numbered up to upTo of an object in
+// (or not known) with o, but for tickets taken FinalOnly when o is not
+// final (the retry that follows serves them).
+func (ts *tickets) report(key opkit.Key, upTo uint64, in opkit.Shards, o Outcome) {
 	if upTo == 0 {
 		return
 	}
@@ -161,7 +163,7 @@ func (ts *tickets) report(key opkit.Key, upTo uint64, o Outcome) {
 	defer ts.mu.Unlock()
 	var kept []*Ticket
 	for _, tk := range ts.waiting[key] {
-		if tk.n > upTo || tk.final && !o.State.Final() {
+		if tk.n > upTo || tk.final && !o.State.Final() || tk.uid != "" && !in.Contains(tk.uid) {
 			kept = append(kept, tk)
 			continue
 		}
@@ -174,16 +176,27 @@ func (ts *tickets) report(key opkit.Key, upTo uint64, o Outcome) {
 	}
 }
 
-// abandon resolves every waiting ticket as Unknown (the term ended: the
-// queue that held them is cleared) and starts a new epoch.
-func (ts *tickets) abandon(why string) {
+// abandon resolves as Unknown every waiting ticket of an object in (or
+// of an object not known: it joined an entry without reading it), for
+// the term ended and the queue that held them is cleared, and starts a
+// new epoch.
+func (ts *tickets) abandon(why string, in opkit.Shards) {
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
 	for key, tks := range ts.waiting {
+		kept := tks[:0]
 		for _, tk := range tks {
+			if tk.uid != "" && !in.Contains(tk.uid) {
+				kept = append(kept, tk)
+				continue
+			}
 			ts.resolve(tk, Outcome{State: Unknown, Error: why})
 		}
-		delete(ts.waiting, key)
+		if len(kept) == 0 {
+			delete(ts.waiting, key)
+		} else {
+			ts.waiting[key] = kept
+		}
 	}
 	ts.epoch++
 }
@@ -209,12 +222,9 @@ func (ts *tickets) lookup(key opkit.Key, id string) Outcome {
 	if r, ok := ts.done[id]; ok && r.key == key {
 		return r.out
 	}
-	parts := strings.Split(id, "-")
-	if len(parts) == 3 && parts[0] == ts.nonce && parts[1] == strconv.Itoa(ts.epoch) {
-		for _, tk := range ts.waiting[key] {
-			if tk.ID == id {
-				return Outcome{ID: id, State: Pending}
-			}
+	for _, tk := range ts.waiting[key] {
+		if tk.ID == id {
+			return Outcome{ID: id, State: Pending}
 		}
 	}
 	return Outcome{ID: id, State: Unknown}

@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/validation/path"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/util/flowcontrol"
@@ -135,6 +136,12 @@ type Config[T opkit.Object] struct {
 	// DefaultBurst (20); a negative Rate means unlimited.
 	Rate  float64
 	Burst int
+	// UIDRequired makes Enqueue and Submit refuse an object without a
+	// UID (ErrInvalid): set it when Queue routes by the object's UID
+	// (reconcile's Sharded does), so that a trigger of an object built
+	// from its name alone is refused rather than sent to an arbitrary
+	// shard. Intake reads the object, which has its UID.
+	UIDRequired bool
 	// Metrics receives counts of outcomes; nil means no metrics.
 	Metrics Metrics
 	// Logger receives the records of dropped (Info: expected on
@@ -239,7 +246,8 @@ type Request[T opkit.Object] struct {
 //     invalid name or namespace (see [CheckName]), namespace present for a
 //     cluster-scoped resource or missing for a namespaced one, negative
 //     delay, retries negative or beyond int32, invalid type or source,
-//     source APIServer, an object of another kind); an object in a
+//     source APIServer, an object of another kind, one without a UID
+//     with Config.UIDRequired); an object in a
 //     namespace the controller does not handle, or a Deleted trigger whose
 //     object's labels the watch's selector does not match (wrapping
 //     [ErrOutOfScope]; other objects' labels are checked when the object
@@ -277,7 +285,11 @@ func (t *Trigger[T]) addTracked(ctx context.Context, key opkit.Key, c opkit.Caus
 		return t.add(ctx, key, c, delay, mergeOnly), nil, nil
 	}
 	var o queue.Outcome
-	tk, full := t.tickets.take(key, track == FinalOnly, func(n uint64) bool {
+	var uid types.UID
+	if !isNil(c.Object) {
+		uid = c.Object.GetUID()
+	}
+	tk, full := t.tickets.take(key, uid, track == FinalOnly, func(n uint64) bool {
 		c.Ticket = n
 		o = t.add(ctx, key, c, delay, mergeOnly)
 		return o.Accepted()
@@ -289,16 +301,22 @@ func (t *Trigger[T]) addTracked(ctx context.Context, key opkit.Key, c opkit.Caus
 }
 
 // Report hands the outcome o of the reconcile turn of key whose entry
-// carried ticket (opkit.Cause.Ticket) to the tickets it serves (the
-// controller calls it after every turn).
-func (t *Trigger[T]) Report(key opkit.Key, ticket uint64, o Outcome) {
-	t.tickets.report(key, ticket, o)
+// carried ticket (opkit.Cause.Ticket) to the tickets it serves: those of
+// key up to that number whose object is in shards (the zero Shards:
+// every object; a sharded controller's turn serves only its shards'
+// triggers, as the same name can be on two), or unknown (the controller
+// calls it after every turn).
+func (t *Trigger[T]) Report(key opkit.Key, ticket uint64, shards opkit.Shards, o Outcome) {
+	t.tickets.report(key, ticket, shards, o)
 }
 
-// Abandon resolves every ticket still waiting as Unknown, with why: the
-// queue that held their entries is cleared (the controller calls it at
-// the end of a leadership term). Their ids are unknown from then on.
-func (t *Trigger[T]) Abandon(why string) { t.tickets.abandon(why) }
+// Abandon resolves as Unknown, with why, every ticket still waiting whose
+// object is in shards (the zero Shards: every ticket), and any whose
+// trigger joined a waiting entry without reading its object: the queue
+// that held their entries is cleared (the controller calls it at the end
+// of a leadership term, of its shard's term in a sharded controller).
+// Their ids are unknown from then on.
+func (t *Trigger[T]) Abandon(why string, shards opkit.Shards) { t.tickets.abandon(why, shards) }
 
 // Lookup returns what this replica knows of the tracked trigger id of
 // key: Pending, its outcome while remembered (MaxRemembered), or Unknown.
@@ -343,6 +361,8 @@ func (t *Trigger[T]) validate(req Request[T]) error {
 		return invalid("object %s is a %s, not a %s", key, gvk.Kind, t.cfg.Resource.Kind)
 	case gvk.Version != "" && gvk.Group != t.cfg.Resource.Group:
 		return invalid("object %s is in API group %q, not %q", key, gvk.Group, t.cfg.Resource.Group)
+	case t.cfg.UIDRequired && req.Object.GetUID() == "":
+		return invalid("object %s has no UID: the controller is sharded by UID; pass the object as read from the API server", key)
 	}
 	if err := t.checkNamespace(key); err != nil {
 		return err
@@ -447,15 +467,9 @@ func (t *Trigger[T]) IntakeTracked(ctx context.Context, p Pointer, opts IntakeOp
 		}
 		return none, o, tk, err
 	}
-	if err := t.pay(caller, opts); err != nil {
+	obj, err := t.read(ctx, p.Key, caller, opts)
+	if err != nil {
 		return none, 0, nil, err
-	}
-	obj, err := t.cfg.Get(ctx, p.Key)
-	switch {
-	case typed.Gone(err, p.Key.Name):
-		return none, 0, nil, fmt.Errorf("trigger: %w: %s %q", ErrNotFound, t.cfg.Resource.Resource, p.Key)
-	case err != nil:
-		return none, 0, nil, fmt.Errorf("trigger: reading %s %q: %w", t.cfg.Resource.Resource, p.Key, typed.Explain(err, t.cfg.Resource, p.Key.Name))
 	}
 	if err := t.checkLabels(obj); err != nil {
 		return none, 0, nil, t.rejected(ctx, err)
@@ -469,6 +483,24 @@ func (t *Trigger[T]) IntakeTracked(ctx context.Context, p Pointer, opts IntakeOp
 	}
 	o, tk, err := t.addTracked(ctx, p.Key, t.cause(obj, p.Type, p.Reason, 0), p.Delay, false, track)
 	return obj, o, tk, err
+}
+
+// read reads the object of key for caller, for a token of the trigger
+// budget (see pay): ErrNotFound when it does not exist, an API error
+// wrapped.
+func (t *Trigger[T]) read(ctx context.Context, key opkit.Key, caller string, opts IntakeOptions) (T, error) {
+	var none T
+	if err := t.pay(caller, opts); err != nil {
+		return none, err
+	}
+	obj, err := t.cfg.Get(ctx, key)
+	switch {
+	case typed.Gone(err, key.Name):
+		return none, fmt.Errorf("trigger: %w: %s %q", ErrNotFound, t.cfg.Resource.Resource, key)
+	case err != nil:
+		return none, fmt.Errorf("trigger: reading %s %q: %w", t.cfg.Resource.Resource, key, typed.Explain(err, t.cfg.Resource, key.Name))
+	}
+	return obj, nil
 }
 
 // IntakeOptions are the caller's part of [Trigger.Intake].

@@ -27,7 +27,7 @@ func serveTurn(t *testing.T, e *handlerEnv, o trigger.Outcome) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.tr.Report(it.Key, it.Value.Ticket, o)
+	e.tr.Report(it.Key, it.Value.Ticket, opkit.Shards{}, o)
 	e.q.Done(it.Key)
 }
 
@@ -97,7 +97,7 @@ func TestTriggersMergedIntoAnEntryShareItsOutcome(t *testing.T) {
 		it, _ := e.q.Get(context.Background())
 		third := postAsync(e, "/reconcile/ns/a?wait=30s")
 		synctest.Wait()
-		e.tr.Report(it.Key, it.Value.Ticket, trigger.Outcome{State: trigger.Failed, Error: "the old turn"})
+		e.tr.Report(it.Key, it.Value.Ticket, opkit.Shards{}, trigger.Outcome{State: trigger.Failed, Error: "the old turn"})
 		e.q.Done(it.Key)
 		synctest.Wait()
 		select {
@@ -151,7 +151,7 @@ func TestAWaitingCallerGets503WhenTheTermEnds(t *testing.T) {
 		e := newHandlerEnv(t, nil)
 		answer := postAsync(e, "/reconcile/ns/a?wait=5m")
 		synctest.Wait()
-		e.tr.Abandon("the term ended")
+		e.tr.Abandon("the term ended", opkit.Shards{})
 		synctest.Wait()
 		select {
 		case w := <-answer:

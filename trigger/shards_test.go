@@ -1,0 +1,209 @@
+package trigger_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/queue"
+	"github.com/opkit/opkit/trigger"
+)
+
+// The specification of a trigger shared by the shards of a sharded
+// controller (reconcile.Sharded): its objects carry their UIDs, and a
+// shard's turn and the end of a shard's term concern only that shard's
+// triggers, even for a name that is on two shards at once.
+
+// uidsOnTwoShards returns a UID of shard 0 and one of shard 1 of two.
+func uidsOnTwoShards() (types.UID, types.UID) {
+	var uids [2]types.UID
+	for i := 0; uids[0] == "" || uids[1] == ""; i++ {
+		uid := types.UID(fmt.Sprintf("uid-%d", i))
+		if s := opkit.ShardOf(uid, 2); uids[s] == "" {
+			uids[s] = uid
+		}
+	}
+	return uids[0], uids[1]
+}
+
+// byUID is a queue that, like the sharded controller's, joins no entry
+// without an object (MergeOnly adds are NotHeld) and records what it is
+// given.
+type byUID struct {
+	mu     sync.Mutex
+	causes []opkit.Cause[*corev1.ConfigMap]
+}
+
+func (q *byUID) Add(_ opkit.Key, c opkit.Cause[*corev1.ConfigMap], opts queue.AddOptions) queue.Outcome {
+	if opts.MergeOnly {
+		return queue.NotHeld
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.causes = append(q.causes, c)
+	return queue.Queued
+}
+
+func TestAShardsTurnAndTermConcernOnlyItsShardsTriggers(t *testing.T) {
+	uid0, uid1 := uidsOnTwoShards()
+	shard0, shard1 := opkit.Shards{Count: 2, Held: []int{0}}, opkit.Shards{Count: 2, Held: []int{1}}
+	// ns/a is deleted and made again between the two reads: the same name
+	// with a UID of each shard.
+	next := uid0
+	q := &byUID{}
+	tr, err := trigger.New(trigger.Config[*corev1.ConfigMap]{Queue: q, Resource: configMaps, UIDRequired: true, Logger: discard,
+		Get: func(context.Context, opkit.Key) (*corev1.ConfigMap, error) {
+			o := cm("ns", "a")
+			o.UID = next
+			return o, nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	intake := func() *trigger.Ticket {
+		t.Helper()
+		_, o, tk, err := tr.IntakeTracked(t.Context(), trigger.Pointer{Key: opkit.Key{Namespace: "ns", Name: "a"}}, trigger.IntakeOptions{}, trigger.Tracked)
+		if err != nil || o != queue.Queued || tk == nil {
+			t.Fatalf("intake: %v %v %v, want queued with a ticket", o, tk, err)
+		}
+		return tk
+	}
+	old := intake()
+	next = uid1
+	young := intake()
+	key := opkit.Key{Namespace: "ns", Name: "a"}
+	if len(q.causes) != 2 || q.causes[0].Object.UID != uid0 || q.causes[1].Object.UID != uid1 {
+		t.Fatalf("queued %d causes, want the two objects read", len(q.causes))
+	}
+
+	// Shard 1's turn carries the higher ticket number; shard 0's trigger
+	// is not its to answer.
+	tr.Report(key, q.causes[1].Ticket, shard1, trigger.Outcome{State: trigger.Succeeded})
+	if o := tr.Lookup(key, young.ID); o.State != trigger.Succeeded {
+		t.Fatalf("shard 1's trigger after its turn: %+v, want succeeded", o)
+	}
+	if o := tr.Lookup(key, old.ID); o.State != trigger.Pending {
+		t.Fatalf("shard 0's trigger after shard 1's turn: %+v, want still pending", o)
+	}
+
+	// Shard 1's term ends: nothing of shard 0's is abandoned.
+	tr.Abandon("shard 1 was handed over", shard1)
+	if o := tr.Lookup(key, old.ID); o.State != trigger.Pending {
+		t.Fatalf("shard 0's trigger after shard 1's term: %+v, want still pending", o)
+	}
+	tr.Abandon("shard 0 was handed over", shard0)
+	if o, err := old.Wait(t.Context()); err != nil || o.State != trigger.Unknown || o.Error != "shard 0 was handed over" {
+		t.Fatalf("shard 0's trigger after its term: %+v %v, want unknown, saying why", o, err)
+	}
+
+	// A trigger of an object built from its name alone names no shard.
+	if _, err := tr.Enqueue(t.Context(), cm("ns", "b").DeepCopy(), opkit.Modified, opkit.Operator, 0, 0); err != nil {
+		t.Fatalf("an object with a UID: %v", err)
+	}
+	noUID := cm("ns", "b")
+	noUID.UID = ""
+	if ok, err := tr.Enqueue(t.Context(), noUID, opkit.Modified, opkit.Operator, 0, 0); ok || !errors.Is(err, trigger.ErrInvalid) {
+		t.Fatalf("an object without a UID: %v %v, want ErrInvalid", ok, err)
+	}
+}
+
+// unsharded is a queue of a sharded controller's replica for the shards
+// it holds, here none (the queue is suspended): an add without an object
+// names no shard, so it joins no entry (NotHeld), and the trigger reads
+// the object to learn its UID.
+type unsharded struct{ *cmQueue }
+
+func (q unsharded) Add(k opkit.Key, c opkit.Cause[*corev1.ConfigMap], opts queue.AddOptions) queue.Outcome {
+	if c.Object == nil && opts.MergeOnly {
+		return queue.NotHeld
+	}
+	return q.cmQueue.Add(k, c, opts)
+}
+
+// handlerTransport sends a forwarded request to the handler h in this
+// process, as the holder's endpoint would serve it.
+type handlerTransport struct{ h http.Handler }
+
+func (t handlerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	w := httptest.NewRecorder()
+	t.h.ServeHTTP(w, r)
+	return w.Result(), nil
+}
+
+// A replica that does not hold the object's shard reads the object to
+// learn its UID and forwards the trigger to the shard's holder, whose
+// answer the caller gets: a trigger, and a GET of a trigger this replica
+// does not know. A forwarded request is not forwarded again, and a
+// replica that knows no holder answers itself.
+func TestAReplicaForwardsToTheHolderOfTheObjectsShard(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		holder := newHandlerEnv(t, nil)
+		var asked []types.UID
+		var endpoint = "http://holder.example:8443"
+		other := newHandlerEnv(t, nil)
+		q := newCMQueue()
+		q.Suspend() // it does not hold ns/a's shard
+		tr, err := trigger.New(trigger.Config[*corev1.ConfigMap]{Queue: unsharded{q}, Resource: configMaps, Dynamic: other.dyn, UIDRequired: true, Logger: discard})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if other.h, err = trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: tr, Authenticator: allowAll{}, Logger: discard,
+			HolderEndpoint: func(uid types.UID) string { asked = append(asked, uid); return endpoint },
+			ForwardClient:  &http.Client{Transport: handlerTransport{holder.h}}}); err != nil {
+			t.Fatal(err)
+		}
+		other.q = q
+
+		w := post(other, "/reconcile/ns/a?reason=deployed&wait=1s")
+		var a trigger.Accepted
+		if err := json.Unmarshal(w.Body.Bytes(), &a); err != nil || w.Code != http.StatusAccepted || a.ID == "" || w.Header().Get(trigger.ForwardedHeader) == "" {
+			t.Fatalf("through the other replica: %d %s, want the holder's 202 with an id", w.Code, w.Body)
+		}
+		if len(asked) != 1 || asked[0] != "uid-a" {
+			t.Fatalf("holder asked for %v, want the UID read, uid-a", asked)
+		}
+		if holder.q.Len() != 1 || other.q.Len() != 0 {
+			t.Fatalf("queued: holder %d, other %d; want the holder's", holder.q.Len(), other.q.Len())
+		}
+
+		// The id is the holder's: the other replica forwards the GET.
+		if o := outcomeOf(t, other.do(http.MethodGet, a.StatusPath, nil, nil)); o.State != trigger.Pending || o.ID != a.ID {
+			t.Fatalf("GET through the other replica: %+v, want the holder's pending", o)
+		}
+		// Unknown to the holder too.
+		if o := outcomeOf(t, other.do(http.MethodGet, "/reconcile/ns/a/triggers/nobody-0-1", nil, nil)); o.State != trigger.Unknown {
+			t.Fatalf("an unknown id: %+v, want unknown", o)
+		}
+
+		// One hop: a forwarded request that reaches a replica without the
+		// shard is dropped there (503), not forwarded again.
+		wantStatus(t, other.do(http.MethodPost, "/reconcile/ns/a", nil, http.Header{trigger.ForwardedHeader: {"replica-c"}}), http.StatusServiceUnavailable, "ServiceUnavailable")
+
+		// No holder known: the replica answers itself.
+		endpoint = ""
+		wantStatus(t, post(other, "/reconcile/ns/a"), http.StatusServiceUnavailable, "ServiceUnavailable")
+		if o := outcomeOf(t, other.do(http.MethodGet, a.StatusPath, nil, nil)); o.State != trigger.Unknown {
+			t.Fatalf("GET with no holder known: %+v, want this replica's unknown", o)
+		}
+	})
+}
+
+func TestHolderEndpointAndLeaderEndpointExcludeEachOther(t *testing.T) {
+	tr, _ := newCMTriggerWith(t, trigger.Config[*corev1.ConfigMap]{Get: func(context.Context, opkit.Key) (*corev1.ConfigMap, error) { return cm("ns", "a"), nil }})
+	_, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: tr, InsecureSkipAuth: true,
+		LeaderEndpoint: func() string { return "" }, HolderEndpoint: func(types.UID) string { return "" }})
+	if err == nil || !strings.Contains(err.Error(), "HolderEndpoint") {
+		t.Fatalf("NewHandler with LeaderEndpoint and HolderEndpoint: %v, want an error naming them", err)
+	}
+}
