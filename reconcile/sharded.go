@@ -11,9 +11,12 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/leader"
+	"github.com/opkit/opkit/queue"
+	"github.com/opkit/opkit/trigger"
 	"github.com/opkit/opkit/watcher"
 )
 
@@ -40,6 +43,7 @@ import (
 type Sharded[T opkit.Object] struct {
 	controllers []*Controller[T]
 	balancer    *leader.Balancer
+	trig        *trigger.Trigger[T]
 }
 
 // NewSharded returns a Sharded of S shards for cfg, whose Leader is
@@ -104,11 +108,66 @@ func NewSharded[T opkit.Object](cfg Config[T], shards int) (*Sharded[T], error) 
 		b.Add(ctrl.leader)
 		s.controllers = append(s.controllers, ctrl)
 	}
+	// One trigger for the replica: it adds to the queue of the object's
+	// shard, and every shard's controller reports to it.
+	r := router[T]{}
+	for _, c := range s.controllers {
+		r = append(r, c.queue)
+	}
+	if s.trig, err = s.controllers[0].newTrigger(r, true, log.With("controller", cfg.Name)); err != nil {
+		return nil, err
+	}
+	for _, c := range s.controllers {
+		c.trig = s.trig
+	}
 	return s, nil
+}
+
+// router is the Adder of a Sharded replica's trigger: shard i's queue is
+// at index i. A cause goes to the queue of its object's shard, whose
+// intake is open only while this replica holds the shard (else the add
+// is dropped: the trigger forwards or hands it back). A cause without an
+// object names no shard: it joins no entry (MergeOnly: NotHeld, so the
+// trigger reads the object and adds again with it), and is otherwise
+// dropped; the trigger refuses objects without a UID.
+type router[T opkit.Object] []*queue.Queue[opkit.Key, opkit.Cause[T]]
+
+func (r router[T]) Add(key opkit.Key, c opkit.Cause[T], opts queue.AddOptions) queue.Outcome {
+	switch {
+	case !isNil(c.Object):
+		return r[opkit.ShardOf(c.Object.GetUID(), len(r))].Add(key, c, opts)
+	case opts.MergeOnly:
+		return queue.NotHeld
+	}
+	return queue.DroppedSuspended
+}
+
+// Suspended reports whether this replica holds no shard (or none now),
+// for the consumer, which then takes no message.
+func (r router[T]) Suspended() bool {
+	return !slices.ContainsFunc(r, func(q *queue.Queue[opkit.Key, opkit.Cause[T]]) bool { return !q.Suspended() })
+}
+
+// ShuttingDown reports whether every shard's queue is shut down.
+func (r router[T]) ShuttingDown() bool {
+	return !slices.ContainsFunc(r, func(q *queue.Queue[opkit.Key, opkit.Cause[T]]) bool { return !q.ShuttingDown() })
 }
 
 // Controllers returns the shards' controllers, shard i's at index i.
 func (s *Sharded[T]) Controllers() []*Controller[T] { return s.controllers }
+
+// Trigger returns the replica's trigger: it schedules a reconcile of an
+// object on its shard's controller, and drops it (Enqueue's false) while
+// this replica does not hold the shard. Its objects must carry their UID.
+func (s *Sharded[T]) Trigger() *trigger.Trigger[T] { return s.trig }
+
+// HolderEndpoint is trigger.HandlerConfig's HolderEndpoint: the trigger
+// endpoint the holder of uid's shard publishes on the shard's Lease
+// (trigger.EndpointAnnotation in Config.Leader's Annotations) while this
+// replica does not hold it; "" while it does, or no holder is known.
+func (s *Sharded[T]) HolderEndpoint(uid types.UID) string {
+	return s.controllers[opkit.ShardOf(uid, len(s.controllers))].LeaderEndpoint()
+}
 
 // Balancer returns the balancer of the shards' Leases.
 func (s *Sharded[T]) Balancer() *leader.Balancer { return s.balancer }

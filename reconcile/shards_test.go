@@ -5,12 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -22,6 +25,7 @@ import (
 	"github.com/opkit/opkit/leader"
 	"github.com/opkit/opkit/queue"
 	"github.com/opkit/opkit/reconcile"
+	"github.com/opkit/opkit/trigger"
 	"github.com/opkit/opkit/watcher"
 )
 
@@ -291,4 +295,139 @@ func TestAShardedReplicasLastRenewalIsItsStalestShards(t *testing.T) {
 		}
 		stop()
 	})
+}
+
+// Two replicas of two shards, one each: a replica's trigger schedules
+// the objects of its shard on its own controller and drops the others'
+// (Enqueue's false: the HTTP handler forwards them to HolderEndpoint, the
+// holder's published endpoint); a tracked trigger's outcome names the
+// replica that ran it; a name built without its UID is refused.
+func TestAShardedReplicasTriggerServesOnlyTheShardsItHolds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ws, _ := spreadWidgets()
+		dyn, kube := newFakeDynamic(t, ws...), versionedLeases()
+		var mu sync.Mutex
+		ranBy := map[string][]string{} // widget name -> replicas that reconciled it on a trigger
+		replicas := map[string]*reconcile.Sharded[*Widget]{}
+		ctx, cancel := context.WithCancel(t.Context())
+		var wg sync.WaitGroup
+		for _, id := range []string{"a", "b"} {
+			rec := reconcile.Func[*Widget](func(_ context.Context, req reconcile.Request[*Widget]) (reconcile.Result, error) {
+				if req.Sources.Has(opkit.Operator) {
+					mu.Lock()
+					ranBy[req.Key.Name] = append(ranBy[req.Key.Name], id)
+					mu.Unlock()
+				}
+				return reconcile.Done(), nil
+			})
+			s, err := reconcile.NewSharded(reconcile.Config[*Widget]{Name: "w", Resource: widgets, Dynamic: dyn, Reconciler: rec, Logger: quiet, NoEvents: true,
+				Leader: &leader.Config{Client: kube, Namespace: "ns", Name: "widgets", Identity: id,
+					Annotations: map[string]string{trigger.EndpointAnnotation: "https://" + id + ".example"}}}, 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			replicas[id] = s
+			wg.Go(func() {
+				if err := s.Run(ctx); err != nil {
+					t.Errorf("replica %s: %v", id, err)
+				}
+			})
+		}
+		time.Sleep(2 * time.Minute) // the replicas share the shards, one each
+		synctest.Wait()
+		holder := map[int]string{}
+		for id, s := range replicas {
+			for i, c := range s.Controllers() {
+				if c.Elector().IsLeader() {
+					holder[i] = id
+				}
+			}
+		}
+		if len(holder) != 2 || holder[0] == holder[1] {
+			t.Fatalf("shard holders %v, want one shard each", holder)
+		}
+
+		a := replicas["a"]
+		for _, w := range ws {
+			shard := opkit.ShardOf(w.UID, 2)
+			ok, err := a.Trigger().Enqueue(t.Context(), w, opkit.Modified, opkit.Operator, 0, 0)
+			switch endpoint := a.HolderEndpoint(w.UID); {
+			case err != nil:
+				t.Fatalf("trigger of %s: %v", w.Name, err)
+			case ok != (holder[shard] == "a"):
+				t.Errorf("trigger of %s (shard %d, held by %s) through a: scheduled %v", w.Name, shard, holder[shard], ok)
+			case ok && endpoint != "":
+				t.Errorf("HolderEndpoint of %s, held here: %q, want none", w.Name, endpoint)
+			case !ok && endpoint != "https://b.example":
+				t.Errorf("HolderEndpoint of %s, held by b: %q, want b's", w.Name, endpoint)
+			}
+		}
+		synctest.Wait()
+		mu.Lock()
+		for _, w := range ws {
+			want := []string(nil)
+			if holder[opkit.ShardOf(w.UID, 2)] == "a" {
+				want = []string{"a"}
+			}
+			if !slices.Equal(ranBy[w.Name], want) {
+				t.Errorf("triggered %s reconciled by %v, want %v", w.Name, ranBy[w.Name], want)
+			}
+		}
+		mu.Unlock()
+
+		// Tracked, through the replica that holds the object's shard.
+		w := ws[slices.IndexFunc(ws, func(w *Widget) bool { return holder[opkit.ShardOf(w.UID, 2)] == "b" })]
+		_, o, tk, err := replicas["b"].Trigger().IntakeTracked(t.Context(), trigger.Pointer{Key: opkit.KeyOf(w)}, trigger.IntakeOptions{}, trigger.Tracked)
+		if err != nil || !o.Accepted() {
+			t.Fatalf("tracked trigger of %s through b: %v %v", w.Name, o, err)
+		}
+		if out, err := tk.Wait(t.Context()); err != nil || out.State != trigger.Succeeded || out.Replica != "b" {
+			t.Errorf("its outcome %+v %v, want succeeded on b", out, err)
+		}
+
+		noUID := *ws[0]
+		noUID.UID = ""
+		if _, err := a.Trigger().Enqueue(t.Context(), &noUID, opkit.Modified, opkit.Operator, 0, 0); !errors.Is(err, trigger.ErrInvalid) {
+			t.Errorf("a trigger without a UID: %v, want ErrInvalid", err)
+		}
+		cancel()
+		wg.Wait()
+	})
+}
+
+// versionedLeases is a fake clientset whose Leases get a new
+// resourceVersion on every write and whose updates check it, as the API
+// server's do (the fake's tracker does neither): the balancer counts a
+// member alive while its Lease's resourceVersion changes, and two
+// electors must not both win one Lease.
+func versionedLeases() *kfake.Clientset {
+	cs := kfake.NewClientset()
+	var mu sync.Mutex
+	rv := 0
+	leases := coordinationv1.SchemeGroupVersion.WithResource("leases")
+	cs.PrependReactor("*", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch a := a.(type) {
+		case k8stesting.CreateActionImpl:
+			l := a.Object.(*coordinationv1.Lease).DeepCopy()
+			rv++
+			l.ResourceVersion = strconv.Itoa(rv)
+			return true, l, cs.Tracker().Create(leases, l, l.Namespace)
+		case k8stesting.UpdateActionImpl:
+			l := a.Object.(*coordinationv1.Lease).DeepCopy()
+			cur, err := cs.Tracker().Get(leases, l.Namespace, l.Name)
+			if err != nil {
+				return true, nil, err
+			}
+			if cur.(*coordinationv1.Lease).ResourceVersion != l.ResourceVersion {
+				return true, nil, apierrors.NewConflict(leases.GroupResource(), l.Name, errors.New("the object has been modified"))
+			}
+			rv++
+			l.ResourceVersion = strconv.Itoa(rv)
+			return true, l, cs.Tracker().Update(leases, l, l.Namespace)
+		}
+		return false, nil, nil
+	})
+	return cs
 }
