@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -26,6 +27,7 @@ import (
 	"github.com/opkit/opkit/queue"
 	"github.com/opkit/opkit/reconcile"
 	"github.com/opkit/opkit/trigger"
+	"github.com/opkit/opkit/trigger/brokertest"
 	"github.com/opkit/opkit/watcher"
 )
 
@@ -315,7 +317,8 @@ func TestAShardedReplicasTriggerServesOnlyTheShardsItHolds(t *testing.T) {
 			rec := reconcile.Func[*Widget](func(_ context.Context, req reconcile.Request[*Widget]) (reconcile.Result, error) {
 				if req.Sources.Has(opkit.Operator) {
 					mu.Lock()
-					ranBy[req.Key.Name] = append(ranBy[req.Key.Name], id)
+					k := req.Key.Name + "/" + strings.Join(req.Reasons, ",")
+					ranBy[k] = append(ranBy[k], id)
 					mu.Unlock()
 				}
 				return reconcile.Done(), nil
@@ -369,8 +372,8 @@ func TestAShardedReplicasTriggerServesOnlyTheShardsItHolds(t *testing.T) {
 			if holder[opkit.ShardOf(w.UID, 2)] == "a" {
 				want = []string{"a"}
 			}
-			if !slices.Equal(ranBy[w.Name], want) {
-				t.Errorf("triggered %s reconciled by %v, want %v", w.Name, ranBy[w.Name], want)
+			if !slices.Equal(ranBy[w.Name+"/"], want) {
+				t.Errorf("triggered %s reconciled by %v, want %v", w.Name, ranBy[w.Name+"/"], want)
 			}
 		}
 		mu.Unlock()
@@ -384,6 +387,47 @@ func TestAShardedReplicasTriggerServesOnlyTheShardsItHolds(t *testing.T) {
 		if out, err := tk.Wait(t.Context()); err != nil || out.State != trigger.Succeeded || out.Replica != "b" {
 			t.Errorf("its outcome %+v %v, want succeeded on b", out, err)
 		}
+
+		// Each replica's consumer takes messages from one subscription:
+		// a message it cannot serve is handed back until the holder takes
+		// it, and each is acknowledged once its holder reconciled it.
+		bus := brokertest.New()
+		for id, s := range replicas {
+			cons, err := trigger.NewConsumer(trigger.ConsumerConfig[*Widget]{Broker: bus, Trigger: s.Trigger(), AckAfterReconcile: true, Concurrency: 4, Logger: quiet})
+			if err != nil {
+				t.Fatal(err)
+			}
+			wg.Go(func() {
+				if err := cons.Run(ctx); err != nil {
+					t.Errorf("replica %s's consumer: %v", id, err)
+				}
+			})
+		}
+		for _, w := range ws {
+			bus.Publish(fmt.Appendf(nil, `{"namespace":%q,"name":%q,"reason":"bus"}`, w.Namespace, w.Name))
+		}
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if n := bus.Outstanding(); n > 0 || len(bus.DeadLetters()) > 0 {
+			t.Errorf("%d messages outstanding, %d dead-lettered, want every one acknowledged", n, len(bus.DeadLetters()))
+		}
+		mu.Lock()
+		for _, w := range ws {
+			if got, want := ranBy[w.Name+"/bus"], []string{holder[opkit.ShardOf(w.UID, 2)]}; !slices.Equal(got, want) {
+				t.Errorf("%s's message reconciled by %v, want %v", w.Name, got, want)
+			}
+		}
+		mu.Unlock()
+		nacks := 0
+		for _, e := range bus.Events() {
+			if e.Op == brokertest.OpNack {
+				nacks++
+			}
+			if e.Op == brokertest.OpTerm {
+				t.Errorf("message %d terminated: %s", e.ID, e.Reason)
+			}
+		}
+		t.Logf("%d deliveries handed back by a replica without the shard", nacks)
 
 		noUID := *ws[0]
 		noUID.UID = ""
