@@ -169,6 +169,22 @@ func (s *Sharded[T]) HolderEndpoint(uid types.UID) string {
 	return s.controllers[opkit.ShardOf(uid, len(s.controllers))].LeaderEndpoint()
 }
 
+// QueueStats is the replica's queue over its shards' queues: the counts
+// and UnfinishedWork add up, LongestRunning is the longest, Suspended
+// while it holds no shard and ShutDown once every queue is. An entry a
+// shard's worker took and that waits for one of the replica's
+// Concurrency slots counts as in flight.
+func (s *Sharded[T]) QueueStats() queue.Stats {
+	sum := queue.Stats{Suspended: true, ShutDown: true}
+	for _, c := range s.controllers {
+		st := c.queue.Stats()
+		sum.Ready, sum.Delayed, sum.Parked, sum.InFlight = sum.Ready+st.Ready, sum.Delayed+st.Delayed, sum.Parked+st.Parked, sum.InFlight+st.InFlight
+		sum.LongestRunning, sum.UnfinishedWork = max(sum.LongestRunning, st.LongestRunning), sum.UnfinishedWork+st.UnfinishedWork
+		sum.Suspended, sum.ShutDown = sum.Suspended && st.Suspended, sum.ShutDown && st.ShutDown
+	}
+	return sum
+}
+
 // Balancer returns the balancer of the shards' Leases.
 func (s *Sharded[T]) Balancer() *leader.Balancer { return s.balancer }
 

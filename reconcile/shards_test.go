@@ -183,7 +183,7 @@ func TestAShardedReplicaSharesItsWorkersOverItsShards(t *testing.T) {
 			mu.Unlock()
 			return reconcile.Done(), nil
 		})
-		_, stop := runAlone(t, reconcile.Config[*Widget]{
+		s, stop := runAlone(t, reconcile.Config[*Widget]{
 			Name: "w", Resource: widgets, Dynamic: newFakeDynamic(t, ws...), Reconciler: rec, Logger: quiet, NoEvents: true,
 			Concurrency: 2, ReservedWorkers: -1,
 			Leader: &leader.Config{Client: kfake.NewClientset(), Namespace: "ns", Name: "widgets", Identity: "me"},
@@ -193,6 +193,12 @@ func TestAShardedReplicaSharesItsWorkersOverItsShards(t *testing.T) {
 			t.Errorf("%d reconciles ran at once, want Concurrency, 2", most)
 		}
 		mu.Unlock()
+		// The replica's queue, over the four shards' queues: every object
+		// is held, at least the two running in flight (the entries a
+		// shard's workers took and that wait for a slot too).
+		if st := s.QueueStats(); st.InFlight < 2 || st.InFlight+st.Ready+st.Parked != len(ws) || st.Suspended {
+			t.Errorf("QueueStats %+v, want the %d objects held, at least 2 in flight, not suspended", st, len(ws))
+		}
 		close(release)
 		synctest.Wait()
 		mu.Lock()
