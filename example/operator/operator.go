@@ -82,6 +82,11 @@ type Options struct {
 	Identity string
 	// Concurrency is the number of reconcile workers.
 	Concurrency int
+	// Shards, above 1, shares the work over the replicas (needs
+	// LeaderElect): the DemoEntities are split into Shards by UID, each
+	// held through its own Lease (LeaderElectionID-i), and each replica
+	// holds a fair share. 0 and 1 mean one leader does all the work.
+	Shards int
 	// Listen addresses.
 	TriggerBindAddress, MetricsBindAddress, HealthProbeBindAddress string
 	// NATSURL is the NATS server; empty starts an embedded JetStream
@@ -140,6 +145,14 @@ func (o *Options) Validate() error {
 	}
 	if (o.TriggerCertFile == "") != (o.TriggerKeyFile == "") {
 		errs = append(errs, errors.New("--trigger-cert-file and --trigger-key-file must be given together"))
+	}
+	switch {
+	case o.Shards < 0 || o.Shards > opkit.MaxShards:
+		errs = append(errs, fmt.Errorf("--shards %d: want 1 to %d", o.Shards, opkit.MaxShards))
+	case o.Shards > 1 && !o.LeaderElect:
+		errs = append(errs, errors.New("--shards needs --leader-elect: each shard is held through a Lease"))
+	case o.Shards > 1 && (len(o.LeaderElectionID) > 40 || len(validation.IsDNS1123Label(o.LeaderElectionID)) > 0):
+		errs = append(errs, fmt.Errorf("--leader-election-id %q: with --shards, a DNS label of at most 40 characters (it prefixes the shards' Leases)", o.LeaderElectionID))
 	}
 	if o.LeaderElect && o.LeaderElectionID == "" {
 		errs = append(errs, errors.New("--leader-election-id must not be empty with --leader-elect"))
@@ -235,8 +248,10 @@ type Deps struct {
 type Operator struct {
 	// Group runs the components (Run); its ReadyzHandler lists each one.
 	Group *reconcile.Group
-	// Controller is the DemoEntity controller.
+	// Controller is the DemoEntity controller; with Options.Shards above
+	// 1 it is nil and Sharded runs one per shard.
 	Controller *reconcile.Controller[*demov1.DemoEntity]
+	Sharded    *reconcile.Sharded[*demov1.DemoEntity]
 	// TriggerHandler is the HTTP trigger endpoint (also served on
 	// TriggerBindAddress unless it is "0").
 	TriggerHandler http.Handler
@@ -336,30 +351,24 @@ func Assemble(o Options, d Deps) (*Operator, error) {
 		TriggerMetrics: m.Trigger(),
 		Logger:         logger,
 	}
-	ctrl, elector, err := newController(ccfg, kube, o, m, logger)
+	w, err := newWork(ccfg, kube, o, m, logger)
 	if err != nil {
 		return nil, err
-	}
-	leaderOf := func() string {
-		if elector == nil {
-			return o.Identity
-		}
-		return elector.Leader()
 	}
 	// The endpoint and the consumer enqueue through the controller's own
 	// Trigger, at trigger.DefaultPriority: the priority its reserved
 	// workers serve.
-	trig := ctrl.Trigger()
-	op := &Operator{Controller: ctrl, Group: reconcile.NewGroup(reconcile.GroupConfig{Logger: logger})}
+	trig := w.trigger
+	op := &Operator{Controller: w.controller, Sharded: w.sharded, Group: reconcile.NewGroup(reconcile.GroupConfig{Logger: logger})}
 	group := op.Group
-	if err := group.Add(ctrl.Runnable()); err != nil {
+	if err := group.Add(w.runnable); err != nil {
 		return nil, err
 	}
 
-	// The HTTP trigger endpoint, on every replica: followers answer 503
-	// with the leader's identity.
-	// A follower forwards to the leader's endpoint (its Lease says
-	// where), so a Service in front of every replica answers.
+	// The HTTP trigger endpoint, on every replica. A follower forwards to
+	// the leader's endpoint (its Lease says where), so a Service in front
+	// of every replica answers; with shards, a replica forwards to the
+	// holder of the object's shard.
 	forward, err := forwardClient(o.TriggerCAFile)
 	if err != nil {
 		return nil, err
@@ -367,8 +376,9 @@ func Assemble(o Options, d Deps) (*Operator, error) {
 	hcfg := trigger.HandlerConfig[*demov1.DemoEntity]{
 		Trigger:          trig,
 		InsecureSkipAuth: o.InsecureSkipTriggerAuth,
-		Leader:           leaderOf,
-		LeaderEndpoint:   ctrl.LeaderEndpoint,
+		Leader:           w.leader,
+		LeaderEndpoint:   w.leaderEndpoint,
+		HolderEndpoint:   w.holderEndpoint,
 		ForwardClient:    forward,
 		Identity:         o.Identity,
 		Metrics:          m.Handler(),
@@ -407,7 +417,9 @@ func Assemble(o Options, d Deps) (*Operator, error) {
 	// The message consumer, on every replica: it pauses while the queue's
 	// intake is suspended, so a follower takes no message and triggers wait
 	// in the stream for the leader; one dropped around a leadership change
-	// is nacked and redelivered.
+	// is nacked and redelivered. With shards, a replica that holds any
+	// takes messages, and hands back (nacks) those of shards it does not
+	// hold, for their holders.
 	if d.Broker != nil {
 		op.Consumer, err = trigger.NewConsumer(trigger.ConsumerConfig[*demov1.DemoEntity]{
 			Broker:  d.Broker,
@@ -443,7 +455,7 @@ func Assemble(o Options, d Deps) (*Operator, error) {
 		})); err != nil {
 			return nil, err
 		}
-		if err := d.Registry.Register(metrics.QueueStats(ctrl.Queue().Stats)); err != nil {
+		if err := d.Registry.Register(metrics.QueueStats(w.queueStats)); err != nil {
 			return nil, err
 		}
 	}

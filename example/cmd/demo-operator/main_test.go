@@ -32,7 +32,7 @@ func TestOperatorFlagsDefaults(t *testing.T) {
 		t.Fatalf("defaults: %v (%s)", err, stderr.String())
 	}
 	if !o.LeaderElect || o.LeaderElectionID != "opkit-demo-leader" || o.TriggerBindAddress != ":8082" ||
-		o.MetricsBindAddress != ":8080" || o.HealthProbeBindAddress != ":8081" || o.InsecureSkipTriggerAuth || o.Concurrency != 4 {
+		o.MetricsBindAddress != ":8080" || o.HealthProbeBindAddress != ":8081" || o.InsecureSkipTriggerAuth || o.Concurrency != 4 || o.Shards != 1 {
 		t.Fatalf("defaults = %+v", o)
 	}
 }
@@ -58,6 +58,10 @@ func TestOperatorFlagsInvalidExit2(t *testing.T) {
 		{[]string{"--nats-url=nats://nats:4222", "--nats-listen=:4223"}, "apply to the embedded server only"},
 		{[]string{"--nats-listen=4222"}, "--nats-listen \"4222\": want host:port"},
 		{[]string{"--nats-listen=:http"}, "bad port"},
+		{[]string{"--shards=-1"}, "--shards -1: want 1 to 1024"},
+		{[]string{"--shards=2000"}, "--shards 2000: want 1 to 1024"},
+		{[]string{"--shards=8", "--leader-elect=false"}, "--shards needs --leader-elect"},
+		{[]string{"--shards=8", "--leader-election-id=opkit.demo"}, "with --shards, a DNS label of at most 40 characters"},
 	} {
 		var stdout, stderr bytes.Buffer
 		if code := run(tc.args, &stdout, &stderr); code != 2 {
@@ -75,7 +79,7 @@ func TestHelpDocumentsEveryFlag(t *testing.T) {
 		t.Fatalf("--help exit %d", code)
 	}
 	for _, f := range []string{"kubeconfig", "namespace", "leader-elect", "leader-election-id", "leader-election-namespace",
-		"identity", "concurrency", "trigger-bind-address", "metrics-bind-address", "health-probe-bind-address",
+		"identity", "concurrency", "shards", "trigger-bind-address", "metrics-bind-address", "health-probe-bind-address",
 		"nats-url", "nats-store-dir", "nats-listen", "insecure-skip-trigger-auth", "trigger-cert-file", "trigger-key-file"} {
 		if !strings.Contains(stderr.String(), "-"+f+" ") && !strings.Contains(stderr.String(), "-"+f+"\n") {
 			t.Errorf("--help does not document --%s", f)
