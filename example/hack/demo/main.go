@@ -3,8 +3,10 @@
 // it. It starts etcd + kube-apiserver (internal/testcluster), applies
 // example/config, starts one nats-server and two operator replicas with
 // leader election, creates DemoEntities, fires an HTTP and a NATS trigger,
-// kills the leader, shows the other replica take over, and stops every
-// process it started.
+// kills the leader, shows the other replica take over; then three
+// replicas share the work (--shards 8), a trigger is forwarded to the
+// holder of its object's shard, and a replica is killed; finally it stops
+// every process it started.
 package main
 
 import (
@@ -12,11 +14,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -31,6 +35,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/opkit/opkit"
 	demov1 "github.com/opkit/opkit/example/api/v1"
 	"github.com/opkit/opkit/example/config"
 	"github.com/opkit/opkit/example/internal/harness"
@@ -71,16 +76,17 @@ func main() {
 }
 
 type demo struct {
-	moduleDir string
-	dir       string
-	cluster   *testcluster.Cluster
-	kube      kubernetes.Interface
-	dyn       dynamic.Interface
-	bin       string
-	nats      *harness.Process
-	natsURL   string
-	replicas  map[string]*harness.Replica
-	pids      []int
+	moduleDir  string
+	dir        string
+	cluster    *testcluster.Cluster
+	kube       kubernetes.Interface
+	dyn        dynamic.Interface
+	bin        string
+	kubeconfig string
+	nats       *harness.Process
+	natsURL    string
+	replicas   map[string]*harness.Replica
+	pids       []int
 }
 
 // cleanup stops everything started, in reverse order, and checks that no
@@ -163,6 +169,7 @@ func (d *demo) run(ctx context.Context) error {
 	if err := harness.WriteKubeconfig(kubeconfig, admin, token); err != nil {
 		return err
 	}
+	d.kubeconfig = kubeconfig
 
 	d.replicas = map[string]*harness.Replica{}
 	for _, id := range []string{"replica-1", "replica-2"} {
@@ -338,12 +345,202 @@ func (d *demo) run(ctx context.Context) error {
 		info("Event on %s/%s: %s %s — %s (by %s)", e.Regarding.Kind, e.Regarding.Name, e.Type, e.Reason, e.Note, e.ReportingInstance)
 	}
 
-	step("stopping %s, nats-server and the control plane", newLeader)
+	step("stopping %s", newLeader)
 	if err := d.replicas[newLeader].Stop(30 * time.Second); err != nil {
 		return fmt.Errorf("%s did not stop cleanly: %w", newLeader, err)
 	}
 	holder, _ := harness.LeaseHolder(ctx, d.kube)
 	info("%s exited cleanly and released the Lease (holder now %q)", newLeader, holder)
+	return d.sharded(ctx, tokenFile)
+}
+
+// shards is the demo's --shards.
+const shards = 8
+
+// sharded shows three replicas sharing the work (--shards), a trigger
+// forwarded to the holder of its object's shard, and a replica killed.
+func (d *demo) sharded(ctx context.Context, tokenFile string) error {
+	step("sharding: three replicas share the work, each holding some of %d shards (demo-operator --shards %d)", shards, shards)
+	var ids []string
+	for _, id := range []string{"shard-a", "shard-b", "shard-c"} {
+		r, err := harness.StartReplica(harness.ReplicaConfig{Bin: d.bin, Kubeconfig: d.kubeconfig, NATSURL: d.natsURL, Dir: d.dir, Identity: id,
+			Args: []string{fmt.Sprintf("--shards=%d", shards)}})
+		if err != nil {
+			return err
+		}
+		d.replicas[id] = r
+		d.pids = append(d.pids, r.Pid())
+		ids = append(ids, id)
+		info("started %s (pid %d): trigger %s", id, r.Pid(), r.TriggerURL)
+	}
+	holders, err := d.waitShards(ctx, ids, 60*time.Second)
+	if err != nil {
+		return err
+	}
+	info("the Leases %s-0 ... %s-%d: %s", operator.DefaultLeaderElectionID, operator.DefaultLeaderElectionID, shards-1, shareLine(holders))
+
+	step("creating twelve DemoEntities item-00 ... item-11: each is reconciled by the holder of its UID's shard")
+	var names []string
+	for i := range 12 {
+		name := fmt.Sprintf("item-%02d", i)
+		names = append(names, name)
+		u := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": demov1.APIVersion, "kind": demov1.Kind,
+			"metadata": map[string]any{"name": name, "namespace": ns},
+			"spec":     map[string]any{"message": "shared work", "replicas": int64(1)},
+		}}
+		if _, err := d.entities().Create(ctx, u, metav1.CreateOptions{}); err != nil {
+			return err
+		}
+	}
+	if err := d.waitAll(ctx, names, func(e *demov1.DemoEntity) bool { return holders[opkit.ShardOf(e.UID, shards)] == e.Status.ReconciledBy }); err != nil {
+		return err
+	}
+	if err := d.byReplica(ctx, names); err != nil {
+		return err
+	}
+
+	// A trigger for an object whose shard another replica holds.
+	e, err := d.get(ctx, names[0])
+	if err != nil {
+		return err
+	}
+	owner := holders[opkit.ShardOf(e.UID, shards)]
+	via := ids[(slices.Index(ids, owner)+1)%len(ids)]
+	step("HTTP trigger for %s (shard %d, held by %s), sent to %s", e.Name, opkit.ShardOf(e.UID, shards), owner, via)
+	before := time.Now()
+	if out, ok := d.cli(ctx, "trigger", "--namespace", ns, e.Name, "--via", "http", "--url", d.replicas[via].TriggerURL, "--token-file", tokenFile, "--reason", "deployed build 43", "--wait", "10s"); !ok {
+		return fmt.Errorf("trigger via %s failed: %s", via, out)
+	}
+	if err := d.waitReconciled(ctx, e.Name, triggeredAfter(before, "deployed build 43")); err != nil {
+		return err
+	}
+	info("(%s read the object, found its shard held by %s and forwarded the trigger there; the outcome names the replica that ran it)", via, owner)
+
+	victim := ids[1]
+	step("killing %s with SIGKILL: its shards are taken over once their Leases expire", victim)
+	killed := time.Now()
+	d.replicas[victim].Kill()
+	survivors := slices.DeleteFunc(slices.Clone(ids), func(id string) bool { return id == victim })
+	if holders, err = d.waitShards(ctx, survivors, 90*time.Second); err != nil {
+		return err
+	}
+	info("%.1fs after the kill: %s", time.Since(killed).Seconds(), shareLine(holders))
+
+	step("changing every item: the two survivors reconcile all twelve")
+	for _, n := range names {
+		if _, err := d.entities().Patch(ctx, n, "application/merge-patch+json", []byte(`{"spec":{"message":"after the kill"}}`), metav1.PatchOptions{}); err != nil {
+			return err
+		}
+	}
+	if err := d.waitAll(ctx, names, func(e *demov1.DemoEntity) bool {
+		return e.Spec.Message == "after the kill" && holders[opkit.ShardOf(e.UID, shards)] == e.Status.ReconciledBy
+	}); err != nil {
+		return err
+	}
+	if err := d.byReplica(ctx, names); err != nil {
+		return err
+	}
+
+	step("stopping %s: each releases its shards' Leases and deletes its member Lease", strings.Join(survivors, " and "))
+	for _, id := range survivors {
+		if err := d.replicas[id].Stop(30 * time.Second); err != nil {
+			return fmt.Errorf("%s did not stop cleanly: %w", id, err)
+		}
+	}
+	held, err := d.shardHolders(ctx)
+	if err != nil {
+		return err
+	}
+	info("shard holders now: %q", held)
+	step("stopping nats-server and the control plane")
+	return nil
+}
+
+// shardHolders returns the holder of each shard's Lease ("" for none).
+func (d *demo) shardHolders(ctx context.Context) ([]string, error) {
+	out := make([]string, shards)
+	for i := range out {
+		l, err := d.kube.CoordinationV1().Leases(config.Namespace).Get(ctx, fmt.Sprintf("%s-%d", operator.DefaultLeaderElectionID, i), metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if l.Spec.HolderIdentity != nil {
+			out[i] = *l.Spec.HolderIdentity
+		}
+	}
+	return out, nil
+}
+
+// waitShards waits until every shard is held by one of live, none
+// holding more than its share, and returns the holders.
+func (d *demo) waitShards(ctx context.Context, live []string, timeout time.Duration) ([]string, error) {
+	share := (shards + len(live) - 1) / len(live)
+	var holders []string
+	err := harness.Poll(ctx, timeout, func() (bool, error) {
+		var err error
+		if holders, err = d.shardHolders(ctx); err != nil {
+			return false, err
+		}
+		count := map[string]int{}
+		for _, h := range holders {
+			if !slices.Contains(live, h) {
+				return false, nil
+			}
+			count[h]++
+		}
+		for _, n := range count {
+			if n > share {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("the shards were not shared by %v: %w (holders %q)", live, err, holders)
+	}
+	return holders, nil
+}
+
+// shareLine says which replica holds which shards.
+func shareLine(holders []string) string {
+	by := map[string][]string{}
+	for i, h := range holders {
+		by[h] = append(by[h], fmt.Sprint(i))
+	}
+	var parts []string
+	for _, h := range slices.Sorted(maps.Keys(by)) {
+		parts = append(parts, fmt.Sprintf("%s holds %s", h, strings.Join(by[h], ",")))
+	}
+	return strings.Join(parts, "; ")
+}
+
+// waitAll waits until every one of names is reconciled and ok holds.
+func (d *demo) waitAll(ctx context.Context, names []string, ok func(*demov1.DemoEntity) bool) error {
+	for _, n := range names {
+		if err := d.waitReconciled(ctx, n, ok); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// byReplica prints how many of names each replica reconciled last.
+func (d *demo) byReplica(ctx context.Context, names []string) error {
+	by := map[string][]string{}
+	for _, n := range names {
+		e, err := d.get(ctx, n)
+		if err != nil {
+			return err
+		}
+		by[e.Status.ReconciledBy] = append(by[e.Status.ReconciledBy], n)
+	}
+	for _, r := range slices.Sorted(maps.Keys(by)) {
+		info("%s reconciled %d: %s", r, len(by[r]), strings.Join(by[r], " "))
+	}
 	return nil
 }
 
