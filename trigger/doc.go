@@ -86,7 +86,10 @@
 // and enqueues it. On a follower with HandlerConfig.LeaderEndpoint it
 // authenticates and authorizes, then forwards the request with the
 // caller's credentials to the leader (which checks them again) and passes
-// its answer on; a forwarded request is not forwarded again. With
+// its answer on; a forwarded request is not forwarded again. A sharded
+// controller's replica (HandlerConfig.HolderEndpoint) reads the object
+// first, to learn its UID and so its shard, and forwards the trigger the
+// same way when another replica holds that shard. With
 // ?wait=D (at most MaxWait) the caller waits, holding no in-flight slot,
 // for the outcome of the reconcile that serves its trigger:
 //
@@ -145,7 +148,11 @@
 // consumer asks ConsumerConfig.Paused (by default: the queue is suspended
 // or shut down). While paused it receives nothing, so triggers wait in the
 // broker for the leader instead of spending deliveries on followers, and a
-// broker that implements [Releaser] hands back what it buffered. A failing
+// broker that implements [Releaser] hands back what it buffered. A
+// sharded controller's replica pauses while it holds no shard; one that
+// holds some takes any message, and hands back (after DroppedDelay) one
+// whose object is of a shard it does not hold, for the broker to deliver
+// to another replica. A failing
 // Receive is retried with backoff. Broker failures are classified by the
 // adapter as a [BrokerError] (Disconnected, Permission, Quota, NotFound)
 // and reported by that name in logs, [ConsumerMetrics] and
