@@ -145,7 +145,11 @@ type Controller[T opkit.Object] struct {
 	watch   *watcher.Watcher[T]
 	related []*watcher.Related[T] // Config.Owns, then Config.Watches
 	slots   chan struct{}         // shared by a Sharded replica's controllers; nil: none
-	leader  *leader.Elector       // nil without Config.Leader
+	// tickets are the shards whose triggers' tickets the controller
+	// answers: a Sharded replica's shard controller answers only its
+	// own shard's on the shared trigger; the zero Shards, every ticket.
+	tickets opkit.Shards
+	leader  *leader.Elector // nil without Config.Leader
 	trig    *trigger.Trigger[T]
 	sel     labels.Selector // the watch's label selector (everything for none)
 	rec     *Recorder       // nil with NoEvents
@@ -315,7 +319,8 @@ func (c *Controller[T]) LeaderEndpoint() string {
 func (c *Controller[T]) Elector() *leader.Elector { return c.leader }
 
 // Trigger returns the trigger bound to the controller's queue, with the
-// watch's namespace and label selector as its scope.
+// watch's namespace and label selector as its scope; a Sharded replica's
+// shard controllers return the replica's one trigger (Sharded.Trigger).
 func (c *Controller[T]) Trigger() *trigger.Trigger[T] { return c.trig }
 
 // Runnable returns the controller as a [Group] component.
@@ -440,7 +445,7 @@ func (c *Controller[T]) runTerm(runCtx, termCtx context.Context, work []Runnable
 	// it interrupted leave streaks no entry stands for, and the triggers
 	// the cleared queue held are not served by this replica.
 	c.retries.reset()
-	c.trig.Abandon("the leadership term ended before the reconcile: the next leader reconciles every object", c.cfg.Watch.Shards)
+	c.trig.Abandon("the leadership term ended before the reconcile: the next leader reconciles every object", c.tickets)
 	c.written.reset()
 	return err
 }
@@ -585,7 +590,7 @@ func (c *Controller[T]) runTurn(ctx context.Context, item queue.Item[opkit.Key, 
 	if t.state == "" {
 		t.state = trigger.Skipped
 	}
-	c.trig.Report(key, cause.Ticket, c.cfg.Watch.Shards, trigger.Outcome{State: t.state, Error: t.err, Attempts: base.Retries + 1,
+	c.trig.Report(key, cause.Ticket, c.tickets, trigger.Outcome{State: t.state, Error: t.err, Attempts: base.Retries + 1,
 		Duration: time.Since(began).Round(time.Microsecond).String(), Replica: c.identity(), Term: term.Number})
 	if t.failed {
 		delay := max(c.retries.when(key), t.floor)

@@ -118,7 +118,7 @@ func NewSharded[T opkit.Object](cfg Config[T], shards int) (*Sharded[T], error) 
 		return nil, err
 	}
 	for _, c := range s.controllers {
-		c.trig = s.trig
+		c.trig, c.tickets = s.trig, c.cfg.Watch.Shards
 	}
 	return s, nil
 }

@@ -132,6 +132,30 @@ func TestAShardsControllerSkipsAWatchesKeyOfAnotherShard(t *testing.T) {
 	})
 }
 
+// A controller given one shard by hand (not through NewSharded) has a
+// trigger of its own: a waited-for trigger of another shard's object is
+// answered, as skipped, by the turn that skips the object.
+func TestAStaticShardsControllerAnswersATriggerOfAnotherShard(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ws, byShard := spreadWidgets()
+		e := start(t, &recorder{}, func(c *reconcile.Config[*Widget]) {
+			c.Watch = watcher.Config[*Widget]{Shards: opkit.Shards{Count: 2, Held: []int{0}}}
+			c.NoEvents = true
+		}, ws...)
+		synctest.Wait()
+		_, o, tk, err := e.ctrl.Trigger().IntakeTracked(t.Context(), trigger.Pointer{Key: opkit.Key{Namespace: "ns", Name: byShard[1][0]}}, trigger.IntakeOptions{}, trigger.Tracked)
+		if err != nil || !o.Accepted() {
+			t.Fatalf("trigger of shard 1's %s: %v %v", byShard[1][0], o, err)
+		}
+		synctest.Wait()
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		if out, err := tk.Wait(ctx); err != nil || out.State != trigger.Skipped {
+			t.Fatalf("its outcome: %+v %v, want skipped", out, err)
+		}
+	})
+}
+
 func (m *countingMetrics) refetchedN() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()

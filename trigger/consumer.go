@@ -70,7 +70,10 @@ type ConsumerConfig[T opkit.Object] struct {
 	// means: while the Trigger's queue reports Suspended or ShuttingDown,
 	// for the methods the queue has (a *queue.Queue has both: a follower, a
 	// replica in a leadership transition, or one whose queue was shut down
-	// takes no message); a queue with neither never pauses.
+	// takes no message; a reconcile.Sharded replica's trigger reports
+	// Suspended while the replica holds no shard, and one that holds some
+	// takes every message, handing back those of other shards); a queue
+	// with neither never pauses.
 	// A message received just before a pause is handled as usual (a
 	// dropped enqueue is nacked). Use func() bool { return false } to
 	// receive whatever the queue's state. It is called from two

@@ -401,6 +401,7 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request, bodyRead *boo
 	var tk *Ticket
 	var err error
 	leaderURL := ""
+	waiting := false // this request holds a place among MaxWaiting
 	if h.cfg.LeaderEndpoint != nil && r.Header.Get(ForwardedHeader) == "" {
 		leaderURL = h.cfg.LeaderEndpoint()
 	}
@@ -422,8 +423,20 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request, bodyRead *boo
 			cancel()
 			return out
 		}
-		// The replica that holds the object's shard may know it.
-		if obj, err = h.cfg.Trigger.read(ctx, key, caller, IntakeOptions{}); err != nil || h.cfg.HolderEndpoint(obj.GetUID()) == "" {
+		// The replica that holds the object's shard may know it: read the
+		// object (paid as a trigger's read) to learn which that is. None
+		// outside the scope or when it is gone; a read that failed is
+		// answered as for a trigger (429, 502, 504).
+		if h.cfg.Trigger.checkNamespace(key) != nil {
+			cancel()
+			return out
+		}
+		if obj, err = h.cfg.Trigger.read(ctx, key, caller, IntakeOptions{}); err == nil {
+			if leaderURL = h.cfg.HolderEndpoint(obj.GetUID()); leaderURL == "" {
+				cancel()
+				return out
+			}
+		} else if errors.Is(err, ErrNotFound) {
 			cancel()
 			return out
 		}
@@ -433,6 +446,7 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request, bodyRead *boo
 			cancel()
 			return h.fail(http.StatusTooManyRequests, fmt.Sprintf("%d callers wait for outcomes already", h.cfg.MaxWaiting), &key)
 		}
+		waiting = true
 		defer h.waiting.Add(-1)
 		obj, o, tk, err = h.cfg.Trigger.IntakeTracked(ctx, p, IntakeOptions{Authorize: authorize}, Tracked)
 	default:
@@ -442,15 +456,14 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request, bodyRead *boo
 	if st := h.refusal(w, r, key, err, authErr); st != nil {
 		return st
 	}
-	if leaderURL == "" && !o.Accepted() && !isNil(obj) && h.cfg.HolderEndpoint != nil && r.Header.Get(ForwardedHeader) == "" {
-		// Dropped here, or a GET of a trigger this replica does not know:
-		// the holder of the object's shard answers, if another replica
-		// holds it.
+	if id == "" && leaderURL == "" && !o.Accepted() && !isNil(obj) && h.cfg.HolderEndpoint != nil && r.Header.Get(ForwardedHeader) == "" {
+		// Dropped here: the holder of the object's shard answers, if
+		// another replica holds it.
 		leaderURL = h.cfg.HolderEndpoint(obj.GetUID())
 	}
 	if leaderURL != "" {
 		release() // the leader (the shard's holder) does the work
-		return h.forward(r, leaderURL, p, wait, key)
+		return h.forward(r, leaderURL, p, wait, key, waiting)
 	}
 	if !o.Accepted() {
 		return h.dropped(w, o, key)
@@ -527,8 +540,9 @@ type forwarded struct {
 // forward sends the request r (its pointer p and wait) to the leader's
 // endpoint with the caller's credentials, and returns the leader's answer
 // (or 503 when there is none: the leader is likely gone; 502 when it
-// would take credentials from TLS to plain HTTP).
-func (h *handler[T]) forward(r *http.Request, leader string, p Pointer, wait time.Duration, key opkit.Key) any {
+// would take credentials from TLS to plain HTTP). It takes a place among
+// MaxWaiting unless the request holds one already (waiting).
+func (h *handler[T]) forward(r *http.Request, leader string, p Pointer, wait time.Duration, key opkit.Key, waiting bool) any {
 	u, err := url.Parse(leader)
 	switch {
 	case err != nil || u.Host == "" || u.Scheme != "http" && u.Scheme != "https":
@@ -536,11 +550,13 @@ func (h *handler[T]) forward(r *http.Request, leader string, p Pointer, wait tim
 	case r.TLS != nil && u.Scheme != "https":
 		return h.fail(http.StatusBadGateway, "the leader's endpoint is not HTTPS: the caller's credentials stay here", &key)
 	}
-	if h.waiting.Add(1) > int64(h.cfg.MaxWaiting) {
-		h.waiting.Add(-1)
-		return h.fail(http.StatusTooManyRequests, fmt.Sprintf("%d forwarded or waiting requests already", h.cfg.MaxWaiting), &key)
+	if !waiting {
+		if h.waiting.Add(1) > int64(h.cfg.MaxWaiting) {
+			h.waiting.Add(-1)
+			return h.fail(http.StatusTooManyRequests, fmt.Sprintf("%d forwarded or waiting requests already", h.cfg.MaxWaiting), &key)
+		}
+		defer h.waiting.Add(-1)
 	}
-	defer h.waiting.Add(-1)
 	q := r.URL.Query()
 	if p.Reason != "" {
 		q.Set("reason", p.Reason) // it may have come in the body

@@ -160,7 +160,9 @@ func TestAReplicaForwardsToTheHolderOfTheObjectsShard(t *testing.T) {
 		}
 		if other.h, err = trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: tr, Authenticator: allowAll{}, Logger: discard,
 			HolderEndpoint: func(uid types.UID) string { asked = append(asked, uid); return endpoint },
-			ForwardClient:  &http.Client{Transport: handlerTransport{holder.h}}}); err != nil {
+			ForwardClient:  &http.Client{Transport: handlerTransport{holder.h}},
+			MaxWaiting:     1, // a waiting caller forwarded takes one place, not two
+		}); err != nil {
 			t.Fatal(err)
 		}
 		other.q = q
@@ -184,6 +186,10 @@ func TestAReplicaForwardsToTheHolderOfTheObjectsShard(t *testing.T) {
 		// Unknown to the holder too.
 		if o := outcomeOf(t, other.do(http.MethodGet, "/reconcile/ns/a/triggers/nobody-0-1", nil, nil)); o.State != trigger.Unknown {
 			t.Fatalf("an unknown id: %+v, want unknown", o)
+		}
+		// Of an object that does not exist: no shard, this replica answers.
+		if o := outcomeOf(t, other.do(http.MethodGet, "/reconcile/ns/gone/triggers/"+a.ID, nil, nil)); o.State != trigger.Unknown {
+			t.Fatalf("an id under a missing object: %+v, want unknown", o)
 		}
 
 		// One hop: a forwarded request that reaches a replica without the

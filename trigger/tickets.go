@@ -118,7 +118,7 @@ type tickets struct {
 	nonce string // this Trigger's, in every id
 
 	mu      sync.Mutex
-	epoch   int // bumped by each abandon: ids of an earlier epoch are unknown
+	epoch   int // bumped by each abandon, so that ids tell the terms apart
 	next    uint64
 	waiting map[opkit.Key][]*Ticket
 	nWait   int

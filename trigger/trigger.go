@@ -457,7 +457,9 @@ func (t *Trigger[T]) IntakeTracked(ctx context.Context, p Pointer, opts IntakeOp
 	// free: its reconcile reads the object anyway. The join leaves the
 	// entry's due time alone (a retry's backoff, a requeue): making it due
 	// sooner costs a token, when there is one. While the intake is closed
-	// this is also the answer (a drop), before anything is read.
+	// this is also the answer (a drop), before anything is read. A queue
+	// that routes by the object's UID (reconcile.Sharded's) joins nothing
+	// here: every trigger is read, and the add with the object decides.
 	if o, tk, err := t.addTracked(ctx, p.Key, t.cause(none, p.Type, p.Reason, 0), p.Delay, true, track); err != nil || o != queue.NotHeld {
 		if o == queue.MergedNotDue {
 			if t.pay(caller, opts) == nil { // sooner, for a token
