@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -27,6 +28,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/opkit/opkit"
 	demov1 "github.com/opkit/opkit/example/api/v1"
 	"github.com/opkit/opkit/example/config"
 	"github.com/opkit/opkit/example/internal/harness"
@@ -207,11 +209,16 @@ func (e *env) waitConverged(ctx context.Context, names []string) {
 
 func name(i int) string { return fmt.Sprintf("entity-%02d", i) }
 
-func TestTwoReplicasFiftyEntitiesTriggersAndFailover(t *testing.T) {
+// setup starts a control plane (with kube-controller-manager's garbage
+// collector when gc is set), builds the operator, installs example/config,
+// starts nats-server and a fresh namespace whose ServiceAccount "ci" may
+// trigger (e.token is its token); start runs a replica as the operator's
+// ServiceAccount (only the RBAC in config/rbac lets it work) until the
+// test ends.
+func setup(t *testing.T, gc bool) (e *env, start func(id string, args ...string) *harness.Replica) {
 	ctx := context.Background()
-	// A garbage collector: the ConfigMaps of deleted entities go with them.
-	c := testcluster.Start(t, testcluster.Options{ControllerManager: true})
-	e := &env{t: t, kube: kubernetes.NewForConfigOrDie(c.Config()), dyn: dynamic.NewForConfigOrDie(c.Config()), replicas: map[string]*harness.Replica{}}
+	c := testcluster.Start(t, testcluster.Options{ControllerManager: gc})
+	e = &env{t: t, kube: kubernetes.NewForConfigOrDie(c.Config()), dyn: dynamic.NewForConfigOrDie(c.Config()), replicas: map[string]*harness.Replica{}}
 	dir := t.TempDir()
 
 	moduleDir, err := filepath.Abs("..")
@@ -234,9 +241,6 @@ func TestTwoReplicasFiftyEntitiesTriggersAndFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.nc.Close)
-
-	// The replicas run with the operator ServiceAccount's token: only the
-	// RBAC in config/rbac lets them work.
 	tok, err := harness.Token(ctx, e.kube, config.Namespace, config.ServiceAccount, "")
 	if err != nil {
 		t.Fatal(err)
@@ -245,21 +249,6 @@ func TestTwoReplicasFiftyEntitiesTriggersAndFailover(t *testing.T) {
 	if err := harness.WriteKubeconfig(kubeconfig, c.Config(), tok); err != nil {
 		t.Fatal(err)
 	}
-	for _, id := range []string{"replica-a", "replica-b"} {
-		r, err := harness.StartReplica(harness.ReplicaConfig{Bin: bin, Kubeconfig: kubeconfig, NATSURL: natsURL, Dir: dir, Identity: id, Args: []string{"--concurrency=8"}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		e.replicas[id] = r
-		t.Cleanup(func() {
-			if err := r.Stop(30 * time.Second); err != nil {
-				t.Errorf("%s: %v\n%s", id, err, r.Tail(20))
-			}
-		})
-	}
-	first := e.leader(ctx, "")
-	t.Logf("leader: %s", first)
-
 	e.ns = c.Namespace(t)
 	if err := harness.GrantTrigger(ctx, e.kube, e.ns, "ci"); err != nil {
 		t.Fatal(err)
@@ -267,6 +256,34 @@ func TestTwoReplicasFiftyEntitiesTriggersAndFailover(t *testing.T) {
 	if e.token, err = harness.Token(ctx, e.kube, e.ns, "ci", operator.TriggerAudience); err != nil {
 		t.Fatal(err)
 	}
+	return e, func(id string, args ...string) *harness.Replica {
+		t.Helper()
+		r, err := harness.StartReplica(harness.ReplicaConfig{Bin: bin, Kubeconfig: kubeconfig, NATSURL: natsURL, Dir: dir, Identity: id, Args: args})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.replicas[id] = r
+		t.Cleanup(func() {
+			if r.Exited() {
+				return
+			}
+			if err := r.Stop(30 * time.Second); err != nil {
+				t.Errorf("%s: %v\n%s", id, err, r.Tail(20))
+			}
+		})
+		return r
+	}
+}
+
+func TestTwoReplicasFiftyEntitiesTriggersAndFailover(t *testing.T) {
+	ctx := context.Background()
+	// A garbage collector: the ConfigMaps of deleted entities go with them.
+	e, start := setup(t, true)
+	for _, id := range []string{"replica-a", "replica-b"} {
+		start(id, "--concurrency=8")
+	}
+	first := e.leader(ctx, "")
+	t.Logf("leader: %s", first)
 
 	// A name longer than a label value is refused by the CRD: the operator
 	// labels the ConfigMap it keeps with the entity's name.
@@ -450,6 +467,30 @@ func TestTwoReplicasFiftyEntitiesTriggersAndFailover(t *testing.T) {
 // fired for it (the status names its source and reason).
 func checkReasons(t *testing.T, e *env, ctx context.Context, names []string, phase string) {
 	t.Helper()
+	for _, b := range e.unreflected(t, ctx, names) {
+		t.Errorf("%s: %s", phase, b)
+	}
+}
+
+// waitReasons waits until each entity's last trigger is the last one
+// fired for it: a trigger handed back by a replica without the shard
+// reaches its holder a DroppedDelay later, after the change made with it
+// may have been reconciled already.
+func waitReasons(t *testing.T, e *env, ctx context.Context, names []string, phase string) {
+	t.Helper()
+	var bad []string
+	if err := harness.Poll(ctx, 120*time.Second, func() (bool, error) {
+		bad = e.unreflected(t, ctx, names)
+		return len(bad) == 0, nil
+	}); err != nil {
+		t.Fatalf("%s: %v: %s", phase, err, strings.Join(bad, "; "))
+	}
+}
+
+// unreflected lists the entities whose status does not name the last
+// trigger fired for them.
+func (e *env) unreflected(t *testing.T, ctx context.Context, names []string) []string {
+	t.Helper()
 	last := map[string]fired{}
 	e.mu.Lock()
 	for _, f := range e.fired {
@@ -468,9 +509,7 @@ func checkReasons(t *testing.T, e *env, ctx context.Context, names []string, pha
 		}
 	}
 	sort.Strings(bad)
-	for _, b := range bad {
-		t.Errorf("%s: %s", phase, b)
-	}
+	return bad
 }
 
 func dlqCount(t *testing.T, nc *nats.Conn) uint64 {
@@ -529,4 +568,157 @@ func scrape(t *testing.T, url string) map[string]float64 {
 		}
 	}
 	return out
+}
+
+// Three replicas of the operator built from example/, run with
+// --shards 8 as the operator's ServiceAccount (the sharding Role in
+// config/rbac must be enough): they share the shards fairly, every
+// entity is reconciled by the holder of its UID's shard, an HTTP trigger
+// sent to any replica is served by that holder (forwarded with the
+// caller's token, authenticated and authorized on both), NATS triggers
+// reach the holders through the shared stream, and after a replica is
+// killed the two others take its shards, reconcile every change and
+// serve every trigger, none dead-lettered.
+func TestThreeShardedReplicasShareTheWorkAndSurviveAKill(t *testing.T) {
+	ctx := context.Background()
+	const shards, n = 8, 24
+	e, start := setup(t, false)
+	ids := []string{"shard-a", "shard-b", "shard-c"}
+	for _, id := range ids {
+		start(id, fmt.Sprintf("--shards=%d", shards))
+	}
+	// holders waits until live share the shards, at most their share each.
+	holders := func(live ...string) []string {
+		t.Helper()
+		share := (shards + len(live) - 1) / len(live)
+		var hs []string
+		err := harness.Poll(ctx, 90*time.Second, func() (bool, error) {
+			hs = make([]string, shards)
+			count := map[string]int{}
+			for i := range shards {
+				l, err := e.kube.CoordinationV1().Leases(config.Namespace).Get(ctx, fmt.Sprintf("%s-%d", operator.DefaultLeaderElectionID, i), metav1.GetOptions{})
+				if apierrors.IsNotFound(err) {
+					return false, nil
+				}
+				if err != nil {
+					return false, err
+				}
+				if l.Spec.HolderIdentity != nil {
+					hs[i] = *l.Spec.HolderIdentity
+				}
+				if count[hs[i]]++; !slices.Contains(live, hs[i]) || count[hs[i]] > share {
+					return false, nil
+				}
+			}
+			return true, nil
+		})
+		if err != nil {
+			t.Fatalf("the shards not shared by %v: %v (holders %q)", live, err, hs)
+		}
+		return hs
+	}
+	hs := holders(ids...)
+	t.Logf("shard holders: %q", hs)
+
+	var names []string
+	for i := range n {
+		names = append(names, name(i))
+		u := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": demov1.APIVersion, "kind": demov1.Kind,
+			"metadata": map[string]any{"name": name(i), "namespace": e.ns},
+			"spec":     map[string]any{"message": fmt.Sprintf("message %d", i), "replicas": int64(i % 3)},
+		}}
+		if _, err := e.entities().Create(ctx, u, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.waitConverged(ctx, names)
+	byHolder := func(hs []string) {
+		t.Helper()
+		for _, n := range names {
+			obj, err := e.get(ctx, n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := hs[opkit.ShardOf(obj.UID, shards)]; obj.Status.ReconciledBy != want {
+				t.Errorf("%s reconciled by %q, want %s, the holder of shard %d", n, obj.Status.ReconciledBy, want, opkit.ShardOf(obj.UID, shards))
+			}
+		}
+	}
+	byHolder(hs)
+
+	// HTTP triggers to every replica in turn, NATS triggers to the stream.
+	for i, n := range names {
+		via := e.replicas[ids[i%len(ids)]]
+		reason := fmt.Sprintf("http %d via %s", i, via.Identity)
+		// 429 when the caller's share of the trigger budget is spent: later,
+		// as a pipeline would.
+		code := 0
+		if err := harness.Poll(ctx, 90*time.Second, func() (bool, error) {
+			code = postReason(t, via.TriggerURL+"/reconcile/"+e.ns+"/"+n, e.token, reason)
+			return code != http.StatusTooManyRequests, nil
+		}); err != nil || code != http.StatusAccepted {
+			t.Fatalf("trigger of %s via %s: %d %v, want 202", n, via.Identity, code, err)
+		}
+		e.record(fired{name: n, reason: reason, via: "http", at: time.Now()})
+	}
+	e.waitConverged(ctx, names)
+	waitReasons(t, e, ctx, names, "HTTP through every replica")
+	for i, n := range names {
+		if err := e.triggerNATS(ctx, n, fmt.Sprintf("nats %d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.waitConverged(ctx, names)
+	waitReasons(t, e, ctx, names, "NATS")
+	byHolder(hs)
+
+	// A replica dies; the two others take its shards, then every change
+	// and trigger is served by the new holders.
+	e.replicas[ids[1]].Kill()
+	t.Logf("killed %s", ids[1])
+	hs = holders(ids[0], ids[2])
+	t.Logf("shard holders after the kill: %q", hs)
+	for i, n := range names {
+		patch := fmt.Sprintf(`{"spec":{"message":"after the kill %d"}}`, i)
+		if _, err := e.entities().Patch(ctx, n, "application/merge-patch+json", []byte(patch), metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if i%2 == 0 {
+			err := e.triggerHTTP(ctx, n, fmt.Sprintf("after the kill, http %d", i))
+			if err != nil {
+				t.Fatal(err)
+			}
+		} else if err := e.triggerNATS(ctx, n, fmt.Sprintf("after the kill, nats %d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.waitConverged(ctx, names)
+	waitReasons(t, e, ctx, names, "after the kill")
+	byHolder(hs)
+	if dl := dlqCount(t, e.nc); dl != 0 {
+		t.Errorf("%d dead-lettered triggers, want 0", dl)
+	}
+	forwarded := 0.0
+	for _, id := range []string{ids[0], ids[2]} {
+		forwarded += scrape(t, e.replicas[id].MetricsURL)[`opkit_trigger_http_requests_total{code="202",reason="Forwarded"}`]
+	}
+	if forwarded == 0 {
+		t.Errorf("no trigger was forwarded to a shard's holder")
+	}
+}
+
+// postReason posts a trigger with reason and returns the status code.
+func postReason(t *testing.T, url, token, reason string) int {
+	t.Helper()
+	body, _ := json.Marshal(map[string]string{"reason": reason})
+	req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
 }
