@@ -209,6 +209,26 @@ func (e *env) waitConverged(ctx context.Context, names []string) {
 
 func name(i int) string { return fmt.Sprintf("entity-%02d", i) }
 
+// create creates n entities, name(i) with i % mod replicas, waits until
+// they converged, and returns their names.
+func (e *env) create(ctx context.Context, n, mod int) []string {
+	e.t.Helper()
+	var names []string
+	for i := range n {
+		names = append(names, name(i))
+		u := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": demov1.APIVersion, "kind": demov1.Kind,
+			"metadata": map[string]any{"name": name(i), "namespace": e.ns},
+			"spec":     map[string]any{"message": fmt.Sprintf("message %d", i), "replicas": int64(i % mod)},
+		}}
+		if _, err := e.entities().Create(ctx, u, metav1.CreateOptions{}); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+	e.waitConverged(ctx, names)
+	return names
+}
+
 // setup starts a control plane (with kube-controller-manager's garbage
 // collector when gc is set), builds the operator, installs example/config,
 // starts nats-server and a fresh namespace whose ServiceAccount "ci" may
@@ -296,20 +316,7 @@ func TestTwoReplicasFiftyEntitiesTriggersAndFailover(t *testing.T) {
 		t.Fatalf("creating an entity with a 64-character name: %v, want 422 Invalid", err)
 	}
 
-	// 50 entities.
-	var names []string
-	for i := range entities {
-		names = append(names, name(i))
-		u := &unstructured.Unstructured{Object: map[string]any{
-			"apiVersion": demov1.APIVersion, "kind": demov1.Kind,
-			"metadata": map[string]any{"name": name(i), "namespace": e.ns},
-			"spec":     map[string]any{"message": fmt.Sprintf("message %d", i), "replicas": int64(i % 11)},
-		}}
-		if _, err := e.entities().Create(ctx, u, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	e.waitConverged(ctx, names)
+	names := e.create(ctx, entities, 11)
 
 	// Phase A: one trigger per entity, half over HTTP, half over NATS.
 	for i := range entities {
@@ -620,19 +627,7 @@ func TestThreeShardedReplicasShareTheWorkAndSurviveAKill(t *testing.T) {
 	hs := holders(ids...)
 	t.Logf("shard holders: %q", hs)
 
-	var names []string
-	for i := range n {
-		names = append(names, name(i))
-		u := &unstructured.Unstructured{Object: map[string]any{
-			"apiVersion": demov1.APIVersion, "kind": demov1.Kind,
-			"metadata": map[string]any{"name": name(i), "namespace": e.ns},
-			"spec":     map[string]any{"message": fmt.Sprintf("message %d", i), "replicas": int64(i % 3)},
-		}}
-		if _, err := e.entities().Create(ctx, u, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	e.waitConverged(ctx, names)
+	names := e.create(ctx, n, 3)
 	byHolder := func(hs []string) {
 		t.Helper()
 		for _, n := range names {
