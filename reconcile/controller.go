@@ -144,7 +144,10 @@ type Controller[T opkit.Object] struct {
 	client  *typed.Client[T]
 	watch   *watcher.Watcher[T]
 	related []*watcher.Related[T] // Config.Owns, then Config.Watches
-	slots   chan struct{}         // shared by a Sharded replica's controllers; nil: none
+	// sharedRelated: the related watchers are a Sharded replica's, run
+	// (and checked) by it for all its shards, not by each term.
+	sharedRelated bool
+	slots         chan struct{} // shared by a Sharded replica's controllers; nil: none
 	// tickets are the shards whose triggers' tickets the controller
 	// answers: a Sharded replica's shard controller answers only its
 	// own shard's on the shared trigger; the zero Shards, every ticket.
@@ -224,24 +227,8 @@ func NewController[T opkit.Object](cfg Config[T]) (*Controller[T], error) {
 	if c.watch, err = watcher.New(wcfg); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	watches := slices.Clone(cfg.Watches)
-	for _, res := range cfg.Owns {
-		watches = append(watches, Watch{Resource: res, Map: ownedIn(cfg.Resource, cfg.Watch.Shards)})
-	}
-	for _, w := range watches {
-		ns := ""
-		if w.Resource.Namespaced {
-			ns = cfg.Watch.Namespace
-		}
-		r, err := watcher.NewRelated(watcher.RelatedConfig[T]{Client: cfg.Dynamic, Resource: w.Resource, Namespace: ns, LabelSelector: w.LabelSelector,
-			Map: w.Map, Queue: c.queue, Priority: cfg.Watch.Priority, Backoff: cfg.Watch.Backoff, Logger: wcfg.Logger})
-		if err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
-		}
-		if slices.ContainsFunc(c.related, func(o *watcher.Related[T]) bool { return o.Name() == r.Name() }) {
-			return bad("related resource %s named twice in Owns and Watches", r.Name())
-		}
-		c.related = append(c.related, r)
+	if c.related, err = relatedWatchers(cfg, c.queue, ownedIn(cfg.Resource, cfg.Watch.Shards), wcfg.Logger); err != nil {
+		return nil, err
 	}
 	// Triggers reach only what the watch sees: another namespace, or labels
 	// the watch's selector leaves out, would be reconciled by a controller
@@ -342,6 +329,9 @@ func (c *Controller[T]) Check() error {
 	}
 	errs = append(errs, c.watch.Check())
 	for _, r := range c.related {
+		if c.sharedRelated {
+			break
+		}
 		if err := r.Check(); err != nil {
 			errs = append(errs, fmt.Errorf("related %s: %w", r.Name(), err))
 		}
@@ -403,6 +393,9 @@ func (c *Controller[T]) runTerm(runCtx, termCtx context.Context, work []Runnable
 	defer cancelWork()
 	components := []Runnable{{Name: "watcher", Run: c.watch.Run}}
 	for _, r := range c.related {
+		if c.sharedRelated {
+			break
+		}
 		components = append(components, Runnable{Name: "related watcher " + r.Name(), Run: r.Run})
 	}
 	for _, r := range append(components, work...) {
@@ -448,6 +441,32 @@ func (c *Controller[T]) runTerm(runCtx, termCtx context.Context, work []Runnable
 	c.trig.Abandon("the leadership term ended before the reconcile: the next leader reconciles every object", c.tickets)
 	c.written.reset()
 	return err
+}
+
+// relatedWatchers builds the watchers of cfg.Owns (a child mapped by
+// owned) and cfg.Watches, adding to q.
+func relatedWatchers[T opkit.Object](cfg Config[T], q queue.Adder[opkit.Key, opkit.Cause[T]], owned watcher.MapFunc, log *slog.Logger) ([]*watcher.Related[T], error) {
+	watches := slices.Clone(cfg.Watches)
+	for _, res := range cfg.Owns {
+		watches = append(watches, Watch{Resource: res, Map: owned})
+	}
+	var out []*watcher.Related[T]
+	for _, w := range watches {
+		ns := ""
+		if w.Resource.Namespaced {
+			ns = cfg.Watch.Namespace
+		}
+		r, err := watcher.NewRelated(watcher.RelatedConfig[T]{Client: cfg.Dynamic, Resource: w.Resource, Namespace: ns, LabelSelector: w.LabelSelector,
+			Map: w.Map, Queue: q, Priority: cfg.Watch.Priority, Backoff: cfg.Watch.Backoff, Logger: log})
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+		if slices.ContainsFunc(out, func(o *watcher.Related[T]) bool { return o.Name() == r.Name() }) {
+			return nil, fmt.Errorf("%w: related resource %s named twice in Owns and Watches", ErrInvalidConfig, r.Name())
+		}
+		out = append(out, r)
+	}
+	return out, nil
 }
 
 // ownedIn maps a child to the owner its controller reference names, of

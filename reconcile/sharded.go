@@ -29,10 +29,11 @@ import (
 // shards over as replicas come and go, each after its in-flight
 // reconciles drained. S = 1 is the single-leader Controller.
 //
-// Owned children (Config.Owns) reach their owner's shard through the
-// owner reference's UID. A Watches mapping names keys, not UIDs: every
-// shard's controller receives them, and one whose watch does not see the
-// key's object drops it without a read.
+// The replica lists and watches each related resource (Config.Owns and
+// Watches) once for all its shards, from Run on, whatever it holds. A
+// change's keys go to every shard it holds (a mapping names keys, not
+// UIDs), and a shard whose watch does not see the key's object drops it
+// without a read.
 //
 // As with one leader, a delete made while its shard changes hands is
 // seen by no watcher: a reconciler that must clean up after every delete
@@ -44,6 +45,7 @@ type Sharded[T opkit.Object] struct {
 	controllers []*Controller[T]
 	balancer    *leader.Balancer
 	trig        *trigger.Trigger[T]
+	related     []*watcher.Related[T] // Config.Owns and Watches, for all shards
 }
 
 // NewSharded returns a Sharded of S shards for cfg, whose Leader is
@@ -89,6 +91,7 @@ func NewSharded[T opkit.Object](cfg Config[T], shards int) (*Sharded[T], error) 
 	slots := make(chan struct{}, cmp.Or(cfg.Concurrency, DefaultConcurrency))
 	for i := range shards {
 		c := cfg
+		c.Owns, c.Watches = nil, nil // the replica's, below
 		c.Watch.Shards = opkit.Shards{Count: shards, Held: []int{i}}
 		if cfg.Watch.Metrics != nil {
 			c.Watch.Metrics = shardWatcherMetrics{Metrics: cfg.Watch.Metrics, sum: tracked, shard: i}
@@ -117,10 +120,35 @@ func NewSharded[T opkit.Object](cfg Config[T], shards int) (*Sharded[T], error) 
 	if s.trig, err = s.controllers[0].newTrigger(r, true, log.With("controller", cfg.Name)); err != nil {
 		return nil, err
 	}
+	// One watcher per related resource for the replica, whatever it
+	// holds: a change goes to every held shard's queue, and a shard whose
+	// watch does not see the key's object drops it without a read.
+	if s.related, err = relatedWatchers(cfg, fanout[T](r), watcher.OwnedBy(cfg.Resource), log.With("controller", cfg.Name)); err != nil {
+		return nil, err
+	}
 	for _, c := range s.controllers {
 		c.trig, c.tickets = s.trig, c.cfg.Watch.Shards
+		c.related, c.sharedRelated = s.related, true
 	}
 	return s, nil
+}
+
+// fanout is the Adder of a Sharded replica's related watchers: a key goes
+// to the queue of every shard the replica holds (a related change names
+// keys, not UIDs).
+type fanout[T opkit.Object] []*queue.Queue[opkit.Key, opkit.Cause[T]]
+
+func (f fanout[T]) Add(key opkit.Key, c opkit.Cause[T], opts queue.AddOptions) queue.Outcome {
+	out := queue.DroppedSuspended
+	for _, q := range f {
+		if q.Suspended() {
+			continue // not held: its next term lists every object anyway
+		}
+		if o := q.Add(key, c, opts); o.Accepted() || !out.Accepted() {
+			out = o
+		}
+	}
+	return out
 }
 
 // router is the Adder of a Sharded replica's trigger: shard i's queue is
@@ -193,6 +221,14 @@ func (s *Sharded[T]) Balancer() *leader.Balancer { return s.balancer }
 func (s *Sharded[T]) Run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return s.balancer.Run(gctx) })
+	for _, r := range s.related {
+		g.Go(func() error {
+			if err := r.Run(gctx); err != nil && gctx.Err() == nil {
+				return fmt.Errorf("reconcile: related watcher %s: %w", r.Name(), err)
+			}
+			return nil
+		})
+	}
 	for _, c := range s.controllers {
 		g.Go(func() error { return c.Run(gctx) })
 	}
@@ -205,6 +241,11 @@ func (s *Sharded[T]) Check() error {
 	var errs []error
 	if err := s.balancer.Check(); err != nil {
 		errs = append(errs, err)
+	}
+	for _, r := range s.related {
+		if err := r.Check(); err != nil {
+			errs = append(errs, fmt.Errorf("related %s: %w", r.Name(), err))
+		}
 	}
 	for i, c := range s.controllers {
 		if err := c.Check(); err != nil {

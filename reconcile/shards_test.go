@@ -234,6 +234,47 @@ func TestAShardedReplicaSharesItsWorkersOverItsShards(t *testing.T) {
 	})
 }
 
+// A Sharded replica watches each related resource once for all the
+// shards it holds (one list and one watch of ConfigMaps for four
+// shards, not four), and a child's change reconciles its owner once, in
+// the owner's shard.
+func TestAShardedReplicaWatchesARelatedResourceOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ws, _ := spreadWidgets()
+		rec := &recorder{}
+		dyn := newFakeDynamic(t, ws...)
+		s, stop := runAlone(t, reconcile.Config[*Widget]{
+			Name: "w", Resource: widgets, Dynamic: dyn, Reconciler: rec, Logger: quiet, NoEvents: true,
+			Owns:   []opkit.Resource{configMaps},
+			Leader: &leader.Config{Client: kfake.NewClientset(), Namespace: "ns", Name: "widgets", Identity: "me"},
+		})
+		calls := map[string]int{}
+		for _, a := range dyn.Actions() {
+			if a.GetResource().Resource == "configmaps" {
+				calls[a.GetVerb()]++
+			}
+		}
+		if calls["list"] != 1 || calls["watch"] != 1 {
+			t.Errorf("ConfigMaps listed %d and watched %d times for 4 shards, want once each", calls["list"], calls["watch"])
+		}
+		if err := s.Check(); err != nil {
+			t.Errorf("Check: %v", err)
+		}
+		before := len(rec.snapshot())
+		owner := ws[3]
+		if _, err := dyn.Resource(configMaps.GroupVersionResource).Namespace("ns").Create(context.Background(), ownedBy("child", owner), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		got := rec.snapshot()[before:]
+		if len(got) != 1 || got[0].req.Key.Name != owner.Name || !slices.Contains(got[0].req.Related, "configmaps") {
+			t.Errorf("after a child was created: %d reconciles %v, want one of %s naming configmaps", len(got), got, owner.Name)
+		}
+		stop()
+	})
+}
+
 // leadingLog records leader.Metrics' Leading calls.
 type leadingLog struct {
 	mu      sync.Mutex
