@@ -205,6 +205,34 @@ func TestAReplicaForwardsToTheHolderOfTheObjectsShard(t *testing.T) {
 	})
 }
 
+// A GET of an id this replica does not know reads the object, paid from
+// the trigger budget: with the budget spent it answers 429, as a trigger
+// would, not "unknown" (which would tell a polling caller its trigger was
+// lost).
+func TestAGetThatCannotReadIsRefusedNotUnknown(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		env := newHandlerEnv(t, nil)
+		q := newCMQueue()
+		q.Suspend()
+		tr, err := trigger.New(trigger.Config[*corev1.ConfigMap]{Queue: unsharded{q}, Resource: configMaps, Dynamic: env.dyn, UIDRequired: true,
+			Rate: 0.001, Burst: 1, Logger: discard})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: tr, Authenticator: allowAll{}, Logger: discard,
+			HolderEndpoint: func(types.UID) string { return "http://holder.example" },
+			ForwardClient:  &http.Client{Transport: handlerTransport{env.h}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		env.h = h
+		if o := outcomeOf(t, env.do(http.MethodGet, "/reconcile/ns/a/triggers/x-0-1", nil, nil)); o.State != trigger.Unknown {
+			t.Fatalf("the first GET, forwarded: %+v, want the holder's unknown", o)
+		}
+		wantStatus(t, env.do(http.MethodGet, "/reconcile/ns/a/triggers/x-0-1", nil, nil), http.StatusTooManyRequests, "TooManyRequests")
+	})
+}
+
 func TestHolderEndpointAndLeaderEndpointExcludeEachOther(t *testing.T) {
 	tr, _ := newCMTriggerWith(t, trigger.Config[*corev1.ConfigMap]{Get: func(context.Context, opkit.Key) (*corev1.ConfigMap, error) { return cm("ns", "a"), nil }})
 	_, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: tr, InsecureSkipAuth: true,
