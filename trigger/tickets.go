@@ -161,9 +161,31 @@ func (ts *tickets) report(key opkit.Key, upTo uint64, in opkit.Shards, o Outcome
 	}
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
+	ts.resolveWhere(key, o, func(tk *Ticket) bool { return tk.n <= upTo && (!tk.final || o.State.Final()) && tk.of(in) })
+}
+
+// abandon resolves as Unknown every waiting ticket of an object in (or
+// of an object not known: it joined an entry without reading it), for
+// the term ended and the queue that held them is cleared, and starts a
+// new epoch.
+func (ts *tickets) abandon(why string, in opkit.Shards) {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	for key := range ts.waiting {
+		ts.resolveWhere(key, Outcome{State: Unknown, Error: why}, func(tk *Ticket) bool { return tk.of(in) })
+	}
+	ts.epoch++
+}
+
+// of reports whether tk's object is in shards, or not known.
+func (tk *Ticket) of(shards opkit.Shards) bool { return tk.uid == "" || shards.Contains(tk.uid) }
+
+// resolveWhere resolves with o the tickets of key that match, and keeps
+// the others waiting; the caller holds mu.
+func (ts *tickets) resolveWhere(key opkit.Key, o Outcome, match func(*Ticket) bool) {
 	var kept []*Ticket
 	for _, tk := range ts.waiting[key] {
-		if tk.n > upTo || tk.final && !o.State.Final() || tk.uid != "" && !in.Contains(tk.uid) {
+		if !match(tk) {
 			kept = append(kept, tk)
 			continue
 		}
@@ -174,31 +196,6 @@ func (ts *tickets) report(key opkit.Key, upTo uint64, in opkit.Shards, o Outcome
 	} else {
 		ts.waiting[key] = kept
 	}
-}
-
-// abandon resolves as Unknown every waiting ticket of an object in (or
-// of an object not known: it joined an entry without reading it), for
-// the term ended and the queue that held them is cleared, and starts a
-// new epoch.
-func (ts *tickets) abandon(why string, in opkit.Shards) {
-	ts.mu.Lock()
-	defer ts.mu.Unlock()
-	for key, tks := range ts.waiting {
-		kept := tks[:0]
-		for _, tk := range tks {
-			if tk.uid != "" && !in.Contains(tk.uid) {
-				kept = append(kept, tk)
-				continue
-			}
-			ts.resolve(tk, Outcome{State: Unknown, Error: why})
-		}
-		if len(kept) == 0 {
-			delete(ts.waiting, key)
-		} else {
-			ts.waiting[key] = kept
-		}
-	}
-	ts.epoch++
 }
 
 // resolve hands o to tk and remembers it; the caller holds mu.
