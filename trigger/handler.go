@@ -418,25 +418,19 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request, bodyRead *boo
 			err = fmt.Errorf("trigger: %w", err)
 			break
 		}
+		// Unknown here: the replica that holds the object's shard may know
+		// it. Read the object (paid as a trigger's read) to learn which
+		// that is; none outside the scope or when it is gone. A read that
+		// failed is answered as for a trigger (429, 502, 504).
 		out := h.cfg.Trigger.Lookup(key, id)
-		if out.State != Unknown || h.cfg.HolderEndpoint == nil || r.Header.Get(ForwardedHeader) != "" {
-			cancel()
-			return out
-		}
-		// The replica that holds the object's shard may know it: read the
-		// object (paid as a trigger's read) to learn which that is. None
-		// outside the scope or when it is gone; a read that failed is
-		// answered as for a trigger (429, 502, 504).
-		if h.cfg.Trigger.checkNamespace(key) != nil {
-			cancel()
-			return out
-		}
-		if obj, err = h.cfg.Trigger.read(ctx, key, caller, IntakeOptions{}); err == nil {
-			if leaderURL = h.cfg.HolderEndpoint(obj.GetUID()); leaderURL == "" {
-				cancel()
-				return out
+		if out.State == Unknown && h.cfg.HolderEndpoint != nil && r.Header.Get(ForwardedHeader) == "" && h.cfg.Trigger.checkNamespace(key) == nil {
+			if obj, err = h.cfg.Trigger.read(ctx, key, caller, IntakeOptions{}); err == nil {
+				leaderURL = h.cfg.HolderEndpoint(obj.GetUID())
+			} else if errors.Is(err, ErrNotFound) {
+				err = nil
 			}
-		} else if errors.Is(err, ErrNotFound) {
+		}
+		if err == nil && leaderURL == "" {
 			cancel()
 			return out
 		}
