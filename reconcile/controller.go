@@ -144,9 +144,10 @@ type Controller[T opkit.Object] struct {
 	client  *typed.Client[T]
 	watch   *watcher.Watcher[T]
 	related []*watcher.Related[T] // Config.Owns, then Config.Watches
-	// sharedRelated: the related watchers are a Sharded replica's, run
-	// (and checked) by it for all its shards, not by each term.
-	sharedRelated bool
+	// sharedRelated are a Sharded replica's related watchers, run and
+	// checked by it for all its shards: the workers wait for their first
+	// list as for the controller's own.
+	sharedRelated []*watcher.Related[T]
 	slots         chan struct{} // shared by a Sharded replica's controllers; nil: none
 	// tickets are the shards whose triggers' tickets the controller
 	// answers: a Sharded replica's shard controller answers only its
@@ -329,9 +330,6 @@ func (c *Controller[T]) Check() error {
 	}
 	errs = append(errs, c.watch.Check())
 	for _, r := range c.related {
-		if c.sharedRelated {
-			break
-		}
 		if err := r.Check(); err != nil {
 			errs = append(errs, fmt.Errorf("related %s: %w", r.Name(), err))
 		}
@@ -393,9 +391,6 @@ func (c *Controller[T]) runTerm(runCtx, termCtx context.Context, work []Runnable
 	defer cancelWork()
 	components := []Runnable{{Name: "watcher", Run: c.watch.Run}}
 	for _, r := range c.related {
-		if c.sharedRelated {
-			break
-		}
 		components = append(components, Runnable{Name: "related watcher " + r.Name(), Run: r.Run})
 	}
 	for _, r := range append(components, work...) {
@@ -522,7 +517,7 @@ func (c *Controller[T]) worker(intakeCtx, workCtx context.Context, log *slog.Log
 		// The related watchers' first lists add nothing: a change they see
 		// before theirs is done would be missed by a term that started
 		// reconciling without them.
-		for _, r := range c.related {
+		for _, r := range slices.Concat(c.related, c.sharedRelated) {
 			if r.WaitSynced(intakeCtx) != nil {
 				return
 			}

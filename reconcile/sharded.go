@@ -128,7 +128,7 @@ func NewSharded[T opkit.Object](cfg Config[T], shards int) (*Sharded[T], error) 
 	}
 	for _, c := range s.controllers {
 		c.trig, c.tickets = s.trig, c.cfg.Watch.Shards
-		c.related, c.sharedRelated = s.related, true
+		c.sharedRelated = s.related
 	}
 	return s, nil
 }
