@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"net/http"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -594,33 +593,11 @@ func TestThreeShardedReplicasShareTheWorkAndSurviveAKill(t *testing.T) {
 	for _, id := range ids {
 		start(id, fmt.Sprintf("--shards=%d", shards))
 	}
-	// holders waits until live share the shards, at most their share each.
 	holders := func(live ...string) []string {
 		t.Helper()
-		share := (shards + len(live) - 1) / len(live)
-		var hs []string
-		err := harness.Poll(ctx, 90*time.Second, func() (bool, error) {
-			hs = make([]string, shards)
-			count := map[string]int{}
-			for i := range shards {
-				l, err := e.kube.CoordinationV1().Leases(config.Namespace).Get(ctx, fmt.Sprintf("%s-%d", operator.DefaultLeaderElectionID, i), metav1.GetOptions{})
-				if apierrors.IsNotFound(err) {
-					return false, nil
-				}
-				if err != nil {
-					return false, err
-				}
-				if l.Spec.HolderIdentity != nil {
-					hs[i] = *l.Spec.HolderIdentity
-				}
-				if count[hs[i]]++; !slices.Contains(live, hs[i]) || count[hs[i]] > share {
-					return false, nil
-				}
-			}
-			return true, nil
-		})
+		hs, err := harness.WaitShared(ctx, e.kube, shards, live, 90*time.Second)
 		if err != nil {
-			t.Fatalf("the shards not shared by %v: %v (holders %q)", live, err, hs)
+			t.Fatal(err)
 		}
 		return hs
 	}

@@ -373,7 +373,7 @@ func (d *demo) sharded(ctx context.Context, tokenFile string) error {
 		ids = append(ids, id)
 		info("started %s (pid %d): trigger %s", id, r.Pid(), r.TriggerURL)
 	}
-	holders, err := d.waitShards(ctx, ids, 60*time.Second)
+	holders, err := harness.WaitShared(ctx, d.kube, shards, ids, 60*time.Second)
 	if err != nil {
 		return err
 	}
@@ -422,7 +422,7 @@ func (d *demo) sharded(ctx context.Context, tokenFile string) error {
 	killed := time.Now()
 	d.replicas[victim].Kill()
 	survivors := slices.DeleteFunc(slices.Clone(ids), func(id string) bool { return id == victim })
-	if holders, err = d.waitShards(ctx, survivors, 90*time.Second); err != nil {
+	if holders, err = harness.WaitShared(ctx, d.kube, shards, survivors, 90*time.Second); err != nil {
 		return err
 	}
 	info("%.1fs after the kill: %s", time.Since(killed).Seconds(), shareLine(holders))
@@ -448,61 +448,13 @@ func (d *demo) sharded(ctx context.Context, tokenFile string) error {
 			return fmt.Errorf("%s did not stop cleanly: %w", id, err)
 		}
 	}
-	held, err := d.shardHolders(ctx)
+	held, err := harness.ShardHolders(ctx, d.kube, shards)
 	if err != nil {
 		return err
 	}
 	info("shard holders now: %q", held)
 	step("stopping nats-server and the control plane")
 	return nil
-}
-
-// shardHolders returns the holder of each shard's Lease ("" for none).
-func (d *demo) shardHolders(ctx context.Context) ([]string, error) {
-	out := make([]string, shards)
-	for i := range out {
-		l, err := d.kube.CoordinationV1().Leases(config.Namespace).Get(ctx, fmt.Sprintf("%s-%d", operator.DefaultLeaderElectionID, i), metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		if l.Spec.HolderIdentity != nil {
-			out[i] = *l.Spec.HolderIdentity
-		}
-	}
-	return out, nil
-}
-
-// waitShards waits until every shard is held by one of live, none
-// holding more than its share, and returns the holders.
-func (d *demo) waitShards(ctx context.Context, live []string, timeout time.Duration) ([]string, error) {
-	share := (shards + len(live) - 1) / len(live)
-	var holders []string
-	err := harness.Poll(ctx, timeout, func() (bool, error) {
-		var err error
-		if holders, err = d.shardHolders(ctx); err != nil {
-			return false, err
-		}
-		count := map[string]int{}
-		for _, h := range holders {
-			if !slices.Contains(live, h) {
-				return false, nil
-			}
-			count[h]++
-		}
-		for _, n := range count {
-			if n > share {
-				return false, nil
-			}
-		}
-		return true, nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("the shards were not shared by %v: %w (holders %q)", live, err, holders)
-	}
-	return holders, nil
 }
 
 // shareLine says which replica holds which shards.

@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -178,7 +179,11 @@ func Token(ctx context.Context, kube kubernetes.Interface, ns, name, audience st
 
 // LeaseHolder returns the current holder of the operator's Lease ("" if none).
 func LeaseHolder(ctx context.Context, kube kubernetes.Interface) (string, error) {
-	l, err := kube.CoordinationV1().Leases(config.Namespace).Get(ctx, operator.DefaultLeaderElectionID, metav1.GetOptions{})
+	return leaseHolder(ctx, kube, operator.DefaultLeaderElectionID)
+}
+
+func leaseHolder(ctx context.Context, kube kubernetes.Interface, name string) (string, error) {
+	l, err := kube.CoordinationV1().Leases(config.Namespace).Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return "", nil
 	}
@@ -186,6 +191,44 @@ func LeaseHolder(ctx context.Context, kube kubernetes.Interface) (string, error)
 		return "", err
 	}
 	return holder(l), nil
+}
+
+// ShardHolders returns the holder of each of the shard Leases of an
+// operator run with --shards=shards ("" for none).
+func ShardHolders(ctx context.Context, kube kubernetes.Interface, shards int) ([]string, error) {
+	out := make([]string, shards)
+	for i := range out {
+		var err error
+		if out[i], err = leaseHolder(ctx, kube, fmt.Sprintf("%s-%d", operator.DefaultLeaderElectionID, i)); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// WaitShared waits until every one of the shards is held by one of live,
+// none holding more than its share (⌈shards/len(live)⌉), and returns the
+// holders.
+func WaitShared(ctx context.Context, kube kubernetes.Interface, shards int, live []string, timeout time.Duration) ([]string, error) {
+	share := (shards + len(live) - 1) / len(live)
+	var holders []string
+	err := Poll(ctx, timeout, func() (bool, error) {
+		var err error
+		if holders, err = ShardHolders(ctx, kube, shards); err != nil {
+			return false, err
+		}
+		count := map[string]int{}
+		for _, h := range holders {
+			if count[h]++; !slices.Contains(live, h) || count[h] > share {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("the shards were not shared by %v: %w (holders %q)", live, err, holders)
+	}
+	return holders, nil
 }
 
 func holder(l *coordv1.Lease) string {
