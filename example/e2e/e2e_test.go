@@ -531,17 +531,7 @@ func dlqCount(t *testing.T, nc *nats.Conn) uint64 {
 	return info.State.Msgs
 }
 
-func post(t *testing.T, url, token string) int {
-	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, url, nil)
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	return resp.StatusCode
-}
+func post(t *testing.T, url, token string) int { return postReason(t, url, token, "") }
 
 func createSA(ctx context.Context, kube kubernetes.Interface, ns, name string) error {
 	_, err := kube.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
@@ -680,12 +670,16 @@ func TestThreeShardedReplicasShareTheWorkAndSurviveAKill(t *testing.T) {
 	}
 }
 
-// postReason posts a trigger with reason and returns the status code.
+// postReason posts a trigger, with reason in a JSON body unless it is
+// empty, and returns the status code.
 func postReason(t *testing.T, url, token, reason string) int {
 	t.Helper()
-	body, _ := json.Marshal(map[string]string{"reason": reason})
-	req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
+	req, _ := http.NewRequest(http.MethodPost, url, nil)
+	if reason != "" {
+		body, _ := json.Marshal(map[string]string{"reason": reason})
+		req, _ = http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+	}
 	req.Header.Set("Authorization", "Bearer "+token)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
