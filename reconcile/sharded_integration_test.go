@@ -214,32 +214,7 @@ func shardedUnderChurn(t *testing.T, c *testcluster.Cluster, dyn dynamic.Interfa
 	if err != nil {
 		t.Fatal(err)
 	}
-	// spread waits until every shard's Lease is held by one of live, none
-	// holding more than its share.
-	spread := func(live ...string) {
-		t.Helper()
-		share := (shards + len(live) - 1) / len(live)
-		eventually(t, time.Minute, fmt.Sprintf("every shard held by one of %v, at most %d each", live, share), func() error {
-			held := map[string]int{}
-			for i := range shards {
-				lease, err := kube.CoordinationV1().Leases(ns).Get(ctx, fmt.Sprintf("sharded-%d", i), metav1.GetOptions{})
-				if err != nil {
-					return err
-				}
-				h := ""
-				if lease.Spec.HolderIdentity != nil {
-					h = *lease.Spec.HolderIdentity
-				}
-				if !slices.Contains(live, h) {
-					return fmt.Errorf("shard %d held by %q", i, h)
-				}
-				if held[h]++; held[h] > share {
-					return fmt.Errorf("%s holds more than %d", h, share)
-				}
-			}
-			return nil
-		})
-	}
+	spread := func(live ...string) { waitSpread(t, kube, ns, "sharded", shards, live...) }
 
 	start("a")
 	b, cr := start("b"), start("c")
@@ -294,4 +269,35 @@ func (r *shardedReplica) stop(t *testing.T) {
 	if err := <-r.done; err != nil && !r.cut.Load() {
 		t.Errorf("Run: %v", err)
 	}
+}
+
+// waitSpread waits until every shard Lease (group-i, i < shards) in ns is
+// held by one of live, none holding more than its share, and returns the
+// holders.
+func waitSpread(t *testing.T, kube kubernetes.Interface, ns, group string, shards int, live ...string) []string {
+	t.Helper()
+	share := (shards + len(live) - 1) / len(live)
+	holders := make([]string, shards)
+	eventually(t, time.Minute, fmt.Sprintf("every shard held by one of %v, at most %d each", live, share), func() error {
+		held := map[string]int{}
+		for i := range shards {
+			lease, err := kube.CoordinationV1().Leases(ns).Get(context.Background(), fmt.Sprintf("%s-%d", group, i), metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			h := ""
+			if lease.Spec.HolderIdentity != nil {
+				h = *lease.Spec.HolderIdentity
+			}
+			if !slices.Contains(live, h) {
+				return fmt.Errorf("shard %d held by %q", i, h)
+			}
+			if held[h]++; held[h] > share {
+				return fmt.Errorf("%s holds more than %d", h, share)
+			}
+			holders[i] = h
+		}
+		return nil
+	})
+	return holders
 }

@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/opkit/opkit"
@@ -91,31 +90,7 @@ func TestIntegrationTriggersReachTheShardsHolder(t *testing.T) {
 	for i := range n {
 		objs = append(objs, create(t, dyn, ns, fmt.Sprintf("t%02d", i), 1))
 	}
-	// holders waits until the three share the shards, at most three each,
-	// and returns each shard's holder.
-	holders := func() []string {
-		t.Helper()
-		var hs []string
-		eventually(t, time.Minute, "every shard held by one of a, b and c, at most 3 each", func() error {
-			hs = make([]string, shards)
-			count := map[string]int{}
-			for i := range shards {
-				l, err := kube.CoordinationV1().Leases(ns).Get(ctx, fmt.Sprintf("sharded-%d", i), metav1.GetOptions{})
-				if err != nil {
-					return err
-				}
-				if l.Spec.HolderIdentity == nil || endpoints[*l.Spec.HolderIdentity] == "" {
-					return fmt.Errorf("shard %d is held by nobody", i)
-				}
-				hs[i] = *l.Spec.HolderIdentity
-				if count[hs[i]]++; count[hs[i]] > 3 {
-					return fmt.Errorf("%s holds more than 3", hs[i])
-				}
-			}
-			return nil
-		})
-		return hs
-	}
+	holders := func() []string { return waitSpread(t, kube, ns, "sharded", shards, "a", "b", "c") }
 	hs := holders()
 
 	call := func(method, url string, into any) (int, http.Header) {
