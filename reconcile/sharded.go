@@ -89,6 +89,7 @@ func NewSharded[T opkit.Object](cfg Config[T], shards int) (*Sharded[T], error) 
 	}
 	tracked := &trackedSum{per: make([]int, shards)}
 	slots := make(chan struct{}, cmp.Or(cfg.Concurrency, DefaultConcurrency))
+	r := router[T]{} // the shards' queues, shard i's at index i
 	for i := range shards {
 		c := cfg
 		c.Owns, c.Watches = nil, nil // the replica's, below
@@ -109,14 +110,10 @@ func NewSharded[T opkit.Object](cfg Config[T], shards int) (*Sharded[T], error) 
 		}
 		ctrl.slots = slots
 		b.Add(ctrl.leader)
-		s.controllers = append(s.controllers, ctrl)
+		s.controllers, r = append(s.controllers, ctrl), append(r, ctrl.queue)
 	}
 	// One trigger for the replica: it adds to the queue of the object's
 	// shard, and every shard's controller reports to it.
-	r := router[T]{}
-	for _, c := range s.controllers {
-		r = append(r, c.queue)
-	}
 	if s.trig, err = s.controllers[0].newTrigger(r, true, log.With("controller", cfg.Name)); err != nil {
 		return nil, err
 	}
