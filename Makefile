@@ -23,7 +23,7 @@ BENCH_OUT ?= bench/bench.out
 log = printf '\n==> %s\n' "$(1)"
 
 .PHONY: test controlplane-bin fmt-check vet unit integration fuzz-brief \
-        demo controlplane bench fuzz fmt
+        demo controlplane bench fuzz fmt size
 
 ## test: build what is missing, then gofmt check, vet, unit and integration
 ## tests with -race, and a brief fuzz run, for every module. Benchmarks are
@@ -121,6 +121,10 @@ bench: controlplane-bin
 	@[[ -f bench/go.mod ]] || { echo "no bench module"; exit 1; }
 	@$(call log,benchmarks -> $(BENCH_OUT))
 	cd bench && $(GO) test -run='^$$' -bench=. -benchmem -count=$(BENCH_COUNT) -timeout 60m ./... | tee $(abspath $(BENCH_OUT))
+
+## size: print the SDK's size figures (hack/size.sh)
+size:
+	GO=$(GO) hack/size.sh
 
 ## fmt: gofmt every module.
 fmt:
