@@ -94,11 +94,35 @@ func New[T opkit.Object](t testing.TB, res opkit.Resource, objs ...opkit.Object)
 	if err := res.Validate(); err != nil {
 		t.Fatalf("reconciletest: %v", err)
 	}
+	cs := fake.NewClientset()
+	seed, listKinds := sortSeeds[T](t, res, cs, objs)
+	own := slices.Collect(maps.Keys(listKinds))
+	for gvr, gvk := range builtins {
+		listKinds[gvr] = gvk.Kind + "List" // listed from the clientset's store
+	}
+	dyn := dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), listKinds, seed...)
+	h := &Harness[T]{Dynamic: dyn, Clientset: cs, Resource: res, t: t, client: typed.New[T](dyn, res), resources: own}
+	// The dynamic client reaches built-in objects in the clientset's store.
+	dyn.PrependReactor("*", "*", h.builtin)
+	dyn.PrependWatchReactor("*", watchBuiltins(cs))
+	dyn.PrependReactor("create", reconcile.EventsResource.Resource, h.noteEvent)
+	dyn.PrependReactor("*", "*", h.record)
+	cs.PrependReactor("*", "*", h.record)
+	return h
+}
+
+// sortSeeds sorts New's objs between the fakes: it adds the objects of
+// built-in resources to cs's store, and returns the others, to seed the
+// dynamic fake with, and the list kinds of the resources of the dynamic
+// fake's own store (res's and the Events' among them). A T without a kind
+// gets res's, an object of res without a generation gets 1; an object
+// that is neither a T nor has a kind fails the test.
+func sortSeeds[T opkit.Object](t testing.TB, res opkit.Resource, cs *fake.Clientset, objs []opkit.Object) ([]runtime.Object, map[schema.GroupVersionResource]string) {
+	t.Helper()
 	listKinds := map[schema.GroupVersionResource]string{
 		res.GroupVersionResource: res.Kind + "List",
 		reconcile.EventsResource: "EventList", // for reconcile.Recorder
 	}
-	cs := fake.NewClientset()
 	var seed []runtime.Object
 	for _, o := range objs {
 		u, err := typed.ToUnstructured(o)
@@ -132,15 +156,14 @@ func New[T opkit.Object](t testing.TB, res opkit.Resource, objs ...opkit.Object)
 			seed = append(seed, u)
 		}
 	}
-	own := slices.Collect(maps.Keys(listKinds))
-	for gvr, gvk := range builtins {
-		listKinds[gvr] = gvk.Kind + "List" // listed from the clientset's store
-	}
-	dyn := dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), listKinds, seed...)
-	h := &Harness[T]{Dynamic: dyn, Clientset: cs, Resource: res, t: t, client: typed.New[T](dyn, res), resources: own}
-	// The dynamic client reaches built-in objects in the clientset's store.
-	dyn.PrependReactor("*", "*", h.builtin)
-	dyn.PrependWatchReactor("*", func(a k8stesting.Action) (bool, watch.Interface, error) {
+	return seed, listKinds
+}
+
+// watchBuiltins returns the dynamic client's watch reactor: a watch of a
+// built-in resource watches cs's store, whose objects it hands out
+// unstructured.
+func watchBuiltins(cs *fake.Clientset) k8stesting.WatchReactionFunc {
+	return func(a k8stesting.Action) (bool, watch.Interface, error) {
 		gvk, ok := builtins[a.GetResource()]
 		if !ok {
 			return false, nil, nil
@@ -159,32 +182,34 @@ func New[T opkit.Object](t testing.TB, res opkit.Resource, objs ...opkit.Object)
 			}
 			return e, true
 		}), nil
-	})
-	// Note every Event created, in order (the fake lists by name), and let
-	// the default reactor store it.
-	dyn.PrependReactor("create", reconcile.EventsResource.Resource, func(a k8stesting.Action) (bool, runtime.Object, error) {
-		if c, ok := a.(k8stesting.CreateAction); ok && a.GetResource() == reconcile.EventsResource {
-			if u, ok := c.GetObject().(*unstructured.Unstructured); ok {
-				typ, _, _ := unstructured.NestedString(u.Object, "type")
-				reason, _, _ := unstructured.NestedString(u.Object, "reason")
-				note, _, _ := unstructured.NestedString(u.Object, "note")
-				h.mu.Lock()
-				h.events = append(h.events, fmt.Sprintf("%s %s: %s", typ, reason, note))
-				h.mu.Unlock()
-			}
-		}
-		return false, nil, nil
-	})
-	// Both clients' calls, in the order they are made.
-	record := func(a k8stesting.Action) (bool, runtime.Object, error) {
-		h.mu.Lock()
-		h.actions = append(h.actions, a.DeepCopy())
-		h.mu.Unlock()
-		return false, nil, nil
 	}
-	dyn.PrependReactor("*", "*", record)
-	cs.PrependReactor("*", "*", record)
-	return h
+}
+
+// noteEvent is the dynamic client's reactor for creates of Events: it
+// notes every Event created, in order (the fake lists by name), and lets
+// the default reactor store it.
+func (h *Harness[T]) noteEvent(a k8stesting.Action) (bool, runtime.Object, error) {
+	if c, ok := a.(k8stesting.CreateAction); ok && a.GetResource() == reconcile.EventsResource {
+		if u, ok := c.GetObject().(*unstructured.Unstructured); ok {
+			typ, _, _ := unstructured.NestedString(u.Object, "type")
+			reason, _, _ := unstructured.NestedString(u.Object, "reason")
+			note, _, _ := unstructured.NestedString(u.Object, "note")
+			h.mu.Lock()
+			h.events = append(h.events, fmt.Sprintf("%s %s: %s", typ, reason, note))
+			h.mu.Unlock()
+		}
+	}
+	return false, nil, nil
+}
+
+// record is the reactor New puts in front of both clients' others: it
+// records their calls, in the order they are made, and lets the next
+// reactor serve them.
+func (h *Harness[T]) record(a k8stesting.Action) (bool, runtime.Object, error) {
+	h.mu.Lock()
+	h.actions = append(h.actions, a.DeepCopy())
+	h.mu.Unlock()
+	return false, nil, nil
 }
 
 // builtin serves a call of the dynamic client to a built-in resource
