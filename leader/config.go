@@ -1,3 +1,5 @@
+// config.go holds Config, its defaults and validation, the package's errors and Metrics.
+
 package leader
 
 import (
