@@ -61,6 +61,20 @@ func (e *Elector) untilAcquirable(obs observation) time.Duration {
 	return time.Until(obs.at.Add(d))
 }
 
+// campaignState is what one campaign's loop keeps between its events: the
+// follower's view of the Lease, the read in flight and the timers that
+// wake the loop.
+type campaignState struct {
+	obs     observation
+	polling chan leaseRead // non-nil while a read is in flight
+	// events counts the watch's deliveries, pollAfter is that count when
+	// the read in flight was sent: a read overtaken by a watch event may
+	// answer with an older version, which must not count as a change.
+	events, pollAfter int
+	poll              <-chan time.Time // when to read the Lease next
+	expiry            <-chan time.Time // when the Lease may be acquirable
+}
+
 // campaign returns once this replica has written itself as holder, with the
 // Lease as written and the time the write was sent; or ctx's error.
 func (e *Elector) campaign(ctx context.Context) (*coordinationv1.Lease, time.Time, error) {
@@ -71,102 +85,127 @@ func (e *Elector) campaign(ctx context.Context) (*coordinationv1.Lease, time.Tim
 	watched := make(chan leaseRead)
 	wg.Go(func() { e.watchLease(wctx, watched) })
 
-	var obs observation
-	var polling chan leaseRead // non-nil while a read is in flight
-	// events counts the watch's deliveries, pollAfter is that count when
-	// the read in flight was sent: a read overtaken by a watch event may
-	// answer with an older version, which must not count as a change.
-	var events, pollAfter int
-	poll := time.After(0)
-	var expiry <-chan time.Time
+	s := campaignState{poll: time.After(0)}
 	for {
 		select {
 		case <-ctx.Done():
 			return nil, time.Time{}, ctx.Err()
 		case ev := <-watched:
-			events++
-			e.observe(&obs, ev.lease)
-		case <-poll:
-			// The read runs on its own goroutine so that a slow API server
-			// does not hold back the watch events meanwhile.
-			if polling == nil {
-				pollAfter = events
-				polling = make(chan leaseRead, 1)
-				ch := polling
-				wg.Go(func() {
-					l, err := e.get(wctx)
-					ch <- leaseRead{l, err}
-				})
+			s.events++
+			e.observe(&s.obs, ev.lease)
+		case <-s.poll:
+			e.startRead(wctx, &wg, &s)
+			continue
+		case r := <-s.polling:
+			if err := e.readAnswered(ctx, &s, r); err != nil {
+				return nil, time.Time{}, err
 			}
-			continue
-		case r := <-polling:
-			polling = nil
-			poll = time.After(e.pollPeriod())
-			switch {
-			case r.err == nil:
-				if events == pollAfter { // else overtaken by the watch, which is at least as fresh
-					e.observe(&obs, r.lease)
-				}
-				e.readRefusals = 0
-				e.locked(func() { e.refusedRead = nil })
-			case ctx.Err() != nil:
-				return nil, time.Time{}, ctx.Err()
-			case lasting(r.err, &e.readRefusals):
-				e.locked(func() { e.refusedRead = r.err })
-				e.log.Error("reading lease refused: this replica cannot lead until that is fixed", "err", r.err)
-			default:
-				e.log.Warn("reading lease failed; retrying", "after", e.cfg.RetryPeriod, "err", r.err)
-			}
-		case <-expiry:
+		case <-s.expiry:
 		}
-		if !obs.known {
+		if !s.obs.known || !e.mayAcquireNow(&s) {
 			continue
 		}
-		if wait := e.untilAcquirable(obs); wait > 0 {
-			// Another replica leads: there is nothing to write, so an
-			// earlier refused write says nothing about now (a Role applied
-			// meanwhile); the next attempt will tell.
-			e.locked(func() { e.refusedWrite = nil })
-			expiry = time.After(wait)
-			continue
-		}
-		if e.cfg.Admit != nil && !e.cfg.Admit() {
-			expiry = time.After(e.cfg.RetryPeriod)
-			continue
-		}
-		lease, sent, err := e.acquire(ctx, obs.lease)
+		lease, sent, err := e.acquire(ctx, s.obs.lease)
 		if err == nil {
 			e.writeRefusals = 0
 			return lease, sent, nil
 		}
 		if ctx.Err() != nil {
-			// The cancellation may have cut off the response of a request
-			// the API server applied: release a Lease that names us, so
-			// that the next leader need not wait for it to expire. No work
-			// ran under it, so there is nothing to wait for.
-			if l, err := e.get(context.WithoutCancel(ctx)); err == nil && holderOf(l) == e.cfg.Identity {
-				e.release(ctx, l, e.log)
-			}
+			e.releaseUnusedLease(ctx)
 			return nil, time.Time{}, ctx.Err()
 		}
-		// Someone else wrote first (conflict, already exists) or the API
-		// failed: read again before the next attempt (a watch event may
-		// well come first).
-		obs.known = false
-		retry := e.pollPeriod()
-		switch {
-		case apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err):
-			e.log.Debug("lost the race to acquire", "err", err)
-			retry = 0
-		case lasting(err, &e.writeRefusals) || apierrors.IsNotFound(err) && obs.lease == nil:
-			// A Create answered NotFound: the namespace does not exist.
-			e.locked(func() { e.refusedWrite = err })
-			e.log.Error("acquiring lease refused: this replica cannot lead until that is fixed", "err", err)
-		default:
-			e.log.Warn("acquiring lease failed; retrying", "after", retry, "err", err)
-		}
-		poll = time.After(retry)
+		e.acquireFailed(&s, err)
 	}
+}
+
+// startRead sends a read of the Lease unless one is in flight already; its
+// answer arrives on s.polling. The read runs on its own goroutine (in wg)
+// so that a slow API server does not hold back the watch events meanwhile.
+func (e *Elector) startRead(ctx context.Context, wg *sync.WaitGroup, s *campaignState) {
+	if s.polling != nil {
+		return
+	}
+	s.pollAfter = s.events
+	s.polling = make(chan leaseRead, 1)
+	ch := s.polling
+	wg.Go(func() {
+		l, err := e.get(ctx)
+		ch <- leaseRead{l, err}
+	})
+}
+
+// readAnswered records the answer r of the read in flight and schedules the
+// next one. It returns ctx's error if the read failed because ctx ended.
+func (e *Elector) readAnswered(ctx context.Context, s *campaignState, r leaseRead) error {
+	s.polling = nil
+	s.poll = time.After(e.pollPeriod())
+	switch {
+	case r.err == nil:
+		if s.events == s.pollAfter { // else overtaken by the watch, which is at least as fresh
+			e.observe(&s.obs, r.lease)
+		}
+		e.readRefusals = 0
+		e.locked(func() { e.refusedRead = nil })
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case lasting(r.err, &e.readRefusals):
+		e.locked(func() { e.refusedRead = r.err })
+		e.log.Error("reading lease refused: this replica cannot lead until that is fixed", "err", r.err)
+	default:
+		e.log.Warn("reading lease failed; retrying", "after", e.cfg.RetryPeriod, "err", r.err)
+	}
+	return nil
+}
+
+// mayAcquireNow reports whether this replica should try to acquire the
+// observed Lease now: it has expired or is free, and Config.Admit agrees.
+// If not, it sets s.expiry to when to ask again.
+func (e *Elector) mayAcquireNow(s *campaignState) bool {
+	if wait := e.untilAcquirable(s.obs); wait > 0 {
+		// Another replica leads: there is nothing to write, so an
+		// earlier refused write says nothing about now (a Role applied
+		// meanwhile); the next attempt will tell.
+		e.locked(func() { e.refusedWrite = nil })
+		s.expiry = time.After(wait)
+		return false
+	}
+	if e.cfg.Admit != nil && !e.cfg.Admit() {
+		s.expiry = time.After(e.cfg.RetryPeriod)
+		return false
+	}
+	return true
+}
+
+// releaseUnusedLease is called when ctx ended during an acquiring write.
+// The cancellation may have cut off the response of a request the API
+// server applied: it releases a Lease that names this replica, so that the
+// next leader need not wait for it to expire. No work ran under it, so
+// there is nothing to wait for.
+func (e *Elector) releaseUnusedLease(ctx context.Context) {
+	if l, err := e.get(context.WithoutCancel(ctx)); err == nil && holderOf(l) == e.cfg.Identity {
+		e.release(ctx, l, e.log)
+	}
+}
+
+// acquireFailed handles an acquiring write that failed with err while ctx
+// is still on: someone else wrote first (conflict, already exists) or the
+// API failed. The Lease is read again before the next attempt (a watch
+// event may well come first), at once after a lost race.
+func (e *Elector) acquireFailed(s *campaignState, err error) {
+	s.obs.known = false
+	retry := e.pollPeriod()
+	switch {
+	case apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err):
+		e.log.Debug("lost the race to acquire", "err", err)
+		retry = 0
+	case lasting(err, &e.writeRefusals) || apierrors.IsNotFound(err) && s.obs.lease == nil:
+		// A Create answered NotFound: the namespace does not exist.
+		e.locked(func() { e.refusedWrite = err })
+		e.log.Error("acquiring lease refused: this replica cannot lead until that is fixed", "err", err)
+	default:
+		e.log.Warn("acquiring lease failed; retrying", "after", retry, "err", err)
+	}
+	s.poll = time.After(retry)
 }
 
 // lasting reports whether err is an answer that retrying the same request
