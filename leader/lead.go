@@ -15,11 +15,24 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
+// renewResult is the outcome of one renew request.
 type renewResult struct {
 	lease *coordinationv1.Lease // as written; if lost, as found (nil: deleted)
 	sent  time.Time
 	err   error
 	lost  bool // another holder (or no Lease) was found
+}
+
+// termEnd is how a term's loop ended: why, and what the end of the term
+// still has to deal with.
+type termEnd struct {
+	lease        *coordinationv1.Lease // as this term last wrote it
+	renewing     chan renewResult      // a renew still in flight, or nil
+	lost         error                 // why the term was lost; nil if it was not
+	newHolder    string                // the holder a renew found, if it lost the term
+	workErr      error                 // what work returned
+	workReturned bool
+	yielded      bool
 }
 
 // lead runs one term: it resumes the intake, runs work, renews the Lease
@@ -29,7 +42,27 @@ type renewResult struct {
 func (e *Elector) lead(ctx context.Context, lease *coordinationv1.Lease, acquired time.Time, work func(context.Context) error) (done bool, err error) {
 	term := Term{Number: transitions(lease), Identity: e.cfg.Identity, Acquired: acquired}
 	log := e.log.With("term", term.Number)
+	e.beginTerm(term, lease, log)
 
+	// The term's context keeps ctx's values but not its cancellation: on
+	// shutdown the intake must be suspended before the work sees the end.
+	termCtx, cancelTerm := context.WithCancelCause(context.WithValue(context.WithoutCancel(ctx), termKey{}, term))
+	defer cancelTerm(nil)
+	workDone := startWork(termCtx, work)
+
+	end := e.holdTerm(ctx, termCtx, lease, term.Acquired, workDone, log)
+	e.endTerm(end, cancelTerm, log)
+	if !end.workReturned {
+		e.awaitWork(workDone, log)
+	}
+	end.lease = e.lastWritten(end)
+	return e.finishTerm(ctx, term, end, log)
+}
+
+// beginTerm records that this replica leads with lease as it acquired it,
+// forgets a Yield meant for an earlier term, then resumes the intake and
+// reports the new term.
+func (e *Elector) beginTerm(term Term, lease *coordinationv1.Lease, log *slog.Logger) {
 	e.locked(func() {
 		e.leading, e.lastRenew, e.holder, e.refusedWrite = true, term.Acquired, e.cfg.Identity, nil
 		e.annotations = lease.Annotations
@@ -42,11 +75,12 @@ func (e *Elector) lead(ctx context.Context, lease *coordinationv1.Lease, acquire
 	e.cfg.Metrics.Leading(true)
 	e.cfg.Metrics.Renewed(term.Acquired)
 	log.Info("acquired leadership")
+}
 
-	// The term's context keeps ctx's values but not its cancellation: on
-	// shutdown the intake must be suspended before the work sees the end.
-	termCtx, cancelTerm := context.WithCancelCause(context.WithValue(context.WithoutCancel(ctx), termKey{}, term))
-	defer cancelTerm(nil)
+// startWork runs work on its own goroutine and returns the channel its
+// result arrives on; a panic in work arrives as an error wrapping
+// ErrWorkPanicked, with the panic value and stack.
+func startWork(ctx context.Context, work func(context.Context) error) <-chan error {
 	workDone := make(chan error, 1)
 	go func() {
 		defer func() {
@@ -54,106 +88,125 @@ func (e *Elector) lead(ctx context.Context, lease *coordinationv1.Lease, acquire
 				workDone <- fmt.Errorf("%w: %v\n%s", ErrWorkPanicked, r, debug.Stack())
 			}
 		}()
-		workDone <- work(termCtx)
+		workDone <- work(ctx)
 	}()
+	return workDone
+}
 
-	deadline := time.After(e.cfg.RenewDeadline - time.Since(term.Acquired))
+// holdTerm renews lease every RetryPeriod, each renew on its own goroutine
+// under termCtx, until the term ends: ctx ends, Yield is called, the work
+// returns, no renew succeeds within RenewDeadline of the last one, or a
+// renew finds another holder. It returns how the term ended.
+func (e *Elector) holdTerm(ctx, termCtx context.Context, lease *coordinationv1.Lease, acquired time.Time, workDone <-chan error, log *slog.Logger) termEnd {
+	end := termEnd{lease: lease}
+	deadline := time.After(e.cfg.RenewDeadline - time.Since(acquired))
 	tick := time.NewTicker(e.cfg.RetryPeriod)
 	defer tick.Stop()
-	var renewing chan renewResult // non-nil while a renew is in flight
-	var lost, workErr error       // why the term was lost; what work returned
-	workReturned, yielded, newHolder := false, false, ""
-loop:
 	for {
 		select {
 		case <-ctx.Done():
-			break loop
+			return end
 		case <-e.yield:
-			yielded = true
-			break loop
-		case workErr = <-workDone:
-			workReturned = true
-			break loop
+			end.yielded = true
+			return end
+		case end.workErr = <-workDone:
+			end.workReturned = true
+			return end
 		case <-deadline:
-			lost = fmt.Errorf("not renewed within RenewDeadline %s", e.cfg.RenewDeadline)
-			break loop
+			end.lost = fmt.Errorf("not renewed within RenewDeadline %s", e.cfg.RenewDeadline)
+			return end
 		case <-tick.C:
-			if renewing == nil {
-				renewing = make(chan renewResult, 1) // the sender never blocks, even if abandoned
-				ch, cur, until := renewing, lease, e.lastRenew.Add(e.cfg.RenewDeadline)
+			if end.renewing == nil {
+				end.renewing = make(chan renewResult, 1) // the sender never blocks, even if abandoned
+				ch, cur, until := end.renewing, end.lease, e.lastRenew.Add(e.cfg.RenewDeadline)
 				go func() { ch <- e.renew(termCtx, until, cur) }()
 			}
-		case r := <-renewing:
-			renewing = nil
+		case r := <-end.renewing:
+			end.renewing = nil
 			switch {
 			case r.err == nil:
-				lease = r.lease
+				end.lease = r.lease
 				e.locked(func() { e.lastRenew = r.sent })
 				e.cfg.Metrics.Renewed(r.sent)
 				deadline = time.After(e.cfg.RenewDeadline - time.Since(r.sent))
 			case r.lost:
-				newHolder = holderOf(r.lease)
-				lost = fmt.Errorf("lease now held by %q", newHolder)
-				break loop
+				end.newHolder = holderOf(r.lease)
+				end.lost = fmt.Errorf("lease now held by %q", end.newHolder)
+				return end
 			default:
 				e.cfg.Metrics.RenewFailed()
 				log.Warn("renewing lease failed", "err", r.err, "since_last_renew", time.Since(e.lastRenew))
 			}
 		}
 	}
+}
 
+// endTerm ends the term in the documented order: it suspends the intake,
+// records that this replica no longer leads, cancels the work's context
+// (with the cause ErrYielded after a Yield) and clears the queue. It does
+// not wait for the work.
+func (e *Elector) endTerm(end termEnd, cancelTerm context.CancelCauseFunc, log *slog.Logger) {
 	// First close the intake, so nothing new is accepted while the work
 	// winds down; only then tell the work, and drop what is queued.
 	e.cfg.Gate.Suspend()
 	// Our term is over: until the Lease is read again the leader is unknown
 	// (unless a renew found it), and naming ourselves would send callers
 	// back here.
-	e.locked(func() { e.leading, e.holder, e.annotations = false, newHolder, nil })
+	e.locked(func() { e.leading, e.holder, e.annotations = false, end.newHolder, nil })
 	e.cfg.Metrics.Leading(false)
-	if yielded {
+	if end.yielded {
 		cancelTerm(ErrYielded)
 	} else {
 		cancelTerm(nil)
 	}
 	cleared := e.cfg.Gate.Clear()
 	switch {
-	case lost != nil:
-		log.Warn("lost leadership; intake suspended", "cause", lost, "cleared", cleared)
-	case workReturned:
-		log.Info("work returned; stepping down", "err", workErr, "cleared", cleared)
-	case yielded:
+	case end.lost != nil:
+		log.Warn("lost leadership; intake suspended", "cause", end.lost, "cleared", cleared)
+	case end.workReturned:
+		log.Info("work returned; stepping down", "err", end.workErr, "cleared", cleared)
+	case end.yielded:
 		log.Info("yielding the lease; intake suspended", "cleared", cleared)
 	default:
 		log.Info("shutting down; intake suspended", "cleared", cleared)
 	}
-	if !workReturned {
-		e.awaitWork(workDone, log)
+}
+
+// lastWritten returns the Lease as the ended term last wrote it, whose
+// resourceVersion release uses: end.lease, or what a renew still in flight
+// returned. That renew was cancelled with the term and a well-behaved
+// client returns at once; one that ignores its context is not waited for
+// past the request's own deadline, and release then copes by re-reading.
+func (e *Elector) lastWritten(end termEnd) *coordinationv1.Lease {
+	if end.renewing == nil {
+		return end.lease
 	}
-	if renewing != nil {
-		// A renew still in flight was cancelled above; a well-behaved client
-		// returns at once. Its outcome tells release which resourceVersion
-		// to use. A client that ignores its context is not waited for past
-		// the request's own deadline; release then copes by re-reading.
-		select {
-		case r := <-renewing:
-			if r.err == nil {
-				lease = r.lease
-			}
-		case <-time.After(time.Until(e.lastRenew.Add(e.cfg.RenewDeadline))):
+	select {
+	case r := <-end.renewing:
+		if r.err == nil {
+			return r.lease
 		}
+	case <-time.After(time.Until(e.lastRenew.Add(e.cfg.RenewDeadline))):
 	}
-	if lost != nil {
+	return end.lease
+}
+
+// finishTerm runs once the ended term's work has returned: unless the term
+// was lost it releases the Lease; it reports, as lead does, whether Run
+// must return err.
+func (e *Elector) finishTerm(ctx context.Context, term Term, end termEnd, log *slog.Logger) (done bool, err error) {
+	if end.lost != nil {
 		if e.cfg.ExitOnLoss {
-			return true, fmt.Errorf("%w: term %d: %w", ErrLeadershipLost, term.Number, lost)
+			return true, fmt.Errorf("%w: term %d: %w", ErrLeadershipLost, term.Number, end.lost)
 		}
 		return ctx.Err() != nil, nil
 	}
-	e.release(ctx, lease, log)
-	if yielded && !workReturned {
+	e.release(ctx, end.lease, log)
+	if end.yielded && !end.workReturned {
 		return ctx.Err() != nil, nil
 	}
-	if workErr != nil {
-		return true, fmt.Errorf("leader: term %d work: %w", term.Number, workErr)
+	if end.workErr != nil {
+		return true, fmt.Errorf("leader: term %d work: %w", term.Number, end.workErr)
 	}
 	return true, nil
 }
