@@ -124,15 +124,15 @@ func (e *Elector) holdTerm(ctx, termCtx context.Context, lease *coordinationv1.L
 		case r := <-end.renewing:
 			end.renewing = nil
 			switch {
+			case r.lost: // before r.err: a lost renew has no error either
+				end.newHolder = holderOf(r.lease)
+				end.lost = fmt.Errorf("lease now held by %q", end.newHolder)
+				return end
 			case r.err == nil:
 				end.lease = r.lease
 				e.locked(func() { e.lastRenew = r.sent })
 				e.cfg.Metrics.Renewed(r.sent)
 				deadline = time.After(e.cfg.RenewDeadline - time.Since(r.sent))
-			case r.lost:
-				end.newHolder = holderOf(r.lease)
-				end.lost = fmt.Errorf("lease now held by %q", end.newHolder)
-				return end
 			default:
 				e.cfg.Metrics.RenewFailed()
 				log.Warn("renewing lease failed", "err", r.err, "since_last_renew", time.Since(e.lastRenew))
