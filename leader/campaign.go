@@ -274,7 +274,7 @@ func (e *Elector) acquire(ctx context.Context, observed *coordinationv1.Lease) (
 	now, id, secs := metav1.NewMicroTime(sent), e.cfg.Identity, e.leaseSeconds()
 	l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds, l.Spec.LeaseTransitions = &id, &secs, &n
 	l.Spec.AcquireTime, l.Spec.RenewTime = &now, &now
-	publish(l, e.cfg.Annotations)
+	publish(l, e.publishing())
 	rctx, cancel := context.WithTimeout(ctx, e.cfg.RenewDeadline)
 	defer cancel()
 	if observed == nil {

@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,6 +29,11 @@ type Elector struct {
 	log    *slog.Logger
 	ran    atomic.Bool
 	yield  chan struct{} // Yield's request to the term (buffered, 1)
+
+	// published is what this replica publishes on the Lease while it holds
+	// it: Config.Annotations, then what Publish set last. Any goroutine may
+	// replace it, under mu; the map itself is never modified.
+	published map[string]string
 
 	// The fields below are written only by Run's goroutine, under mu; that
 	// goroutine reads them without it.
@@ -59,6 +65,9 @@ func New(cfg Config) (*Elector, error) {
 		leases: c.Client.CoordinationV1().Leases(c.Namespace),
 		log:    c.Logger.With("lease", c.Namespace+"/"+c.Name, "identity", c.Identity),
 		yield:  make(chan struct{}, 1),
+		// A copy, so that the caller's later changes to its map do not
+		// race with the writes of the Lease.
+		published: maps.Clone(c.Annotations),
 	}, nil
 }
 

@@ -130,7 +130,7 @@ func (e *Elector) holdTerm(ctx, termCtx context.Context, lease *coordinationv1.L
 				return end
 			case r.err == nil:
 				end.lease = r.lease
-				e.locked(func() { e.lastRenew = r.sent })
+				e.locked(func() { e.lastRenew, e.annotations = r.sent, r.lease.Annotations })
 				e.cfg.Metrics.Renewed(r.sent)
 				deadline = time.After(e.cfg.RenewDeadline - time.Since(r.sent))
 			default:
@@ -238,7 +238,8 @@ func (e *Elector) awaitWork(done <-chan error, log *slog.Logger) {
 	}
 }
 
-// renew writes a new renewTime with the resourceVersion of cur. A conflict
+// renew writes a new renewTime, and the annotations this replica publishes
+// now (see Publish), with the resourceVersion of cur. A conflict
 // caused by someone else touching the Lease while we still hold it is
 // retried once with the fresh resourceVersion. The request cannot outlive
 // the term: its context ends at deadline.
@@ -250,6 +251,7 @@ func (e *Elector) renew(ctx context.Context, deadline time.Time, cur *coordinati
 		l := cur.DeepCopy()
 		now, secs := metav1.NewMicroTime(sent), e.leaseSeconds()
 		l.Spec.RenewTime, l.Spec.LeaseDurationSeconds = &now, &secs
+		publish(l, e.publishing()) // the current set, changed or not
 		got, err := e.leases.Update(ctx, l, metav1.UpdateOptions{})
 		switch {
 		case err == nil:
