@@ -1,3 +1,5 @@
+// balancer.go holds the Balancer, which spreads a group's shard Leases over its live replicas.
+
 package leader
 
 import (

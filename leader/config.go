@@ -1,3 +1,5 @@
+// config.go holds Config, its defaults and validation, the package's errors and Metrics.
+
 package leader
 
 import (
@@ -71,7 +73,9 @@ type Config struct {
 	// read by the other replicas with Elector.LeaderAnnotation: where the
 	// leader's trigger endpoint listens, say. Their names are recorded
 	// in PublishedAnnotation so that the next holder removes them even
-	// if this one dies without releasing the Lease.
+	// if this one dies without releasing the Lease. New copies the map;
+	// Elector.Publish replaces the set later, for a value known only
+	// once the elector exists (the URL of a listener bound since).
 	Annotations map[string]string
 
 	// LeaseDuration is how long followers wait, after observing the last

@@ -11,7 +11,8 @@
 // Run returns, except a renew request whose client ignores its context's
 // cancellation (its result is then dropped when it finally returns). The
 // accessors ([Elector.Leader], [Elector.IsLeader], [Elector.Identity],
-// [Elector.WorkDeadline], [Elector.Check]) may be called from any goroutine.
+// [Elector.LeaderAnnotation], [Elector.WorkDeadline], [Elector.Check]),
+// [Elector.Publish] and [Elector.Yield] may be called from any goroutine.
 //
 // # Guarantees
 //
@@ -59,6 +60,18 @@
 //   - Every write is an Update carrying the resourceVersion last read:
 //     concurrent campaigners and stale renewals fail with a conflict and
 //     re-read the Lease.
+//
+// # Published annotations
+//
+// The holder publishes annotations on the Lease, [Config.Annotations] or
+// the set last given to [Elector.Publish], and every replica reads the
+// holder's with [Elector.LeaderAnnotation] (where the leader's trigger
+// endpoint listens, say). The acquisition and every renewal write the
+// current set, so a set published during a term reaches the Lease with
+// the next renewal, without a request of its own; the release removes it.
+// Their names are recorded in [PublishedAnnotation], so that each write
+// removes the names no longer published, and the next holder those of a
+// holder that crashed.
 //
 // # Terms
 //

@@ -519,8 +519,10 @@ type replica struct {
 	elector *leader.Elector
 	metrics *metrics
 	logs    *syncBuffer
+	ctx     context.Context // Run's, until stop cancels it
 	cancel  context.CancelFunc
-	done    chan error // Run's result
+	work    func(ctx context.Context) error // the work Run is given
+	done    chan error                      // Run's result
 }
 
 // Test durations: LeaseDuration 15s, RenewDeadline 10s, RetryPeriod 2s,
@@ -545,6 +547,15 @@ func newEnv(t *testing.T) *env {
 // start runs a replica whose work is workFn (nil: a well-behaved work that
 // returns when its context ends).
 func (e *env) start(name string, tweak func(*leader.Config), workFn func(ctx context.Context) error) *replica {
+	e.t.Helper()
+	r := e.prepare(name, tweak, workFn)
+	r.run()
+	return r
+}
+
+// prepare builds a replica as start does, but leaves it to the test to
+// call run, so that it can use the elector before Run.
+func (e *env) prepare(name string, tweak func(*leader.Config), workFn func(ctx context.Context) error) *replica {
 	e.t.Helper()
 	r := &replica{name: name, metrics: &metrics{}, logs: &syncBuffer{}, done: make(chan error, 1)}
 	cfg := leader.Config{
@@ -592,15 +603,19 @@ func (e *env) start(name string, tweak func(*leader.Config), workFn func(ctx con
 		e.j.addTerm(name, "work-return", term.Number)
 		return err
 	}
-	ctx, cancel := context.WithCancel(e.t.Context())
-	r.cancel = cancel
-	go func() { r.done <- el.Run(ctx, work) }()
+	r.work = work
+	r.ctx, r.cancel = context.WithCancel(e.t.Context())
 	e.t.Cleanup(func() {
 		if e.t.Failed() {
 			e.t.Logf("%s logs:\n%s", name, r.logs.String())
 		}
 	})
 	return r
+}
+
+// run starts the replica's Run.
+func (r *replica) run() {
+	go func() { r.done <- r.elector.Run(r.ctx, r.work) }()
 }
 
 // stop cancels the replica's Run and returns its result.

@@ -1,3 +1,5 @@
+// term.go holds Term, the identity of one period of leadership, and TermFrom.
+
 package leader
 
 import (
