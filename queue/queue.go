@@ -254,9 +254,23 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 	default:
 		at = head
 	}
-	if at == none && opts.MergeOnly {
-		q.mu.Unlock()
-		return NotHeld
+	if opts.MergeOnly {
+		// Only into an entry due no later than the add itself (now+Delay):
+		// a merge that would make an entry earlier stores nothing. A ready
+		// entry, or one due by the last clock reading, needs no clock.
+		if at == none {
+			q.mu.Unlock()
+			return NotHeld
+		}
+		if s := q.sl(at); s.state() != stReady && s.due > q.lastNow {
+			if !haveNow {
+				now, haveNow = q.clock(), true
+			}
+			if s.due > dueAt(now, opts.Delay) {
+				q.mu.Unlock()
+				return NotHeld
+			}
+		}
 	}
 	if q.nDelayed > 0 && q.touchesReady(at, hs, opts.Delay, prio) {
 		// Delayed entries that fell due since the last Get join the ready
@@ -273,9 +287,6 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 	switch {
 	case at != none:
 		q.mergeInto(at, value, opts.Delay, prio, now, haveNow, opts.MergeOnly)
-		if s := q.sl(at); opts.MergeOnly && (s.state() == stDelayed || s.state() == stParked && s.due > q.lastNow) {
-			out = MergedNotDue
-		}
 	case hs != nil && hs.state() == stInFlight:
 		// The first add while the key is in flight: parked behind it.
 		if !haveNow {
@@ -344,8 +355,9 @@ func (q *Queue[K, V]) touchesReady(at int32, hs *slot[K, V], delay time.Duration
 }
 
 // mergeInto merges an add into the held (pending or parked) entry t;
-// keepDue (a MergeOnly add) leaves its due time alone. now is the clock
-// if haveNow, else it is read only when the merge needs it.
+// keepDue (a MergeOnly add, which Add let through only if t is due no
+// later than itself) leaves its due time alone. now is the clock if
+// haveNow, else it is read only when the merge needs it.
 func (q *Queue[K, V]) mergeInto(t int32, value V, delay time.Duration, prio int32, now int64, haveNow, keepDue bool) {
 	s := q.sl(t)
 	if q.merge != nil {
