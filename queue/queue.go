@@ -216,15 +216,7 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 	}
 	q.mu.Lock()
 	if q.shutdown || q.suspended {
-		out := DroppedSuspended
-		if q.shutdown {
-			out = DroppedShutDown
-		}
-		q.mu.Unlock()
-		if m := q.metrics; m != nil {
-			m.Dropped(out)
-		}
-		return out
+		return q.refuse()
 	}
 	// The clock is read only when needed: a merge into a due entry, the
 	// common case of a burst of events for one object, needs no time, and
@@ -240,67 +232,23 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 	prio := clamp32(opts.Priority)
 
 	head, pos := q.find(key, h)
-	var hs *slot[K, V] // the head's slot, if the key is known
-	if head != none {
-		hs = q.sl(head)
-	}
-	// at is the held entry the add merges into: the pending one, or the
-	// one parked behind the entry in flight (none: a new entry).
-	at := none
-	switch {
-	case hs == nil || hs.state() == stIdle:
-	case hs.state() == stInFlight:
-		at = hs.next
-	default:
-		at = head
-	}
+	hs, at := q.held(head)
 	if opts.MergeOnly {
-		// Only into an entry due no later than the add itself (now+Delay):
-		// a merge that would make an entry earlier stores nothing. A ready
-		// entry, or one due by the last clock reading, needs no clock.
-		if at == none {
+		var fits bool
+		if now, haveNow, fits = q.mergeOnlyFits(at, opts.Delay, now, haveNow); !fits {
 			q.mu.Unlock()
 			return NotHeld
 		}
-		if s := q.sl(at); s.state() != stReady && s.due > q.lastNow {
-			if !haveNow {
-				now, haveNow = q.clock(), true
-			}
-			if s.due > dueAt(now, opts.Delay) {
-				q.mu.Unlock()
-				return NotHeld
-			}
-		}
 	}
 	if q.nDelayed > 0 && q.touchesReady(at, hs, opts.Delay, prio) {
-		// Delayed entries that fell due since the last Get join the ready
-		// entries before this add changes them: first come first served
-		// counts from when an entry fell due, not from when a Get noticed.
-		if !haveNow {
-			now, haveNow = q.clock(), true
-		}
-		if q.promote(now) {
-			q.passOn()
-		}
+		now, haveNow = q.catchUp(now, haveNow), true
 	}
 	out := Merged
 	switch {
 	case at != none:
 		q.mergeInto(at, value, opts.Delay, prio, now, haveNow, opts.MergeOnly)
 	case hs != nil && hs.state() == stInFlight:
-		// The first add while the key is in flight: parked behind it.
-		if !haveNow {
-			now = q.addTime()
-		}
-		i := q.alloc() // slots never move: hs stays valid
-		s := q.sl(i)
-		s.key, s.val, s.due, s.prio, s.next = key, value, dueAt(now, opts.Delay), prio, none
-		if q.stamps {
-			*q.enq(i) = now
-		}
-		s.setState(stParked)
-		q.nParked++
-		hs.next = i
+		q.park(hs, key, value, opts.Delay, prio, now, haveNow)
 	default:
 		out = Queued
 		if !haveNow {
@@ -333,6 +281,90 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 		m.Added(int(prio), out != Queued)
 	}
 	return out
+}
+
+// refuse answers an add while the intake is closed, with DroppedShutDown
+// or DroppedSuspended. The caller holds q.mu, which refuse releases.
+func (q *Queue[K, V]) refuse() Outcome {
+	out := DroppedSuspended
+	if q.shutdown {
+		out = DroppedShutDown
+	}
+	q.mu.Unlock()
+	if m := q.metrics; m != nil {
+		m.Dropped(out)
+	}
+	return out
+}
+
+// held returns, for a key whose head slot is head (none if the key is
+// unknown), that slot (nil if none) and the held entry an add for the key
+// merges into: the pending entry, or the one parked behind the entry in
+// flight; none when the add makes a new entry.
+func (q *Queue[K, V]) held(head int32) (hs *slot[K, V], at int32) {
+	if head == none {
+		return nil, none
+	}
+	switch hs = q.sl(head); hs.state() {
+	case stIdle:
+		return hs, none
+	case stInFlight:
+		return hs, hs.next
+	}
+	return hs, head
+}
+
+// mergeOnlyFits reports whether a MergeOnly add may merge into the held
+// entry at (none: nothing held): only if at is due no later than the add
+// itself (now+delay), as a merge that would make an entry earlier stores
+// nothing. A ready entry, or one due by the last clock reading, needs no
+// clock; otherwise it is read, and returned with haveNow like Add keeps
+// them.
+func (q *Queue[K, V]) mergeOnlyFits(at int32, delay time.Duration, now int64, haveNow bool) (int64, bool, bool) {
+	if at == none {
+		return now, haveNow, false
+	}
+	if s := q.sl(at); s.state() != stReady && s.due > q.lastNow {
+		if !haveNow {
+			now, haveNow = q.clock(), true
+		}
+		if s.due > dueAt(now, delay) {
+			return now, haveNow, false
+		}
+	}
+	return now, haveNow, true
+}
+
+// catchUp makes the delayed entries that fell due since the last Get
+// ready, before an add changes the ready entries: first come first served
+// counts from when an entry fell due, not from when a Get noticed. It
+// returns the clock: now if haveNow, else a new reading.
+func (q *Queue[K, V]) catchUp(now int64, haveNow bool) int64 {
+	if !haveNow {
+		now = q.clock()
+	}
+	if q.promote(now) {
+		q.passOn()
+	}
+	return now
+}
+
+// park stores the first add for a key while it is in flight (its head
+// slot is hs): a parked entry behind it, which becomes pending at Done.
+// now is the clock if haveNow.
+func (q *Queue[K, V]) park(hs *slot[K, V], key K, value V, delay time.Duration, prio int32, now int64, haveNow bool) {
+	if !haveNow {
+		now = q.addTime()
+	}
+	i := q.alloc() // slots never move: hs stays valid
+	s := q.sl(i)
+	s.key, s.val, s.due, s.prio, s.next = key, value, dueAt(now, delay), prio, none
+	if q.stamps {
+		*q.enq(i) = now
+	}
+	s.setState(stParked)
+	q.nParked++
+	hs.next = i
 }
 
 // touchesReady reports whether an add may put an entry among the ready
