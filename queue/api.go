@@ -8,7 +8,9 @@ import (
 
 // This file is the queue's contract with the rest of opkit: the small
 // interfaces the watcher, the leader elector and the triggers depend on.
-// The implementation lives in queue.go.
+// The implementation starts in queue.go (the Queue type), with a file per
+// concern: add.go, get.go, done.go, lifecycle.go, stats.go and the
+// internals (slots.go, pending.go, waiters.go, index.go, structs.go).
 
 // ErrShutDown is returned by Get once the queue has shut down and holds
 // nothing more to hand out.
