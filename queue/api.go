@@ -8,7 +8,9 @@ import (
 
 // This file is the queue's contract with the rest of opkit: the small
 // interfaces the watcher, the leader elector and the triggers depend on.
-// The implementation lives in queue.go.
+// The implementation starts in queue.go (the Queue type), with a file per
+// concern: add.go, get.go, done.go, lifecycle.go, stats.go and the
+// internals (slots.go, pending.go, waiters.go, index.go, structs.go).
 
 // ErrShutDown is returned by Get once the queue has shut down and holds
 // nothing more to hand out.
@@ -29,18 +31,14 @@ const (
 	DroppedSuspended
 	// DroppedShutDown: the queue is shut down; nothing was stored.
 	DroppedShutDown
-	// NotHeld: an add with [AddOptions.MergeOnly] found no entry waiting
-	// for the key; nothing was stored.
+	// NotHeld: an add with [AddOptions.MergeOnly] found no entry it could
+	// merge into: none waiting for the key, or one due later than the add
+	// (which the merge would have made earlier); nothing was stored.
 	NotHeld
-	// MergedNotDue: an add with [AddOptions.MergeOnly] was merged into an
-	// entry that waits for its due time (a delayed retry or requeue),
-	// which it left alone.
-	MergedNotDue
 )
 
-// Accepted reports whether the add was stored (Queued, Merged or
-// MergedNotDue).
-func (o Outcome) Accepted() bool { return o == Queued || o == Merged || o == MergedNotDue }
+// Accepted reports whether the add was stored (Queued or Merged).
+func (o Outcome) Accepted() bool { return o == Queued || o == Merged }
 
 // String returns the outcome's name.
 func (o Outcome) String() string {
@@ -55,8 +53,6 @@ func (o Outcome) String() string {
 		return "DroppedShutDown"
 	case NotHeld:
 		return "NotHeld"
-	case MergedNotDue:
-		return "MergedNotDue"
 	}
 	return "Outcome(?)"
 }
@@ -70,11 +66,13 @@ type AddOptions struct {
 	// to the int32 range.
 	Priority int
 	// MergeOnly stores the add only if it merges into an entry waiting
-	// for the key (pending, or parked behind the one in flight), so it
-	// never makes another hand-out, nor an earlier one: it joins the
-	// payload and may raise the priority, but leaves the entry's due time
-	// (a delayed retry or requeue stays delayed; Delay is ignored).
-	// Otherwise Add stores nothing and returns NotHeld.
+	// for the key (pending, or parked behind the one in flight) that is
+	// due no later than the add would be (now + Delay): a ready entry, or
+	// a delayed or parked one due by then. Such a merge moves no due time
+	// and makes no hand-out, nor an earlier one: it joins the payload and
+	// may raise the priority. Otherwise (nothing waits for the key, or
+	// what waits is due later, e.g. a delayed retry or requeue that the
+	// add would make earlier) Add stores nothing and returns NotHeld.
 	MergeOnly bool
 }
 

@@ -16,8 +16,10 @@
 //     earliest due time, the highest priority, and the payloads joined by
 //     [Config.Merge]. The same adds in any order give the same entry. An
 //     add returns Queued for a key the queue held nothing for, Merged
-//     otherwise. An add with [AddOptions.MergeOnly] only merges: for a key
-//     with nothing waiting it stores nothing (NotHeld).
+//     otherwise. An add with [AddOptions.MergeOnly] only merges, and only
+//     into an entry due no later than itself (a merge that moves no due
+//     time): for a key with nothing waiting, or with an entry due later,
+//     it stores nothing (NotHeld).
 //   - Exclusive while in flight. A key handed out by Get is not handed out
 //     again until Done(key). Adds for it meanwhile are merged into one
 //     parked entry, which becomes pending at Done.

@@ -74,15 +74,14 @@ func (m *model) add(k, v int, o queue.AddOptions, now time.Time) queue.Outcome {
 		mk = &modelKey{}
 		m.keys[k] = mk
 	}
-	if o.MergeOnly && len(mk.held) == 0 {
-		return queue.NotHeld // nothing waiting to merge into
-	}
 	due := now
-	switch {
-	case o.MergeOnly:
-		due = time.Unix(1<<40, 0) // it never moves the held entry's due time
-	case o.Delay > 0:
+	if o.Delay > 0 {
 		due = now.Add(o.Delay)
+	}
+	if o.MergeOnly && (len(mk.held) == 0 || mk.held[0].due.After(due)) {
+		// Nothing waiting to merge into, or an entry the merge would
+		// make earlier.
+		return queue.NotHeld
 	}
 	e := &modelEntry{val: v, prio: o.Priority, due: due}
 	switch {
@@ -95,9 +94,6 @@ func (m *model) add(k, v int, o queue.AddOptions, now time.Time) queue.Outcome {
 		return queue.Merged
 	}
 	m.mergeInto(mk, e, now)
-	if o.MergeOnly && mk.held[0].due.After(now) {
-		return queue.MergedNotDue // joined an entry that waits for its time
-	}
 	return queue.Merged
 }
 
@@ -221,6 +217,11 @@ func FuzzQueueAgainstModel(f *testing.F) {
 	f.Add([]byte{0, 1, 0, 0, 2, 9, 9, 0, 5, 3, 0, 0, 1, 2, 0, 5, 1, 0, 3, 0, 0, 0}) // no metrics
 	// an add after a delayed entry of another key fell due unnoticed
 	f.Add([]byte{0, 0, 5, 0, 1, 4, 0, 2, 0, 0, 2, 0, 0, 2, 0, 0, 2, 0, 0, 2, 0, 0, 3, 0, 0, 3, 0, 0, 3, 0, 9, 0, 4, 0, 1, 4, 3, 0, 0})
+	// MergeOnly adds into a delayed and a parked entry, due later than the
+	// add (NotHeld) and no later (Merged); with and without metrics
+	mo := []byte{0, 1, 2, 1, 1, 128, 1, 1, 131, 3, 0, 0, 0, 2, 0, 3, 0, 0, 0, 2, 1, 1, 2, 128, 1, 2, 129, 5, 2, 0, 9, 0, 4, 1, 2, 128, 3, 0, 0, 3, 0, 0}
+	f.Add(mo)
+	f.Add(append(mo[:len(mo):len(mo)], 0))
 	f.Fuzz(func(t *testing.T, ops []byte) {
 		synctest.Test(t, func(t *testing.T) {
 			runModel(t, ops)

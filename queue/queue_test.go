@@ -261,25 +261,96 @@ func TestMergeOnlyJoinsWhatWaitsAndNeverMakesAHandOut(t *testing.T) {
 	}
 }
 
-// A MergeOnly add leaves the due time of what it joins alone: a delayed
-// retry or requeue stays delayed (it never makes an earlier hand-out),
-// and the add says so (MergedNotDue).
-func TestMergeOnlyLeavesTheDueTimeAlone(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		q := newQ(t, queue.Config[int]{Merge: union})
-		mustAdd(t, q, "a", 1, queue.AddOptions{Delay: time.Hour}, queue.Queued)
-		mustAdd(t, q, "a", 2, queue.AddOptions{MergeOnly: true, Priority: 5}, queue.MergedNotDue)
-		ctx, cancel := context.WithTimeout(context.Background(), 59*time.Minute)
-		defer cancel()
-		if it, err := q.Get(ctx); err == nil {
-			t.Fatalf("got %+v before the hour: the MergeOnly add made the entry due", it)
-		}
-		ctx, cancel = context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		if it, err := q.Get(ctx); err != nil || it.Value != 3 || it.Priority != 5 {
-			t.Fatalf("Get = %+v, %v; want value 3 at priority 5 once due", it, err)
-		}
-	})
+// A MergeOnly add merges only into an entry due no later than the add
+// itself (now+Delay), one it would not make earlier: a ready entry, or a
+// delayed or parked one due by then. Otherwise it stores nothing
+// (NotHeld) and the entry held for the key, if any, keeps its due time,
+// payload and priority. A merge joins the payload and may raise the
+// priority, but moves no due time.
+func TestMergeOnlyMergesOnlyIntoAnEntryDueNoLaterThanItself(t *testing.T) {
+	type handOut struct {
+		value, prio int
+		at          time.Duration // since the start
+	}
+	cases := []struct {
+		name     string
+		inFlight bool              // the key is handed out first: held parks behind it
+		held     *queue.AddOptions // the add of value 1 before, if any
+		wait     time.Duration     // time passed before the MergeOnly add
+		add      queue.AddOptions  // the MergeOnly add, of value 2
+		want     queue.Outcome
+		got      *handOut // the hand-out that follows, if any
+	}{
+		{name: "no entry", add: queue.AddOptions{Priority: 5}, want: queue.NotHeld},
+		{name: "ready entry", held: &queue.AddOptions{Priority: 1}, add: queue.AddOptions{Priority: 5},
+			want: queue.Merged, got: &handOut{3, 5, 0}},
+		{name: "ready entry, delayed add", held: &queue.AddOptions{Priority: 1}, add: queue.AddOptions{Delay: time.Hour},
+			want: queue.Merged, got: &handOut{3, 1, 0}},
+		{name: "delayed entry due later", held: &queue.AddOptions{Delay: time.Hour, Priority: 1}, add: queue.AddOptions{Priority: 5},
+			want: queue.NotHeld, got: &handOut{1, 1, time.Hour}},
+		{name: "delayed entry due later than the delayed add", held: &queue.AddOptions{Delay: time.Hour, Priority: 1},
+			add: queue.AddOptions{Delay: time.Minute, Priority: 5}, want: queue.NotHeld, got: &handOut{1, 1, time.Hour}},
+		{name: "delayed entry due earlier", held: &queue.AddOptions{Delay: time.Minute, Priority: 1},
+			add: queue.AddOptions{Delay: time.Hour, Priority: 5}, want: queue.Merged, got: &handOut{3, 5, time.Minute}},
+		{name: "delayed entry due with the add", held: &queue.AddOptions{Delay: time.Minute, Priority: 1},
+			add: queue.AddOptions{Delay: time.Minute, Priority: 5}, want: queue.Merged, got: &handOut{3, 5, time.Minute}},
+		{name: "delayed entry fallen due", held: &queue.AddOptions{Delay: time.Minute, Priority: 1}, wait: time.Minute,
+			add: queue.AddOptions{Priority: 5}, want: queue.Merged, got: &handOut{3, 5, time.Minute}},
+		{name: "in flight, nothing parked", inFlight: true, add: queue.AddOptions{Priority: 5}, want: queue.NotHeld},
+		{name: "parked entry due now", inFlight: true, held: &queue.AddOptions{Priority: 1}, add: queue.AddOptions{Priority: 5},
+			want: queue.Merged, got: &handOut{3, 5, 0}},
+		{name: "parked entry due later", inFlight: true, held: &queue.AddOptions{Delay: time.Hour, Priority: 1},
+			add: queue.AddOptions{Priority: 5}, want: queue.NotHeld, got: &handOut{1, 1, time.Hour}},
+		{name: "parked entry due earlier", inFlight: true, held: &queue.AddOptions{Delay: time.Minute, Priority: 1},
+			add: queue.AddOptions{Delay: time.Hour, Priority: 5}, want: queue.Merged, got: &handOut{3, 5, time.Minute}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				q := newQ(t, queue.Config[int]{Merge: union})
+				start := time.Now()
+				if tc.inFlight {
+					mustAdd(t, q, "a", 0, queue.AddOptions{}, queue.Queued)
+					mustGet(t, q)
+				}
+				if tc.held != nil {
+					want := queue.Queued
+					if tc.inFlight {
+						want = queue.Merged
+					}
+					mustAdd(t, q, "a", 1, *tc.held, want)
+				}
+				if tc.wait > 0 {
+					time.Sleep(tc.wait)
+				}
+				before := q.Len()
+				add := tc.add
+				add.MergeOnly = true
+				mustAdd(t, q, "a", 2, add, tc.want)
+				if q.Len() != before {
+					t.Fatalf("Len = %d after the MergeOnly add, want %d: a merge or nothing", q.Len(), before)
+				}
+				if tc.inFlight {
+					q.Done("a")
+				}
+				if tc.got == nil {
+					if it, ok := tryGet(t, q); ok || q.Len() != 0 {
+						t.Fatalf("got %+v (Len %d), want nothing held", it, q.Len())
+					}
+					return
+				}
+				it, err := q.Get(context.Background())
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := handOut{it.Value, it.Priority, time.Since(start)}
+				if got != *tc.got {
+					t.Fatalf("handed out %+v, want %+v", got, *tc.got)
+				}
+				q.Done("a")
+			})
+		})
+	}
 }
 
 func TestDonePanicsForKeyNotInFlight(t *testing.T) {

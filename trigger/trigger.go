@@ -461,12 +461,6 @@ func (t *Trigger[T]) IntakeTracked(ctx context.Context, p Pointer, opts IntakeOp
 	// that routes by the object's UID (reconcile.Sharded's) joins nothing
 	// here: every trigger is read, and the add with the object decides.
 	if o, tk, err := t.addTracked(ctx, p.Key, t.cause(none, p.Type, p.Reason, 0), p.Delay, true, track); err != nil || o != queue.NotHeld {
-		if o == queue.MergedNotDue {
-			if t.pay(caller, opts) == nil { // sooner, for a token
-				t.cfg.Queue.Add(p.Key, opkit.Cause[T]{}, queue.AddOptions{Delay: p.Delay, Priority: t.cfg.Priority})
-			}
-			o = queue.Merged
-		}
 		return none, o, tk, err
 	}
 	obj, err := t.read(ctx, p.Key, caller, opts)

@@ -44,8 +44,10 @@
 //     [Config.WatchLabels] and [Config.WatchAnnotations]); never the
 //     object. A change [Config.SkipStatusOnly] leaves out (a status
 //     update, the operator's own finalizer) still hands its newer state to
-//     an entry waiting for the key (an add with queue's MergeOnly), so that
-//     its reconcile need not read the object again. Only a delete keeps its final state, until it is settled.
+//     an entry for the key that is already due (an add with queue's
+//     MergeOnly and no delay: a delayed retry or requeue is left alone),
+//     so that its reconcile need not read the object again. Only a delete
+//     keeps its final state, until it is settled.
 //   - Lists are paginated ([Config.PageSize] objects per page, from one
 //     consistent snapshot).
 //

@@ -77,7 +77,7 @@ func newFake(objs ...runtime.Object) *dynfake.FakeDynamicClient {
 // record is one Add seen by the recorder. An add without an object is a
 // delete's: the record describes the newest delete the ledger held for
 // the key at that moment. A Refresh is a MergeOnly add: a newer state for
-// an entry that may be waiting.
+// an entry that may be waiting and due.
 type record struct {
 	Key      opkit.Key
 	Type     opkit.Type

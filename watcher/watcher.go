@@ -188,7 +188,7 @@ func (w *Watcher[T]) observe(u *unstructured.Unstructured, list *SyncEvent) {
 	case w.cfg.SkipStatusOnly && e.generation != 0 && e.generation == old.generation &&
 		e.fingerprint == old.fingerprint && (old.ownMissing || !e.ownMissing):
 		// A status-only change, or the operator's own finalizer added:
-		// tracked, not emitted, but its state refreshes a waiting entry.
+		// tracked, not emitted, but its state refreshes a due entry.
 		typ, refresh = 0, true
 	}
 	w.store(key, e, old)
@@ -203,9 +203,9 @@ func (w *Watcher[T]) observe(u *unstructured.Unstructured, list *SyncEvent) {
 		return
 	}
 	if refresh {
-		// The newest state joins an entry waiting for the key (its
-		// reconcile then needs no read), without a hand-out or a raised
-		// priority of its own.
+		// The newest state joins an entry for the key that is already
+		// due (its reconcile then needs no read), without a hand-out or
+		// a raised priority of its own; a delayed entry is left alone.
 		w.cfg.Queue.Add(key, opkit.Cause[T]{Object: obj}, queue.AddOptions{Priority: math.MinInt32, MergeOnly: true})
 		ev.Unchanged++
 		return
