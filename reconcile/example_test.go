@@ -65,12 +65,12 @@ func ExampleNewController() {
 	// stopped: <nil>
 }
 
-// A sharded deployment: every replica runs the same Sharded; the
+// A sharded deployment: every replica runs the same controller; the
 // objects are split into shards by UID, and the replicas share the
 // shards. Here one replica, which holds both.
-func ExampleNewSharded() {
+func ExampleConfig_shards() {
 	seen := make(chan string)
-	s, err := reconcile.NewSharded(reconcile.Config[*Widget]{
+	s, err := reconcile.NewController(reconcile.Config[*Widget]{
 		Name:     "test.opkit.dev/widgets",
 		Resource: widgets,
 		Dynamic:  exampleCluster(),
@@ -78,13 +78,14 @@ func ExampleNewSharded() {
 			seen <- fmt.Sprintf("%s %s", req.Type, req.Key)
 			return reconcile.Done(), nil
 		}),
+		Shards:      opkit.Shards{Count: 2},
 		Concurrency: 2, // per replica, over the shards it holds
 		// Shard i's Lease is widgets-i; the replicas count each other
 		// through member Leases labelled leader.opkit.dev/group=widgets.
 		Leader: &leader.Config{Client: kfake.NewClientset(), Namespace: "ops", Name: "widgets", Identity: "replica-a",
 			LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 200 * time.Millisecond, ClockSkew: 500 * time.Millisecond},
 		Logger: slog.New(slog.DiscardHandler),
-	}, 2)
+	})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -94,16 +95,16 @@ func ExampleNewSharded() {
 	go func() { done <- s.Run(ctx) }()
 
 	fmt.Println(<-seen) // by the controller of blue's shard, once this replica holds it
-	for s.Balancer().Held() < 2 {
+	for s.Held() < 2 {
 		time.Sleep(10 * time.Millisecond)
 	}
-	fmt.Printf("holds %d of 2 shards, share %d\n", s.Balancer().Held(), s.Balancer().Share())
+	fmt.Printf("holds %d of 2 shards\n", s.Held())
 
 	cancel()
 	fmt.Println("stopped:", <-done)
 	// Output:
 	// Added ns/blue
-	// holds 2 of 2 shards, share 2
+	// holds 2 of 2 shards
 	// stopped: <nil>
 }
 

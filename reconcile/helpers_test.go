@@ -12,6 +12,7 @@ import (
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/internal/typed"
 	"github.com/opkit/opkit/reconcile"
+	"github.com/opkit/opkit/trigger"
 )
 
 // Widget is a custom resource as an operator author writes it: a plain
@@ -67,4 +68,9 @@ func newFakeDynamic(t testing.TB, objs ...*Widget) *dynfake.FakeDynamicClient {
 	return dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
 		map[schema.GroupVersionResource]string{widgets.GroupVersionResource: "WidgetList", reconcile.EventsResource: "EventList",
 			configMaps.GroupVersionResource: "ConfigMapList"}, seed...)
+}
+
+// ticketOf is the ticket of an Intake's decision, with its error.
+func ticketOf[T opkit.Object](d trigger.Decision[T], err error) (*trigger.Ticket, error) {
+	return d.Ticket, err
 }

@@ -198,7 +198,7 @@ func runHistory(t *testing.T, seed uint64, nNames int, oneWorker bool) {
 	}
 	history := "history:\n " + strings.Join(log, "\n ")
 	calls := hr.snapshot()
-	if terms.current() != lastTerm || !ctrl.Elector().IsLeader() {
+	if terms.current() != lastTerm || ctrl.Held() != 1 {
 		t.Fatalf("not leading in a stable term at the end (term %d, was %d)\n%s", terms.current(), lastTerm, history)
 	}
 
@@ -244,7 +244,7 @@ func runHistory(t *testing.T, seed uint64, nNames int, oneWorker bool) {
 	if got, want := wm.get(), len(srv.visible()); got != want {
 		t.Errorf("the watcher holds %d (live objects and unsettled deletes), want %d live objects and no delete\n%s", got, want, history)
 	}
-	if st := ctrl.Queue().Stats(); st.Ready+st.Delayed+st.Parked+st.InFlight != 0 {
+	if st := ctrl.QueueStats(); st.Ready+st.Delayed+st.Parked+st.InFlight != 0 {
 		t.Errorf("the queue still holds %+v\n%s", st, history)
 	}
 }

@@ -326,14 +326,14 @@ func TestIntegrationObjectLeavingAndReenteringTheLabelSelector(t *testing.T) {
 	}
 	label("1") // back: its event is parked behind the running delete
 	eventually(t, time.Minute, "the return parked behind the delete", func() error {
-		if st := ctrl.Queue().Stats(); st.Parked != 1 {
+		if st := ctrl.QueueStats(); st.Parked != 1 {
 			return fmt.Errorf("queue stats %+v", st)
 		}
 		return nil
 	})
 	close(r.release) // the delete fails; its retry meets the parked return
 	eventually(t, time.Minute, "queue idle", func() error {
-		if st := ctrl.Queue().Stats(); st.Ready+st.Delayed+st.Parked+st.InFlight != 0 {
+		if st := ctrl.QueueStats(); st.Ready+st.Delayed+st.Parked+st.InFlight != 0 {
 			return fmt.Errorf("queue stats %+v", st)
 		}
 		return nil

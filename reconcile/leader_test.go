@@ -71,8 +71,8 @@ func TestControllerReconcilesOnlyWhileLeading(t *testing.T) {
 		if err := e.ctrl.Check(); err != nil {
 			t.Fatalf("Check on a standby follower: %v", err)
 		}
-		if got := e.ctrl.Elector().Leader(); got != "other" {
-			t.Fatalf("Leader() = %q, want other", got)
+		if d, err := e.ctrl.Trigger().Intake(context.Background(), trigger.Pointer{Key: opkit.Key{Namespace: "ns", Name: "a"}}, trigger.IntakeOptions{}); err != nil || d.Holder != "other" {
+			t.Fatalf("Intake on a follower = %+v, %v; want it to name the leader, other", d, err)
 		}
 
 		// The holder stops renewing: we take over and reconcile.
@@ -252,7 +252,8 @@ func TestLeaderControllerDropsTriggersFromConstructionOn(t *testing.T) {
 	if ok, err := ctrl.Trigger().Enqueue(context.Background(), widget("a"), opkit.Modified, opkit.Operator, 0, 0); ok || err != nil {
 		t.Fatalf("Enqueue before Run = %v, %v; want dropped", ok, err)
 	}
-	if n := ctrl.Queue().Len(); n != 0 {
+	if st := ctrl.QueueStats(); st.Ready+st.Delayed+st.Parked != 0 {
+		n := st.Ready + st.Delayed + st.Parked
 		t.Fatalf("queue holds %d entries before Run", n)
 	}
 }
@@ -368,7 +369,7 @@ func electedWithTermEnd(t *testing.T) (elect func(*reconcile.Config[*Widget]), e
 		failRenew.Store(true) // the term ends at RenewDeadline
 		time.Sleep(20 * time.Second)
 		synctest.Wait()
-		if e.ctrl.Elector().IsLeader() {
+		if e.ctrl.Held() == 1 {
 			t.Fatalf("still leading with every renewal failing")
 		}
 	}

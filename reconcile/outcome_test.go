@@ -27,11 +27,11 @@ func TestTheControllerReportsOutcomesToTrackedTriggers(t *testing.T) {
 		synctest.Wait() // the list's reconcile
 		ctx := context.Background()
 		p := trigger.Pointer{Key: opkit.Key{Namespace: "ns", Name: "a"}}
-		_, _, first, err := e.ctrl.Trigger().IntakeTracked(ctx, p, trigger.IntakeOptions{}, trigger.Tracked)
+		first, err := ticketOf(e.ctrl.Trigger().Intake(ctx, p, trigger.IntakeOptions{Track: trigger.Tracked}))
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, _, final, err := e.ctrl.Trigger().IntakeTracked(ctx, p, trigger.IntakeOptions{}, trigger.FinalOnly)
+		final, err := ticketOf(e.ctrl.Trigger().Intake(ctx, p, trigger.IntakeOptions{Track: trigger.FinalOnly}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -53,7 +53,7 @@ func TestATrackedTriggerIsUnknownWhenTheTermEnds(t *testing.T) {
 		e := start(t, rec, func(c *reconcile.Config[*Widget]) { c.NoEvents = true }, widget("a"))
 		synctest.Wait()
 		p := trigger.Pointer{Key: opkit.Key{Namespace: "ns", Name: "a"}, Delay: time.Hour}
-		_, _, tk, err := e.ctrl.Trigger().IntakeTracked(context.Background(), p, trigger.IntakeOptions{}, trigger.Tracked)
+		tk, err := ticketOf(e.ctrl.Trigger().Intake(context.Background(), p, trigger.IntakeOptions{Track: trigger.Tracked}))
 		if err != nil {
 			t.Fatal(err)
 		}

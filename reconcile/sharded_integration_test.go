@@ -145,12 +145,12 @@ func shardedUnderChurn(t *testing.T, c *testcluster.Cluster, dyn dynamic.Interfa
 		if err != nil {
 			t.Fatal(err)
 		}
-		s, err := reconcile.NewSharded(reconcile.Config[*Widget]{
-			Name: "test.opkit.dev/sharded", Resource: widgets, Dynamic: d, Reconciler: l.reconciler(name, fin),
+		s, err := reconcile.NewController(reconcile.Config[*Widget]{
+			Name: "test.opkit.dev/sharded", Resource: widgets, Dynamic: d, Reconciler: l.reconciler(name, fin), Shards: opkit.Shards{Count: shards},
 			Concurrency: 2, NoEvents: true, Logger: quiet, Watch: watcher.Config[*Widget]{Namespace: ns},
 			Leader: &leader.Config{Client: kube, Namespace: ns, Name: "sharded", Identity: name,
 				LeaseDuration: 6 * time.Second, RenewDeadline: 4 * time.Second, RetryPeriod: 500 * time.Millisecond},
-		}, shards)
+		})
 		if err != nil {
 			t.Fatal(err)
 		}

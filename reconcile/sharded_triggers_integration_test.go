@@ -57,18 +57,17 @@ func TestIntegrationTriggersReachTheShardsHolder(t *testing.T) {
 			}
 			return reconcile.Done(), nil
 		})
-		s, err := reconcile.NewSharded(reconcile.Config[*Widget]{
-			Name: "test.opkit.dev/sharded-triggers", Resource: widgets, Dynamic: dyn, Reconciler: rec,
+		s, err := reconcile.NewController(reconcile.Config[*Widget]{
+			Name: "test.opkit.dev/sharded-triggers", Resource: widgets, Dynamic: dyn, Reconciler: rec, Shards: opkit.Shards{Count: shards},
 			Concurrency: 2, NoEvents: true, Logger: quiet, Watch: watcher.Config[*Widget]{Namespace: ns}, TriggerRate: -1,
 			Leader: &leader.Config{Client: kube, Namespace: ns, Name: "sharded", Identity: name,
 				LeaseDuration: 6 * time.Second, RenewDeadline: 4 * time.Second, RetryPeriod: 500 * time.Millisecond,
 				Annotations: map[string]string{trigger.EndpointAnnotation: endpoints[name]}},
-		}, shards)
+		})
 		if err != nil {
 			t.Fatal(err)
 		}
-		h, err := trigger.NewHandler(trigger.HandlerConfig[*Widget]{Trigger: s.Trigger(), InsecureSkipAuth: true,
-			HolderEndpoint: s.HolderEndpoint, Identity: name, Logger: quiet})
+		h, err := trigger.NewHandler(s.Trigger(), trigger.HandlerConfig{InsecureSkipAuth: true, Logger: quiet})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -69,7 +69,7 @@ func TestAShardsControllerReconcilesOnlyItsShard(t *testing.T) {
 			ws[slices.IndexFunc(ws, func(w *Widget) bool { return w.Name == byShard[1][0] })]
 		rec := &recorder{}
 		e := start(t, rec, func(c *reconcile.Config[*Widget]) {
-			c.Watch = watcher.Config[*Widget]{Shards: opkit.Shards{Count: 2, Held: []int{0}}}
+			c.Shards = opkit.Shards{Count: 2, Held: []int{0}}
 			c.Owns = []opkit.Resource{configMaps}
 			c.NoEvents = true
 		}, ws...)
@@ -109,7 +109,7 @@ func TestAShardsControllerSkipsAWatchesKeyOfAnotherShard(t *testing.T) {
 		other, own := byShard[1][0], byShard[0][0]
 		rec := &recorder{}
 		e := start(t, rec, func(c *reconcile.Config[*Widget]) {
-			c.Watch = watcher.Config[*Widget]{Shards: opkit.Shards{Count: 2, Held: []int{0}}}
+			c.Shards = opkit.Shards{Count: 2, Held: []int{0}}
 			c.Watches = []reconcile.Watch{{Resource: configMaps, Map: func(*unstructured.Unstructured) []opkit.Key {
 				return []opkit.Key{{Namespace: "ns", Name: other}, {Namespace: "ns", Name: own}}
 			}}}
@@ -132,26 +132,25 @@ func TestAShardsControllerSkipsAWatchesKeyOfAnotherShard(t *testing.T) {
 	})
 }
 
-// A controller given one shard by hand (not through NewSharded) has a
-// trigger of its own: a waited-for trigger of another shard's object is
-// answered, as skipped, by the turn that skips the object.
-func TestAStaticShardsControllerAnswersATriggerOfAnotherShard(t *testing.T) {
+// A controller given one shard by hand (Shards.Held, without Leader)
+// works on that shard alone: a trigger of another shard's object is
+// dropped, naming no replica (none is known), and nothing is read twice
+// or queued here.
+func TestAStaticShardsControllerDropsATriggerOfAnotherShard(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ws, byShard := spreadWidgets()
 		e := start(t, &recorder{}, func(c *reconcile.Config[*Widget]) {
-			c.Watch = watcher.Config[*Widget]{Shards: opkit.Shards{Count: 2, Held: []int{0}}}
+			c.Shards = opkit.Shards{Count: 2, Held: []int{0}}
 			c.NoEvents = true
 		}, ws...)
 		synctest.Wait()
-		_, o, tk, err := e.ctrl.Trigger().IntakeTracked(t.Context(), trigger.Pointer{Key: opkit.Key{Namespace: "ns", Name: byShard[1][0]}}, trigger.IntakeOptions{}, trigger.Tracked)
-		if err != nil || !o.Accepted() {
-			t.Fatalf("trigger of shard 1's %s: %v %v", byShard[1][0], o, err)
+		d, err := e.ctrl.Trigger().Intake(t.Context(), trigger.Pointer{Key: opkit.Key{Namespace: "ns", Name: byShard[1][0]}}, trigger.IntakeOptions{Track: trigger.Tracked})
+		if err != nil || d.Outcome != queue.DroppedSuspended || d.Ticket != nil || d.Endpoint != "" || d.Holder != "" {
+			t.Fatalf("trigger of shard 1's %s: %+v %v, want dropped, naming nobody", byShard[1][0], d, err)
 		}
-		synctest.Wait()
-		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-		defer cancel()
-		if out, err := tk.Wait(ctx); err != nil || out.State != trigger.Skipped {
-			t.Fatalf("its outcome: %+v %v, want skipped", out, err)
+		d, err = e.ctrl.Trigger().Intake(t.Context(), trigger.Pointer{Key: opkit.Key{Namespace: "ns", Name: byShard[0][0]}}, trigger.IntakeOptions{})
+		if err != nil || !d.Outcome.Accepted() {
+			t.Fatalf("trigger of shard 0's %s: %+v %v, want scheduled", byShard[0][0], d, err)
 		}
 	})
 }
@@ -165,9 +164,10 @@ func (m *countingMetrics) refetchedN() int {
 // runAlone runs cfg as the only replica of 4 shards until it holds them
 // all and has listed them; stop ends it and checks Run's error. It must
 // be called in a synctest bubble.
-func runAlone(t *testing.T, cfg reconcile.Config[*Widget]) (s *reconcile.Sharded[*Widget], stop func()) {
+func runAlone(t *testing.T, cfg reconcile.Config[*Widget]) (s *reconcile.Controller[*Widget], stop func()) {
 	t.Helper()
-	s, err := reconcile.NewSharded(cfg, 4)
+	cfg.Shards = opkit.Shards{Count: 4}
+	s, err := reconcile.NewController(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +176,7 @@ func runAlone(t *testing.T, cfg reconcile.Config[*Widget]) (s *reconcile.Sharded
 	go func() { ran <- s.Run(ctx) }()
 	time.Sleep(10 * time.Second) // every shard acquired, every list done
 	synctest.Wait()
-	if held := s.Balancer().Held(); held != 4 {
+	if held := s.Held(); held != 4 {
 		t.Fatalf("the only replica holds %d of 4 shards", held)
 	}
 	return s, func() {
@@ -372,8 +372,8 @@ func TestAShardedReplicasLastRenewalIsItsStalestShards(t *testing.T) {
 
 // Two replicas of two shards, one each: a replica's trigger schedules
 // the objects of its shard on its own controller and drops the others'
-// (Enqueue's false: the HTTP handler forwards them to HolderEndpoint, the
-// holder's published endpoint); a tracked trigger's outcome names the
+// (Enqueue's false; Intake names the holder's published endpoint, where
+// the HTTP handler forwards them); a tracked trigger's outcome names the
 // replica that ran it; a name built without its UID is refused.
 func TestAShardedReplicasTriggerServesOnlyTheShardsItHolds(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -381,7 +381,7 @@ func TestAShardedReplicasTriggerServesOnlyTheShardsItHolds(t *testing.T) {
 		dyn, kube := newFakeDynamic(t, ws...), versionedLeases()
 		var mu sync.Mutex
 		ranBy := map[string][]string{} // widget name -> replicas that reconciled it on a trigger
-		replicas := map[string]*reconcile.Sharded[*Widget]{}
+		replicas := map[string]*reconcile.Controller[*Widget]{}
 		ctx, cancel := context.WithCancel(t.Context())
 		var wg sync.WaitGroup
 		for _, id := range []string{"a", "b"} {
@@ -394,9 +394,10 @@ func TestAShardedReplicasTriggerServesOnlyTheShardsItHolds(t *testing.T) {
 				}
 				return reconcile.Done(), nil
 			})
-			s, err := reconcile.NewSharded(reconcile.Config[*Widget]{Name: "w", Resource: widgets, Dynamic: dyn, Reconciler: rec, Logger: quiet, NoEvents: true,
+			s, err := reconcile.NewController(reconcile.Config[*Widget]{Name: "w", Resource: widgets, Dynamic: dyn, Reconciler: rec, Logger: quiet, NoEvents: true,
+				Shards: opkit.Shards{Count: 2},
 				Leader: &leader.Config{Client: kube, Namespace: "ns", Name: "widgets", Identity: id,
-					Annotations: map[string]string{trigger.EndpointAnnotation: "https://" + id + ".example"}}}, 2)
+					Annotations: map[string]string{trigger.EndpointAnnotation: "https://" + id + ".example"}}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -410,12 +411,12 @@ func TestAShardedReplicasTriggerServesOnlyTheShardsItHolds(t *testing.T) {
 		time.Sleep(2 * time.Minute) // the replicas share the shards, one each
 		synctest.Wait()
 		holder := map[int]string{}
-		for id, s := range replicas {
-			for i, c := range s.Controllers() {
-				if c.Elector().IsLeader() {
-					holder[i] = id
-				}
+		for i := range 2 {
+			l, err := kube.CoordinationV1().Leases("ns").Get(t.Context(), fmt.Sprintf("widgets-%d", i), metav1.GetOptions{})
+			if err != nil || l.Spec.HolderIdentity == nil {
+				t.Fatalf("shard %d's Lease: %v", i, err)
 			}
+			holder[i] = *l.Spec.HolderIdentity
 		}
 		if len(holder) != 2 || holder[0] == holder[1] {
 			t.Fatalf("shard holders %v, want one shard each", holder)
@@ -425,15 +426,18 @@ func TestAShardedReplicasTriggerServesOnlyTheShardsItHolds(t *testing.T) {
 		for _, w := range ws {
 			shard := opkit.ShardOf(w.UID, 2)
 			ok, err := a.Trigger().Enqueue(t.Context(), w, opkit.Modified, opkit.Operator, 0, 0)
-			switch endpoint := a.HolderEndpoint(w.UID); {
+			switch {
 			case err != nil:
 				t.Fatalf("trigger of %s: %v", w.Name, err)
 			case ok != (holder[shard] == "a"):
 				t.Errorf("trigger of %s (shard %d, held by %s) through a: scheduled %v", w.Name, shard, holder[shard], ok)
-			case ok && endpoint != "":
-				t.Errorf("HolderEndpoint of %s, held here: %q, want none", w.Name, endpoint)
-			case !ok && endpoint != "https://b.example":
-				t.Errorf("HolderEndpoint of %s, held by b: %q, want b's", w.Name, endpoint)
+			case !ok:
+				// The intake names the holder and its endpoint, for the HTTP
+				// handler to forward to.
+				d, err := a.Trigger().Intake(t.Context(), trigger.Pointer{Key: opkit.KeyOf(w)}, trigger.IntakeOptions{})
+				if err != nil || d.Endpoint != "https://b.example" || d.Holder != "b" {
+					t.Errorf("intake of %s, held by b: %+v %v, want b's endpoint", w.Name, d, err)
+				}
 			}
 		}
 		synctest.Wait()
@@ -451,7 +455,8 @@ func TestAShardedReplicasTriggerServesOnlyTheShardsItHolds(t *testing.T) {
 
 		// Tracked, through the replica that holds the object's shard.
 		w := ws[slices.IndexFunc(ws, func(w *Widget) bool { return holder[opkit.ShardOf(w.UID, 2)] == "b" })]
-		_, o, tk, err := replicas["b"].Trigger().IntakeTracked(t.Context(), trigger.Pointer{Key: opkit.KeyOf(w)}, trigger.IntakeOptions{}, trigger.Tracked)
+		d, err := replicas["b"].Trigger().Intake(t.Context(), trigger.Pointer{Key: opkit.KeyOf(w)}, trigger.IntakeOptions{Track: trigger.Tracked})
+		o, tk := d.Outcome, d.Ticket
 		if err != nil || !o.Accepted() {
 			t.Fatalf("tracked trigger of %s through b: %v %v", w.Name, o, err)
 		}

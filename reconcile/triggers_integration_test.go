@@ -122,8 +122,7 @@ func (tc *triggerCluster) start(id string) *triggerReplica {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := trigger.NewHandler(trigger.HandlerConfig[*Widget]{Trigger: ctrl.Trigger(), Reviews: kube,
-		Leader: ctrl.Elector().Leader, LeaderEndpoint: ctrl.LeaderEndpoint, Identity: id, RetryAfter: time.Second, Logger: quiet})
+	h, err := trigger.NewHandler(ctrl.Trigger(), trigger.HandlerConfig{Reviews: kube, RetryAfter: time.Second, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +153,7 @@ func (tc *triggerCluster) leaderOf(rs ...*triggerReplica) *triggerReplica {
 	var lead *triggerReplica
 	eventually(tc.t, time.Minute, "a leader", func() error {
 		for _, r := range rs {
-			if !r.cut.killed.Load() && r.ctrl.Elector().IsLeader() && r.ctrl.Check() == nil {
+			if !r.cut.killed.Load() && r.ctrl.Held() == 1 && r.ctrl.Check() == nil {
 				lead = r
 				return nil
 			}
@@ -221,8 +220,9 @@ func TestIntegrationTriggersAPipelineCanRelyOn(t *testing.T) {
 	followers := slices.DeleteFunc([]*triggerReplica{a, b, d}, func(r *triggerReplica) bool { return r == lead })
 	eventually(t, time.Minute, "the followers see the leader's endpoint", func() error {
 		for _, f := range followers {
-			if f.ctrl.LeaderEndpoint() != lead.url {
-				return fmt.Errorf("%s reads %q", f.id, f.ctrl.LeaderEndpoint())
+			d, err := f.ctrl.Trigger().Intake(ctx, trigger.Pointer{Key: opkit.Key{Namespace: ns, Name: "ok-1"}}, trigger.IntakeOptions{})
+			if err != nil || d.Endpoint != lead.url {
+				return fmt.Errorf("%s decides %+v (%v)", f.id, d, err)
 			}
 		}
 		return nil

@@ -17,7 +17,6 @@ import (
 
 	authnv1 "k8s.io/api/authentication/v1"
 	authzv1 "k8s.io/api/authorization/v1"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -177,7 +176,7 @@ func TestKubeAuthStatusCodes(t *testing.T) {
 	rev := newFakeReviews(t)
 	rev.allowed["system:serviceaccount:ci:deployer update /configmaps/ ns/a"] = true
 	var logs bytes.Buffer
-	e := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) {
+	e := newHandlerEnv(t, func(c *trigger.HandlerConfig) {
 		c.Authenticator = nil
 		c.Reviews = rev.cs // the clientset itself
 		c.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -358,7 +357,7 @@ func TestKubeAuthReviewFailures(t *testing.T) {
 	rev := newFakeReviews(t)
 	rev.failTR = apierrors.NewForbidden(schema.GroupResource{Group: "authentication.k8s.io", Resource: "tokenreviews"}, "",
 		errors.New(`User "system:serviceaccount:ops:operator" cannot create`))
-	e := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) { c.Authenticator = nil; c.Reviews = rev })
+	e := newHandlerEnv(t, func(c *trigger.HandlerConfig) { c.Authenticator = nil; c.Reviews = rev })
 	// A caller not yet authenticated learns nothing of the operator's
 	// RBAC from the answer.
 	if st := wantStatus(t, e.do(http.MethodPost, "/reconcile/ns/a", nil, bearer("good-token")), 502, "BadGateway"); strings.Contains(st.Message, "serviceaccount") {
@@ -416,7 +415,7 @@ func TestAnAuthorizerOutageIsA502AndNotCachedAsADenial(t *testing.T) {
 				return true, out, nil
 			})
 			rev.allowed["system:serviceaccount:ci:deployer update /configmaps/ ns/a"] = true
-			e := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) { c.Authenticator = nil; c.Reviews = rev })
+			e := newHandlerEnv(t, func(c *trigger.HandlerConfig) { c.Authenticator = nil; c.Reviews = rev })
 
 			w := e.do(http.MethodPost, "/reconcile/ns/a", nil, bearer("good-token"))
 			if w.Code != http.StatusBadGateway {

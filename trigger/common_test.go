@@ -1,8 +1,10 @@
 package trigger_test
 
 import (
+	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -63,7 +65,17 @@ func newCMTrigger(t interface{ Fatal(...any) }, m trigger.Metrics) (*trigger.Tri
 // Resource are set here, and a nil Logger discards.
 func newCMTriggerWith(t interface{ Fatal(...any) }, cfg trigger.Config[*corev1.ConfigMap]) (*trigger.Trigger[*corev1.ConfigMap], *cmQueue) {
 	q := newCMQueue()
-	cfg.Queue, cfg.Resource = q, configMaps
+	cfg.Resource = configMaps
+	switch r := cfg.Router.(type) {
+	case nil:
+		if cfg.Queue == nil {
+			cfg.Router = &oneLeader{q: q, holder: "replica-b"}
+		}
+	case *oneLeader:
+		r.q = q
+	case plainQueue:
+		cfg.Router, cfg.Queue = nil, q
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = discard
 	}
@@ -133,4 +145,45 @@ func (m *countingMetrics) BrokerError(k trigger.BrokerErrorKind) {
 	m.mu.Lock()
 	m.brokerErrs[k]++
 	m.mu.Unlock()
+}
+
+// oneLeader is the Router of a controller with one shard and a leader:
+// the queue while its intake is open, else (suspended or shut down) the
+// leader's identity, holder, and the endpoint it publishes, if any.
+type oneLeader struct {
+	q        *cmQueue
+	holder   string
+	endpoint atomic.Pointer[string]
+}
+
+func (r *oneLeader) Shards() int { return 1 }
+
+func (r *oneLeader) Place(int) trigger.Place[*corev1.ConfigMap] {
+	if !r.q.Suspended() && !r.q.ShuttingDown() {
+		return trigger.Place[*corev1.ConfigMap]{Queue: r.q}
+	}
+	p := trigger.Place[*corev1.ConfigMap]{Holder: r.holder}
+	if e := r.endpoint.Load(); e != nil {
+		p.Endpoint = *e
+	}
+	return p
+}
+
+// follow makes r's leader publish url.
+func (r *oneLeader) follow(url string) { r.endpoint.Store(&url) }
+
+// intake is tr.Intake with what most tests look at of its decision: the
+// object read and the queue's outcome.
+func intake(tr *trigger.Trigger[*corev1.ConfigMap], ctx context.Context, p trigger.Pointer, opts trigger.IntakeOptions) (*corev1.ConfigMap, queue.Outcome, error) {
+	d, err := tr.Intake(ctx, p, opts)
+	return d.Object, d.Outcome, err
+}
+
+// plainQueue as a Config.Router asks newCMTriggerWith for a Trigger on
+// the queue alone (Config.Queue), whose Add tells each drop.
+type plainQueue struct{}
+
+func (plainQueue) Shards() int { return 1 }
+func (plainQueue) Place(int) trigger.Place[*corev1.ConfigMap] {
+	return trigger.Place[*corev1.ConfigMap]{}
 }

@@ -67,13 +67,11 @@ type ConsumerConfig[T opkit.Object] struct {
 	// API call, delays the trigger by DroppedDelay and counts toward the
 	// broker's delivery limit). When it starts pausing, a Broker that
 	// implements Releaser is asked to hand back what it buffered. nil
-	// means: while the Trigger's queue reports Suspended or ShuttingDown,
-	// for the methods the queue has (a *queue.Queue has both: a follower, a
-	// replica in a leadership transition, or one whose queue was shut down
-	// takes no message; a reconcile.Sharded replica's trigger reports
-	// Suspended while the replica holds no shard, and one that holds some
-	// takes every message, handing back those of other shards); a queue
-	// with neither never pauses.
+	// means: while the Trigger's Router names no shard this replica works
+	// on (a follower, a replica in a leadership transition or shutting
+	// down, one that holds no shard); a replica that works on some takes
+	// every message, and hands back those of the shards it does not
+	// work on. A Trigger on one queue (Config.Queue) never pauses.
 	// A message received just before a pause is handled as usual (a
 	// dropped enqueue is nacked). Use func() bool { return false } to
 	// receive whatever the queue's state. It is called from two
@@ -149,9 +147,7 @@ func NewConsumer[T opkit.Object](cfg ConsumerConfig[T]) (*Consumer[T], error) {
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	if cfg.Paused == nil {
 		// A queue with neither method never pauses.
-		suspended, _ := cfg.Trigger.cfg.Queue.(interface{ Suspended() bool })
-		shut, _ := cfg.Trigger.cfg.Queue.(interface{ ShuttingDown() bool })
-		cfg.Paused = func() bool { return suspended != nil && suspended.Suspended() || shut != nil && shut.ShuttingDown() }
+		cfg.Paused = func() bool { return !cfg.Trigger.holds() }
 	}
 	return &Consumer[T]{cfg: cfg}, nil
 }
@@ -365,7 +361,9 @@ func (c *Consumer[T]) handle(ctx context.Context, msg Message, start time.Time) 
 		if c.cfg.AckAfterReconcile {
 			track = FinalOnly
 		}
-		_, o, tk, err = c.cfg.Trigger.IntakeTracked(ictx, p, IntakeOptions{Paid: true}, track) // Run took the token
+		var d Decision[T]
+		d, err = c.cfg.Trigger.Intake(ictx, p, IntakeOptions{Paid: true, Track: track, NoForward: true}) // Run took the token
+		o, tk = d.Outcome, d.Ticket
 		cancel()
 	}
 	key := slog.String("key", p.Key.String())

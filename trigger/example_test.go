@@ -58,8 +58,7 @@ func ExampleNewHandler() {
 		},
 		Logger: discard,
 	})
-	h, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{
-		Trigger:          t,
+	h, err := trigger.NewHandler(t, trigger.HandlerConfig{
 		InsecureSkipAuth: true, // for the example only
 		Logger:           discard,
 	})

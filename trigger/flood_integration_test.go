@@ -181,7 +181,7 @@ func TestFloodsAgainstTheAPIServer(t *testing.T) {
 	// The endpoint, on a loopback listener that counts connections by
 	// client address.
 	reviews := &countingReviews{kube: unthrottled(), valid: token}
-	h, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: ctrl.Trigger(), Reviews: reviews,
+	h, err := trigger.NewHandler(ctrl.Trigger(), trigger.HandlerConfig{Reviews: reviews,
 		MaxAuthFailures: floodMaxAuthFailures, AuthFailureBackoff: floodBackoff, Logger: discard})
 	if err != nil {
 		t.Fatal(err)

@@ -39,7 +39,7 @@ func TestATriggerForAWaitingKeyJoinsItWithoutARead(t *testing.T) {
 	a := opkit.Key{Namespace: "ns", Name: "a"}
 	intake := func(reason string, want queue.Outcome) {
 		t.Helper()
-		if _, o, err := tr.Intake(context.Background(), trigger.Pointer{Key: a, Reason: reason}, trigger.IntakeOptions{}); err != nil || o != want {
+		if _, o, err := intake(tr, context.Background(), trigger.Pointer{Key: a, Reason: reason}, trigger.IntakeOptions{}); err != nil || o != want {
 			t.Fatalf("Intake(%s) = (%v, %v), want %v", reason, o, err, want)
 		}
 	}
@@ -73,7 +73,7 @@ func TestTheTriggerBudgetBoundsNewReconcilesNotJoins(t *testing.T) {
 		api.objs["c"] = labelled("ns", "c", shard1)
 		tr, q := newCMTriggerWith(t, trigger.Config[*corev1.ConfigMap]{Get: api.get, Rate: 1, Burst: 2})
 		intake := func(name string) error {
-			_, _, err := tr.Intake(context.Background(), trigger.Pointer{Key: opkit.Key{Namespace: "ns", Name: name}}, trigger.IntakeOptions{})
+			_, _, err := intake(tr, context.Background(), trigger.Pointer{Key: opkit.Key{Namespace: "ns", Name: name}}, trigger.IntakeOptions{})
 			return err
 		}
 		for _, name := range []string{"a", "b"} {
@@ -104,7 +104,7 @@ func TestOneCallerTakesAtMostHalfTheBudget(t *testing.T) {
 		anything := func(_ context.Context, k opkit.Key) (*corev1.ConfigMap, error) { return cm(k.Namespace, k.Name), nil }
 		tr, q := newCMTriggerWith(t, trigger.Config[*corev1.ConfigMap]{Get: anything, Rate: 10, Burst: 10})
 		intake := func(caller, name string) error {
-			_, _, err := tr.Intake(context.Background(), trigger.Pointer{Key: opkit.Key{Namespace: "ns", Name: name}},
+			_, _, err := intake(tr, context.Background(), trigger.Pointer{Key: opkit.Key{Namespace: "ns", Name: name}},
 				trigger.IntakeOptions{Authorize: func(context.Context, opkit.Key) (string, error) { return caller, nil }})
 			return err
 		}
@@ -303,7 +303,7 @@ func TestAClientThatKeepsFailingAuthenticationIsRefusedBeforeAnyReview(t *testin
 	synctest.Test(t, func(t *testing.T) {
 		rev := newFakeReviews(t)
 		rev.allowed["system:serviceaccount:ci:deployer update /configmaps/ ns/a"] = true
-		e := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) {
+		e := newHandlerEnv(t, func(c *trigger.HandlerConfig) {
 			c.Authenticator, c.Reviews, c.MaxAuthFailures, c.AuthFailureBackoff = nil, rev, 3, 10*time.Second
 		})
 		from := func(addr, tok string) *httptest.ResponseRecorder {
@@ -343,7 +343,7 @@ func TestAClientThatKeepsFailingAuthenticationIsRefusedBeforeAnyReview(t *testin
 func TestRefusalsAreLoggedOncePerIntervalWithACount(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var logs bytes.Buffer
-		e := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) {
+		e := newHandlerEnv(t, func(c *trigger.HandlerConfig) {
 			c.Authenticator, c.MaxAuthFailures = refuseAll{}, -1
 			c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 		})
@@ -441,7 +441,7 @@ type Status = trigger.Status
 // served meanwhile, and it gets 408 once BodyTimeout has passed. An answer
 // given before the body was read does not wait for it.
 func TestASlowBodyHoldsNothingAndAnEarlyAnswerDoesNotWaitForIt(t *testing.T) {
-	e := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) {
+	e := newHandlerEnv(t, func(c *trigger.HandlerConfig) {
 		c.MaxInFlight, c.BodyTimeout, c.RateLimit, c.RateBurst = 1, 500*time.Millisecond, 1e-3, 2
 	})
 	srv := httptest.NewServer(e.h) // no ReadTimeout: only the handler bounds the body
@@ -527,19 +527,21 @@ func TestTheConsumerWaitsForTheTriggerBudget(t *testing.T) {
 	})
 }
 
-// A trigger that joins an entry waiting for its due time (a retry's
-// backoff, a requeue) makes it due now only for a token of the budget:
-// a join alone never starts a reconcile sooner.
-func TestAJoinMakesAWaitingEntryDueOnlyForAToken(t *testing.T) {
+// A trigger for a key whose entry waits for its due time (a retry's
+// backoff, a requeue) joins it for free only when it would not make it
+// sooner; to make it due now it is read and added as any trigger, for a
+// token of the budget, and without one it is refused (ErrBusy): a
+// trigger alone never starts a reconcile sooner for free.
+func TestATriggerMakesAWaitingEntryDueOnlyForAToken(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		anything := func(_ context.Context, k opkit.Key) (*corev1.ConfigMap, error) { return cm(k.Namespace, k.Name), nil }
 		tr, q := newCMTriggerWith(t, trigger.Config[*corev1.ConfigMap]{Get: anything, Rate: 1, Burst: 1})
 		a := opkit.Key{Namespace: "ns", Name: "a"}
 		q.Add(a, opkit.Cause[*corev1.ConfigMap]{}, queue.AddOptions{Delay: time.Hour}) // a retry, an hour away
-		intake := func() {
+		try := func(want error) {
 			t.Helper()
-			if _, o, err := tr.Intake(context.Background(), trigger.Pointer{Key: a}, trigger.IntakeOptions{}); err != nil || o != queue.Merged {
-				t.Fatalf("Intake = %v, %v; want Merged", o, err)
+			if _, o, err := intake(tr, context.Background(), trigger.Pointer{Key: a}, trigger.IntakeOptions{}); !errors.Is(err, want) || want == nil && o != queue.Merged {
+				t.Fatalf("Intake = %v, %v; want Merged, or %v", o, err, want)
 			}
 		}
 		due := func() bool {
@@ -552,11 +554,14 @@ func TestAJoinMakesAWaitingEntryDueOnlyForAToken(t *testing.T) {
 			}
 			return err == nil
 		}
-		intake() // the budget's one token: due now
+		try(nil) // the budget's one token: due now
 		if !due() {
 			t.Fatal("a paid trigger left the entry an hour away")
 		}
-		intake() // no token left: joined, still an hour away
+		try(trigger.ErrBusy) // no token left: refused, still an hour away
+		if _, o, err := intake(tr, context.Background(), trigger.Pointer{Key: a, Delay: 2 * time.Hour}, trigger.IntakeOptions{}); err != nil || o != queue.Merged {
+			t.Fatalf("a trigger due later than the entry: %v, %v; want it joined for free", o, err)
+		}
 		if due() {
 			t.Fatal("a trigger without a token made the entry due")
 		}

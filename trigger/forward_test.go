@@ -11,8 +11,6 @@ import (
 	"sync"
 	"testing"
 
-	corev1 "k8s.io/api/core/v1"
-
 	"github.com/opkit/opkit/trigger"
 )
 
@@ -24,10 +22,8 @@ func TestAFollowerForwardsToTheLeader(t *testing.T) {
 	leader := newHandlerEnv(t, nil)
 	leaderSrv := httptest.NewServer(leader.h)
 	defer leaderSrv.Close()
-	follower := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) {
-		c.LeaderEndpoint = func() string { return leaderSrv.URL }
-		c.Identity = "replica-b"
-	})
+	follower := newHandlerEnv(t, nil)
+	follower.route.follow(leaderSrv.URL)
 	follower.q.Suspend() // it does not lead
 	followerSrv := httptest.NewServer(follower.h)
 	defer followerSrv.Close()
@@ -50,20 +46,16 @@ func TestAFollowerForwardsToTheLeader(t *testing.T) {
 	}
 
 	// Two followers that each think the other leads: one hop, then 503.
-	var otherURL string
-	other := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) {
-		c.LeaderEndpoint = func() string { return otherURL }
-	})
+	other := newHandlerEnv(t, nil)
 	other.q.Suspend()
 	otherSrv := httptest.NewServer(other.h)
 	defer otherSrv.Close()
-	confused := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) {
-		c.LeaderEndpoint = func() string { return otherSrv.URL }
-	})
+	confused := newHandlerEnv(t, nil)
+	confused.route.follow(otherSrv.URL)
 	confused.q.Suspend()
 	confusedSrv := httptest.NewServer(confused.h)
 	defer confusedSrv.Close()
-	otherURL = confusedSrv.URL
+	other.route.follow(confusedSrv.URL)
 	resp, err = http.Post(confusedSrv.URL+"/reconcile/ns/a", "", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -74,18 +66,18 @@ func TestAFollowerForwardsToTheLeader(t *testing.T) {
 	}
 
 	// A leader endpoint that does not answer.
-	gone := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) {
-		c.LeaderEndpoint = func() string { return "http://127.0.0.1:1" }
-	})
+	gone := newHandlerEnv(t, nil)
+	gone.route.follow("http://127.0.0.1:1")
+	gone.q.Suspend()
 	wantStatus(t, post(gone, "/reconcile/ns/a"), http.StatusServiceUnavailable, "ServiceUnavailable")
 	if gone.q.Len() != 0 {
 		t.Fatal("a trigger the leader never got was queued here")
 	}
 
 	// Over TLS, never to plain HTTP.
-	tlsFollower := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) {
-		c.LeaderEndpoint = func() string { return leaderSrv.URL }
-	})
+	tlsFollower := newHandlerEnv(t, nil)
+	tlsFollower.route.follow(leaderSrv.URL)
+	tlsFollower.q.Suspend()
 	tlsSrv := httptest.NewTLSServer(tlsFollower.h)
 	defer tlsSrv.Close()
 	resp, err = tlsSrv.Client().Post(tlsSrv.URL+"/reconcile/ns/a", "", nil)
@@ -129,13 +121,11 @@ func (a *tokenAuth) shown() []string {
 // follower's 401, and the leader never hears of it.
 func TestAForwardedTriggerCarriesTheCallersTokenAndARefusedOneIsNotForwarded(t *testing.T) {
 	leaderAuth, followerAuth := &tokenAuth{}, &tokenAuth{}
-	leader := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) { c.Authenticator = leaderAuth })
+	leader := newHandlerEnv(t, func(c *trigger.HandlerConfig) { c.Authenticator = leaderAuth })
 	leaderSrv := httptest.NewServer(leader.h)
 	defer leaderSrv.Close()
-	follower := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) {
-		c.Authenticator = followerAuth
-		c.LeaderEndpoint = func() string { return leaderSrv.URL }
-	})
+	follower := newHandlerEnv(t, func(c *trigger.HandlerConfig) { c.Authenticator = followerAuth })
+	follower.route.follow(leaderSrv.URL)
 	follower.q.Suspend()
 	followerSrv := httptest.NewServer(follower.h)
 	defer followerSrv.Close()

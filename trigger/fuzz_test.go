@@ -118,8 +118,7 @@ func FuzzHandlerPath(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	h, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{
-		Trigger:       tr,
+	h, err := trigger.NewHandler(tr, trigger.HandlerConfig{
 		Authenticator: allowAll{},
 		MaxInFlight:   -1,
 		Logger:        discard,

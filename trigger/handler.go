@@ -1,32 +1,22 @@
 package trigger
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"maps"
 	"math"
-	"mime"
-	"net"
 	"net/http"
-	"net/url"
-	"os"
-	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/flowcontrol"
 
 	"github.com/opkit/opkit"
@@ -58,11 +48,7 @@ const (
 
 // HandlerConfig configures the HTTP trigger endpoint. The zero value of
 // every optional field means its documented default.
-type HandlerConfig[T opkit.Object] struct {
-	// Trigger is where scheduled reconciles go (required); its resource
-	// decides the routes: /reconcile/{namespace}/{name} for namespaced
-	// resources, /reconcile/{name} for cluster-scoped ones.
-	Trigger *Trigger[T]
+type HandlerConfig struct {
 	// Authenticator decides who may trigger what. If nil and Reviews is
 	// set, the Kubernetes-native authenticator (NewKubeAuthenticator with
 	// KubeAuthConfig{Client: Reviews} defaults) is used. If both are nil,
@@ -76,43 +62,17 @@ type HandlerConfig[T opkit.Object] struct {
 	// budget: a leader sees those a follower forwards as one caller, the
 	// follower.
 	InsecureSkipAuth bool
-	// Leader returns the current leader's identity for 503 answers (for
-	// example leader.Elector's Leader method); nil or "" means unknown.
-	Leader func() string
-	// LeaderEndpoint returns the base URL of the leader's trigger
-	// endpoint ("https://10.0.0.7:8443", as its Lease's
-	// EndpointAnnotation says) while this replica does not lead, and ""
-	// while it leads or no leader is known (reconcile.Controller's
-	// LeaderEndpoint). When set, a follower authenticates and authorizes
-	// a request as the leader would, then forwards it there with the
-	// caller's credentials (the leader authenticates and authorizes it
-	// again: a follower never impersonates) and answers with the leader's
-	// answer: 503 when the leader does not answer (it is likely gone).
-	// A forwarded request
-	// is never forwarded again (a replica that does not lead answers it
-	// 503), and over TLS one is forwarded only to an https endpoint.
-	LeaderEndpoint func() string
-	// HolderEndpoint is LeaderEndpoint for a sharded controller
-	// (reconcile.Sharded's HolderEndpoint): it returns the base URL of
-	// the trigger endpoint of the replica that holds the shard of the
-	// object with uid, while this replica does not, and "" while it does
-	// or no holder is known. The object is read here to learn its UID,
-	// and a trigger dropped because this replica does not hold its shard
-	// is forwarded as with LeaderEndpoint (the holder reads it again);
-	// so is a GET of a trigger this replica does not know, after a read.
-	// The Trigger's queue must not drop a trigger before the read, as a
-	// suspended queue drops an add that only joins an entry:
-	// reconcile.Sharded's trigger joins none. At most one of
-	// LeaderEndpoint and HolderEndpoint may be set.
-	HolderEndpoint func(uid types.UID) string
-	// ForwardClient sends forwarded requests; nil means a client of
-	// net/http's default transport that keeps 64 idle connections to the
-	// leader. Over TLS, give it the configuration that
-	// trusts the replicas' serving certificates (and as many idle
-	// connections). Identity names this
-	// replica in the forwarded requests' ForwardedHeader.
+	// ForwardClient sends the triggers of objects another replica works
+	// on to that replica's endpoint (the Trigger's Router names it), with
+	// the caller's credentials (that replica authenticates and authorizes
+	// the request again: a replica never impersonates), and its answer is
+	// passed on: 503 when it does not answer (it is likely gone). A
+	// forwarded request is never forwarded again, and over TLS one is
+	// forwarded only to an https endpoint. nil means a client of
+	// net/http's default transport that keeps 64 idle connections per
+	// replica; over TLS, give it the configuration that trusts the
+	// replicas' serving certificates.
 	ForwardClient *http.Client
-	Identity      string
 	// Type is the event type of triggered reconciles; zero means
 	// opkit.Modified.
 	Type opkit.Type
@@ -220,7 +180,8 @@ type Status struct {
 }
 
 type handler[T opkit.Object] struct {
-	cfg      HandlerConfig[T]               // validated, defaults applied (no Authenticator: InsecureSkipAuth)
+	trig     *Trigger[T]
+	cfg      HandlerConfig                  // validated, defaults applied (no Authenticator: InsecureSkipAuth)
 	inflight chan struct{}                  // nil when unlimited
 	rate     flowcontrol.PassiveRateLimiter // nil when unlimited
 	failures *ttlCache[int]                 // failed authentications by client address
@@ -238,12 +199,12 @@ type handler[T opkit.Object] struct {
 // finishes within it, else 202 with the trigger's id); GET
 // .../triggers/{id} answers what is known of a waited-for trigger. The
 // package documentation lists the status codes.
-func NewHandler[T opkit.Object](cfg HandlerConfig[T]) (http.Handler, error) {
+func NewHandler[T opkit.Object](t *Trigger[T], cfg HandlerConfig) (http.Handler, error) {
 	cfg.Type = cmp.Or(cfg.Type, opkit.Modified)
 	switch {
-	case cfg.Trigger == nil:
-		return nil, errors.New("trigger: HandlerConfig.Trigger is required")
-	case cfg.Trigger.cfg.Get == nil:
+	case t == nil:
+		return nil, errors.New("trigger: NewHandler needs a Trigger")
+	case t.cfg.Get == nil:
 		return nil, errNoGetter
 	case cfg.InsecureSkipAuth && (cfg.Authenticator != nil || cfg.Reviews != nil):
 		return nil, errors.New("trigger: HandlerConfig.InsecureSkipAuth contradicts Authenticator/Reviews")
@@ -254,8 +215,6 @@ func NewHandler[T opkit.Object](cfg HandlerConfig[T]) (http.Handler, error) {
 	case cfg.MaxWait < 0 || cfg.MaxWaiting < 0 || cfg.MaxDelay < 0 || cfg.MaxBodyBytes < 0 || cfg.BodyTimeout < 0 || cfg.APITimeout < 0 || cfg.RetryAfter < 0 || cfg.RateLimit < 0 || cfg.RateBurst < 0 ||
 		cfg.AuthFailureBackoff < 0 || math.IsNaN(cfg.RateLimit) || math.IsInf(cfg.RateLimit, 0):
 		return nil, errors.New("trigger: HandlerConfig durations, sizes and limits must be finite and not negative")
-	case cfg.LeaderEndpoint != nil && cfg.HolderEndpoint != nil:
-		return nil, errors.New("trigger: HandlerConfig.LeaderEndpoint and HolderEndpoint are for a controller with one leader and a sharded one: set one of them")
 	case cfg.RateBurst > 0 && cfg.RateLimit == 0:
 		return nil, errors.New("trigger: HandlerConfig.RateBurst without RateLimit would have no effect; set RateLimit too")
 	}
@@ -284,7 +243,7 @@ func NewHandler[T opkit.Object](cfg HandlerConfig[T]) (http.Handler, error) {
 		}
 		cfg.Authenticator = a
 	}
-	h := &handler[T]{cfg: cfg, failures: newTTLCache[int](4096), log: newSampler(cfg.Logger)}
+	h := &handler[T]{trig: t, cfg: cfg, failures: newTTLCache[int](4096), log: newSampler(cfg.Logger)}
 	if cfg.MaxInFlight > 0 {
 		h.inflight = make(chan struct{}, cfg.MaxInFlight)
 	}
@@ -346,8 +305,9 @@ func writeJSON(w http.ResponseWriter, code int, body any) {
 // relies on: route, method, rate, the client's failed authentications,
 // query and body (bodyRead is set once the body is in), the in-flight
 // limit, then Intake (the key, the caller's authorization, the scope,
-// the trigger budget, the read, the enqueue). It returns an Accepted or a
-// *Status.
+// where the object is worked on, the trigger budget, the read, the
+// enqueue), and acts on its decision: answer, forward or drop. It returns
+// an Accepted, an Outcome, a forwarded answer or a *Status.
 func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request, bodyRead *bool) any {
 	key, id, st := h.route(r)
 	if st != nil {
@@ -360,8 +320,7 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request, bodyRead *boo
 	if h.rate != nil && !h.rate.TryAccept() {
 		return h.fail(http.StatusTooManyRequests, "request rate limit exceeded", nil)
 	}
-	client := clientHost(r)
-	if n, _ := h.failures.get(client); h.cfg.MaxAuthFailures > 0 && n >= h.cfg.MaxAuthFailures {
+	if n, _ := h.failures.get(clientHost(r)); h.cfg.MaxAuthFailures > 0 && n >= h.cfg.MaxAuthFailures {
 		return h.fail(http.StatusTooManyRequests, "too many failed authentications from this address; try again later", nil)
 	}
 	p := Pointer{Key: key, Type: h.cfg.Type}
@@ -380,98 +339,81 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request, bodyRead *boo
 		return st
 	}
 	defer release()
-	var user string
-	var authErr error
-	authorize := func(ctx context.Context, key opkit.Key) (string, error) {
-		if h.cfg.Authenticator == nil {
-			return "address " + client, nil
-		}
-		user, authErr = h.cfg.Authenticator.Authorize(ctx, AuthRequest{HTTP: r, Resource: h.cfg.Trigger.Resource(), Key: key})
-		switch {
-		case errors.Is(authErr, ErrUnauthenticated):
-			h.failures.update(client, time.Now().Add(h.cfg.AuthFailureBackoff), func(n int) int { return n + 1 })
-		case authErr == nil:
-			h.failures.forget(client)
-		}
-		return "user " + user, authErr
+	if id != "" {
+		return h.lookup(w, r, key, id)
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), h.cfg.APITimeout)
-	var obj T
-	var o queue.Outcome
-	var tk *Ticket
-	var err error
-	leaderURL := ""
-	waiting := false // this request holds a place among MaxWaiting
-	if h.cfg.LeaderEndpoint != nil && r.Header.Get(ForwardedHeader) == "" {
-		leaderURL = h.cfg.LeaderEndpoint()
+	return h.trigger(w, r, p, wait, release)
+}
+
+// caller authorizes r's caller for the HTTP handler's Intake and keeps
+// the authorization's error, which decides the status of a refusal.
+type caller[T opkit.Object] struct {
+	h    *handler[T]
+	r    *http.Request
+	user string
+	err  error
+}
+
+func (c *caller[T]) authorize(ctx context.Context, key opkit.Key) (string, error) {
+	client := clientHost(c.r)
+	if c.h.cfg.Authenticator == nil {
+		return "address " + client, nil
 	}
+	c.user, c.err = c.h.cfg.Authenticator.Authorize(ctx, AuthRequest{HTTP: c.r, Resource: c.h.trig.Resource(), Key: key})
 	switch {
-	case leaderURL != "": // a follower: the leader answers, once the caller passed here too
-		if err = h.cfg.Trigger.check(key, cmp.Or(p.Type, opkit.Modified), p.Delay, p.Reason); err == nil {
-			if _, err = authorize(ctx, key); err != nil {
-				err = fmt.Errorf("trigger: %w", err)
-			}
-		}
-	case id != "": // GET: what is known of a trigger
-		var caller string
-		if caller, err = authorize(ctx, key); err != nil {
-			err = fmt.Errorf("trigger: %w", err)
-			break
-		}
-		// Unknown here: the replica that holds the object's shard may know
-		// it. Read the object (paid as a trigger's read) to learn which
-		// that is; none outside the scope or when it is gone. A read that
-		// failed is answered as for a trigger (429, 502, 504).
-		out := h.cfg.Trigger.Lookup(key, id)
-		if out.State == Unknown && h.cfg.HolderEndpoint != nil && r.Header.Get(ForwardedHeader) == "" && h.cfg.Trigger.checkNamespace(key) == nil {
-			if obj, err = h.cfg.Trigger.read(ctx, key, caller, IntakeOptions{}); err == nil {
-				leaderURL = h.cfg.HolderEndpoint(obj.GetUID())
-			} else if errors.Is(err, ErrNotFound) {
-				err = nil
-			}
-		}
-		if err == nil && leaderURL == "" {
-			cancel()
-			return out
-		}
-	case wait > 0:
+	case errors.Is(c.err, ErrUnauthenticated):
+		c.h.failures.update(client, time.Now().Add(c.h.cfg.AuthFailureBackoff), func(n int) int { return n + 1 })
+	case c.err == nil:
+		c.h.failures.forget(client)
+	}
+	if c.err != nil {
+		return "", fmt.Errorf("trigger: %w", c.err)
+	}
+	return "user " + c.user, nil
+}
+
+// trigger takes the POST of p through Intake and acts on its decision;
+// with a wait, the caller waits for the outcome holding no in-flight slot
+// (release gives it back).
+func (h *handler[T]) trigger(w http.ResponseWriter, r *http.Request, p Pointer, wait time.Duration, release func()) any {
+	track := NotTracked
+	if wait > 0 {
 		if h.waiting.Add(1) > int64(h.cfg.MaxWaiting) {
 			h.waiting.Add(-1)
-			cancel()
-			return h.fail(http.StatusTooManyRequests, fmt.Sprintf("%d callers wait for outcomes already", h.cfg.MaxWaiting), &key)
+			return h.fail(http.StatusTooManyRequests, fmt.Sprintf("%d callers wait for outcomes or forwarded answers already", h.cfg.MaxWaiting), &p.Key)
 		}
-		waiting = true
 		defer h.waiting.Add(-1)
-		obj, o, tk, err = h.cfg.Trigger.IntakeTracked(ctx, p, IntakeOptions{Authorize: authorize}, Tracked)
-	default:
-		obj, o, err = h.cfg.Trigger.Intake(ctx, p, IntakeOptions{Authorize: authorize})
+		track = Tracked
 	}
+	c := &caller[T]{h: h, r: r}
+	ctx, cancel := context.WithTimeout(r.Context(), h.cfg.APITimeout)
+	d, err := h.trig.Intake(ctx, p, IntakeOptions{Authorize: c.authorize, Track: track, NoForward: r.Header.Get(ForwardedHeader) != ""})
 	cancel()
-	if st := h.refusal(w, r, key, err, authErr); st != nil {
-		return st
+	switch {
+	case err != nil:
+		return h.refusal(w, r, p.Key, err, c.err)
+	case d.Endpoint != "":
+		release() // the replica that works on the object does the work
+		return h.forward(r, d.Endpoint, p, wait, p.Key, wait > 0)
+	case !d.Outcome.Accepted():
+		return h.dropped(w, d.Outcome, d.Holder, p.Key)
 	}
-	if id == "" && leaderURL == "" && !o.Accepted() && !isNil(obj) && h.cfg.HolderEndpoint != nil && r.Header.Get(ForwardedHeader) == "" {
-		// Dropped here: the holder of the object's shard answers, if
-		// another replica holds it.
-		leaderURL = h.cfg.HolderEndpoint(obj.GetUID())
+	h.cfg.Logger.LogAttrs(r.Context(), slog.LevelDebug, "trigger: scheduled", slog.String("key", p.Key.String()), slog.String("user", c.user), slog.String("outcome", d.Outcome.String()))
+	a := Accepted{Key: p.Key.String(), Namespace: p.Key.Namespace, Name: p.Key.Name, Delay: p.Delay.String(), Outcome: d.Outcome.String()}
+	if !isNil(d.Object) { // not joined into an entry that waited: read
+		a.UID, a.ResourceVersion = string(d.Object.GetUID()), d.Object.GetResourceVersion()
 	}
-	if leaderURL != "" {
-		release() // the leader (the shard's holder) does the work
-		return h.forward(r, leaderURL, p, wait, key, waiting)
-	}
-	if !o.Accepted() {
-		return h.dropped(w, o, key)
-	}
-	h.cfg.Logger.LogAttrs(r.Context(), slog.LevelDebug, "trigger: scheduled", slog.String("key", key.String()), slog.String("user", user), slog.String("outcome", o.String()))
-	a := Accepted{Key: key.String(), Namespace: key.Namespace, Name: key.Name, Delay: p.Delay.String(), Outcome: o.String()}
-	if !isNil(obj) { // not joined into an entry that waited: read
-		a.UID, a.ResourceVersion = string(obj.GetUID()), obj.GetResourceVersion()
-	}
-	if tk == nil {
+	if d.Ticket == nil {
 		return a
 	}
-	// The caller waits; its slot is for work, not for waiting.
-	release()
+	release() // the caller waits; its slot is for work, not for waiting
+	return h.await(r, a, d.Ticket, wait, p.Key)
+}
+
+// await waits up to wait for the outcome of tk's reconcile: 200 with it,
+// 202 with the trigger's id when the wait ends first, 503 when the term
+// (or this replica) ended first, or the caller left.
+func (h *handler[T]) await(r *http.Request, a Accepted, tk *Ticket, wait time.Duration, key opkit.Key) any {
 	// The path as the caller sent it (a prefix StripPrefix removed included).
 	path, _, _ := strings.Cut(r.RequestURI, "?")
 	if path == "" {
@@ -482,12 +424,44 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request, bodyRead *boo
 	defer stop()
 	out, err := tk.Wait(wctx)
 	switch {
+	case err != nil && errors.Is(context.Cause(r.Context()), ErrServerStopping):
+		return h.fail(http.StatusServiceUnavailable, "this replica is shutting down: the trigger was accepted, its outcome will not be reported here", &key)
 	case err != nil && r.Context().Err() != nil:
 		return h.fail(http.StatusServiceUnavailable, "the caller left before the outcome", &key)
 	case err != nil:
 		return a // the wait ended first: 202, with the trigger's id
 	case out.State == Unknown:
 		return h.fail(http.StatusServiceUnavailable, "no outcome: "+out.Error, &key)
+	}
+	return out
+}
+
+// lookup answers GET .../triggers/{id}: what this replica knows of the
+// trigger, or, when it does not know it and another replica works on the
+// object, that replica's answer.
+func (h *handler[T]) lookup(w http.ResponseWriter, r *http.Request, key opkit.Key, id string) any {
+	c := &caller[T]{h: h, r: r}
+	ctx, cancel := context.WithTimeout(r.Context(), h.cfg.APITimeout)
+	defer cancel()
+	who, err := c.authorize(ctx, key)
+	if err != nil {
+		return h.refusal(w, r, key, err, c.err)
+	}
+	out := h.trig.Lookup(key, id)
+	if out.State != Unknown || r.Header.Get(ForwardedHeader) != "" {
+		return out
+	}
+	// Another replica may know it: find where the object is worked on (a
+	// read, paid as a trigger's, when there are shards).
+	pl, _, err := h.trig.locate(ctx, key, who, IntakeOptions{})
+	switch {
+	case errors.Is(err, ErrNotFound) || errors.Is(err, ErrOutOfScope):
+		return out
+	case err != nil:
+		return h.refusal(w, r, key, err, nil)
+	case pl.Queue == nil && pl.Endpoint != "":
+		cancel()
+		return h.forward(r, pl.Endpoint, Pointer{}, 0, key, false)
 	}
 	return out
 }
@@ -523,197 +497,6 @@ func (h *handler[T]) refusal(w http.ResponseWriter, r *http.Request, key opkit.K
 	return h.apiFailure(r, "read", err, key)
 }
 
-// forwarded is the leader's answer to a forwarded request, passed on as
-// it came.
-type forwarded struct {
-	code   int
-	header http.Header
-	body   []byte
-}
-
-// forward sends the request r (its pointer p and wait) to the leader's
-// endpoint with the caller's credentials, and returns the leader's answer
-// (or 503 when there is none: the leader is likely gone; 502 when it
-// would take credentials from TLS to plain HTTP). It takes a place among
-// MaxWaiting unless the request holds one already (waiting).
-func (h *handler[T]) forward(r *http.Request, leader string, p Pointer, wait time.Duration, key opkit.Key, waiting bool) any {
-	u, err := url.Parse(leader)
-	switch {
-	case err != nil || u.Host == "" || u.Scheme != "http" && u.Scheme != "https":
-		return h.fail(http.StatusBadGateway, "the leader publishes no usable endpoint", &key)
-	case r.TLS != nil && u.Scheme != "https":
-		return h.fail(http.StatusBadGateway, "the leader's endpoint is not HTTPS: the caller's credentials stay here", &key)
-	}
-	if !waiting {
-		if h.waiting.Add(1) > int64(h.cfg.MaxWaiting) {
-			h.waiting.Add(-1)
-			return h.fail(http.StatusTooManyRequests, fmt.Sprintf("%d forwarded or waiting requests already", h.cfg.MaxWaiting), &key)
-		}
-		defer h.waiting.Add(-1)
-	}
-	q := r.URL.Query()
-	if p.Reason != "" {
-		q.Set("reason", p.Reason) // it may have come in the body
-	}
-	u = u.JoinPath(r.URL.Path)
-	u.RawQuery = q.Encode()
-	ctx, cancel := context.WithTimeout(r.Context(), wait+2*h.cfg.APITimeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, r.Method, u.String(), nil)
-	if err != nil {
-		return h.fail(http.StatusBadGateway, "the leader's endpoint cannot be addressed", &key)
-	}
-	if auth := r.Header.Get("Authorization"); auth != "" {
-		req.Header.Set("Authorization", auth)
-	}
-	req.Header.Set(ForwardedHeader, cmp.Or(h.cfg.Identity, "follower"))
-	resp, err := h.cfg.ForwardClient.Do(req)
-	if err != nil {
-		// Most likely the leader died and its Lease has not expired yet:
-		// for the caller, no replica leads right now.
-		h.log.Log(r.Context(), slog.LevelWarn, "forward", "trigger: forwarding to the leader failed", slog.String("leader", leader), slog.Any("error", err))
-		return h.fail(http.StatusServiceUnavailable, "the leader's endpoint does not answer: leadership is likely changing", &key)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil {
-		return h.fail(http.StatusBadGateway, "the leader's answer was cut off", &key)
-	}
-	header := http.Header{}
-	for _, k := range []string{"Content-Type", "Retry-After", LeaderHeader, "WWW-Authenticate"} {
-		if v := resp.Header.Get(k); v != "" {
-			header.Set(k, v)
-		}
-	}
-	return forwarded{code: resp.StatusCode, header: header, body: body}
-}
-
-// slot takes an in-flight slot; release gives it back (once, however
-// often it is called).
-func (h *handler[T]) slot() (release func(), st *Status) {
-	if h.inflight == nil {
-		return func() {}, nil
-	}
-	select {
-	case h.inflight <- struct{}{}:
-		return sync.OnceFunc(func() { <-h.inflight }), nil
-	default:
-		return nil, h.fail(http.StatusTooManyRequests, "too many requests in flight", nil)
-	}
-}
-
-// clientHost is the host of r's remote address, the unit the failed
-// authentications are counted by.
-func clientHost(r *http.Request) string {
-	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
-		return host
-	}
-	return r.RemoteAddr
-}
-
-// route returns the key named by r's path: /reconcile/{namespace}/{name}
-// for a namespaced resource, /reconcile/{name} for a cluster-scoped one
-// (behind http.StripPrefix the leading slash may be missing). Segments are
-// unescaped one by one, so "a%2Fb" is one (invalid) name. A path with
-// empty, "." or ".." segments is refused: a mux would redirect it to its
-// cleaned form, and a client following that would trigger another name
-// than it wrote.
-func (h *handler[T]) route(r *http.Request) (key opkit.Key, id string, st *Status) {
-	res := h.cfg.Trigger.Resource()
-	want, scope, use := 1, "cluster-scoped", "use POST /reconcile/{name}"
-	if res.Namespaced {
-		want, scope, use = 2, "namespaced", "use POST /reconcile/{namespace}/{name}"
-	}
-	segs := strings.Split(strings.TrimPrefix(r.URL.EscapedPath(), "/"), "/")
-	for i, seg := range segs {
-		var err error
-		segs[i], err = url.PathUnescape(seg)
-		if err != nil || segs[i] == "." || segs[i] == ".." || segs[i] == "" && i < len(segs)-1 {
-			return key, "", h.fail(http.StatusBadRequest, fmt.Sprintf("the path %q has an empty, dot, dot-dot or badly escaped segment; %s", r.URL.Path, use), nil)
-		}
-	}
-	if n := len(segs); n == 3+want && segs[n-2] == "triggers" { // .../triggers/{id}
-		id, segs = segs[n-1], segs[:n-2]
-	}
-	if len(segs) != 1+want || segs[0] != "reconcile" || slices.Contains(segs, "") {
-		return key, "", h.fail(http.StatusNotFound, fmt.Sprintf("no such route: %s is %s; %s (and GET its .../triggers/{id})", res.Resource, scope, use), nil)
-	}
-	if want == 1 {
-		return opkit.Key{Name: segs[1]}, id, nil
-	}
-	return opkit.Key{Namespace: segs[1], Name: segs[2]}, id, nil
-}
-
-// parse reads the query's delay and reason, and the reason of the
-// optional application/json body ({"reason": "..."}), into p; on failure
-// it returns the status code (400, 413 or 415). Intake checks the key and
-// the reason.
-func (h *handler[T]) parse(w http.ResponseWriter, r *http.Request, p *Pointer, wait *time.Duration, lookup bool) (int, error) {
-	q, err := url.ParseQuery(r.URL.RawQuery)
-	if err != nil {
-		return http.StatusBadRequest, invalid("query: %v", err)
-	}
-	for k, v := range q {
-		if k != "delay" && k != "reason" && k != "wait" || len(v) != 1 || lookup {
-			return http.StatusBadRequest, invalid("query parameter %q: want at most one delay, one reason and one wait, and nothing else (a lookup takes none)", k)
-		}
-	}
-	if q.Has("wait") {
-		*wait, err = time.ParseDuration(q.Get("wait"))
-		if err != nil || *wait <= 0 || *wait > h.cfg.MaxWait {
-			return http.StatusBadRequest, invalid("wait %q: want a Go duration above 0 and at most %v", q.Get("wait"), h.cfg.MaxWait)
-		}
-	}
-	if q.Has("delay") {
-		p.Delay, err = time.ParseDuration(q.Get("delay"))
-		if err != nil || p.Delay < 0 || p.Delay > h.cfg.MaxDelay {
-			return http.StatusBadRequest, invalid("delay %q: want a Go duration from 0 to %v", q.Get("delay"), h.cfg.MaxDelay)
-		}
-	}
-	p.Reason = q.Get("reason")
-
-	// The body is optional and never describes the object: at most a
-	// reason. A server request always has one; a hand-made one may not.
-	// It must arrive within BodyTimeout (a recorder in tests has no
-	// deadline to set). It is decoded at once; the checks below apply in
-	// this order.
-	rc := http.NewResponseController(w)
-	_ = rc.SetReadDeadline(time.Now().Add(h.cfg.BodyTimeout))
-	body, err := io.ReadAll(http.MaxBytesReader(w, cmp.Or[io.ReadCloser](r.Body, http.NoBody), h.cfg.MaxBodyBytes))
-	// The body is in: no read deadline from here on (net/http would take
-	// its passing for the caller going away, and end a wait for the
-	// outcome early).
-	_ = rc.SetReadDeadline(time.Time{})
-	mt, _, mtErr := mime.ParseMediaType(r.Header.Get("Content-Type"))
-	var reason *string // nil: no reason member, or a body of null
-	jsonErr := decodeObject(body, map[string]any{"reason": &reason}, false)
-	switch {
-	case errors.As(err, new(*http.MaxBytesError)):
-		return http.StatusRequestEntityTooLarge, invalid("body exceeds the limit of %d bytes", h.cfg.MaxBodyBytes)
-	case errors.Is(err, os.ErrDeadlineExceeded):
-		return http.StatusRequestTimeout, invalid("the body did not arrive within %v", h.cfg.BodyTimeout)
-	case err != nil:
-		// The error names the connection's addresses: not for the caller.
-		return http.StatusBadRequest, invalid("the body could not be read")
-	case len(body) == 0:
-		return 0, nil
-	case mtErr != nil || mt != "application/json":
-		return http.StatusUnsupportedMediaType, invalid(`a body must be application/json ({"reason": "..."})`)
-	case !utf8.Valid(body):
-		return http.StatusBadRequest, invalid("the body is not valid UTF-8")
-	case jsonErr != nil && string(bytes.TrimSpace(body)) != "null":
-		return http.StatusBadRequest, invalid("body: %w", jsonErr)
-	case reason != nil && q.Has("reason"):
-		return http.StatusBadRequest, invalid("reason given both in the query and in the body")
-	case reason != nil && strings.Count(*reason, "\uFFFD") > bytes.Count(body, []byte("\uFFFD"))+strings.Count(strings.ToLower(string(body)), `\ufffd`):
-		// encoding/json turns an escaped lone surrogate into U+FFFD.
-		return http.StatusBadRequest, invalid("reason: an escaped lone surrogate is not valid UTF-8")
-	case reason != nil:
-		p.Reason = *reason
-	}
-	return 0, nil
-}
-
 // apiFailure answers a failed API call: 504 when it timed out, else 502,
 // and 503 when the caller went away and cut it short (nothing was queued).
 // The error (which may name the API server's address, or describe the
@@ -739,23 +522,16 @@ func isTimeout(err error) bool {
 		strings.Contains(err.Error(), "would exceed context deadline")
 }
 
-// dropped answers an enqueue the queue dropped: 503, naming the leader
-// when it is known.
-func (h *handler[T]) dropped(w http.ResponseWriter, o queue.Outcome, key opkit.Key) *Status {
-	msg := "the enqueue was dropped: this replica is not the leader or leadership is changing"
-	if o == queue.DroppedShutDown {
-		msg = "the enqueue was dropped: the controller is shutting down"
-	}
-	leader := ""
-	if h.cfg.Leader != nil {
-		leader = h.cfg.Leader()
-	}
-	if leader != "" {
-		w.Header().Set(LeaderHeader, leader)
-		msg += "; current leader: " + leader
+// dropped answers a trigger no replica can take now: 503, naming the
+// replica that works on the object when it is known.
+func (h *handler[T]) dropped(w http.ResponseWriter, o queue.Outcome, holder string, key opkit.Key) *Status {
+	msg := "the trigger was dropped: no replica works on this object now (this one does not, or is shutting down; leadership may be changing)"
+	if holder != "" {
+		w.Header().Set(LeaderHeader, holder)
+		msg += "; it is worked on by: " + holder
 	}
 	st := h.fail(http.StatusServiceUnavailable, msg, &key)
-	st.Leader, st.Outcome = leader, o.String()
+	st.Leader, st.Outcome = holder, o.String()
 	return st
 }
 
@@ -786,7 +562,7 @@ func failure(code int, msg string) *Status {
 func (h *handler[T]) fail(code int, msg string, key *opkit.Key) *Status {
 	st := failure(code, msg)
 	if key != nil {
-		res := h.cfg.Trigger.Resource()
+		res := h.trig.Resource()
 		st.Details = &metav1.StatusDetails{Name: key.Name, Group: res.Group, Kind: res.Resource}
 	}
 	return st

@@ -115,7 +115,7 @@ func TestIntakeRefusesInOrder(t *testing.T) {
 				}
 				return "ci", nil
 			}
-			obj, o, err := tr.Intake(context.Background(), tc.p, trigger.IntakeOptions{Authorize: authorize})
+			obj, o, err := intake(tr, context.Background(), tc.p, trigger.IntakeOptions{Authorize: authorize})
 			if err == nil || o != 0 {
 				t.Fatalf("Intake = (%v, %v, %v), want (_, 0, an error)", obj, o, err)
 			}
@@ -157,12 +157,12 @@ func TestIntakeSubmitsTheObjectItRead(t *testing.T) {
 		ctx := context.Background()
 		start := time.Now()
 		p := trigger.Pointer{Key: opkit.Key{Namespace: "ns", Name: "a"}, Type: opkit.Added, Reason: "pushed", Delay: time.Minute}
-		obj, o, err := tr.Intake(ctx, p, trigger.IntakeOptions{}) // nil: no authorization
+		obj, o, err := intake(tr, ctx, p, trigger.IntakeOptions{}) // nil: no authorization
 		if err != nil || o != queue.Queued || obj != api.objs["a"] {
 			t.Fatalf("Intake = (%v, %v, %v), want (the object read, Queued, nil)", obj, o, err)
 		}
 		// Type zero means Modified; a second pointer merges into the entry.
-		if _, o, err := tr.Intake(ctx, trigger.Pointer{Key: p.Key, Reason: "again"}, trigger.IntakeOptions{}); err != nil || o != queue.Merged {
+		if _, o, err := intake(tr, ctx, trigger.Pointer{Key: p.Key, Reason: "again"}, trigger.IntakeOptions{}); err != nil || o != queue.Merged {
 			t.Fatalf("second Intake = (%v, %v), want (Merged, nil)", o, err)
 		}
 		it, err := q.Get(ctx)
@@ -185,7 +185,7 @@ func TestIntakeSubmitsTheObjectItRead(t *testing.T) {
 		q.Done(it.Key)
 
 		// A Deleted pointer asks for a teardown of the object read.
-		if _, o, err := tr.Intake(ctx, trigger.Pointer{Key: p.Key, Type: opkit.Deleted}, trigger.IntakeOptions{}); err != nil || o != queue.Queued {
+		if _, o, err := intake(tr, ctx, trigger.Pointer{Key: p.Key, Type: opkit.Deleted}, trigger.IntakeOptions{}); err != nil || o != queue.Queued {
 			t.Fatalf("Deleted Intake = (%v, %v), want (Queued, nil)", o, err)
 		}
 		it, err = q.Get(ctx)
@@ -195,7 +195,7 @@ func TestIntakeSubmitsTheObjectItRead(t *testing.T) {
 		q.Done(it.Key)
 
 		// A delay alone is honoured.
-		if _, _, err := tr.Intake(ctx, trigger.Pointer{Key: p.Key, Delay: time.Minute}, trigger.IntakeOptions{}); err != nil {
+		if _, _, err := intake(tr, ctx, trigger.Pointer{Key: p.Key, Delay: time.Minute}, trigger.IntakeOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		start = time.Now()
@@ -206,19 +206,20 @@ func TestIntakeSubmitsTheObjectItRead(t *testing.T) {
 }
 
 // A dropped enqueue is no error: Intake returns the queue's outcome, and a
-// replica whose intake is closed reads nothing.
+// replica whose intake is closed reads nothing (on one queue, which says
+// why it dropped).
 func TestIntakeReportsDrops(t *testing.T) {
 	api := newFakeAPI()
-	tr, q := newCMTriggerWith(t, trigger.Config[*corev1.ConfigMap]{Get: api.get})
+	tr, q := newCMTriggerWith(t, trigger.Config[*corev1.ConfigMap]{Get: api.get, Router: plainQueue{}})
 	key := opkit.Key{Namespace: "ns", Name: "a"}
 	q.Suspend()
-	obj, o, err := tr.Intake(context.Background(), trigger.Pointer{Key: key}, trigger.IntakeOptions{})
+	obj, o, err := intake(tr, context.Background(), trigger.Pointer{Key: key}, trigger.IntakeOptions{})
 	if err != nil || o != queue.DroppedSuspended || obj != nil || len(api.read) != 0 {
 		t.Fatalf("Intake while suspended = (%v, %v, %v) after %d reads, want (nil, DroppedSuspended, nil) and no read", obj, o, err, len(api.read))
 	}
 	q.Resume()
 	q.ShutDown()
-	if _, o, err := tr.Intake(context.Background(), trigger.Pointer{Key: key}, trigger.IntakeOptions{}); err != nil || o != queue.DroppedShutDown {
+	if _, o, err := intake(tr, context.Background(), trigger.Pointer{Key: key}, trigger.IntakeOptions{}); err != nil || o != queue.DroppedShutDown {
 		t.Fatalf("Intake after shutdown = (%v, %v), want (DroppedShutDown, nil)", o, err)
 	}
 }
@@ -233,7 +234,7 @@ func TestIntakePassesItsContextOn(t *testing.T) {
 		seen = append(seen, fmt.Sprint("get:", ctx.Value(ctxKey{})))
 		return cm(k.Namespace, k.Name), nil
 	}})
-	_, _, err := tr.Intake(ctx, trigger.Pointer{Key: opkit.Key{Namespace: "ns", Name: "a"}}, trigger.IntakeOptions{Authorize: func(ctx context.Context, _ opkit.Key) (string, error) {
+	_, _, err := intake(tr, ctx, trigger.Pointer{Key: opkit.Key{Namespace: "ns", Name: "a"}}, trigger.IntakeOptions{Authorize: func(ctx context.Context, _ opkit.Key) (string, error) {
 		seen = append(seen, fmt.Sprint("authorize:", ctx.Value(ctxKey{})))
 		return "ci", nil
 	}})
@@ -247,14 +248,14 @@ func TestIntakePassesItsContextOn(t *testing.T) {
 // handler and the consumer built on it treat that as a failed read.
 func TestIntakeWithoutAGetterFails(t *testing.T) {
 	tr, q := newCMTrigger(t, nil)
-	_, _, err := tr.Intake(context.Background(), trigger.Pointer{Key: opkit.Key{Namespace: "ns", Name: "a"}}, trigger.IntakeOptions{})
+	_, _, err := intake(tr, context.Background(), trigger.Pointer{Key: opkit.Key{Namespace: "ns", Name: "a"}}, trigger.IntakeOptions{})
 	if err == nil || errors.Is(err, trigger.ErrInvalid) || errors.Is(err, trigger.ErrNotFound) || errors.Is(err, trigger.ErrOutOfScope) {
 		t.Fatalf("Intake without a getter = %v, want a plain error", err)
 	}
 	if q.Len() != 0 {
 		t.Errorf("queue len = %d, want 0", q.Len())
 	}
-	if _, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: tr, InsecureSkipAuth: true, Logger: discard}); err == nil {
+	if _, err := trigger.NewHandler(tr, trigger.HandlerConfig{InsecureSkipAuth: true, Logger: discard}); err == nil {
 		t.Error("NewHandler over a Trigger that cannot read: want an error")
 	}
 	if _, err := trigger.NewConsumer(trigger.ConsumerConfig[*corev1.ConfigMap]{Trigger: tr, Broker: brokertest.New(), Logger: discard}); err == nil {

@@ -83,7 +83,7 @@ func TestHandlerAuthAgainstTheAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	tr, q := newCMTriggerWith(t, trigger.Config[*corev1.ConfigMap]{Dynamic: dyn})
-	h, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: tr, Authenticator: auth})
+	h, err := trigger.NewHandler(tr, trigger.HandlerConfig{Authenticator: auth})
 	if err != nil {
 		t.Fatal(err)
 	}

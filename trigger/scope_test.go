@@ -102,7 +102,7 @@ func TestIntakeRefusesKeysAndObjectsOutsideItsScope(t *testing.T) {
 	} {
 		read = nil
 		key := opkit.Key{Namespace: tc.ns, Name: tc.name}
-		_, o, err := tr.Intake(context.Background(), trigger.Pointer{Key: key, Type: tc.typ}, trigger.IntakeOptions{})
+		_, o, err := intake(tr, context.Background(), trigger.Pointer{Key: key, Type: tc.typ}, trigger.IntakeOptions{})
 		if tc.scope != errors.Is(err, trigger.ErrOutOfScope) || errors.Is(err, trigger.ErrInvalid) || o.Accepted() == tc.scope {
 			t.Errorf("%v (%v): Intake = %v, %v; want out of scope %v (and never ErrInvalid)", key, tc.typ, o, err, tc.scope)
 		}

@@ -14,6 +14,10 @@ import (
 	"time"
 )
 
+// ErrServerStopping is the cause of a request's context once its Server
+// shuts down: the handler answers a caller still waiting 503 at once.
+var ErrServerStopping = errors.New("trigger: the server is shutting down")
+
 // ServerConfig configures a Server. The zero value of every optional field
 // means its documented default.
 type ServerConfig struct {
@@ -97,9 +101,15 @@ func (s *Server) Run(ctx context.Context) error {
 }
 
 // Serve serves on ln (closing it when done) until ctx ends, then shuts
-// down gracefully within ShutdownTimeout. It returns nil after a shutdown
+// down gracefully within ShutdownTimeout; the requests' contexts end
+// first (ErrServerStopping), so a waiting caller is answered at once. It returns nil after a shutdown
 // caused by ctx, or the error that stopped the server.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	// The requests' contexts end, with ErrServerStopping, when the
+	// shutdown starts: a caller waiting for an outcome, or for a forwarded
+	// answer, is answered 503 at once instead of holding the shutdown up.
+	base, stopping := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer stopping(nil)
 	srv := &http.Server{
 		Handler:           headerLimit{s.cfg.Handler, s.cfg.MaxHeaderBytes},
 		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
@@ -108,7 +118,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		IdleTimeout:       s.cfg.IdleTimeout,
 		MaxHeaderBytes:    4 * s.cfg.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(s.cfg.Logger.Handler(), slog.LevelWarn),
-		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+		BaseContext:       func(net.Listener) context.Context { return base },
 	}
 	if s.certs != nil {
 		srv.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: s.certs.get}
@@ -122,6 +132,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		return fmt.Errorf("trigger: serve: %w", err)
 	case <-ctx.Done():
 	}
+	stopping(ErrServerStopping)
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ShutdownTimeout)
 	defer cancel()
 	err := srv.Shutdown(sctx)

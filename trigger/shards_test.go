@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -37,9 +36,8 @@ func uidsOnTwoShards() (types.UID, types.UID) {
 	return uids[0], uids[1]
 }
 
-// byUID is a queue that, like the sharded controller's, joins no entry
-// without an object (MergeOnly adds are NotHeld) and records what it is
-// given.
+// byUID is a queue that records what it is given and never joins an
+// entry (MergeOnly adds are NotHeld).
 type byUID struct {
 	mu     sync.Mutex
 	causes []opkit.Cause[*corev1.ConfigMap]
@@ -55,6 +53,30 @@ func (q *byUID) Add(_ opkit.Key, c opkit.Cause[*corev1.ConfigMap], opts queue.Ad
 	return queue.Queued
 }
 
+// shardsRouter is the Router of a replica of a controller of n shards:
+// the shards in held are worked on here, through their queue; the others
+// by the replica whose endpoint endpoint names ("" unknown), called
+// holder-i. It records the shards it was asked about.
+type shardsRouter struct {
+	n        int
+	held     map[int]queue.Adder[opkit.Key, opkit.Cause[*corev1.ConfigMap]]
+	endpoint string
+	mu       sync.Mutex
+	asked    []int
+}
+
+func (r *shardsRouter) Shards() int { return r.n }
+
+func (r *shardsRouter) Place(i int) trigger.Place[*corev1.ConfigMap] {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.asked = append(r.asked, i)
+	if q, ok := r.held[i]; ok {
+		return trigger.Place[*corev1.ConfigMap]{Queue: q}
+	}
+	return trigger.Place[*corev1.ConfigMap]{Holder: fmt.Sprintf("holder-%d", i), Endpoint: r.endpoint}
+}
+
 func TestAShardsTurnAndTermConcernOnlyItsShardsTriggers(t *testing.T) {
 	uid0, uid1 := uidsOnTwoShards()
 	shard0, shard1 := opkit.Shards{Count: 2, Held: []int{0}}, opkit.Shards{Count: 2, Held: []int{1}}
@@ -62,7 +84,8 @@ func TestAShardsTurnAndTermConcernOnlyItsShardsTriggers(t *testing.T) {
 	// with a UID of each shard.
 	next := uid0
 	q := &byUID{}
-	tr, err := trigger.New(trigger.Config[*corev1.ConfigMap]{Queue: q, Resource: configMaps, UIDRequired: true, Logger: discard,
+	r := &shardsRouter{n: 2, held: map[int]queue.Adder[opkit.Key, opkit.Cause[*corev1.ConfigMap]]{0: q, 1: q}}
+	tr, err := trigger.New(trigger.Config[*corev1.ConfigMap]{Router: r, Resource: configMaps, Logger: discard,
 		Get: func(context.Context, opkit.Key) (*corev1.ConfigMap, error) {
 			o := cm("ns", "a")
 			o.UID = next
@@ -73,11 +96,11 @@ func TestAShardsTurnAndTermConcernOnlyItsShardsTriggers(t *testing.T) {
 	}
 	intake := func() *trigger.Ticket {
 		t.Helper()
-		_, o, tk, err := tr.IntakeTracked(t.Context(), trigger.Pointer{Key: opkit.Key{Namespace: "ns", Name: "a"}}, trigger.IntakeOptions{}, trigger.Tracked)
-		if err != nil || o != queue.Queued || tk == nil {
-			t.Fatalf("intake: %v %v %v, want queued with a ticket", o, tk, err)
+		d, err := tr.Intake(t.Context(), trigger.Pointer{Key: opkit.Key{Namespace: "ns", Name: "a"}}, trigger.IntakeOptions{Track: trigger.Tracked})
+		if err != nil || d.Outcome != queue.Queued || d.Ticket == nil {
+			t.Fatalf("intake: %+v %v, want queued with a ticket", d, err)
 		}
-		return tk
+		return d.Ticket
 	}
 	old := intake()
 	next = uid1
@@ -118,19 +141,6 @@ func TestAShardsTurnAndTermConcernOnlyItsShardsTriggers(t *testing.T) {
 	}
 }
 
-// unsharded is a queue of a sharded controller's replica for the shards
-// it holds, here none (the queue is suspended): an add without an object
-// names no shard, so it joins no entry (NotHeld), and the trigger reads
-// the object to learn its UID.
-type unsharded struct{ *cmQueue }
-
-func (q unsharded) Add(k opkit.Key, c opkit.Cause[*corev1.ConfigMap], opts queue.AddOptions) queue.Outcome {
-	if c.Object == nil && opts.MergeOnly {
-		return queue.NotHeld
-	}
-	return q.cmQueue.Add(k, c, opts)
-}
-
 // handlerTransport sends a forwarded request to the handler h in this
 // process, as the holder's endpoint would serve it.
 type handlerTransport struct{ h http.Handler }
@@ -149,19 +159,23 @@ func (t handlerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 func TestAReplicaForwardsToTheHolderOfTheObjectsShard(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		holder := newHandlerEnv(t, nil)
-		var asked []types.UID
-		var endpoint = "http://holder.example:8443"
 		other := newHandlerEnv(t, nil)
 		q := newCMQueue()
-		q.Suspend() // it does not hold ns/a's shard
-		tr, err := trigger.New(trigger.Config[*corev1.ConfigMap]{Queue: unsharded{q}, Resource: configMaps, Dynamic: other.dyn, UIDRequired: true, Logger: discard})
+		// Of 8 shards, this replica holds all but ns/a's.
+		aShard := opkit.ShardOf("uid-a", 8)
+		r := &shardsRouter{n: 8, held: map[int]queue.Adder[opkit.Key, opkit.Cause[*corev1.ConfigMap]]{}, endpoint: "http://holder.example:8443"}
+		for i := range 8 {
+			if i != aShard {
+				r.held[i] = q
+			}
+		}
+		tr, err := trigger.New(trigger.Config[*corev1.ConfigMap]{Router: r, Resource: configMaps, Dynamic: other.dyn, Logger: discard})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if other.h, err = trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: tr, Authenticator: allowAll{}, Logger: discard,
-			HolderEndpoint: func(uid types.UID) string { asked = append(asked, uid); return endpoint },
-			ForwardClient:  &http.Client{Transport: handlerTransport{holder.h}},
-			MaxWaiting:     1, // a waiting caller forwarded takes one place, not two
+		if other.h, err = trigger.NewHandler(tr, trigger.HandlerConfig{Authenticator: allowAll{}, Logger: discard,
+			ForwardClient: &http.Client{Transport: handlerTransport{holder.h}},
+			MaxWaiting:    1, // a waiting caller forwarded takes one place, not two
 		}); err != nil {
 			t.Fatal(err)
 		}
@@ -172,8 +186,8 @@ func TestAReplicaForwardsToTheHolderOfTheObjectsShard(t *testing.T) {
 		if err := json.Unmarshal(w.Body.Bytes(), &a); err != nil || w.Code != http.StatusAccepted || a.ID == "" || w.Header().Get(trigger.ForwardedHeader) == "" {
 			t.Fatalf("through the other replica: %d %s, want the holder's 202 with an id", w.Code, w.Body)
 		}
-		if len(asked) != 1 || asked[0] != "uid-a" {
-			t.Fatalf("holder asked for %v, want the UID read, uid-a", asked)
+		if len(r.asked) != 1 || r.asked[0] != aShard {
+			t.Fatalf("places asked for %v, want the shard of the UID read, uid-a's (%d)", r.asked, aShard)
 		}
 		if holder.q.Len() != 1 || other.q.Len() != 0 {
 			t.Fatalf("queued: holder %d, other %d; want the holder's", holder.q.Len(), other.q.Len())
@@ -197,7 +211,7 @@ func TestAReplicaForwardsToTheHolderOfTheObjectsShard(t *testing.T) {
 		wantStatus(t, other.do(http.MethodPost, "/reconcile/ns/a", nil, http.Header{trigger.ForwardedHeader: {"replica-c"}}), http.StatusServiceUnavailable, "ServiceUnavailable")
 
 		// No holder known: the replica answers itself.
-		endpoint = ""
+		r.endpoint = ""
 		wantStatus(t, post(other, "/reconcile/ns/a"), http.StatusServiceUnavailable, "ServiceUnavailable")
 		if o := outcomeOf(t, other.do(http.MethodGet, a.StatusPath, nil, nil)); o.State != trigger.Unknown {
 			t.Fatalf("GET with no holder known: %+v, want this replica's unknown", o)
@@ -212,16 +226,14 @@ func TestAReplicaForwardsToTheHolderOfTheObjectsShard(t *testing.T) {
 func TestAGetThatCannotReadIsRefusedNotUnknown(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		env := newHandlerEnv(t, nil)
-		q := newCMQueue()
-		q.Suspend()
-		tr, err := trigger.New(trigger.Config[*corev1.ConfigMap]{Queue: unsharded{q}, Resource: configMaps, Dynamic: env.dyn, UIDRequired: true,
+		r := &shardsRouter{n: 8, endpoint: "http://holder.example"} // holds none
+		tr, err := trigger.New(trigger.Config[*corev1.ConfigMap]{Router: r, Resource: configMaps, Dynamic: env.dyn,
 			Rate: 0.001, Burst: 1, Logger: discard})
 		if err != nil {
 			t.Fatal(err)
 		}
-		h, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: tr, Authenticator: allowAll{}, Logger: discard,
-			HolderEndpoint: func(types.UID) string { return "http://holder.example" },
-			ForwardClient:  &http.Client{Transport: handlerTransport{env.h}}})
+		h, err := trigger.NewHandler(tr, trigger.HandlerConfig{Authenticator: allowAll{}, Logger: discard,
+			ForwardClient: &http.Client{Transport: handlerTransport{env.h}}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -231,13 +243,4 @@ func TestAGetThatCannotReadIsRefusedNotUnknown(t *testing.T) {
 		}
 		wantStatus(t, env.do(http.MethodGet, "/reconcile/ns/a/triggers/x-0-1", nil, nil), http.StatusTooManyRequests, "TooManyRequests")
 	})
-}
-
-func TestHolderEndpointAndLeaderEndpointExcludeEachOther(t *testing.T) {
-	tr, _ := newCMTriggerWith(t, trigger.Config[*corev1.ConfigMap]{Get: func(context.Context, opkit.Key) (*corev1.ConfigMap, error) { return cm("ns", "a"), nil }})
-	_, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: tr, InsecureSkipAuth: true,
-		LeaderEndpoint: func() string { return "" }, HolderEndpoint: func(types.UID) string { return "" }})
-	if err == nil || !strings.Contains(err.Error(), "HolderEndpoint") {
-		t.Fatalf("NewHandler with LeaderEndpoint and HolderEndpoint: %v, want an error naming them", err)
-	}
 }

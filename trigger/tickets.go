@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -132,24 +133,43 @@ func newTickets() *tickets {
 	return &tickets{nonce: hex.EncodeToString(b), waiting: map[opkit.Key][]*Ticket{}, done: map[string]remembered{}}
 }
 
-// take registers the next ticket for key (of the object with uid, "" when
-// unknown) if add, called with its number, accepts it (tk is nil when it
-// did not, or when MaxTracked tickets wait).
-func (ts *tickets) take(key opkit.Key, uid types.UID, final bool, add func(n uint64) bool) (tk *Ticket, full bool) {
+// reserve registers the next ticket for key, of obj (nil when not read),
+// before its add: ErrBusy when MaxTracked tickets wait, or
+// MaxTrackedPerKey for key. The adds of a key may reach the queue in
+// another order than their numbers: a turn that serves a higher number
+// was taken after this ticket was registered, so it reconciled a state
+// at least as new as the one this trigger asked about.
+func (ts *tickets) reserve(key opkit.Key, obj opkit.Object, final bool) (*Ticket, error) {
+	var uid types.UID
+	if obj != nil && !isNil(obj) {
+		uid = obj.GetUID()
+	}
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
 	if ts.nWait >= MaxTracked || len(ts.waiting[key]) >= MaxTrackedPerKey {
-		return nil, true
+		return nil, fmt.Errorf("trigger: %w: too many tracked triggers wait for their reconciles (%d in all, %d for one key)", ErrBusy, MaxTracked, MaxTrackedPerKey)
 	}
-	n := ts.next + 1
-	if !add(n) {
-		return nil, false
-	}
-	ts.next = n
-	tk = &Ticket{ID: fmt.Sprintf("%s-%d-%d", ts.nonce, ts.epoch, n), key: key, uid: uid, n: n, final: final, out: make(chan Outcome, 1)}
+	ts.next++
+	tk := &Ticket{ID: fmt.Sprintf("%s-%d-%d", ts.nonce, ts.epoch, ts.next), key: key, uid: uid, n: ts.next, final: final, out: make(chan Outcome, 1)}
 	ts.waiting[key] = append(ts.waiting[key], tk)
 	ts.nWait++
-	return tk, false
+	return tk, nil
+}
+
+// withdraw forgets tk, whose add stored nothing, unless an outcome
+// reached it meanwhile.
+func (ts *tickets) withdraw(tk *Ticket) {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	kept := slices.DeleteFunc(ts.waiting[tk.key], func(o *Ticket) bool { return o == tk })
+	if len(kept) < len(ts.waiting[tk.key]) {
+		ts.nWait--
+	}
+	if len(kept) == 0 {
+		delete(ts.waiting, tk.key)
+	} else {
+		ts.waiting[tk.key] = kept
+	}
 }
 
 // report resolves the tickets of key numbered up to upTo of an object in

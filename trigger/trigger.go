@@ -9,7 +9,6 @@ import (
 	"math"
 	"reflect"
 	"strings"
-	"sync"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -17,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/validation/path"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/util/flowcontrol"
@@ -88,9 +86,12 @@ type Getter[T opkit.Object] func(ctx context.Context, key opkit.Key) (T, error)
 // Config configures a Trigger. The zero value of every optional field means
 // its documented default.
 type Config[T opkit.Object] struct {
-	// Queue is the controller's queue (required). Enqueue calls its Add,
-	// which never blocks.
-	Queue queue.Adder[opkit.Key, opkit.Cause[T]]
+	// Queue is the one queue triggers go to, for a Trigger used alone;
+	// Router, for a controller whose work may be shared over replicas
+	// (reconcile.Controller's Trigger sets it). Exactly one is required.
+	// Enqueue calls the queue's Add, which never blocks.
+	Queue  queue.Adder[opkit.Key, opkit.Cause[T]]
+	Router Router[T]
 	// Get reads an object for Intake (the HTTP handler and the consumer);
 	// reconcile's controller sets its own. If nil, a typed client over
 	// Dynamic is used; with neither, Intake fails and NewHandler and
@@ -136,12 +137,6 @@ type Config[T opkit.Object] struct {
 	// DefaultBurst (20); a negative Rate means unlimited.
 	Rate  float64
 	Burst int
-	// UIDRequired makes Enqueue and Submit refuse an object without a
-	// UID (ErrInvalid): set it when Queue routes by the object's UID
-	// (reconcile's Sharded does), so that a trigger of an object built
-	// from its name alone is refused rather than sent to an arbitrary
-	// shard. Intake reads the object, which has its UID.
-	UIDRequired bool
 	// Metrics receives counts of outcomes; nil means no metrics.
 	Metrics Metrics
 	// Logger receives the records of dropped (Info: expected on
@@ -160,12 +155,12 @@ type Trigger[T opkit.Object] struct {
 	log     *sampler
 }
 
-// New validates cfg and returns a Trigger bound to cfg.Queue.
+// New validates cfg and returns a Trigger bound to cfg.Queue or cfg.Router.
 func New[T opkit.Object](cfg Config[T]) (*Trigger[T], error) {
 	resErr, nsErrs := cfg.Resource.Validate(), validation.IsDNS1123Label(cfg.Namespace)
 	switch {
-	case isNil(cfg.Queue):
-		return nil, errors.New("trigger: Config.Queue is required")
+	case isNil(cfg.Queue) == isNil(cfg.Router):
+		return nil, errors.New("trigger: set one of Config.Queue and Config.Router")
 	case resErr != nil:
 		return nil, fmt.Errorf("trigger: Config.Resource: %w", resErr)
 	case cfg.Namespace != "" && !cfg.Resource.Namespaced:
@@ -183,6 +178,9 @@ func New[T opkit.Object](cfg Config[T]) (*Trigger[T], error) {
 	cfg.Priority = cmp.Or(cfg.Priority, DefaultPriority)
 	cfg.Metrics = cmp.Or[Metrics](cfg.Metrics, nopMetrics{})
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
+	if cfg.Router == nil {
+		cfg.Router = alone[T]{cfg.Queue}
+	}
 	t := &Trigger[T]{cfg: cfg, tickets: newTickets(), log: newSampler(cfg.Logger)}
 	if cfg.Rate >= 0 {
 		rate, burst := float32(cmp.Or(cfg.Rate, DefaultRate)), cmp.Or(cfg.Burst, DefaultBurst)
@@ -247,7 +245,7 @@ type Request[T opkit.Object] struct {
 //     cluster-scoped resource or missing for a namespaced one, negative
 //     delay, retries negative or beyond int32, invalid type or source,
 //     source APIServer, an object of another kind, one without a UID
-//     with Config.UIDRequired); an object in a
+//     when the Router has more than one shard); an object in a
 //     namespace the controller does not handle, or a Deleted trigger whose
 //     object's labels the watch's selector does not match (wrapping
 //     [ErrOutOfScope]; other objects' labels are checked when the object
@@ -268,7 +266,12 @@ func (t *Trigger[T]) Submit(ctx context.Context, req Request[T]) (queue.Outcome,
 	if err := t.validate(req); err != nil {
 		return 0, t.rejected(ctx, err)
 	}
-	return t.add(ctx, opkit.KeyOf(req.Object), t.cause(req.Object, req.Type, req.Reason, req.Retries), req.Delay, false), nil
+	pl := t.cfg.Router.Place(t.shardOf(req.Object))
+	if pl.Queue == nil {
+		return t.dropped(ctx, opkit.KeyOf(req.Object), queue.DroppedSuspended), nil
+	}
+	d, err := t.schedule(ctx, pl.Queue, opkit.KeyOf(req.Object), t.cause(req.Object, req.Type, req.Reason, req.Retries), req.Delay, false, NotTracked)
+	return d.Outcome, err
 }
 
 // cause is what a trigger puts into the queue for its key: source
@@ -276,28 +279,6 @@ func (t *Trigger[T]) Submit(ctx context.Context, req Request[T]) (queue.Outcome,
 func (t *Trigger[T]) cause(obj T, typ opkit.Type, reason string, retries int) opkit.Cause[T] {
 	return opkit.Cause[T]{Object: obj, Sources: opkit.Sources(opkit.Operator), Reasons: opkit.ReasonsOf(reason),
 		Added: typ == opkit.Added, Teardown: typ == opkit.Deleted, Retries: retries}
-}
-
-// addTracked is add with, for track, a ticket whose number the cause
-// carries.
-func (t *Trigger[T]) addTracked(ctx context.Context, key opkit.Key, c opkit.Cause[T], delay time.Duration, mergeOnly bool, track Tracking) (queue.Outcome, *Ticket, error) {
-	if track == NotTracked {
-		return t.add(ctx, key, c, delay, mergeOnly), nil, nil
-	}
-	var o queue.Outcome
-	var uid types.UID
-	if !isNil(c.Object) {
-		uid = c.Object.GetUID()
-	}
-	tk, full := t.tickets.take(key, uid, track == FinalOnly, func(n uint64) bool {
-		c.Ticket = n
-		o = t.add(ctx, key, c, delay, mergeOnly)
-		return o.Accepted()
-	})
-	if full {
-		return 0, nil, fmt.Errorf("trigger: %w: too many tracked triggers wait for their reconciles (%d in all, %d for one key)", ErrBusy, MaxTracked, MaxTrackedPerKey)
-	}
-	return o, tk, nil
 }
 
 // Report hands the outcome o of the reconcile turn of key whose entry
@@ -321,21 +302,6 @@ func (t *Trigger[T]) Abandon(why string, shards opkit.Shards) { t.tickets.abando
 // Lookup returns what this replica knows of the tracked trigger id of
 // key: Pending, its outcome while remembered (MaxRemembered), or Unknown.
 func (t *Trigger[T]) Lookup(key opkit.Key, id string) Outcome { return t.tickets.lookup(key, id) }
-
-// add adds c for key at the trigger priority (with mergeOnly, only into an
-// entry waiting for it), and counts and logs the outcome.
-func (t *Trigger[T]) add(ctx context.Context, key opkit.Key, c opkit.Cause[T], delay time.Duration, mergeOnly bool) queue.Outcome {
-	o := t.cfg.Queue.Add(key, c, queue.AddOptions{Delay: delay, Priority: t.cfg.Priority, MergeOnly: mergeOnly})
-	if o == queue.NotHeld {
-		return o
-	}
-	t.cfg.Metrics.Enqueued(o)
-	if !o.Accepted() {
-		t.log.Log(ctx, slog.LevelInfo, "dropped", "trigger dropped", slog.String("resource", t.cfg.Resource.GroupVersionResource.String()),
-			slog.String("key", key.String()), slog.String("outcome", o.String()), slog.String("reasons", strings.Join(c.Reasons, "; ")))
-	}
-	return o
-}
 
 // validate checks req as Submit takes it.
 func (t *Trigger[T]) validate(req Request[T]) error {
@@ -361,7 +327,7 @@ func (t *Trigger[T]) validate(req Request[T]) error {
 		return invalid("object %s is a %s, not a %s", key, gvk.Kind, t.cfg.Resource.Kind)
 	case gvk.Version != "" && gvk.Group != t.cfg.Resource.Group:
 		return invalid("object %s is in API group %q, not %q", key, gvk.Group, t.cfg.Resource.Group)
-	case t.cfg.UIDRequired && req.Object.GetUID() == "":
+	case t.cfg.Router.Shards() > 1 && req.Object.GetUID() == "":
 		return invalid("object %s has no UID: the controller is sharded by UID; pass the object as read from the API server", key)
 	}
 	if err := t.checkNamespace(key); err != nil {
@@ -373,205 +339,6 @@ func (t *Trigger[T]) validate(req Request[T]) error {
 		return t.checkLabels(req.Object)
 	}
 	return nil
-}
-
-// Pointer is what an external trigger carries: which object and why,
-// never the object itself (see the package documentation).
-type Pointer struct {
-	// Key names the object.
-	Key opkit.Key
-	// Type is the type of the trigger, as for [Trigger.Enqueue]; zero
-	// means Modified.
-	Type opkit.Type
-	// Reason and Delay are as in [Request].
-	Reason string
-	Delay  time.Duration
-}
-
-// Intake is the one path of an external trigger that names an object (the
-// HTTP handler and the consumer take it), in this order: it validates p
-// (errors wrap ErrInvalid); calls opts.Authorize, if set, and returns its
-// error as is (the HTTP handler authorizes the caller there, on a valid
-// key, before anything is read); checks that the key is in the
-// controller's scope (ErrOutOfScope); joins the entry already waiting
-// for the key, if there is one (the answer is then Merged, or a drop, and
-// nothing is read); takes a token of the trigger budget unless
-// opts.Paid (ErrBusy when there is none, see Config.Rate), and one of the
-// caller's share of it when Authorize names a caller; reads the object
-// through Config.Get (ErrNotFound when it
-// does not exist; an API error is returned wrapped, so that
-// apierrors.IsTimeout and friends work); checks its labels against
-// Config.Selector (ErrOutOfScope); and submits it with source Operator.
-// It returns the object read (none when it joined a waiting entry) and
-// the queue's outcome (not Accepted: dropped; the error is then nil). The
-// object read travels with the key, so the controller reconciles it
-// without reading it again when it is still the latest state its watch
-// has seen; a joined trigger's reconcile reads the object as every turn
-// does.
-func (t *Trigger[T]) Intake(ctx context.Context, p Pointer, opts IntakeOptions) (T, queue.Outcome, error) {
-	obj, o, _, err := t.IntakeTracked(ctx, p, opts, NotTracked)
-	return obj, o, err
-}
-
-// Tracking says whether [Trigger.IntakeTracked] tracks the trigger.
-type Tracking uint8
-
-const (
-	// NotTracked: no ticket.
-	NotTracked Tracking = iota
-	// Tracked: the ticket's outcome is that of the first reconcile turn
-	// that serves the trigger (an HTTP caller waiting for it).
-	Tracked
-	// FinalOnly: the ticket's outcome is the first final one (State.Final,
-	// or Unknown when the term ends): a failed reconcile's retries serve
-	// it too (a broker acknowledging only what was reconciled).
-	FinalOnly
-)
-
-// IntakeTracked is Intake that also returns, with track, a Ticket on
-// which the outcome of the reconcile that serves the trigger arrives
-// (nil when the trigger was not scheduled). A tracked trigger that joins
-// an entry waiting for its key is served by that entry's reconcile.
-// Beyond MaxTracked tickets waiting, a tracked trigger is refused with
-// ErrBusy.
-func (t *Trigger[T]) IntakeTracked(ctx context.Context, p Pointer, opts IntakeOptions, track Tracking) (T, queue.Outcome, *Ticket, error) {
-	var none T
-	p.Type = cmp.Or(p.Type, opkit.Modified)
-	if err := t.check(p.Key, p.Type, p.Delay, p.Reason); err != nil {
-		return none, 0, nil, t.rejected(ctx, err)
-	}
-	var caller string
-	if opts.Authorize != nil {
-		var err error
-		if caller, err = opts.Authorize(ctx, p.Key); err != nil {
-			return none, 0, nil, err
-		}
-	}
-	if err := t.checkNamespace(p.Key); err != nil {
-		return none, 0, nil, t.rejected(ctx, err)
-	}
-	if t.cfg.Get == nil {
-		return none, 0, nil, errNoGetter
-	}
-	// A key that waits already gets this trigger's reason and marks for
-	// free: its reconcile reads the object anyway. The join leaves the
-	// entry's due time alone (a retry's backoff, a requeue): making it due
-	// sooner costs a token, when there is one. While the intake is closed
-	// this is also the answer (a drop), before anything is read. A queue
-	// that routes by the object's UID (reconcile.Sharded's) joins nothing
-	// here: every trigger is read, and the add with the object decides.
-	if o, tk, err := t.addTracked(ctx, p.Key, t.cause(none, p.Type, p.Reason, 0), p.Delay, true, track); err != nil || o != queue.NotHeld {
-		return none, o, tk, err
-	}
-	obj, err := t.read(ctx, p.Key, caller, opts)
-	if err != nil {
-		return none, 0, nil, err
-	}
-	if err := t.checkLabels(obj); err != nil {
-		return none, 0, nil, t.rejected(ctx, err)
-	}
-	req := Request[T]{Object: obj, Type: p.Type, Source: opkit.Operator, Delay: p.Delay, Reason: p.Reason}
-	if err := t.validate(req); err != nil {
-		// p was checked: the API server returned an object the trigger
-		// refuses (another kind), not the caller's fault.
-		t.rejected(ctx, err)
-		return none, 0, nil, fmt.Errorf("trigger: the API server returned an object the trigger refuses: %v", err)
-	}
-	o, tk, err := t.addTracked(ctx, p.Key, t.cause(obj, p.Type, p.Reason, 0), p.Delay, false, track)
-	return obj, o, tk, err
-}
-
-// read reads the object of key for caller, for a token of the trigger
-// budget (see pay): ErrNotFound when it does not exist, an API error
-// wrapped.
-func (t *Trigger[T]) read(ctx context.Context, key opkit.Key, caller string, opts IntakeOptions) (T, error) {
-	var none T
-	if err := t.pay(caller, opts); err != nil {
-		return none, err
-	}
-	obj, err := t.cfg.Get(ctx, key)
-	switch {
-	case typed.Gone(err, key.Name):
-		return none, fmt.Errorf("trigger: %w: %s %q", ErrNotFound, t.cfg.Resource.Resource, key)
-	case err != nil:
-		return none, fmt.Errorf("trigger: reading %s %q: %w", t.cfg.Resource.Resource, key, typed.Explain(err, t.cfg.Resource, key.Name))
-	}
-	return obj, nil
-}
-
-// IntakeOptions are the caller's part of [Trigger.Intake].
-type IntakeOptions struct {
-	// Authorize, if set, is called with the validated key before
-	// anything is read; its error is returned as is. It names the caller
-	// (the HTTP handler: the authenticated user, or the client's address
-	// without authentication), whose share of the trigger budget a read
-	// spends: one caller, however fast, takes at most half of the budget,
-	// so that it cannot lock the others out. "" means no share.
-	Authorize func(ctx context.Context, key opkit.Key) (caller string, err error)
-	// Paid says the caller took a token of the trigger budget already
-	// ([Trigger.WaitForBudget]): Intake takes none.
-	Paid bool
-}
-
-// pay takes a token of caller's share of the trigger budget and one of
-// the budget (none with opts.Paid or an unlimited budget), or says which
-// is spent (ErrBusy).
-func (t *Trigger[T]) pay(caller string, opts IntakeOptions) error {
-	if t.budget == nil || opts.Paid {
-		return nil
-	}
-	if caller != "" && !t.shares.take(caller) {
-		return fmt.Errorf("trigger: %w: this caller's share of the trigger budget (half of it) is spent", ErrBusy)
-	}
-	if !t.budget.TryAccept() {
-		return fmt.Errorf("trigger: %w: the trigger budget (%v a second, %d at once) is spent", ErrBusy, t.budget.QPS(), cmp.Or(t.cfg.Burst, DefaultBurst))
-	}
-	return nil
-}
-
-// maxShares bounds the callers whose shares of the trigger budget are
-// remembered; beyond it one is forgotten (its next trigger starts with a
-// full share).
-const maxShares = 1024
-
-// shares holds each caller's share of the trigger budget: a token bucket
-// of half its rate and burst.
-type shares struct {
-	rate  float32
-	burst int
-	mu    sync.Mutex
-	of    map[string]flowcontrol.RateLimiter
-}
-
-// take takes a token of caller's share, reporting whether there was one.
-func (s *shares) take(caller string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	b, ok := s.of[caller]
-	if !ok {
-		if len(s.of) >= maxShares {
-			for c := range s.of {
-				delete(s.of, c)
-				break
-			}
-		}
-		b = flowcontrol.NewTokenBucketRateLimiter(s.rate, s.burst)
-		s.of[caller] = b
-	}
-	return b.TryAccept()
-}
-
-// WaitForBudget waits until a token of the trigger budget (Config.Rate) is
-// free and takes it; it returns ctx's error if ctx ends first. It is for
-// callers whose triggers can wait where they are, such as the consumer:
-// it takes a token before it receives a message (the broker keeps the
-// rest) and passes IntakeOptions.Paid. An HTTP request cannot wait so:
-// it would hold its in-flight slot, so Intake refuses it with ErrBusy.
-func (t *Trigger[T]) WaitForBudget(ctx context.Context) error {
-	if t.budget == nil {
-		return ctx.Err()
-	}
-	return t.budget.Wait(ctx)
 }
 
 // check validates what every trigger carries besides the object: the key

@@ -291,7 +291,7 @@ func TestEnqueueDelayIsHonoured(t *testing.T) {
 
 func TestEnqueueReportsDrops(t *testing.T) {
 	m := newCounting()
-	tr, q := newCMTrigger(t, m)
+	tr, q := newCMTriggerWith(t, trigger.Config[*corev1.ConfigMap]{Metrics: m, Router: plainQueue{}})
 	ctx := context.Background()
 
 	q.Suspend()

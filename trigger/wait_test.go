@@ -3,15 +3,16 @@ package trigger_test
 import (
 	"context"
 	"encoding/json"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"testing"
 	"testing/synctest"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-
 	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/queue"
 	"github.com/opkit/opkit/trigger"
 )
 
@@ -169,7 +170,7 @@ func TestAWaitingCallerGets503WhenTheTermEnds(t *testing.T) {
 // trigger is served while it waits.
 func TestWaitingHoldsNoInFlightSlot(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		e := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) { c.MaxInFlight = 1 })
+		e := newHandlerEnv(t, func(c *trigger.HandlerConfig) { c.MaxInFlight = 1 })
 		answer := postAsync(e, "/reconcile/ns/a?wait=1m")
 		synctest.Wait()
 		if w := post(e, "/reconcile/ns/a?reason=meanwhile"); w.Code != http.StatusAccepted {
@@ -181,7 +182,7 @@ func TestWaitingHoldsNoInFlightSlot(t *testing.T) {
 }
 
 func TestBadWaitsAreRefused(t *testing.T) {
-	e := newHandlerEnv(t, func(c *trigger.HandlerConfig[*corev1.ConfigMap]) { c.MaxWait = time.Minute })
+	e := newHandlerEnv(t, func(c *trigger.HandlerConfig) { c.MaxWait = time.Minute })
 	for _, target := range []string{"/reconcile/ns/a?wait=0s", "/reconcile/ns/a?wait=-1s", "/reconcile/ns/a?wait=2m", "/reconcile/ns/a?wait=soon", "/reconcile/ns/a?wait=1s&wait=2s"} {
 		wantStatus(t, post(e, target), http.StatusBadRequest, "BadRequest")
 	}
@@ -213,4 +214,76 @@ func TestAnIDIsAnsweredOnlyForItsObject(t *testing.T) {
 			t.Fatalf("under its own path: %+v, want failed", o)
 		}
 	})
+}
+
+// A server that shuts down answers its waiting callers at once, 503,
+// whatever their wait, so that its shutdown (and the Lease release that
+// follows it in an operator) never waits for them: here a caller waits
+// directly, and one through a follower whose leader stops.
+func TestAServerThatStopsAnswersItsWaitingCallersAtOnce(t *testing.T) {
+	leader := newHandlerEnv(t, nil)
+	follower := newHandlerEnv(t, nil)
+	follower.q.Suspend()
+	serve := func(h http.Handler) (url string, stop func() error) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A shutdown that waited for the callers would run into this
+		// timeout, and Serve would say so.
+		srv, err := trigger.NewServer(trigger.ServerConfig{Handler: h, ShutdownTimeout: 10 * time.Minute, Logger: discard})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- srv.Serve(ctx, ln) }()
+		return "http://" + ln.Addr().String(), func() error { cancel(); return <-done }
+	}
+	leaderURL, stopLeader := serve(leader.h)
+	followerURL, stopFollower := serve(follower.h)
+	defer stopFollower()
+	follower.route.follow(leaderURL)
+
+	answers := make(chan *http.Response, 2)
+	for _, base := range []string{leaderURL, followerURL} {
+		go func() {
+			resp, err := http.Post(base+"/reconcile/ns/a?wait=5m&delay=1m", "", nil)
+			if err != nil {
+				t.Errorf("POST through %s: %v", base, err)
+				answers <- nil
+				return
+			}
+			answers <- resp
+		}()
+	}
+	// Both wait on the leader: two tickets there.
+	for deadline := time.Now().Add(time.Minute); scheduled(leader) < 2; {
+		if time.Now().After(deadline) {
+			t.Fatal("the two callers never waited on the leader")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := stopLeader(); err != nil {
+		t.Fatalf("the leader's server stopped with %v, want a clean shutdown (no wait for the callers)", err)
+	}
+	for range 2 {
+		resp := <-answers
+		if resp == nil {
+			continue
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+			t.Errorf("a waiting caller: %d %s, want 503 with Retry-After", resp.StatusCode, body)
+		}
+	}
+}
+
+// scheduled is how many triggers e's trigger scheduled (queued or
+// merged).
+func scheduled(e *handlerEnv) int {
+	e.m.mu.Lock()
+	defer e.m.mu.Unlock()
+	return e.m.enqueued[queue.Queued] + e.m.enqueued[queue.Merged]
 }

@@ -236,7 +236,7 @@ func start(b *testing.B, c *testcluster.Cluster) *endpoint {
 	// The handler with its defaults: the Kubernetes-native authenticator
 	// (TokenReview, SubjectAccessReview), MaxAuthFailures 10 within 10s,
 	// and the controller's trigger budget (5/s, burst 20).
-	h, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: ctrl.Trigger(), Reviews: env.reviews, Logger: discard})
+	h, err := trigger.NewHandler(ctrl.Trigger(), trigger.HandlerConfig{Reviews: env.reviews, Logger: discard})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -265,7 +265,7 @@ func start(b *testing.B, c *testcluster.Cluster) *endpoint {
 			b.Errorf("controller: %v", err)
 		}
 	}
-	q := ctrl.Queue()
+	q := ctrl.Queues()[0]
 	e.queued = q.Len
 	// The initial list is reconciled before the driver starts: its
 	// entries wait at list priority, below the driver's watch events, and

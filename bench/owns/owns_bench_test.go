@@ -323,7 +323,7 @@ func startOpkit(b *testing.B, c *testcluster.Cluster, ns string, tr *tracker) ru
 	done := make(chan error, 1)
 	go func() { done <- ctrl.Run(ctx) }()
 	return running{
-		idle: func() bool { return ctrl.Queue().Len() == 0 && ctrl.Check() == nil },
+		idle: func() bool { return ctrl.Queues()[0].Len() == 0 && ctrl.Check() == nil },
 		stop: sync.OnceFunc(func() {
 			cancel()
 			if err := <-done; err != nil {

@@ -1,6 +1,6 @@
 // Package shardsbench measures sharded reconciliation (issue 21) on the
-// local control plane: the time 1, 2 and 4 replicas of reconcile.Sharded
-// (eight shards, two workers a replica, a reconcile that waits 200 ms to
+// local control plane: the time 1, 2 and 4 replicas of a sharded
+// reconcile.Controller (eight shards, two workers a replica, a reconcile that waits 200 ms to
 // stand for real work) take to converge 2,000 changed Widgets, the API
 // server's CPU meanwhile, and the bytes each replica receives from the API
 // server, with the ShardedListAndWatch gate (the server filters) and

@@ -132,7 +132,7 @@ func (l *ledger) atLeast(gen int64) int {
 }
 
 type shardReplica struct {
-	s     *reconcile.Sharded[*Widget]
+	s     *reconcile.Controller[*Widget]
 	bytes traffic.Bytes
 	stop  func()
 }
@@ -239,7 +239,7 @@ func startReplica(b *testing.B, c *testcluster.Cluster, ns, id string, l *ledger
 	if err != nil {
 		b.Fatal(err)
 	}
-	s, err := reconcile.NewSharded(reconcile.Config[*Widget]{
+	s, err := reconcile.NewController(reconcile.Config[*Widget]{
 		Name: "bench.opkit.dev/shards", Resource: widgets, Dynamic: dyn,
 		Reconciler: reconcile.Func[*Widget](func(ctx context.Context, req reconcile.Request[*Widget]) (reconcile.Result, error) {
 			w := req.Object
@@ -263,7 +263,8 @@ func startReplica(b *testing.B, c *testcluster.Cluster, ns, id string, l *ledger
 		Watch: watcher.Config[*Widget]{Namespace: ns, SkipStatusOnly: true},
 		Leader: &leader.Config{Client: kube, Namespace: ns, Name: "shards", Identity: id,
 			LeaseDuration: 6 * time.Second, RenewDeadline: 4 * time.Second, RetryPeriod: time.Second},
-	}, shards)
+		Shards: opkit.Shards{Count: shards},
+	})
 	if err != nil {
 		b.Fatal(err)
 	}

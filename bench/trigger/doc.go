@@ -52,8 +52,8 @@
 // reads the leader's endpoint from the Lease (trigger.EndpointAnnotation,
 // published through leader.Config's Annotations). Each serves
 // trigger.NewHandler on its own httptest server on loopback, configured
-// alike: LeaderEndpoint is its controller's LeaderEndpoint ("" on the
-// leader), Identity is set, ForwardClient is the default
+// alike: the controller's trigger decides where a trigger goes (the
+// follower's forwards to the endpoint its leader publishes), ForwardClient is the default
 // (http.DefaultClient: kept-alive connections), and InsecureSkipAuth is set:
 // with the Kubernetes-native authenticator the follower and then the
 // leader would each review the caller's token and permission (cached after

@@ -1,6 +1,7 @@
 package triggerbench
 
 import (
+	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/bench/internal/stats"
 	"github.com/opkit/opkit/leader"
 	"github.com/opkit/opkit/reconcile"
@@ -64,14 +66,7 @@ func startReplica(b *testing.B, id, lease string, tr *tracker) (*replica, error)
 	}
 	// Insecure on purpose: a TokenReview and a SubjectAccessReview (the
 	// follower's, then the leader's again) are not what is measured.
-	h, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{
-		Trigger:          ctrl.Trigger(),
-		InsecureSkipAuth: true,
-		Leader:           ctrl.Elector().Leader,
-		LeaderEndpoint:   ctrl.LeaderEndpoint,
-		Identity:         id,
-		Logger:           discard,
-	})
+	h, err := trigger.NewHandler(ctrl.Trigger(), trigger.HandlerConfig{InsecureSkipAuth: true, Logger: discard})
 	if err != nil {
 		srv.Close()
 		return nil, err
@@ -208,7 +203,7 @@ func startOutcomeRun(b *testing.B) (o *outcomeRun, stop func()) {
 	if err := awaitListed(o.lead.ctrl, o.tr); err != nil {
 		fail("the leader: %v", err)
 	}
-	if !o.lead.ctrl.Elector().IsLeader() {
+	if o.lead.ctrl.Held() != 1 {
 		fail("the first replica does not lead")
 	}
 	if o.follower, err = startReplica(b, followerID, lease, o.tr); err != nil {
@@ -216,9 +211,9 @@ func startOutcomeRun(b *testing.B) (o *outcomeRun, stop func()) {
 	}
 	stops = append(stops, o.follower.stop)
 	deadline := time.Now().Add(time.Minute)
-	for o.follower.ctrl.LeaderEndpoint() != o.lead.url {
+	for endpoint(o.follower.ctrl) != o.lead.url {
 		if time.Now().After(deadline) {
-			fail("the follower never learned the leader's endpoint: it reads %q, the leader publishes %q", o.follower.ctrl.LeaderEndpoint(), o.lead.url)
+			fail("the follower never learned the leader's endpoint: it reads %q, the leader publishes %q", endpoint(o.follower.ctrl), o.lead.url)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -259,7 +254,7 @@ func BenchmarkTriggerOutcome(b *testing.B) {
 				if l != idle {
 					begin := time.Now()
 					o.tr.busyBacklog.Store(true)
-					fillBacklog(b, o.lead.ctrl.Queue(), 0) // the watcher's watch priority
+					fillBacklog(b, o.lead.ctrl.Queues()[0], 0) // the watcher's watch priority
 					b.Logf("queued %d backlog entries in %v", backlogSize, time.Since(begin).Round(time.Millisecond))
 				}
 				begin := time.Now()
@@ -267,7 +262,7 @@ func BenchmarkTriggerOutcome(b *testing.B) {
 				if l == idle {
 					continue
 				}
-				n := o.lead.ctrl.Queue().Len()
+				n := o.lead.ctrl.Queues()[0].Len()
 				if n == 0 {
 					b.Errorf("the backlog was drained before the last trigger was fired (%v of rounds): not measured behind a backlog", time.Since(begin).Round(time.Millisecond))
 				}
@@ -299,3 +294,11 @@ func BenchmarkTriggerOutcome(b *testing.B) {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// endpoint is where ctrl's trigger forwards a trigger: the endpoint its
+// leader publishes, as the intake decides it ("" while it leads, or
+// none is known).
+func endpoint(ctrl *reconcile.Controller[*corev1.ConfigMap]) string {
+	d, _ := ctrl.Trigger().Intake(context.Background(), trigger.Pointer{Key: opkit.Key{Namespace: namespace, Name: "t-0"}}, trigger.IntakeOptions{})
+	return d.Endpoint
+}

@@ -537,9 +537,9 @@ func run(b *testing.B, ctrl *reconcile.Controller[*corev1.ConfigMap]) (ctx conte
 // APIServer): the workers take them all before anything is measured.
 func awaitListed(ctrl *reconcile.Controller[*corev1.ConfigMap], tr *tracker) error {
 	deadline := time.Now().Add(time.Minute)
-	for tr.listed.Load() < targets || ctrl.Queue().Len() > 0 || ctrl.Check() != nil {
+	for tr.listed.Load() < targets || ctrl.Queues()[0].Len() > 0 || ctrl.Check() != nil {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("initial sync not reconciled: %d of %d, queue %d, check %v", tr.listed.Load(), targets, ctrl.Queue().Len(), ctrl.Check())
+			return fmt.Errorf("initial sync not reconciled: %d of %d, queue %d, check %v", tr.listed.Load(), targets, ctrl.Queues()[0].Len(), ctrl.Check())
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -575,7 +575,7 @@ func startOpkit(b *testing.B, client dynamic.Interface, tr *tracker, viaHTTP boo
 		b.Fatal(err)
 	}
 
-	q := ctrl.Queue()
+	q := ctrl.Queues()[0]
 	qm.reset() // the initial list's entries are not triggers, but be sure
 	c := contender{
 		queued: q.Len,
@@ -613,11 +613,7 @@ func startOpkit(b *testing.B, client dynamic.Interface, tr *tracker, viaHTTP boo
 
 	// Insecure on purpose: authentication (TokenReview and
 	// SubjectAccessReview, cached) is not what is measured here.
-	h, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{
-		Trigger:          ctrl.Trigger(),
-		InsecureSkipAuth: true,
-		Logger:           discard,
-	})
+	h, err := trigger.NewHandler(ctrl.Trigger(), trigger.HandlerConfig{InsecureSkipAuth: true, Logger: discard})
 	if err != nil {
 		stop()
 		b.Fatal(err)

@@ -377,14 +377,14 @@ func exerciseOperator(t *testing.T, rec *recorder) {
 		broker, reg, op, cancel, done := runOperator(t, h, kube)
 		time.Sleep(5 * time.Second) // virtual: acquire the Lease, list, watch, reconcile
 		synctest.Wait()
-		if op.Group.Ready() != nil {
-			t.Fatalf("not ready after 5s: %v", op.Group.Ready())
+		if op.Group().Ready() != nil {
+			t.Fatalf("not ready after 5s: %v", op.Group().Ready())
 		}
 
 		req := httptest.NewRequest(http.MethodPost, "/reconcile/team-a/hello?reason=rbac", nil)
 		req.Header.Set("Authorization", "Bearer some-token")
 		w := httptest.NewRecorder()
-		op.TriggerHandler.ServeHTTP(w, req)
+		op.TriggerHandler().ServeHTTP(w, req)
 		if w.Code != http.StatusAccepted {
 			t.Fatalf("HTTP trigger: %d %s", w.Code, w.Body)
 		}
@@ -440,11 +440,11 @@ func exerciseShardedOperator(t *testing.T, rec *recorder) {
 		_, _, op, cancel, done := runOperator(t, h, kube, func(o *operator.Options) { o.Shards, o.InsecureSkipTriggerAuth = 2, true })
 		time.Sleep(30 * time.Second) // virtual: count the members, take both shards, list, reconcile
 		synctest.Wait()
-		if err := op.Group.Ready(); err != nil || op.Sharded.Balancer().Held() != 2 {
-			t.Fatalf("after 30s: holds %d of 2 shards, ready: %v", op.Sharded.Balancer().Held(), err)
+		if err := op.Group().Ready(); err != nil || op.Controller.Held() != 2 {
+			t.Fatalf("after 30s: holds %d of 2 shards, ready: %v", op.Controller.Held(), err)
 		}
 		w := httptest.NewRecorder()
-		op.TriggerHandler.ServeHTTP(w, httptest.NewRequest(http.MethodPost, "/reconcile/team-a/hello?reason=rbac", nil))
+		op.TriggerHandler().ServeHTTP(w, httptest.NewRequest(http.MethodPost, "/reconcile/team-a/hello?reason=rbac", nil))
 		if w.Code != http.StatusAccepted {
 			t.Fatalf("HTTP trigger: %d %s", w.Code, w.Body)
 		}
@@ -478,7 +478,7 @@ func TestABrokerOutageKeepsTheReplicaReady(t *testing.T) {
 		broker.FailReceive(&trigger.BrokerError{Kind: trigger.BrokerDisconnected, Op: "receive", Err: errors.New("connection closed")})
 		time.Sleep(5 * time.Second)
 		synctest.Wait()
-		if err := op.Group.Ready(); err != nil {
+		if err := op.Group().Ready(); err != nil {
 			t.Errorf("not ready during a broker outage: %v", err)
 		}
 		if got := componentReady(t, reg); got["nats-broker"] != 0 || got[ctrlName] != 1 || got["nats-consumer"] != 1 {
@@ -512,7 +512,7 @@ func runOperator(t *testing.T, h *reconciletest.Harness[*demov1.DemoEntity], kub
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
-	go func() { done <- op.Group.Run(ctx) }()
+	go func() { done <- op.Run(ctx) }()
 	return broker, reg, op, cancel, done
 }
 

@@ -40,6 +40,7 @@ import (
 	"github.com/opkit/opkit/example/metrics"
 	"github.com/opkit/opkit/example/natsbroker"
 	"github.com/opkit/opkit/example/reconciler"
+	"github.com/opkit/opkit/leader"
 	"github.com/opkit/opkit/reconcile"
 	"github.com/opkit/opkit/trigger"
 	"github.com/opkit/opkit/watcher"
@@ -105,9 +106,9 @@ type Options struct {
 	// to, for triggers a follower forwards (empty: the system's roots).
 	TriggerCertFile, TriggerKeyFile, TriggerCAFile string
 	// TriggerAdvertiseURL is the base URL of this replica's trigger
-	// endpoint, which it publishes on the Lease while it leads, for the
-	// followers to forward triggers to; empty: http(s)://$POD_IP:port when
-	// POD_IP is set, else from TriggerBindAddress when that names a host.
+	// endpoint, which it publishes on the Leases it holds, for the other
+	// replicas to forward triggers to; empty: as reconcile.TriggerEndpoint
+	// derives it (http(s)://$POD_IP:port when POD_IP is set).
 	TriggerAdvertiseURL string
 	// LeaseDuration, RenewDeadline and RetryPeriod tune leader election;
 	// zero means the leader package's defaults (15s, 10s, 2s).
@@ -244,17 +245,13 @@ type Deps struct {
 	Logger *slog.Logger
 }
 
-// Operator is the assembled operator: every component, not yet running.
+// Operator is the assembled operator, not yet running: opkit's
+// reconcile.Operator (Run, Group, TriggerHandler) over the DemoEntity
+// controller and the consumer.
 type Operator struct {
-	// Group runs the components (Run); its ReadyzHandler lists each one.
-	Group *reconcile.Group
-	// Controller is the DemoEntity controller; with Options.Shards above
-	// 1 it is nil and Sharded runs one per shard.
+	*reconcile.Operator
+	// Controller is the DemoEntity controller (all its shards).
 	Controller *reconcile.Controller[*demov1.DemoEntity]
-	Sharded    *reconcile.Sharded[*demov1.DemoEntity]
-	// TriggerHandler is the HTTP trigger endpoint (also served on
-	// TriggerBindAddress unless it is "0").
-	TriggerHandler http.Handler
 	// Consumer is the message consumer, nil without a Broker.
 	Consumer *trigger.Consumer[*demov1.DemoEntity]
 }
@@ -269,19 +266,6 @@ func (o Options) withDefaults() Options {
 			o.LeaderElectionNamespace = "default"
 		}
 	}
-	if o.TriggerAdvertiseURL == "" && o.TriggerBindAddress != "0" {
-		scheme := "http"
-		if o.TriggerCertFile != "" {
-			scheme = "https"
-		}
-		host, port, _ := net.SplitHostPort(o.TriggerBindAddress)
-		if ip := os.Getenv("POD_IP"); ip != "" {
-			host = ip
-		}
-		if host != "" && host != "0.0.0.0" && host != "::" {
-			o.TriggerAdvertiseURL = scheme + "://" + net.JoinHostPort(host, port)
-		}
-	}
 	return o
 }
 
@@ -289,6 +273,7 @@ func (o Options) withDefaults() Options {
 // certificates (empty: the system's roots).
 func forwardClient(caFile string) (*http.Client, error) {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost = 64
 	if caFile != "" {
 		pem, err := os.ReadFile(caFile)
 		if err != nil {
@@ -303,9 +288,9 @@ func forwardClient(caFile string) (*http.Client, error) {
 	return &http.Client{Transport: tr}, nil
 }
 
-// Assemble builds every component from o and d and registers them in a
-// group; it starts nothing. Addresses set to "0" leave out their HTTP
-// server (the handlers are still built).
+// Assemble builds every component from o and d; it starts nothing and
+// binds no port. Addresses set to "0" leave out their HTTP server (the
+// trigger endpoint is still built: Operator.TriggerHandler).
 func Assemble(o Options, d Deps) (*Operator, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
@@ -314,29 +299,70 @@ func Assemble(o Options, d Deps) (*Operator, error) {
 		return nil, errors.New("operator: Deps.Dynamic, Deps.Kube and Deps.Registry are required")
 	}
 	o = o.withDefaults()
-	logger := d.Logger
-	if logger == nil {
-		logger = slog.Default()
-	}
-	dyn, kube := d.Dynamic, d.Kube
+	logger := cmp.Or(d.Logger, slog.Default())
 	m, err := metrics.New(d.Registry)
 	if err != nil {
 		return nil, err
 	}
-	rec, err := reconcile.NewRecorder(reconcile.RecorderConfig{Dynamic: dyn, Controller: ControllerName, Instance: o.Identity, Resource: demov1.Resource})
+	ctrl, err := newController(o, d, m, logger)
 	if err != nil {
 		return nil, err
 	}
-	r, err := reconciler.New(reconciler.Config{Dynamic: dyn, Recorder: rec, Identity: o.Identity, Logger: logger})
+	op := &Operator{Controller: ctrl}
+	ocfg := reconcile.OperatorConfig{Controllers: []reconcile.Part{ctrl}, Logger: logger}
+	if ocfg.Triggers, err = triggerEndpoint(o, d.Kube, m, logger); err != nil {
+		return nil, err
+	}
+	// The message consumer, on every replica: it pauses while this replica
+	// works on no shard, so triggers wait in the stream for one that does;
+	// a replica that works on some hands back (nacks) the messages of the
+	// others, for their holders.
+	if d.Broker != nil {
+		op.Consumer, err = trigger.NewConsumer(trigger.ConsumerConfig[*demov1.DemoEntity]{
+			Broker: d.Broker, Trigger: ctrl.Trigger(),
+			// A message is acknowledged once its reconcile succeeded (or
+			// failed for good): a leader that dies first leaves it to the
+			// next. Each waits in a handler meanwhile, hence 16.
+			AckAfterReconcile: true, Concurrency: 16, LagInterval: 5 * time.Second,
+			Metrics: m.Consumer(), Logger: logger,
+		})
+		if err != nil {
+			return nil, err
+		}
+		// No Ready: a broker outage must not take a replica out of its
+		// Service, or the HTTP trigger would go down with the bus. The
+		// consumer's own check is the "nats-broker" component of
+		// opkit_component_ready, and in its logs and metrics.
+		ocfg.Components = append(ocfg.Components, reconcile.Runnable{Name: "nats-consumer", Run: op.Consumer.Run})
+	}
+	if o.MetricsBindAddress != "0" && d.Gatherer != nil {
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", promhttp.HandlerFor(d.Gatherer, promhttp.HandlerOpts{}))
+		ocfg.Components = append(ocfg.Components, httpRunnable("metrics", o.MetricsBindAddress, mux))
+	}
+	if o.HealthProbeBindAddress != "0" {
+		ocfg.HealthAddr = o.HealthProbeBindAddress
+	}
+	if op.Operator, err = reconcile.NewOperator(ocfg); err != nil {
+		return nil, err
+	}
+	return op, registerState(d.Registry, op)
+}
+
+// newController builds the DemoEntity controller: leader election (and
+// with o.Shards above 1 the shards' Leases) when o.LeaderElect is set.
+func newController(o Options, d Deps, m *metrics.Metrics, logger *slog.Logger) (*reconcile.Controller[*demov1.DemoEntity], error) {
+	rec, err := reconcile.NewRecorder(reconcile.RecorderConfig{Dynamic: d.Dynamic, Controller: ControllerName, Instance: o.Identity, Resource: demov1.Resource})
 	if err != nil {
 		return nil, err
 	}
-	ccfg := reconcile.Config[*demov1.DemoEntity]{
-		Name:        ControllerName,
-		Resource:    demov1.Resource,
-		Dynamic:     dyn,
-		Reconciler:  r,
-		Concurrency: o.Concurrency,
+	r, err := reconciler.New(reconciler.Config{Dynamic: d.Dynamic, Recorder: rec, Identity: o.Identity, Logger: logger})
+	if err != nil {
+		return nil, err
+	}
+	cfg := reconcile.Config[*demov1.DemoEntity]{
+		Name: ControllerName, Resource: demov1.Resource, Dynamic: d.Dynamic, Reconciler: r,
+		Concurrency: o.Concurrency, Shards: opkit.Shards{Count: o.Shards},
 		// An edited or deleted ConfigMap reconciles its entity, which puts
 		// it back.
 		Owns: []opkit.Resource{reconciler.ConfigMaps},
@@ -346,136 +372,54 @@ func Assemble(o Options, d Deps) (*Operator, error) {
 			OwnFinalizers:  []string{demov1.Finalizer}, // nor our finalizer going on
 			Metrics:        m.Watcher(),
 		},
-		Metrics:        m.Controller(),
-		QueueMetrics:   m.Queue(),
-		TriggerMetrics: m.Trigger(),
-		Logger:         logger,
+		Metrics: m.Controller(), QueueMetrics: m.Queue(), TriggerMetrics: m.Trigger(), Logger: logger,
 	}
-	w, err := newWork(ccfg, kube, o, m, logger)
-	if err != nil {
-		return nil, err
+	if o.LeaderElect {
+		cfg.Leader = &leader.Config{Client: d.Kube, Namespace: o.LeaderElectionNamespace, Name: o.LeaderElectionID, Identity: o.Identity,
+			LeaseDuration: o.LeaseDuration, RenewDeadline: o.RenewDeadline, RetryPeriod: o.RetryPeriod, Metrics: m.Leader(), Logger: logger}
 	}
-	// The endpoint and the consumer enqueue through the controller's own
-	// Trigger, at trigger.DefaultPriority: the priority its reserved
-	// workers serve.
-	trig := w.trigger
-	op := &Operator{Controller: w.controller, Sharded: w.sharded, Group: reconcile.NewGroup(reconcile.GroupConfig{Logger: logger})}
-	group := op.Group
-	if err := group.Add(w.runnable); err != nil {
-		return nil, err
-	}
+	return reconcile.NewController(cfg)
+}
 
-	// The HTTP trigger endpoint, on every replica. A follower forwards to
-	// the leader's endpoint (its Lease says where), so a Service in front
-	// of every replica answers; with shards, a replica forwards to the
-	// holder of the object's shard.
+// triggerEndpoint is the HTTP trigger endpoint, on every replica: one
+// that does not work on an object forwards its trigger to the replica
+// that does (its Lease says where), so a Service in front of every
+// replica answers.
+func triggerEndpoint(o Options, kube kubernetes.Interface, m *metrics.Metrics, logger *slog.Logger) (*reconcile.TriggerEndpoint, error) {
 	forward, err := forwardClient(o.TriggerCAFile)
 	if err != nil {
 		return nil, err
 	}
-	hcfg := trigger.HandlerConfig[*demov1.DemoEntity]{
-		Trigger:          trig,
-		InsecureSkipAuth: o.InsecureSkipTriggerAuth,
-		Leader:           w.leader,
-		LeaderEndpoint:   w.leaderEndpoint,
-		HolderEndpoint:   w.holderEndpoint,
-		ForwardClient:    forward,
-		Identity:         o.Identity,
-		Metrics:          m.Handler(),
-		Logger:           logger,
+	t := &reconcile.TriggerEndpoint{
+		Server:       trigger.ServerConfig{Addr: o.TriggerBindAddress, CertFile: o.TriggerCertFile, KeyFile: o.TriggerKeyFile, Logger: logger},
+		Handler:      trigger.HandlerConfig{InsecureSkipAuth: o.InsecureSkipTriggerAuth, ForwardClient: forward, Metrics: m.Handler(), Logger: logger},
+		AdvertiseURL: o.TriggerAdvertiseURL,
+		NoServer:     o.TriggerBindAddress == "0",
 	}
-	if !o.InsecureSkipTriggerAuth {
-		auth, err := trigger.NewKubeAuthenticator(trigger.KubeAuthConfig{
-			Client:      kube,
-			Audiences:   []string{TriggerAudience},
-			Verb:        TriggerVerb,
-			Subresource: TriggerSubresource,
-		})
-		if err != nil {
-			return nil, err
-		}
-		hcfg.Authenticator = auth
-	} else {
+	if o.InsecureSkipTriggerAuth {
 		logger.Warn("the trigger endpoint is running WITHOUT authentication (--insecure-skip-trigger-auth)")
+		return t, nil
 	}
-	if op.TriggerHandler, err = trigger.NewHandler(hcfg); err != nil {
-		return nil, err
-	}
-	if o.TriggerBindAddress != "0" {
-		srv, err := trigger.NewServer(trigger.ServerConfig{
-			Addr: o.TriggerBindAddress, Handler: op.TriggerHandler, Logger: logger,
-			CertFile: o.TriggerCertFile, KeyFile: o.TriggerKeyFile,
-		})
-		if err != nil {
-			return nil, err
-		}
-		if err := group.Add(reconcile.Runnable{Name: "trigger-http", Run: srv.Run}); err != nil {
-			return nil, err
-		}
-	}
+	t.Handler.Authenticator, err = trigger.NewKubeAuthenticator(trigger.KubeAuthConfig{
+		Client: kube, Audiences: []string{TriggerAudience}, Verb: TriggerVerb, Subresource: TriggerSubresource,
+	})
+	return t, err
+}
 
-	// The message consumer, on every replica: it pauses while the queue's
-	// intake is suspended, so a follower takes no message and triggers wait
-	// in the stream for the leader; one dropped around a leadership change
-	// is nacked and redelivered. With shards, a replica that holds any
-	// takes messages, and hands back (nacks) those of shards it does not
-	// hold, for their holders.
-	if d.Broker != nil {
-		op.Consumer, err = trigger.NewConsumer(trigger.ConsumerConfig[*demov1.DemoEntity]{
-			Broker:  d.Broker,
-			Trigger: trig,
-			// A message is acknowledged once its reconcile succeeded (or
-			// failed for good): a leader that dies first leaves it to the
-			// next. Each waits in a handler meanwhile, hence 16.
-			AckAfterReconcile: true,
-			Concurrency:       16,
-			LagInterval:       5 * time.Second,
-			Metrics:           m.Consumer(),
-			Logger:            logger,
-		})
-		if err != nil {
-			return nil, err
+// registerState registers the components' readiness (the consumer's
+// broker among them) and the queue's state as metrics.
+func registerState(reg prometheus.Registerer, op *Operator) error {
+	consumer := op.Consumer
+	if err := reg.Register(metrics.Components(func() []reconcile.ComponentStatus {
+		st := op.Group().Check()
+		if consumer != nil {
+			st = append(st, reconcile.ComponentStatus{Name: "nats-broker", Err: consumer.Check()})
 		}
-		// No Ready: a broker outage must not take a replica out of its
-		// Service, or the HTTP trigger would go down with the bus. The
-		// consumer's own check is reported as the "nats-broker" component
-		// of opkit_component_ready, and in its logs and metrics.
-		if err := group.Add(reconcile.Runnable{Name: "nats-consumer", Run: op.Consumer.Run}); err != nil {
-			return nil, err
-		}
+		return st
+	})); err != nil {
+		return err
 	}
-	if d.Registry != nil {
-		consumer := op.Consumer
-		if err := d.Registry.Register(metrics.Components(func() []reconcile.ComponentStatus {
-			st := group.Check()
-			if consumer != nil {
-				st = append(st, reconcile.ComponentStatus{Name: "nats-broker", Err: consumer.Check()})
-			}
-			return st
-		})); err != nil {
-			return nil, err
-		}
-		if err := d.Registry.Register(metrics.QueueStats(w.queueStats)); err != nil {
-			return nil, err
-		}
-	}
-
-	if o.MetricsBindAddress != "0" && d.Gatherer != nil {
-		mux := http.NewServeMux()
-		mux.Handle("GET /metrics", promhttp.HandlerFor(d.Gatherer, promhttp.HandlerOpts{}))
-		if err := group.Add(httpRunnable("metrics", o.MetricsBindAddress, mux)); err != nil {
-			return nil, err
-		}
-	}
-	if o.HealthProbeBindAddress != "0" {
-		mux := http.NewServeMux()
-		mux.Handle("GET /healthz", group.HealthzHandler())
-		mux.Handle("GET /readyz", group.ReadyzHandler())
-		if err := group.Add(httpRunnable("health", o.HealthProbeBindAddress, mux)); err != nil {
-			return nil, err
-		}
-	}
-	return op, nil
+	return reg.Register(metrics.QueueStats(op.Controller.QueueStats))
 }
 
 // Run runs the operator until ctx ends or a component fails: it connects
@@ -546,7 +490,7 @@ func Run(ctx context.Context, o Options, logger *slog.Logger) error {
 		"namespace", orAll(o.Namespace), "leaderElect", o.LeaderElect,
 		"lease", o.LeaderElectionNamespace+"/"+o.LeaderElectionID,
 		"trigger", o.TriggerBindAddress, "metrics", o.MetricsBindAddress, "health", o.HealthProbeBindAddress, "nats", redactURLs(natsURL))
-	err = op.Group.Run(ctx)
+	err = op.Run(ctx)
 	logger.Info("demo operator stopped", "error", err)
 	return err
 }

@@ -208,7 +208,7 @@ func configMapHandler(t *testing.T, q *queue.Queue[opkit.Key, opkit.Cause[*corev
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := trigger.NewHandler(trigger.HandlerConfig[*corev1.ConfigMap]{Trigger: tr, InsecureSkipAuth: true, RetryAfter: retryAfter})
+	h, err := trigger.NewHandler(tr, trigger.HandlerConfig{InsecureSkipAuth: true, RetryAfter: retryAfter})
 	if err != nil {
 		t.Fatal(err)
 	}

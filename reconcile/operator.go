@@ -1,0 +1,220 @@
+package reconcile
+
+// The assembly of a whole operator: controllers, their HTTP trigger
+// endpoint with forwarding, other components and health, in the order
+// that stops them right.
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync/atomic"
+
+	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/trigger"
+)
+
+// Part is a controller as an [Operator] runs it: a *Controller[T] of any
+// T.
+type Part interface {
+	part() part
+}
+
+// part is what an Operator needs of a controller.
+type part struct {
+	resource opkit.Resource
+	runnable Runnable
+	handler  func(trigger.HandlerConfig) (http.Handler, error)
+	publish  func(url string)
+}
+
+func (c *Controller[T]) part() part {
+	return part{resource: c.cfg.Resource, runnable: c.Runnable(), publish: c.publishEndpoint,
+		handler: func(cfg trigger.HandlerConfig) (http.Handler, error) { return trigger.NewHandler(c.trig, cfg) }}
+}
+
+// OperatorConfig configures an [Operator]. Controllers is required.
+type OperatorConfig struct {
+	// Controllers are the operator's controllers, at least one.
+	Controllers []Part
+	// Triggers, if set, serves every controller's HTTP trigger endpoint
+	// on one server: at the root (POST /reconcile/{namespace}/{name})
+	// with one controller, under "/{resource}.{group}" with several.
+	Triggers *TriggerEndpoint
+	// Components run beside the controllers (a trigger.Consumer's Run, a
+	// metrics server): started after them, stopped before them.
+	Components []Runnable
+	// HealthAddr, if set, serves /healthz and /readyz (Group's handlers)
+	// on that address (such as ":8081").
+	HealthAddr string
+	// Logger receives the components' start, stop and failure lines (nil:
+	// slog.Default()).
+	Logger *slog.Logger
+}
+
+// TriggerEndpoint is the HTTP trigger endpoint of an Operator. Every
+// replica serves it, and forwards a trigger of an object another replica
+// works on to that replica: each replica publishes AdvertiseURL on the
+// Leases it holds, and the others read it there.
+type TriggerEndpoint struct {
+	// Server configures the server (Addr: ":8443" with a certificate,
+	// else ":8080"); the Operator sets its Handler.
+	Server trigger.ServerConfig
+	// Handler configures each controller's endpoint: the authentication
+	// (Reviews, or an Authenticator, or InsecureSkipAuth), the limits, the
+	// client of forwarded requests.
+	Handler trigger.HandlerConfig
+	// AdvertiseURL is the base URL at which the other replicas reach this
+	// one's endpoint. Empty: http(s)://host:port, with the port the server
+	// listens on and as host $POD_IP when set, else the listen address's
+	// host when it names one, else the hostname.
+	AdvertiseURL string
+	// NoServer builds the endpoint without serving it: the Operator's
+	// TriggerHandler serves it in a server of your own, or in-process in
+	// a test. Nothing is published, so no other replica forwards here.
+	NoServer bool
+}
+
+// Operator runs an operator's controllers with their HTTP trigger
+// endpoint, other components and health endpoints as one [Group], and
+// stops them in the order that loses nothing and keeps nobody waiting:
+// the health and trigger servers first (a caller still waiting for an
+// outcome or a forwarded answer gets 503 at once), then the components,
+// then the controllers (their in-flight reconciles drain, then each
+// Lease is released). Its Run owns every goroutine it starts.
+type Operator struct {
+	cfg      OperatorConfig
+	group    *Group
+	handler  http.Handler    // nil without Triggers
+	server   *trigger.Server // nil without Triggers, or with NoServer
+	parts    []part
+	listener net.Listener
+	url      atomic.Pointer[string] // advertised, once bound
+}
+
+// NewOperator validates cfg and builds the operator's components; it
+// starts nothing and binds no port.
+func NewOperator(cfg OperatorConfig) (*Operator, error) {
+	if len(cfg.Controllers) == 0 {
+		return nil, errors.New("reconcile: an Operator needs at least one controller")
+	}
+	o := &Operator{cfg: cfg, group: NewGroup(GroupConfig{Logger: cfg.Logger})}
+	for _, c := range cfg.Controllers {
+		p := c.part()
+		o.parts = append(o.parts, p)
+		if err := o.group.Add(p.runnable); err != nil {
+			return nil, err
+		}
+	}
+	if err := o.group.Add(cfg.Components...); err != nil {
+		return nil, err
+	}
+	if cfg.Triggers != nil {
+		if err := o.buildTriggers(); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.HealthAddr != "" {
+		if err := o.group.Add(o.group.HealthServer(cfg.HealthAddr)); err != nil {
+			return nil, err
+		}
+	}
+	return o, nil
+}
+
+// buildTriggers builds the trigger server over every controller's
+// endpoint.
+func (o *Operator) buildTriggers() error {
+	mux := http.NewServeMux()
+	for _, p := range o.parts {
+		h, err := p.handler(o.cfg.Triggers.Handler)
+		if err != nil {
+			return err
+		}
+		if len(o.parts) == 1 {
+			mux.Handle("/", h)
+			break
+		}
+		prefix := "/" + p.resource.GroupResource().String()
+		mux.Handle(prefix+"/", http.StripPrefix(prefix, h))
+	}
+	o.handler = mux
+	if o.cfg.Triggers.NoServer {
+		return nil
+	}
+	scfg := o.cfg.Triggers.Server
+	scfg.Handler, scfg.Logger = mux, cmp.Or(scfg.Logger, o.cfg.Logger)
+	srv, err := trigger.NewServer(scfg)
+	if err != nil {
+		return err
+	}
+	o.server = srv
+	return o.group.Add(Runnable{Name: "trigger server", Run: func(ctx context.Context) error { return srv.Serve(ctx, o.listener) }})
+}
+
+// Group returns the operator's components, for their readiness
+// (Group.Check, ReadyzHandler) in a metrics or health endpoint of your
+// own.
+func (o *Operator) Group() *Group { return o.group }
+
+// TriggerHandler returns the HTTP trigger endpoint of every controller,
+// as the server serves it; nil without Triggers.
+func (o *Operator) TriggerHandler() http.Handler { return o.handler }
+
+// TriggerURL returns the base URL this replica publishes for its trigger
+// endpoint, once Run bound its port; "" before, or without a server.
+func (o *Operator) TriggerURL() string {
+	if u := o.url.Load(); u != nil {
+		return *u
+	}
+	return ""
+}
+
+// Run binds the trigger endpoint's port, publishes its URL, and runs
+// every component until ctx ends (then it returns nil, once they all
+// stopped) or one fails (its error). An Operator runs once.
+func (o *Operator) Run(ctx context.Context) error {
+	if o.server != nil {
+		scfg := o.cfg.Triggers.Server
+		tls := scfg.CertFile != ""
+		addr := cmp.Or(scfg.Addr, map[bool]string{true: ":8443", false: ":8080"}[tls])
+		ln, err := new(net.ListenConfig).Listen(ctx, "tcp", addr)
+		if err != nil {
+			return fmt.Errorf("reconcile: trigger endpoint: %w", err)
+		}
+		o.listener = ln
+		url := advertise(o.cfg.Triggers, ln.Addr(), tls)
+		o.url.Store(&url)
+		for _, p := range o.parts {
+			p.publish(url)
+		}
+		cmp.Or(o.cfg.Logger, slog.Default()).Info("trigger endpoint", "listen", ln.Addr().String(), "advertise", url)
+	}
+	return o.group.Run(ctx)
+}
+
+// advertise is the base URL of this replica's trigger endpoint, which
+// listens on addr (see TriggerEndpoint.AdvertiseURL).
+func advertise(t *TriggerEndpoint, addr net.Addr, tls bool) string {
+	if t.AdvertiseURL != "" {
+		return t.AdvertiseURL
+	}
+	scheme := "http"
+	if tls {
+		scheme = "https"
+	}
+	host, port, _ := net.SplitHostPort(addr.String())
+	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+		host, _ = os.Hostname()
+	}
+	if ip := os.Getenv("POD_IP"); ip != "" {
+		host = ip
+	}
+	return scheme + "://" + net.JoinHostPort(strings.Trim(host, "[]"), port)
+}
