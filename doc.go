@@ -54,9 +54,9 @@
 //
 // With leader election, only the replica holding the Lease runs the watcher
 // and the workers; on every other replica the queue's intake is suspended and
-// Enqueue returns false, which the HTTP endpoint answers with 503 and the
-// leader's identity; the consumer takes no message there, so triggers wait
-// in the broker for the leader.
+// Enqueue returns false. The HTTP endpoint forwards such a trigger to the
+// leader (or answers 503 with its identity when none answers); the consumer
+// takes no message there, so triggers wait in the broker for the leader.
 //
 // # A minimal operator
 //
@@ -101,10 +101,11 @@
 //		}
 //	}
 //
-// Add Config.Leader (a *leader.Config) for leader election, serve
-// ctrl.Trigger() through trigger.NewHandler for an HTTP trigger, and run
-// everything as one unit with reconcile.Group (Group.HealthServer serves
-// its /healthz and /readyz).
+// Add Config.Leader (a *leader.Config) for leader election, and run the
+// controller in a reconcile.Operator for the HTTP trigger endpoint (any
+// replica accepts a trigger and forwards it to the one that works on the
+// object), other components and health endpoints, stopped in the right
+// order; Config.Shards shares the work over the replicas.
 //
 // # Children
 //

@@ -1,8 +1,19 @@
 // Package reconcile is the [Reconciler] contract and the [Controller] that
-// runs it (a queue, a watcher, optionally a leader elector, and workers,
-// all owned by Controller.Run), with helpers: [Finalizer], [Status],
-// [Recorder] (Events) and [Group] (a process's components as one unit).
-// Package reconcile/reconciletest unit-tests reconcilers with fakes.
+// runs it, and [Operator], which runs a whole operator:
+//
+//	ctrl, _ := reconcile.NewController(reconcile.Config[*Widget]{Name: "example.com/widgets",
+//		Resource: widgets, RESTConfig: cfg, Reconciler: r,
+//		Leader: &leader.Config{Client: kube, Namespace: "ops", Name: "widgets"}})
+//	op, _ := reconcile.NewOperator(reconcile.OperatorConfig{Controllers: []reconcile.Part{ctrl},
+//		Triggers: &reconcile.TriggerEndpoint{Handler: trigger.HandlerConfig{Reviews: kube}}, HealthAddr: ":8081"})
+//	err := op.Run(ctx) // until SIGTERM: servers first, then the controller drains and releases its Lease
+//
+// A Controller works on its objects in shards (one unless Config.Shards
+// says more), each with a queue, a watcher, workers and, with Leader, a
+// Lease; Controller.Run owns every goroutine. Helpers: [Applier]
+// (children), [Finalizer], [Status], [Recorder] (Events) and [Group] (a
+// process's components as one unit). Package reconcile/reconciletest
+// unit-tests reconcilers with fakes.
 //
 // Guarantees:
 //   - Level-based. The queue holds keys; a worker's turn for a key

@@ -42,7 +42,7 @@
 // instead, without the trigger's reason (or teardown mark). Three ways to
 // learn more, or to outlive the term:
 //
-//   - Tracked triggers ([Trigger.IntakeTracked]): the outcome of the
+//   - Tracked triggers ([IntakeOptions].Track): the outcome of the
 //     reconcile that serves the trigger arrives on its [Ticket] (an HTTP
 //     caller's ?wait=, below); the end of the term resolves it as Unknown.
 //   - The consumer's AckAfterReconcile: a message is acknowledged only
@@ -83,13 +83,12 @@
 // (within BodyTimeout), takes an in-flight slot, and only then checks the
 // key, authenticates and authorizes the caller, joins the entry waiting
 // for the key or takes a token of the trigger budget, reads the object
-// and enqueues it. On a follower with HandlerConfig.LeaderEndpoint it
-// authenticates and authorizes, then forwards the request with the
-// caller's credentials to the leader (which checks them again) and passes
-// its answer on; a forwarded request is not forwarded again. A sharded
-// controller's replica (HandlerConfig.HolderEndpoint) reads the object
-// first, to learn its UID and so its shard, and forwards the trigger the
-// same way when another replica holds that shard. With
+// and enqueues it: one decision, [Trigger.Intake]'s. When the Trigger's
+// [Router] says another replica works on the object (a follower; with
+// shards, the object read names its shard), the handler forwards the
+// request with the caller's credentials to that replica's endpoint (which
+// checks them again) and passes its answer on; a forwarded request is not
+// forwarded again. With
 // ?wait=D (at most MaxWait) the caller waits, holding no in-flight slot,
 // for the outcome of the reconcile that serves its trigger:
 //
@@ -103,7 +102,7 @@
 //	413, 415, 431  a body over HandlerConfig.MaxBodyBytes; a body that is not application/json; headers over ServerConfig.MaxHeaderBytes
 //	429            the rate or in-flight limit, the trigger budget, the reviews in flight, or the client's failed authentications (Retry-After)
 //	502, 504       the API server failed or returned an object of another kind, or the leader's endpoint is plain HTTP for a TLS request; 504: a call timed out (APITimeout)
-//	503            the enqueue was dropped (Retry-After, X-Opkit-Leader, "leader" in the body), the leader's term ended while the caller waited, the leader's endpoint does not answer (it is likely gone), or the caller left first
+//	503            no replica can take the trigger now (Retry-After, X-Opkit-Leader and "leader" in the body when the holder is known), the term ended or the server stopped while the caller waited, the holder's endpoint does not answer (it is likely gone), or the caller left first
 //
 // What holds under floods: a trigger for a key that already waits costs
 // no read and no reconcile, and the others start at most Config.Rate
