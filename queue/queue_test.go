@@ -261,6 +261,24 @@ func TestMergeOnlyJoinsWhatWaitsAndNeverMakesAHandOut(t *testing.T) {
 	}
 }
 
+// mergeOnlyCase is a MergeOnly add, of value 2, after what came before for
+// its key, and the hand-out that follows.
+type mergeOnlyCase struct {
+	name     string
+	inFlight bool              // the key is handed out first: held parks behind it
+	held     *queue.AddOptions // the add of value 1 before, if any
+	wait     time.Duration     // time passed before the MergeOnly add
+	add      queue.AddOptions  // the MergeOnly add (MergeOnly is set for it)
+	want     queue.Outcome
+	got      *handOut // the hand-out that follows, if any
+}
+
+// handOut is what Get returned and when, since the start.
+type handOut struct {
+	value, prio int
+	at          time.Duration
+}
+
 // A MergeOnly add merges only into an entry due no later than the add
 // itself (now+Delay), one it would not make earlier: a ready entry, or a
 // delayed or parked one due by then. Otherwise it stores nothing
@@ -268,19 +286,7 @@ func TestMergeOnlyJoinsWhatWaitsAndNeverMakesAHandOut(t *testing.T) {
 // payload and priority. A merge joins the payload and may raise the
 // priority, but moves no due time.
 func TestMergeOnlyMergesOnlyIntoAnEntryDueNoLaterThanItself(t *testing.T) {
-	type handOut struct {
-		value, prio int
-		at          time.Duration // since the start
-	}
-	cases := []struct {
-		name     string
-		inFlight bool              // the key is handed out first: held parks behind it
-		held     *queue.AddOptions // the add of value 1 before, if any
-		wait     time.Duration     // time passed before the MergeOnly add
-		add      queue.AddOptions  // the MergeOnly add, of value 2
-		want     queue.Outcome
-		got      *handOut // the hand-out that follows, if any
-	}{
+	cases := []mergeOnlyCase{
 		{name: "no entry", add: queue.AddOptions{Priority: 5}, want: queue.NotHeld},
 		{name: "ready entry", held: &queue.AddOptions{Priority: 1}, add: queue.AddOptions{Priority: 5},
 			want: queue.Merged, got: &handOut{3, 5, 0}},
@@ -306,51 +312,50 @@ func TestMergeOnlyMergesOnlyIntoAnEntryDueNoLaterThanItself(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				q := newQ(t, queue.Config[int]{Merge: union})
-				start := time.Now()
-				if tc.inFlight {
-					mustAdd(t, q, "a", 0, queue.AddOptions{}, queue.Queued)
-					mustGet(t, q)
-				}
-				if tc.held != nil {
-					want := queue.Queued
-					if tc.inFlight {
-						want = queue.Merged
-					}
-					mustAdd(t, q, "a", 1, *tc.held, want)
-				}
-				if tc.wait > 0 {
-					time.Sleep(tc.wait)
-				}
-				before := q.Len()
-				add := tc.add
-				add.MergeOnly = true
-				mustAdd(t, q, "a", 2, add, tc.want)
-				if q.Len() != before {
-					t.Fatalf("Len = %d after the MergeOnly add, want %d: a merge or nothing", q.Len(), before)
-				}
-				if tc.inFlight {
-					q.Done("a")
-				}
-				if tc.got == nil {
-					if it, ok := tryGet(t, q); ok || q.Len() != 0 {
-						t.Fatalf("got %+v (Len %d), want nothing held", it, q.Len())
-					}
-					return
-				}
-				it, err := q.Get(context.Background())
-				if err != nil {
-					t.Fatal(err)
-				}
-				got := handOut{it.Value, it.Priority, time.Since(start)}
-				if got != *tc.got {
-					t.Fatalf("handed out %+v, want %+v", got, *tc.got)
-				}
-				q.Done("a")
-			})
+			synctest.Test(t, func(t *testing.T) { checkMergeOnly(t, tc) })
 		})
 	}
+}
+
+func checkMergeOnly(t *testing.T, tc mergeOnlyCase) {
+	q := newQ(t, queue.Config[int]{Merge: union})
+	start := time.Now()
+	if tc.inFlight {
+		mustAdd(t, q, "a", 0, queue.AddOptions{}, queue.Queued)
+		mustGet(t, q)
+	}
+	if tc.held != nil {
+		want := queue.Queued
+		if tc.inFlight {
+			want = queue.Merged
+		}
+		mustAdd(t, q, "a", 1, *tc.held, want)
+	}
+	time.Sleep(tc.wait)
+	before := q.Len()
+	add := tc.add
+	add.MergeOnly = true
+	mustAdd(t, q, "a", 2, add, tc.want)
+	if q.Len() != before {
+		t.Fatalf("Len = %d after the MergeOnly add, want %d: a merge or nothing", q.Len(), before)
+	}
+	if tc.inFlight {
+		q.Done("a")
+	}
+	if tc.got == nil {
+		if it, ok := tryGet(t, q); ok || q.Len() != 0 {
+			t.Fatalf("got %+v (Len %d), want nothing held", it, q.Len())
+		}
+		return
+	}
+	it, err := q.Get(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := (handOut{it.Value, it.Priority, time.Since(start)}); got != *tc.got {
+		t.Fatalf("handed out %+v, want %+v", got, *tc.got)
+	}
+	q.Done("a")
 }
 
 func TestDonePanicsForKeyNotInFlight(t *testing.T) {
