@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	authnv1 "k8s.io/api/authentication/v1"
 	authzv1 "k8s.io/api/authorization/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -374,11 +375,25 @@ func exerciseOperator(t *testing.T, rec *recorder) {
 			sar.Status.Allowed = true
 			return true, sar, nil
 		})
+		// Another replica holds the Lease, just renewed: the operator
+		// follows (it reads and watches the Lease) until the Lease
+		// expires, then takes it, whoever would win a race to a free one.
+		now := metav1.NewMicroTime(time.Now())
+		held := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: config.Namespace, Name: operator.DefaultLeaderElectionID},
+			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr("replica-0"), LeaseDurationSeconds: ptr[int32](15), AcquireTime: &now, RenewTime: &now}}
+		if err := kube.Tracker().Add(held); err != nil {
+			t.Fatal(err)
+		}
 		broker, reg, op, cancel, done := runOperator(t, h, kube)
-		time.Sleep(5 * time.Second) // virtual: acquire the Lease, list, watch, reconcile
+		time.Sleep(5 * time.Second) // virtual: follow
+		synctest.Wait()
+		if op.Controller.Held() != 0 {
+			t.Fatal("the operator took a Lease another replica holds")
+		}
+		time.Sleep(20 * time.Second) // virtual: the Lease expires; acquire it, list, watch, reconcile
 		synctest.Wait()
 		if op.Group().Ready() != nil {
-			t.Fatalf("not ready after 5s: %v", op.Group().Ready())
+			t.Fatalf("not ready after the Lease expired: %v", op.Group().Ready())
 		}
 
 		req := httptest.NewRequest(http.MethodPost, "/reconcile/team-a/hello?reason=rbac", nil)
@@ -575,7 +590,7 @@ func TestRBACCoversEveryCall(t *testing.T) {
 		"update leases.coordination.k8s.io opkit-demo/opkit-demo-leader",
 		"create tokenreviews.authentication.k8s.io /", "create events.events.k8s.io team-a/",
 		"update demoentities/status.demo.opkit.dev team-a/hello", "patch configmaps. team-a/hello-demo",
-		"watch configmaps. /",
+		"watch configmaps. /", "watch leases.coordination.k8s.io opkit-demo/*",
 	} {
 		prefix, isPrefix := strings.CutSuffix(want, "*") // a name known only in part
 		if !slices.ContainsFunc(rec.calls, func(c call) bool { return c.String() == want || isPrefix && strings.HasPrefix(c.String(), prefix) }) {
@@ -629,3 +644,5 @@ func TestRBACCoversEveryCall(t *testing.T) {
 		t.Logf("calls made:\n  %s", strings.Join(all, "\n  "))
 	}
 }
+
+func ptr[T any](v T) *T { return &v }
