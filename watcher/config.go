@@ -38,14 +38,18 @@ const (
 	// stay open for the failure count to return to zero (a list that
 	// succeeds, or a watch event, resets it at once).
 	DefaultBackoffReset = time.Minute
-	// DefaultBackoffUnreachable is the longest retry delay while the API
-	// server refuses connections (it is down or restarting): such a retry
-	// costs the server nothing, and the watcher is back within about a
-	// second of the server's return.
-	DefaultBackoffUnreachable = time.Second
+	// DefaultBackoffTransient is the longest retry delay after a failure
+	// that an API server's restart causes (a refused or reset connection,
+	// a 5xx, a watch closed early, a 401/403 while its authorizer syncs):
+	// such a retry costs the server little, and the watcher is back within
+	// about a second of the server's return.
+	DefaultBackoffTransient = time.Second
 	// DefaultBackoffSlow is the retry delay for permission (403) and
 	// missing-resource (404) errors.
 	DefaultBackoffSlow = 30 * time.Second
+	// DefaultBackoffStalled is how long a watcher fails to list or watch
+	// before it logs an error (once per outage).
+	DefaultBackoffStalled = 10 * time.Second
 	// DefaultMaxFinalStates is how many unsettled deletes keep their final
 	// state when Config.MaxFinalStates is zero.
 	DefaultMaxFinalStates = 1000
@@ -63,26 +67,28 @@ const (
 //
 // After the n-th consecutive failure (n >= 1) the watcher waits a random
 // duration in [d/2, d], where d = min(Base * 2^(n-1), Cap) (a
-// [queue.Backoff] with Jitter 0.5), and at most Unreachable while the API
-// server refuses connections. A 429
-// waits at least its Retry-After. A 404, and a 401 or 403 once
-// [queue.TransientRefusals] of them came in a row, wait a random duration
-// in [Slow/2, Slow] (never less than the transient delay); the first
-// refusals in a row are retried like any transient failure, because an
-// API server that has just started refuses until its authorizer has
-// synced. The failure count returns to zero once a list succeeds, a watch
-// delivers an event or a bookmark, or a watch has stayed open for Reset.
+// [queue.Backoff] with Jitter 0.5), and at most Transient after any
+// failure an API server's restart causes: a refused or reset connection,
+// a 5xx or another error, a watch closed early, and a 401 or 403 among the
+// first [queue.TransientRefusals] in a row (an API server that has just
+// started refuses until its authorizer has synced). A 429 waits at least
+// its Retry-After. A 404, and a 401 or 403 once TransientRefusals of them
+// came in a row, wait a random duration in [Slow/2, Slow]. The failure
+// count returns to zero once a list succeeds, a watch delivers an event
+// or a bookmark, or a watch has stayed open for Reset.
 //
-// Worst cases with the defaults: once an API server is back, the watcher
-// is back within Unreachable (1s) when it could not connect, within Cap
-// (30s) when the server kept answering 5xx, and a permission granted
-// while the watcher was refused is seen within Slow (30s).
+// Worst cases with the defaults: once an API server answers again, the
+// watcher is back within Transient (1s), and a permission granted while
+// the watcher was refused is seen within Slow (30s). A watcher that has
+// not resumed for Stalled (10s) says so once in its log, and Check
+// reports since when.
 type Backoff struct {
 	Base        time.Duration // first delay; default DefaultBackoffBase
 	Cap         time.Duration // longest delay; default DefaultBackoffCap
 	Reset       time.Duration // watch time without events that forgets failures; default DefaultBackoffReset
 	Slow        time.Duration // delay for a lasting 401/403, and for 404; default DefaultBackoffSlow
-	Unreachable time.Duration // longest delay while the server refuses connections; default DefaultBackoffUnreachable
+	Transient   time.Duration // longest delay after a failure a restart causes; default DefaultBackoffTransient
+	Stalled     time.Duration // how long a failing watcher waits before it logs an error; default DefaultBackoffStalled
 }
 
 // Config configures a [Watcher]. Client, Resource and Queue are required;
@@ -268,7 +274,7 @@ func (c Config[T]) withDefaults() (Config[T], error) {
 		return bad("%v", c.Shards.Validate())
 	case c.PageSize < 0 || c.IdleTimeout < 0 || c.MaxFinalStates < 0 || c.MaxDeletesPerKey < 0:
 		return bad("PageSize, IdleTimeout, MaxFinalStates and MaxDeletesPerKey must not be negative")
-	case b.Base < 0 || b.Cap < 0 || b.Reset < 0 || b.Slow < 0 || b.Unreachable < 0:
+	case b.Base < 0 || b.Cap < 0 || b.Reset < 0 || b.Slow < 0 || b.Transient < 0 || b.Stalled < 0:
 		return bad("Backoff has a negative duration: %+v", *b)
 	case typ.Kind() != reflect.Pointer || typ.Elem().Kind() != reflect.Struct:
 		return bad("type parameter %v is not a pointer to a struct", typ)
@@ -276,7 +282,8 @@ func (c Config[T]) withDefaults() (Config[T], error) {
 	b.Base = cmp.Or(b.Base, DefaultBackoffBase)
 	b.Cap = cmp.Or(b.Cap, max(DefaultBackoffCap, b.Base))
 	b.Reset, b.Slow = cmp.Or(b.Reset, DefaultBackoffReset), cmp.Or(b.Slow, DefaultBackoffSlow)
-	b.Unreachable = cmp.Or(b.Unreachable, DefaultBackoffUnreachable)
+	b.Transient = cmp.Or(b.Transient, DefaultBackoffTransient)
+	b.Stalled = cmp.Or(b.Stalled, DefaultBackoffStalled)
 	if b.Base > b.Cap {
 		return bad("Backoff.Base %v exceeds Backoff.Cap %v", b.Base, b.Cap)
 	}

@@ -147,7 +147,7 @@ func TestTheOperatorsOwnFinalizerAddedIsNoChange(t *testing.T) {
 var refused = &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
 
 // While the API server refuses connections the watcher tries again at most
-// Backoff.Unreachable apart, whatever the failure count: it is back about
+// Backoff.Transient apart, whatever the failure count: it is back about
 // a second after the server is.
 func TestAnUnreachableAPIServerIsRetriedAtLeastEverySecond(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -170,8 +170,8 @@ func TestAnUnreachableAPIServerIsRetriedAtLeastEverySecond(t *testing.T) {
 			t.Fatalf("synced=%v after %d attempts, want synced after 21", w.Synced(), len(attempts()))
 		}
 		for i, g := range gaps(attempts()) {
-			if g > watcher.DefaultBackoffUnreachable {
-				t.Errorf("wait before attempt %d = %v, want at most %v", i+2, g, watcher.DefaultBackoffUnreachable)
+			if g > watcher.DefaultBackoffTransient {
+				t.Errorf("wait before attempt %d = %v, want at most %v", i+2, g, watcher.DefaultBackoffTransient)
 			}
 		}
 		if n := m.get(func(m *metrics) int { return m.errors[watcher.ReasonUnreachable] }); n != 20 {

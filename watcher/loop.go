@@ -72,7 +72,9 @@ type loop struct {
 	// firstList is closed when the current Run's first list is done; a
 	// new one is made when a Run ends, for the next Run (waitSynced).
 	firstList chan struct{}
-	lastErr   error // the latest list or watch call's failure, nil once one succeeds
+	lastErr   error     // the latest list or watch call's failure, nil once one succeeds
+	downSince time.Time // when the current run of failures began; zero while connected
+	stalled   bool      // the current outage outlasted Backoff.Stalled and was logged
 }
 
 func newLoop(cfg loopConfig) *loop {
@@ -112,15 +114,30 @@ func (l *loop) check() error {
 	case l.lastErr == nil:
 		return nil
 	case !l.synced:
-		return fmt.Errorf("%w, %w: %w", ErrNotSynced, ErrDisconnected, l.lastErr)
+		return fmt.Errorf("%w, %w for %v: %w", ErrNotSynced, ErrDisconnected, time.Since(l.downSince).Round(time.Second), l.lastErr)
 	}
-	return fmt.Errorf("%w: %w", ErrDisconnected, l.lastErr)
+	return fmt.Errorf("%w for %v: %w", ErrDisconnected, time.Since(l.downSince).Round(time.Second), l.lastErr)
 }
 
+// setErr records the latest call's failure, or with nil that the loop is
+// connected again. An outage that outlasts Backoff.Stalled is logged
+// once, at error level, with its last error; its end is logged too.
 func (l *loop) setErr(err error) {
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	l.lastErr = err
-	l.mu.Unlock()
+	switch {
+	case err == nil && l.stalled:
+		l.cfg.log.Info("list and watch resumed after an outage", "after", time.Since(l.downSince).Round(time.Millisecond))
+		fallthrough
+	case err == nil:
+		l.downSince, l.stalled = time.Time{}, false
+	case l.downSince.IsZero():
+		l.downSince = time.Now()
+	case !l.stalled && time.Since(l.downSince) >= l.cfg.backoff.Stalled:
+		l.stalled = true
+		l.cfg.log.Error("list and watch have not resumed: the controller sees no change meanwhile", "for", time.Since(l.downSince).Round(time.Second), "err", err)
+	}
 }
 
 // run lists, then watches, handing everything to s, until ctx ends; it
@@ -197,9 +214,10 @@ func (l *loop) list(ctx context.Context, s sink) (string, error) {
 			// Synced and healthy before end, which calls OnSync (whose
 			// callback may ask Check); WaitSynced returns after it, once
 			// every entry of the list was handed on.
+			l.setErr(nil)
 			l.mu.Lock()
 			first := !l.synced
-			l.synced, l.lastErr = true, nil
+			l.synced = true
 			l.mu.Unlock()
 			s.end(initial, page.GetResourceVersion())
 			if first {
@@ -286,11 +304,13 @@ func (l *loop) delay(reason Reason, err error) time.Duration {
 	d := queue.Backoff{Base: b.Base, Cap: b.Cap, Jitter: 0.5}.Delay(max(l.failures, 1))
 	slow := queue.Backoff{Base: b.Slow, Cap: b.Slow, Jitter: 0.5}.Delay(1)
 	switch reason {
-	case ReasonUnreachable:
-		d = min(d, b.Unreachable)
+	case ReasonUnreachable, ReasonError, ReasonClosed:
+		d = min(d, b.Transient)
 	case ReasonForbidden:
 		if l.refusals > queue.TransientRefusals {
 			d = max(d, slow)
+		} else {
+			d = min(d, b.Transient)
 		}
 	case ReasonNotFound:
 		d = max(d, slow)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -393,7 +394,7 @@ func TestTransientErrorsBackOffExponentiallyWithJitterUpToTheCap(t *testing.T) {
 		})
 		q := &recorder{}
 		cfg := config(c, q)
-		cfg.Backoff = watcher.Backoff{Base: time.Second, Cap: 8 * time.Second}
+		cfg.Backoff = watcher.Backoff{Base: time.Second, Cap: 8 * time.Second, Transient: 8 * time.Second}
 		w := mustNew(t, cfg)
 		stop := start(t, w)
 		defer stop()
@@ -408,6 +409,81 @@ func TestTransientErrorsBackOffExponentiallyWithJitterUpToTheCap(t *testing.T) {
 			if g < d/2 || g > d {
 				t.Errorf("wait before attempt %d = %v, want within [%v, %v]", i+2, g, d/2, d)
 			}
+		}
+	})
+}
+
+// lockedBuffer is a log sink safe for the loop's goroutine and the test.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// What an API server's restart answers (refused and reset connections,
+// 5xx, 403 while its authorizer syncs) is retried within
+// Backoff.Transient (1s) however long it lasts, so the watcher is back
+// within a second of the server; an outage longer than Backoff.Stalled
+// (10s) is logged once, with its last error, Check says for how long,
+// and the end of it is logged.
+func TestARestartingAPIServerIsRetriedWithinASecondAndALongOutageLoggedOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newFake(widget("ns", "a", "ua", "1", 1))
+		restart := []error{
+			errors.New("dial tcp 127.0.0.1:6443: connect: connection refused"),
+			errors.New("read tcp 127.0.0.1:40000->127.0.0.1:6443: read: connection reset by peer"),
+			apierrors.NewServiceUnavailable("apiserver not ready"),
+			apierrors.NewInternalError(errors.New("etcd leader changed")),
+		}
+		const failures = 30
+		attempts := listErrors(c, func(i int) error {
+			switch {
+			case i > failures:
+				return nil
+			case i > failures-queue.TransientRefusals: // the authorizer syncs
+				return apierrors.NewForbidden(widgets.GroupResource(), "", errors.New(`user "u" cannot list`))
+			}
+			return restart[i%len(restart)]
+		})
+		logs := &lockedBuffer{}
+		cfg := config(c, &recorder{})
+		cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+		w := mustNew(t, cfg)
+		stop := start(t, w)
+		defer stop()
+		time.Sleep(12 * time.Second)
+		synctest.Wait()
+		if err := w.Check(); !errors.Is(err, watcher.ErrDisconnected) || !strings.Contains(err.Error(), "for 1") {
+			t.Errorf("Check during the outage = %v, want it disconnected, saying for how long", err)
+		}
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		at := attempts()
+		if len(at) != failures+1 || !w.Synced() {
+			t.Fatalf("%d list attempts, synced=%v; want %d and synced", len(at), w.Synced(), failures+1)
+		}
+		for i, g := range gaps(at) {
+			if g > watcher.DefaultBackoffTransient {
+				t.Errorf("wait before attempt %d = %v, want at most %v", i+2, g, watcher.DefaultBackoffTransient)
+			}
+		}
+		l := logs.String()
+		if n := strings.Count(l, "have not resumed"); n != 1 || !strings.Contains(l, "resumed after an outage") {
+			t.Errorf("logged the stall %d times (want once) and its end %v:\n%s", n, strings.Contains(l, "resumed after an outage"), l)
+		}
+		if err := w.Check(); err != nil {
+			t.Errorf("Check after the outage = %v", err)
 		}
 	})
 }
