@@ -83,12 +83,12 @@ const (
 // not resumed for Stalled (10s) says so once in its log, and Check
 // reports since when.
 type Backoff struct {
-	Base        time.Duration // first delay; default DefaultBackoffBase
-	Cap         time.Duration // longest delay; default DefaultBackoffCap
-	Reset       time.Duration // watch time without events that forgets failures; default DefaultBackoffReset
-	Slow        time.Duration // delay for a lasting 401/403, and for 404; default DefaultBackoffSlow
-	Transient   time.Duration // longest delay after a failure a restart causes; default DefaultBackoffTransient
-	Stalled     time.Duration // how long a failing watcher waits before it logs an error; default DefaultBackoffStalled
+	Base      time.Duration // first delay; default DefaultBackoffBase
+	Cap       time.Duration // longest delay; default DefaultBackoffCap
+	Reset     time.Duration // watch time without events that forgets failures; default DefaultBackoffReset
+	Slow      time.Duration // delay for a lasting 401/403, and for 404; default DefaultBackoffSlow
+	Transient time.Duration // longest delay after a failure a restart causes; default DefaultBackoffTransient
+	Stalled   time.Duration // how long a failing watcher waits before it logs an error; default DefaultBackoffStalled
 }
 
 // Config configures a [Watcher]. Client, Resource and Queue are required;
