@@ -67,23 +67,6 @@ func (f *fixture) configMap(t *testing.T) (*corev1.ConfigMap, bool) {
 	return cm, true
 }
 
-// bumpSpec changes the stored entity's spec and generation, as an update
-// through the API server would.
-func (f *fixture) bumpSpec(t *testing.T, msg string, replicas int32) {
-	t.Helper()
-	e := f.h.Get(key)
-	e.Spec.Message, e.Spec.Replicas = msg, &replicas
-	e.Generation++
-	u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(e)
-	if err != nil {
-		t.Fatal(err)
-	}
-	obj := f.h.Dynamic.Resource(demov1.Resource.GroupVersionResource).Namespace(key.Namespace)
-	if _, err := obj.Update(context.Background(), toU(u), metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-}
-
 func TestCreateMakesOwnedConfigMapAndStatus(t *testing.T) {
 	f := setup(t, entity("hi", 3))
 	c := f.h.ReconcileKey(context.Background(), f.r, key)
@@ -146,7 +129,9 @@ func TestSecondReconcileWritesNothing(t *testing.T) {
 func TestSpecChangeUpdatesConfigMapAndObservedGeneration(t *testing.T) {
 	f := setup(t, entity("hi", 3))
 	f.h.ReconcileKey(context.Background(), f.r, key)
-	f.bumpSpec(t, "bye", 0)
+	e := f.h.Get(key)
+	e.Spec.Message, e.Spec.Replicas = "bye", new(int32) // a user's edit: Change bumps the generation
+	f.h.Change(e)
 	f.now = t0.Add(time.Minute)
 	c := f.h.ReconcileKey(context.Background(), f.r, key)
 	if c.Err != nil {

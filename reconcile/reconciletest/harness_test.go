@@ -103,12 +103,75 @@ func TestFailInjectsErrors(t *testing.T) {
 	if _, err := h.Clientset.CoreV1().ConfigMaps("shop").Get(ctx, "x", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Fatalf("second get: %v, want a NotFound from the store", err)
 	}
-	h.Fail("patch", "*", -1, boom)
+	clear := h.Fail("patch", "*", -1, boom)
+	ws := h.Dynamic.Resource(schema.GroupVersionResource{Group: "test.opkit.dev", Version: "v1", Resource: "widgets"}).Namespace("shop")
 	for range 3 {
-		_, err := h.Dynamic.Resource(schema.GroupVersionResource{Group: "test.opkit.dev", Version: "v1", Resource: "widgets"}).Namespace("shop").
-			Patch(ctx, "blue", "application/merge-patch+json", []byte(`{}`), metav1.PatchOptions{})
+		_, err := ws.Patch(ctx, "blue", "application/merge-patch+json", []byte(`{}`), metav1.PatchOptions{})
 		if !apierrors.IsInternalError(err) {
 			t.Fatalf("patch: %v, want the injected 500 every time", err)
+		}
+	}
+	clear()
+	if _, err := ws.Patch(ctx, "blue", "application/merge-patch+json", []byte(`{}`), metav1.PatchOptions{}); err != nil {
+		t.Fatalf("patch after clear: %v, want it to reach the store", err)
+	}
+}
+
+// A failure injected on a resource is not one on its subresources, and
+// one on a subresource ("widgets/status") is on it alone.
+func TestFailTellsAResourceFromItsSubresources(t *testing.T) {
+	h := reconciletest.New[*Widget](t, widgets, blue())
+	ctx := context.Background()
+	boom := apierrors.NewInternalError(errors.New("etcd leader changed"))
+	ws := h.Dynamic.Resource(widgets.GroupVersionResource).Namespace("shop")
+	update := func(sub ...string) error {
+		u, err := ws.Get(ctx, "blue", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = ws.Update(ctx, u, metav1.UpdateOptions{}, sub...)
+		return err
+	}
+	clear := h.Fail("update", "widgets", -1, boom)
+	if err := update(); !apierrors.IsInternalError(err) {
+		t.Fatalf("update of widgets: %v, want the injected 500", err)
+	}
+	if err := update("status"); err != nil {
+		t.Fatalf("update of widgets/status: %v, want it to reach the store", err)
+	}
+	clear()
+	h.Fail("update", "widgets/status", -1, boom)
+	if err := update("status"); !apierrors.IsInternalError(err) {
+		t.Fatalf("update of widgets/status: %v, want the injected 500", err)
+	}
+	if err := update(); err != nil {
+		t.Fatalf("update of widgets: %v, want it to reach the store", err)
+	}
+}
+
+// A child the reconciler creates, by an apply as by a create, has
+// generation 1, as the API server gives it.
+func TestCreatedChildrenHaveTheirFirstGeneration(t *testing.T) {
+	h := reconciletest.New[*Widget](t, widgets, blue())
+	apply, err := reconcile.NewApplier(reconcile.ApplyConfig{Dynamic: h.Dynamic, FieldManager: "test.opkit.dev/widgets", Owner: widgets})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := reconcile.Func[*Widget](func(ctx context.Context, req reconcile.Request[*Widget]) (reconcile.Result, error) {
+		if _, err := apply.Apply(ctx, req.Object, configMaps, corev1ac.ConfigMap("applied", "")); err != nil {
+			return reconcile.Done(), err
+		}
+		_, err := h.Clientset.CoreV1().ConfigMaps("shop").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "created", Namespace: "shop"}}, metav1.CreateOptions{})
+		return reconcile.Done(), err
+	})
+	ctx := context.Background()
+	if c := h.ReconcileKey(ctx, r, opkit.Key{Namespace: "shop", Name: "blue"}); c.Err != nil {
+		t.Fatal(c.Err)
+	}
+	for _, name := range []string{"applied", "created"} {
+		cm, err := h.Clientset.CoreV1().ConfigMaps("shop").Get(ctx, name, metav1.GetOptions{})
+		if err != nil || cm.Generation != 1 {
+			t.Errorf("ConfigMap %s: generation %v (%v), want 1", name, cm.GetGeneration(), err)
 		}
 	}
 }

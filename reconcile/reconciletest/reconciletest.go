@@ -339,15 +339,52 @@ func (c Call) Writes() []string {
 
 // Reconcile calls r with req on the test's goroutine and records what it
 // did. The API calls recorded are only those made during the call. After
-// the call, objects being deleted whose last finalizer was removed are
-// deleted from the fake, as the API server would.
+// the call, as the API server would have: an object the call created
+// (a create, or an apply of a new object) without a generation has
+// generation 1, and objects being deleted whose last finalizer was
+// removed are deleted from the fake.
 func (h *Harness[T]) Reconcile(ctx context.Context, r reconcile.Reconciler[T], req reconcile.Request[T]) Call {
 	h.t.Helper()
 	h.takeActions()
 	res, err := r.Reconcile(ctx, req)
 	c := Call{Result: res, Err: err, Actions: h.takeActions()}
+	h.firstGenerations(c.Actions)
 	h.collect()
 	return c
+}
+
+// firstGenerations gives generation 1 to the objects that creates and
+// patches (an apply may create) among actions left without one: the
+// fakes do not set it.
+func (h *Harness[T]) firstGenerations(actions []k8stesting.Action) {
+	for _, a := range actions {
+		if a.GetVerb() != "create" && a.GetVerb() != "patch" || a.GetSubresource() != "" {
+			continue
+		}
+		tracker := h.Dynamic.Tracker()
+		if _, ok := builtins[a.GetResource()]; ok {
+			tracker = h.Clientset.Tracker()
+		}
+		name := ""
+		switch a := a.(type) {
+		case k8stesting.CreateAction:
+			if m, err := meta.Accessor(a.GetObject()); err == nil {
+				name = m.GetName()
+			}
+		case k8stesting.PatchAction:
+			name = a.GetName()
+		}
+		obj, err := tracker.Get(a.GetResource(), a.GetNamespace(), name)
+		if err != nil {
+			continue // created and gone, or an error the call saw
+		}
+		if m, err := meta.Accessor(obj); err == nil && m.GetGeneration() == 0 {
+			m.SetGeneration(1)
+			if err := tracker.Update(a.GetResource(), obj, a.GetNamespace()); err != nil {
+				h.t.Fatalf("reconciletest: generation of %s %s/%s: %v", a.GetResource().Resource, a.GetNamespace(), name, err)
+			}
+		}
+	}
 }
 
 // MarkDeleting sets metadata.deletionTimestamp on the stored object under
@@ -445,21 +482,31 @@ func (h *Harness[T]) Delete(res opkit.Resource, key opkit.Key) {
 
 // Fail makes the next times calls (every call when times is negative)
 // with verb ("get", "create", "update", "patch", "delete", "list"; "*"
-// for all) on resource (its plural, "configmaps"; "*" for all), through
-// either client, fail with err, before they reach the store.
-func (h *Harness[T]) Fail(verb, resource string, times int, err error) {
+// for all) on resource, through either client, fail with err, before
+// they reach the store. resource is a plural ("configmaps"), which
+// matches the resource itself and not its subresources, a plural with a
+// subresource ("websites/status"), which matches only that subresource,
+// or "*" for every resource and subresource. clear ends the failures
+// (those with a negative times included).
+func (h *Harness[T]) Fail(verb, resource string, times int, err error) (clear func()) {
 	var mu sync.Mutex
+	plural, sub, _ := strings.Cut(resource, "/")
 	fail := func(a k8stesting.Action) (bool, runtime.Object, error) {
 		mu.Lock()
 		defer mu.Unlock()
-		if times == 0 {
+		if times == 0 || resource != "*" && a.GetSubresource() != sub {
 			return false, nil, nil
 		}
 		times--
 		return true, nil, err
 	}
-	h.Dynamic.PrependReactor(verb, resource, fail)
-	h.Clientset.PrependReactor(verb, resource, fail)
+	h.Dynamic.PrependReactor(verb, plural, fail)
+	h.Clientset.PrependReactor(verb, plural, fail)
+	return func() {
+		mu.Lock()
+		defer mu.Unlock()
+		times = 0
+	}
 }
 
 // resourceOf returns the resource of u: the harness's for objects of T's
