@@ -84,7 +84,7 @@ func TestControllerReconcilesOnlyWhileLeading(t *testing.T) {
 		}
 		found := false
 		for _, line := range strings.Split(logs.String(), "\n") {
-			if strings.Contains(line, "msg=reconciled") {
+			if strings.Contains(line, `msg="reconcile ran"`) {
 				found = true
 				for _, attr := range []string{"key=ns/a", "type=Added", "sources=APIServer", "retry=0", "term="} {
 					if !strings.Contains(line, attr) {

@@ -207,16 +207,21 @@ func (c *shard[T]) run(ctx context.Context, t *turn[T], req Request[T]) bool {
 
 func (c *shard[T]) outcome(ctx context.Context, t *turn[T], req Request[T], res Result, err error, took time.Duration) (finished bool) {
 	log := t.log.With("type", req.Type.String(), "sources", req.Sources.String(), "retry", req.Retries)
+	// Every reconcile at Debug, with why it ran; what is not a plain
+	// success without writes at Info, or above for failures.
+	log.Debug("reconcile ran", "reasons", req.Reasons, "related", req.Related, "took", took, "err", err)
 	after, requeue := res.Requeue()
 	switch {
 	case err == nil && !requeue:
 		c.cfg.Metrics.Reconciled(OutcomeDone, took)
-		log.Debug("reconciled", "took", took)
+		if wrote := writesOf(ctx); wrote || req.Type == opkit.Deleted {
+			log.Info("reconciled", "wrote", wrote, "took", took)
+		}
 		t.note(trigger.Succeeded, nil)
 		return true
 	case err == nil:
 		c.cfg.Metrics.Reconciled(OutcomeRequeue, took)
-		log.Debug("reconciled; requeued", "after", after, "took", took)
+		log.Info("reconciled; requeued", "after", after, "took", took)
 		if !t.requeue || after < t.after {
 			t.requeue, t.after = true, after
 		}

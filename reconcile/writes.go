@@ -37,6 +37,13 @@ func noteWrite(ctx context.Context, obj opkit.Object) {
 	}
 }
 
+// writesOf reports whether the turn of ctx wrote its object (a status
+// or finalizer change) so far.
+func writesOf(ctx context.Context) bool {
+	tw, ok := ctx.Value(turnWritesKey{}).(*turnWrites)
+	return ok && tw.get() != ""
+}
+
 func (tw *turnWrites) get() string {
 	tw.mu.Lock()
 	defer tw.mu.Unlock()
