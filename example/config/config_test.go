@@ -646,3 +646,16 @@ func TestRBACCoversEveryCall(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// The CRD's schema has exactly the fields of the Go type: a field added
+// to DemoEntity and forgotten in the schema would be pruned by the API
+// server without an error.
+func TestTheCRDHasTheFieldsOfTheGoType(t *testing.T) {
+	crd, err := config.FS.ReadFile("crd/demoentities.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := reconciletest.CheckCRD[*demov1.DemoEntity](crd, demov1.Version); err != nil {
+		t.Fatal(err)
+	}
+}
