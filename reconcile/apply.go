@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/dynamic"
 
 	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/internal/typed"
 )
 
 // ApplyConfig configures an [Applier]; Dynamic, FieldManager and Owner
@@ -102,6 +103,24 @@ func (a *Applier) Apply(ctx context.Context, owner opkit.Object, res opkit.Resou
 // controlled by another object (such as a new owner of the same name),
 // is left alone. For a reconcile that cleans up after its owner (a
 // finalizer, or a Deleted request): it touches only what that object
+// ApplyAs is [Applier.Apply] that returns the child as the API server
+// stored it in its Go type C, a pointer such as *appsv1.Deployment, so
+// that its status reads as fields (d.Status.AvailableReplicas):
+//
+//	d, err := reconcile.ApplyAs[*appsv1.Deployment](ctx, a, w, deployments, appsv1ac.Deployment(name, "").WithSpec(...))
+func ApplyAs[C opkit.Object](ctx context.Context, a *Applier, owner opkit.Object, res opkit.Resource, child any) (C, error) {
+	var none C
+	u, err := a.Apply(ctx, owner, res, child)
+	if err != nil {
+		return none, err
+	}
+	out, err := typed.FromUnstructured[C](u)
+	if err != nil {
+		return none, fmt.Errorf("apply %s %s: the API server's answer as %T: %w", res.Resource, opkit.KeyOf(u), none, err)
+	}
+	return out, nil
+}
+
 // owned. A GET, and a DELETE when it deletes.
 func (a *Applier) Delete(ctx context.Context, owner opkit.Object, res opkit.Resource, key opkit.Key) (bool, error) {
 	ri := a.resource(res, key.Namespace)

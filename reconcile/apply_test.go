@@ -6,11 +6,13 @@ import (
 	"strings"
 	"testing"
 
+	appsv1 "k8s.io/api/apps/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 
@@ -135,5 +137,26 @@ func TestDeleteRemovesOnlyWhatTheOwnerControls(t *testing.T) {
 	}
 	if _, err := h.Clientset.CoreV1().ConfigMaps("ns").Get(ctx, "theirs", metav1.GetOptions{}); err != nil {
 		t.Fatalf("the new widget's child: %v, want it kept", err)
+	}
+}
+
+// ApplyAs hands the child back in its Go type, as the API server stored
+// it: a Deployment's spec and status read as fields.
+func TestApplyAsReturnsTheTypedChild(t *testing.T) {
+	w := widget("a")
+	h := reconciletest.New[*Widget](t, widgets, w)
+	a := newApplier(t, h, false)
+	deployments := opkit.Resource{GroupVersionResource: appsv1.SchemeGroupVersion.WithResource("deployments"), Kind: "Deployment", Namespaced: true}
+	child := appsv1ac.Deployment("a-web", "").WithSpec(appsv1ac.DeploymentSpec().WithReplicas(3).
+		WithSelector(metav1ac.LabelSelector().WithMatchLabels(map[string]string{"app": "a"})))
+	d, err := reconcile.ApplyAs[*appsv1.Deployment](context.Background(), a, w, deployments, child)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Name != "a-web" || d.Namespace != "ns" || d.Spec.Replicas == nil || *d.Spec.Replicas != 3 || d.Status.AvailableReplicas != 0 {
+		t.Fatalf("ApplyAs = %s/%s replicas %v, available %d", d.Namespace, d.Name, d.Spec.Replicas, d.Status.AvailableReplicas)
+	}
+	if _, err := reconcile.ApplyAs[*appsv1.Deployment](context.Background(), a, w, deployments, "not an object"); err == nil {
+		t.Fatal("ApplyAs of a string: no error")
 	}
 }
