@@ -51,7 +51,7 @@ func Example_ownedChildren() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	dyn := dynamic.NewForConfigOrDie(reconcile.WithDefaultRate(cfg))
+	dyn := dynamic.NewForConfigOrDie(reconcile.WithClientDefaults(cfg))
 	r, err := newSizer(dyn)
 	if err != nil {
 		log.Fatal(err)

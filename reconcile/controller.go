@@ -25,11 +25,8 @@ import (
 
 // Defaults applied by [NewController] to zero fields of [Config] (20
 // retries with the default backoff are about 25 minutes). DefaultQPS and
-// DefaultBurst are the request rate of a client built from
-// Config.RESTConfig whose QPS and Burst are zero, instead of client-go's
-// 5 and 10, on which an operator of a thousand objects waits seconds for
-// each reconcile: at about three requests a reconcile, DefaultQPS allows
-// some 30 reconciles a second.
+// DefaultBurst are the client-side guard of [WithClientDefaults] until the
+// API server shows it has Priority and Fairness.
 const (
 	DefaultConcurrency     = 4
 	DefaultMaxRetries      = 20
@@ -54,8 +51,8 @@ type Config[T opkit.Object] struct {
 	// Name (in logs and as the Events' reporting controller, e.g.
 	// "demo.opkit.dev/demo"), Resource, Dynamic and Reconciler: required.
 	// Instead of Dynamic, RESTConfig: the controller builds its client
-	// from a copy, with QPS and Burst DefaultQPS and DefaultBurst when they
-	// are zero (a Dynamic built elsewhere keeps its own limits).
+	// from WithClientDefaults(RESTConfig) (a Dynamic built elsewhere
+	// keeps its own limits).
 	Name       string
 	Resource   opkit.Resource
 	Dynamic    dynamic.Interface
@@ -208,7 +205,7 @@ func NewController[T opkit.Object](cfg Config[T]) (*Controller[T], error) {
 // from RESTConfig when it is nil.
 func (cfg *Config[T]) validate() error {
 	if cfg.Dynamic == nil && cfg.RESTConfig != nil {
-		d, err := dynamic.NewForConfig(WithDefaultRate(cfg.RESTConfig))
+		d, err := dynamic.NewForConfig(WithClientDefaults(cfg.RESTConfig))
 		if err != nil {
 			return fmt.Errorf("RESTConfig: %w", err)
 		}
@@ -254,17 +251,6 @@ func (cfg Config[T]) withDefaults() Config[T] {
 	cfg.ShutdownTimeout = cmp.Or(cfg.ShutdownTimeout, DefaultShutdownTimeout)
 	cfg.Metrics = cmp.Or[Metrics](cfg.Metrics, noMetrics{})
 	cfg.Shards.Count = max(cfg.Shards.Count, 1)
-	return cfg
-}
-
-// WithDefaultRate returns a copy of cfg whose zero QPS and Burst are
-// DefaultQPS and DefaultBurst, for the other clients of an operator (its
-// leader election's, say).
-func WithDefaultRate(cfg *rest.Config) *rest.Config {
-	cfg = rest.CopyConfig(cfg)
-	if cfg.QPS == 0 && cfg.Burst == 0 {
-		cfg.QPS, cfg.Burst = DefaultQPS, DefaultBurst
-	}
 	return cfg
 }
 

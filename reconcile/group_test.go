@@ -14,8 +14,6 @@ import (
 	"testing/synctest"
 	"time"
 
-	"k8s.io/client-go/rest"
-
 	"github.com/opkit/opkit/reconcile"
 )
 
@@ -237,18 +235,6 @@ func TestHealthServerFailsOnAPortInUse(t *testing.T) {
 	mustOK(t, g.Add(g.HealthServer(ln.Addr().String())))
 	if err := g.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "health server") {
 		t.Fatalf("Run = %v, want the health server's bind failure", err)
-	}
-}
-
-// A client built from Config.RESTConfig gets DefaultQPS and DefaultBurst
-// unless it sets its own.
-func TestWithDefaultRateRaisesOnlyUnsetLimits(t *testing.T) {
-	if c := reconcile.WithDefaultRate(&rest.Config{Host: "h"}); c.QPS != reconcile.DefaultQPS || c.Burst != reconcile.DefaultBurst || c.Host != "h" {
-		t.Fatalf("unset: QPS %v Burst %d", c.QPS, c.Burst)
-	}
-	orig := &rest.Config{QPS: 7, Burst: 9}
-	if c := reconcile.WithDefaultRate(orig); c.QPS != 7 || c.Burst != 9 || c == orig {
-		t.Fatalf("set: QPS %v Burst %d (a copy: %v)", c.QPS, c.Burst, c != orig)
 	}
 }
 

@@ -440,8 +440,9 @@ func Run(ctx context.Context, o Options, logger *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("kubeconfig: %w", err)
 	}
-	// reconcile.DefaultQPS and DefaultBurst, not client-go's 5 and 10.
-	restCfg = reconcile.WithDefaultRate(restCfg)
+	// No client-side limit on an API server with Priority and Fairness, a
+	// guard otherwise: not client-go's 5 a second.
+	restCfg = reconcile.WithClientDefaults(restCfg)
 	restCfg.UserAgent = "opkit-demo-operator/" + o.Identity
 	dyn, err := dynamic.NewForConfig(restCfg)
 	if err != nil {
