@@ -79,9 +79,13 @@ type Config[T opkit.Object] struct {
 	// take the Lease ([leader.Elector.WorkDeadline]).
 	Timeout, ShutdownTimeout time.Duration
 	// Watch configures the watcher; the controller sets Client, Resource,
-	// Queue, Shards (leave them zero), a nil Logger, TriggerPriority, and
-	// an empty RequestAnnotation to watcher.DefaultRequestAnnotation
-	// (durable triggers: "-" for none).
+	// Queue and Shards (leave them zero), a nil Logger and TriggerPriority
+	// (the operator's own writes through the Status and Finalizer helpers
+	// cause no reconcile without SkipStatusOnly or OwnFinalizers: a turn
+	// whose newest state is the last one the operator wrote is skipped). An empty
+	// RequestAnnotation is watcher.DefaultRequestAnnotation when T's status
+	// has lastHandledReconcileAt (Status records the durable triggers it
+	// handled there), else none, which Run says once; "-": none.
 	Watch watcher.Config[T]
 	// Owns lists the resources of the objects the reconciler creates and
 	// controls (children, with a controller reference to their owner): a
@@ -367,6 +371,37 @@ func (c *Controller[T]) publishEndpoint(url string) {
 	}
 }
 
+// requestAnnotation is the watchers' RequestAnnotation: Watch's ("-":
+// none); when Watch leaves it empty, watcher.DefaultRequestAnnotation if
+// T's status can record what it handled (status.lastHandledReconcileAt,
+// which Status writes), else none.
+func (c *Controller[T]) requestAnnotation() string {
+	switch a := c.cfg.Watch.RequestAnnotation; {
+	case a == "-":
+		return ""
+	case a != "":
+		return a
+	case recordsRequests[T]():
+		return watcher.DefaultRequestAnnotation
+	}
+	return ""
+}
+
+// sayWhyRequestsAreNotRecorded logs, at start, why durable triggers are
+// off, or are on and never recorded handled.
+func (c *Controller[T]) sayWhyRequestsAreNotRecorded() {
+	var zero T
+	switch a := c.cfg.Watch.RequestAnnotation; {
+	case a == "-" || recordsRequests[T]():
+	case a == "":
+		c.log.Info("durable triggers (the annotation "+watcher.DefaultRequestAnnotation+") are off: the status has no lastHandledReconcileAt field to record them handled in",
+			"type", fmt.Sprintf("%T", zero))
+	default:
+		c.log.Warn("durable triggers are never recorded handled: the status has no lastHandledReconcileAt field, so every change of an annotated object counts as a trigger",
+			"annotation", a, "type", fmt.Sprintf("%T", zero))
+	}
+}
+
 // Run runs the controller until ctx ends and returns nil, or the error of
 // a component that failed.
 func (c *Controller[T]) Run(ctx context.Context) error {
@@ -378,6 +413,7 @@ func (c *Controller[T]) Run(ctx context.Context) error {
 	c.running = true
 	work := c.termWork
 	c.mu.Unlock()
+	c.sayWhyRequestsAreNotRecorded()
 
 	g, gctx := errgroup.WithContext(ctx)
 	if c.balancer != nil {

@@ -99,12 +99,7 @@ func (c *Controller[T]) newShard(i int, lcfg leader.Config, leading *shardsLeadi
 	if wcfg.Metrics != nil {
 		wcfg.Metrics = shardWatcherMetrics{Metrics: wcfg.Metrics, sum: tracked, shard: i}
 	}
-	switch wcfg.RequestAnnotation {
-	case "":
-		wcfg.RequestAnnotation = watcher.DefaultRequestAnnotation
-	case "-":
-		wcfg.RequestAnnotation = ""
-	}
+	wcfg.RequestAnnotation = c.requestAnnotation()
 	var err error
 	if s.watch, err = watcher.New(wcfg); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)

@@ -55,13 +55,7 @@ func (c *shard[T]) runTurn(ctx context.Context, item queue.Item[opkit.Key, opkit
 	base := Request[T]{Key: key, Sources: cause.Sources, Reasons: cause.Reasons, Related: cause.Related, Retries: c.retries.count(key, cause.Retries), Term: term.Number}
 	t := &turn[T]{log: log.With("key", key.String())}
 	began := time.Now()
-	tw := &turnWrites{}
-	ctx = context.WithValue(ctx, turnWritesKey{}, tw)
-	defer func() {
-		if rv := tw.get(); rv != "" {
-			c.written.set(key, rv)
-		}
-	}()
+	ctx = context.WithValue(ctx, turnWritesKey{}, &turnWrites{key: key, into: &c.written})
 	deletes := c.watch.Deletes(key)
 	for _, d := range deletes {
 		req := base
@@ -121,7 +115,12 @@ func (c *shard[T]) live(ctx context.Context, t *turn[T], req Request[T], cause o
 			t.log.Warn("recording the trigger event failed", "err", err)
 		}
 	}
-	obj, err := c.liveObject(ctx, req.Key, cause)
+	wrote := c.written.take(req.Key) // the operator's last write of the object, which the watch may not have delivered
+	if ownWrite(cause, wrote) {
+		t.log.Debug("the newest state is the operator's own write: nothing to reconcile", "resourceVersion", wrote)
+		return
+	}
+	obj, err := c.liveObject(ctx, req.Key, cause, wrote)
 	if err != nil {
 		// Not the reconciler's fault, but retried the same way.
 		if !c.outcome(ctx, t, req, Done(), fmt.Errorf("re-fetch: %w", typed.Explain(err, c.cfg.Resource, req.Key.Name)), 0) {
@@ -176,10 +175,9 @@ func (c *shard[T]) retryAs(t *turn[T], req Request[T]) {
 // turn's own write of it (see writes.go); nothing, without a read, when
 // the watch sees no object of the name and no trigger asked; else what
 // the API server has.
-func (c *shard[T]) liveObject(ctx context.Context, key opkit.Key, cause opkit.Cause[T]) (T, error) {
+func (c *shard[T]) liveObject(ctx context.Context, key opkit.Key, cause opkit.Cause[T], wrote string) (T, error) {
 	var none T
 	rv, seen := c.watch.ResourceVersion(key)
-	wrote := c.written.take(key) // the last turn's own write, which the watch may not have delivered
 	switch {
 	case seen && !isNil(cause.Object) && cause.Object.GetResourceVersion() == rv && !opkit.NewerResourceVersion(wrote, rv):
 		return cause.Object, nil
@@ -194,6 +192,15 @@ func (c *shard[T]) liveObject(ctx context.Context, key opkit.Key, cause opkit.Ca
 		return none, nil
 	}
 	return obj, err
+}
+
+// ownWrite reports whether the only thing a cause says is that the
+// object changed to wrote, the operator's own last write of it (a status
+// or finalizer through the helpers): no change by anyone else, no
+// trigger, no related change; such a turn has nothing to reconcile.
+func ownWrite[T opkit.Object](cause opkit.Cause[T], wrote string) bool {
+	return wrote != "" && cause.Sources == opkit.Sources(opkit.APIServer) && len(cause.Related) == 0 && !cause.Added && !cause.Teardown &&
+		!isNil(cause.Object) && cause.Object.GetResourceVersion() == wrote
 }
 
 // run calls the reconciler for req and applies the decision table of

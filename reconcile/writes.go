@@ -17,10 +17,13 @@ import (
 type turnWritesKey struct{}
 
 // turnWrites is what a turn's helpers wrote: the newest resourceVersion
-// of the turn's object.
+// of the turn's object, noted at once in its shard's writtenKeys too (an
+// event of the write may come before the write's answer).
 type turnWrites struct {
-	mu sync.Mutex
-	rv string
+	mu   sync.Mutex
+	rv   string
+	key  opkit.Key
+	into *writtenKeys
 }
 
 // noteWrite notes, in a turn's context, that obj was written and is now
@@ -34,6 +37,7 @@ func noteWrite(ctx context.Context, obj opkit.Object) {
 	defer tw.mu.Unlock()
 	if rv := obj.GetResourceVersion(); opkit.NewerResourceVersion(rv, tw.rv) {
 		tw.rv = rv
+		tw.into.set(tw.key, rv)
 	}
 }
 
