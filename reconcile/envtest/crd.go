@@ -130,7 +130,10 @@ func (e *Environment) InstallCRDFiles(ctx context.Context, paths ...string) ([]s
 // version it serves answers a list on every running API server (each
 // kube-apiserver starts serving a new CRD on its own, a moment after
 // Established). It polls until ctx ends or, without a deadline on ctx, for
-// at most a minute; the error then says what it last saw.
+// at most a minute; the error then says what it last saw. A
+// controller-manager's garbage collector learns of a CRD installed here
+// at its next discovery, up to 30 seconds later; those of Options.CRDs it
+// knows from its start.
 func (e *Environment) InstallCRDs(ctx context.Context, crds ...*unstructured.Unstructured) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc

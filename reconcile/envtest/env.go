@@ -50,7 +50,10 @@ type Options struct {
 	// *.json files, not its subdirectories) that New installs once the
 	// API servers are ready, waiting until each is established and
 	// served; see ReadCRDs. They are read before anything starts, so a
-	// file that does not parse costs no start-up.
+	// file that does not parse costs no start-up. Give them here rather
+	// than to InstallCRDFiles later when the garbage collector matters:
+	// it knows these from its start, a later one only after its next
+	// discovery, up to 30 seconds on.
 	CRDs []string
 	// APIServers is the number of API servers New starts, all on the same
 	// etcd. Default 1. More can be added later with AddAPIServer.
@@ -278,15 +281,19 @@ func newOnce(ctx context.Context, opts Options, bins Binaries, crds []*unstructu
 			return nil, err
 		}
 	}
-	if opts.ControllerManager {
-		if err := e.startControllerManager(ctx, ports[len(ports)-1]); err != nil {
-			return nil, err
-		}
-	}
+	// The CRDs go first: the controller-manager's garbage collector
+	// discovers resources when it starts and then every 30 seconds only,
+	// and it cannot collect the dependents of an owner of a resource it
+	// does not know yet.
 	if len(crds) > 0 {
 		ctx, cancel := context.WithTimeout(ctx, opts.ReadyTimeout)
 		defer cancel()
 		if err := e.InstallCRDs(ctx, crds...); err != nil {
+			return nil, err
+		}
+	}
+	if opts.ControllerManager {
+		if err := e.startControllerManager(ctx, ports[len(ports)-1]); err != nil {
 			return nil, err
 		}
 	}
