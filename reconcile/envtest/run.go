@@ -16,20 +16,20 @@ type Runner interface {
 	Run(ctx context.Context) error
 }
 
-// RunTimeout bounds Run's wait for readiness, and the cleanup's for Run
-// to return once its context ended.
-const RunTimeout = time.Minute
+// Timeout bounds Run's wait for readiness and the cleanup's for Run to
+// return once its context ended, and Eventually's wait.
+const Timeout = time.Minute
 
 // Run runs r in a goroutine until t ends: t's cleanup cancels its context,
 // waits for Run to return and fails t if it returned an error (or did not
-// return within RunTimeout). A Run that returns before the test ends
+// return within Timeout). A Run that returns before the test ends
 // fails t at once with its error.
 //
 // When r reports readiness, Run returns once r is ready, so that what the
 // test does next is seen: a *reconcile.Controller[T] once Check passes
 // (its watches listed, its Lease elector healthy), a *reconcile.Operator
 // or *reconcile.Group once every component is ready. It fails t if r is
-// not ready within RunTimeout, with r's last reason. Other Runners are
+// not ready within Timeout, with r's last reason. Other Runners are
 // only started.
 func Run(t testing.TB, r Runner) {
 	t.Helper()
@@ -61,17 +61,17 @@ func Run(t testing.TB, r Runner) {
 			if err != nil && !reported {
 				t.Errorf("envtest: %T.Run: %v", r, err)
 			}
-		case <-time.After(RunTimeout):
+		case <-time.After(Timeout):
 			mu.Lock()
 			finished = true
 			mu.Unlock()
-			t.Errorf("envtest: %T.Run did not return within %v of its context's end", r, RunTimeout)
+			t.Errorf("envtest: %T.Run did not return within %v of its context's end", r, Timeout)
 		}
 	})
 	if ready == nil {
 		return
 	}
-	deadline := time.Now().Add(RunTimeout)
+	deadline := time.Now().Add(Timeout)
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -80,7 +80,7 @@ func Run(t testing.TB, r Runner) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("envtest: %T not ready within %v: %v", r, RunTimeout, err)
+			t.Fatalf("envtest: %T not ready within %v: %v", r, Timeout, err)
 		}
 		select {
 		case err := <-done:
@@ -103,4 +103,31 @@ func readiness(r Runner) func() error {
 		return r.Check
 	}
 	return nil
+}
+
+// Eventually calls cond every 100ms until it returns nil, and fails t with
+// cond's last error if that takes longer than Timeout: a test waits so for
+// what a controller does (a child created, a status written). cond's
+// context ends with the wait.
+func Eventually(t testing.TB, what string, cond func(ctx context.Context) error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
+	defer cancel()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	var last error
+	for {
+		err := cond(ctx)
+		if err == nil {
+			return
+		}
+		if last == nil || ctx.Err() == nil {
+			last = err // not the error of a call the deadline cut short
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("envtest: %s: not within %v: %v", what, Timeout, last)
+		case <-tick.C:
+		}
+	}
 }

@@ -85,3 +85,16 @@ func TestRunReportsFailures(t *testing.T) {
 		}
 	}
 }
+
+func TestEventuallyPollsUntilNil(t *testing.T) {
+	n := 0
+	envtest.Eventually(t, "the third call", func(ctx context.Context) error {
+		if n++; n < 3 {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	if n != 3 {
+		t.Errorf("%d calls, want 3", n)
+	}
+}
