@@ -23,7 +23,8 @@
 //	}
 //
 // [Start] stops everything at the test's cleanup; [Run] runs a controller,
-// a whole [reconcile.Operator] or any Runner until then. Tests that share
+// a whole [reconcile.Operator] or any Runner until then, and [Eventually]
+// waits for what it does (a child, a status). Tests that share
 // one environment call [Main] from TestMain and [Shared] in each test,
 // each in its own [Environment.Namespace]. Programs use [New] and
 // [Environment.Stop].
