@@ -30,12 +30,12 @@ func dyn(t testing.TB, cfg *rest.Config) *dynamic.DynamicClient {
 	return d
 }
 
-// installWidgets installs the widgets CRD and waits until the given API
-// servers (default: 0) serve it.
-func installWidgets(t testing.TB, c *testcluster.Cluster, servers ...int) {
+// installWidgets installs the widgets CRD and waits until every running
+// API server serves it.
+func installWidgets(t testing.TB, c *testcluster.Cluster) {
 	t.Helper()
 	crd := testcluster.CRD{Resource: widgets.GroupVersionResource, Kind: widgets.Kind, Namespaced: true}
-	if err := c.InstallCRD(context.Background(), crd, servers...); err != nil {
+	if err := c.InstallCRD(context.Background(), crd); err != nil {
 		t.Fatal(err)
 	}
 }

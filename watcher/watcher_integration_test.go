@@ -144,7 +144,7 @@ func TestIntegrationThousandObjectsEveryStateExactlyOnce(t *testing.T) {
 // emitted for untouched objects.
 func TestIntegrationAPIServerOutageLosesNothing(t *testing.T) {
 	c := testcluster.Start(t, testcluster.Options{APIServers: 2})
-	installWidgets(t, c, 0, 1)
+	installWidgets(t, c)
 	ns := c.Namespace(t)
 	ctx := context.Background()
 	res := dyn(t, c.ConfigFor(1)).Resource(widgets.GroupVersionResource).Namespace(ns)
@@ -236,7 +236,7 @@ func TestIntegrationAPIServerOutageLosesNothing(t *testing.T) {
 // changed (Modified), vanished (Deleted tombstones) and new (Added) objects.
 func TestIntegrationCompactionRelistEmitsExactlyTheDifferences(t *testing.T) {
 	c := testcluster.Start(t, testcluster.Options{APIServers: 2, DisableWatchCache: true})
-	installWidgets(t, c, 0, 1)
+	installWidgets(t, c)
 	ns := c.Namespace(t)
 	ctx := context.Background()
 	res := dyn(t, c.ConfigFor(1)).Resource(widgets.GroupVersionResource).Namespace(ns)

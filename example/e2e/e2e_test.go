@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -18,7 +19,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -34,11 +34,23 @@ import (
 	"github.com/opkit/opkit/example/natsbroker"
 	"github.com/opkit/opkit/example/operator"
 	"github.com/opkit/opkit/example/reconciler"
-	"github.com/opkit/opkit/internal/testcluster"
+	"github.com/opkit/opkit/reconcile/envtest"
 	"github.com/opkit/opkit/trigger"
 )
 
-func TestMain(m *testing.M) { testcluster.Main(m) }
+// natsServer is the nats-server hack/controlplane.sh builds beside the
+// control plane (make test and make demo run it).
+var natsServer = filepath.Join(envtest.DefaultBinDir(), "nats-server")
+
+// TestMain checks for nats-server, then envtest checks for the control
+// plane, with the garbage collector and the sharding gate these tests use.
+func TestMain(m *testing.M) {
+	if _, err := os.Stat(natsServer); err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: no nats-server (%v): run hack/controlplane.sh build (make test does)\n", err)
+		os.Exit(1)
+	}
+	envtest.Main(m, envtest.Options{ControllerManager: true, ShardedListAndWatch: true})
+}
 
 const entities = 50
 
@@ -50,6 +62,7 @@ type fired struct {
 
 type env struct {
 	t        *testing.T
+	cp       *envtest.Environment // the control plane
 	ns       string
 	kube     kubernetes.Interface
 	dyn      dynamic.Interface
@@ -236,8 +249,8 @@ func (e *env) create(ctx context.Context, n, mod int) []string {
 // test ends.
 func setup(t *testing.T, gc bool) (e *env, start func(id string, args ...string) *harness.Replica) {
 	ctx := context.Background()
-	c := testcluster.Start(t, testcluster.Options{ControllerManager: gc})
-	e = &env{t: t, kube: kubernetes.NewForConfigOrDie(c.Config()), dyn: dynamic.NewForConfigOrDie(c.Config()), replicas: map[string]*harness.Replica{}}
+	c := envtest.Start(t, envtest.Options{ControllerManager: gc, ShardedListAndWatch: true})
+	e = &env{t: t, cp: c, kube: kubernetes.NewForConfigOrDie(c.Config()), dyn: dynamic.NewForConfigOrDie(c.Config()), replicas: map[string]*harness.Replica{}}
 	dir := t.TempDir()
 
 	moduleDir, err := filepath.Abs("..")
@@ -251,7 +264,7 @@ func setup(t *testing.T, gc bool) (e *env, start func(id string, args ...string)
 	if _, err := harness.Install(ctx, e.dyn); err != nil {
 		t.Fatal(err)
 	}
-	natsProc, natsURL, err := harness.StartNATS(filepath.Join(c.BinDir(), "nats-server"), dir)
+	natsProc, natsURL, err := harness.StartNATS(natsServer, dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,7 +273,7 @@ func setup(t *testing.T, gc bool) (e *env, start func(id string, args ...string)
 		t.Fatal(err)
 	}
 	t.Cleanup(e.nc.Close)
-	tok, err := harness.Token(ctx, e.kube, config.Namespace, config.ServiceAccount, "")
+	tok, err := c.ServiceAccountToken(ctx, config.Namespace, config.ServiceAccount, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -272,7 +285,7 @@ func setup(t *testing.T, gc bool) (e *env, start func(id string, args ...string)
 	if err := harness.GrantTrigger(ctx, e.kube, e.ns, "ci"); err != nil {
 		t.Fatal(err)
 	}
-	if e.token, err = harness.Token(ctx, e.kube, e.ns, "ci", operator.TriggerAudience); err != nil {
+	if e.token, err = c.ServiceAccountToken(ctx, e.ns, "ci", operator.TriggerAudience); err != nil {
 		t.Fatal(err)
 	}
 	return e, func(id string, args ...string) *harness.Replica {
@@ -336,17 +349,14 @@ func TestTwoReplicasFiftyEntitiesTriggersAndFailover(t *testing.T) {
 	// for the API server's audience is refused (401), and so is a caller
 	// without the trigger permission (403).
 	leaderURL := e.replicas[first].TriggerURL + "/reconcile/" + e.ns + "/" + name(0)
-	apiTok, err := harness.Token(ctx, e.kube, e.ns, "ci", "")
+	apiTok, err := e.cp.ServiceAccountToken(ctx, e.ns, "ci", "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if code := post(t, leaderURL, apiTok); code != http.StatusUnauthorized {
 		t.Errorf("API-audience token: %d, want 401", code)
 	}
-	if err := createSA(ctx, e.kube, e.ns, "intruder"); err != nil {
-		t.Fatal(err)
-	}
-	intruder, err := harness.Token(ctx, e.kube, e.ns, "intruder", operator.TriggerAudience)
+	intruder, err := e.cp.ServiceAccountToken(ctx, e.ns, "intruder", operator.TriggerAudience) // a new ServiceAccount
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -532,11 +542,6 @@ func dlqCount(t *testing.T, nc *nats.Conn) uint64 {
 }
 
 func post(t *testing.T, url, token string) int { return postReason(t, url, token, "") }
-
-func createSA(ctx context.Context, kube kubernetes.Interface, ns, name string) error {
-	_, err := kube.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
-	return err
-}
 
 // scrape returns the samples of a Prometheus text endpoint by series.
 func scrape(t *testing.T, url string) map[string]float64 {

@@ -1,4 +1,4 @@
-package testcluster
+package envtest
 
 import (
 	"crypto/ecdsa"
@@ -18,7 +18,7 @@ import (
 	"time"
 )
 
-// Names of the static-token users every cluster has.
+// Names of the static-token users every environment has.
 const (
 	// AdminUser is in group system:masters, which RBAC lets do anything.
 	AdminUser = "opkit-admin"
@@ -30,7 +30,7 @@ const (
 	ControllerManagerUser = "opkit-controller-manager"
 )
 
-// pki holds the credentials of one cluster, written as files into its dir.
+// pki holds the credentials of one environment, written as files into its dir.
 type pki struct {
 	caPEM      []byte // CA certificate, for clients' TLS verification
 	adminToken string
@@ -61,7 +61,7 @@ func writePKI(dir string) (*pki, error) {
 	}
 	caTmpl := &x509.Certificate{
 		SerialNumber:          randSerial(),
-		Subject:               pkix.Name{CommonName: "opkit-testcluster-ca"},
+		Subject:               pkix.Name{CommonName: "opkit-envtest-ca"},
 		NotBefore:             now.Add(-time.Hour),
 		NotAfter:              now.Add(7 * 24 * time.Hour),
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature | x509.KeyUsageCRLSign,
@@ -143,7 +143,7 @@ func writePKI(dir string) (*pki, error) {
 func randSerial() *big.Int {
 	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
 	if err != nil {
-		panic("testcluster: crypto/rand failed: " + err.Error())
+		panic("envtest: crypto/rand failed: " + err.Error())
 	}
 	return n
 }
@@ -151,7 +151,7 @@ func randSerial() *big.Int {
 func randToken() string {
 	b := make([]byte, 24)
 	if _, err := rand.Read(b); err != nil {
-		panic("testcluster: crypto/rand failed: " + err.Error())
+		panic("envtest: crypto/rand failed: " + err.Error())
 	}
 	return hex.EncodeToString(b)
 }

@@ -1,11 +1,11 @@
 //go:build integration
 
-package testcluster_test
+package envtest_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"strings"
@@ -18,14 +18,14 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
 
-	"github.com/opkit/opkit/internal/testcluster"
+	"github.com/opkit/opkit/reconcile/envtest"
 )
 
 // TestSecondAPIServerServesWhileFirstIsDown runs an HA control plane: two API
 // servers on one etcd, each serving the other's writes, one serving while the
 // other is stopped, and the stopped one coming back on its port.
 func TestSecondAPIServerServesWhileFirstIsDown(t *testing.T) {
-	c := testcluster.Start(t, testcluster.Options{})
+	c := envtest.Start(t, envtest.Options{})
 	ns := c.Namespace(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -77,7 +77,7 @@ func TestSecondAPIServerServesWhileFirstIsDown(t *testing.T) {
 	if _, err := leases0.Get(ctx, "via-1", metav1.GetOptions{}); err != nil {
 		t.Fatalf("0 serves while 1 is killed: %v", err)
 	}
-	if err := c.StartAPIServer(9); !errors.Is(err, testcluster.ErrNoAPIServer) {
+	if err := c.StartAPIServer(9); !errors.Is(err, envtest.ErrNoAPIServer) {
 		t.Fatalf("StartAPIServer(9) = %v, want ErrNoAPIServer", err)
 	}
 }
@@ -89,14 +89,14 @@ func TestSecondAPIServerServesWhileFirstIsDown(t *testing.T) {
 func TestCompactForcesGone(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
-		opts    testcluster.Options
+		opts    envtest.Options
 		restart bool
 	}{
-		{"watch cache off", testcluster.Options{DisableWatchCache: true}, false},
-		{"watch cache on, API server restarted", testcluster.Options{}, true},
+		{"watch cache off", envtest.Options{DisableWatchCache: true}, false},
+		{"watch cache on, API server restarted", envtest.Options{}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := testcluster.Start(t, tc.opts)
+			c := envtest.Start(t, tc.opts)
 			ns := c.Namespace(t)
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
@@ -183,7 +183,7 @@ func watchErr(ctx context.Context, t testing.TB, r interface {
 // TestUnprivilegedUserIsForbidden checks that UserConfig authenticates but
 // RBAC grants it nothing, while the admin may list.
 func TestUnprivilegedUserIsForbidden(t *testing.T) {
-	c := testcluster.Shared(t)
+	c := envtest.Shared(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if _, err := dyn(t, c.Config()).Resource(nsGVR).List(ctx, metav1.ListOptions{}); err != nil {
@@ -193,8 +193,8 @@ func TestUnprivilegedUserIsForbidden(t *testing.T) {
 	if !apierrors.IsForbidden(err) {
 		t.Fatalf("user list namespaces: %v, want 403 Forbidden", err)
 	}
-	if !strings.Contains(err.Error(), testcluster.UnprivilegedUser) {
-		t.Fatalf("forbidden error %q does not name user %s", err, testcluster.UnprivilegedUser)
+	if !strings.Contains(err.Error(), envtest.UnprivilegedUser) {
+		t.Fatalf("forbidden error %q does not name user %s", err, envtest.UnprivilegedUser)
 	}
 }
 
@@ -202,7 +202,7 @@ func TestUnprivilegedUserIsForbidden(t *testing.T) {
 // TokenReview of the token, and that the API server accepts only tokens for
 // its own audience.
 func TestServiceAccountToken(t *testing.T) {
-	c := testcluster.Shared(t)
+	c := envtest.Shared(t)
 	ns := c.Namespace(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -269,10 +269,10 @@ func TestServiceAccountToken(t *testing.T) {
 	}
 }
 
-// TestStopLeavesNoProcesses checks that Stop ends every process of a cluster
+// TestStopLeavesNoProcesses checks that Stop ends every process of an environment
 // (found by the temp dir on their command lines) and removes the dir.
 func TestStopLeavesNoProcesses(t *testing.T) {
-	c, err := testcluster.New(context.Background(), testcluster.Options{APIServers: 2, ControllerManager: true})
+	c, err := envtest.New(context.Background(), envtest.Options{APIServers: 2, ControllerManager: true})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -293,66 +293,80 @@ func TestStopLeavesNoProcesses(t *testing.T) {
 	if err := c.Stop(); err != nil {
 		t.Fatalf("second Stop: %v", err)
 	}
-	if _, err := c.AddAPIServer(); !errors.Is(err, testcluster.ErrStopped) {
+	if _, err := c.AddAPIServer(); !errors.Is(err, envtest.ErrStopped) {
 		t.Fatalf("AddAPIServer after Stop = %v, want ErrStopped", err)
 	}
 }
 
-const crashHelperEnv = "OPKIT_TESTCLUSTER_CRASH_HELPER"
+const crashHelperEnv = "OPKIT_ENVTEST_CRASH_HELPER"
 
-// crashHelper runs in a child test binary: it starts a cluster, prints its
-// dir and crashes from another goroutine, as the go test timeout does -- no
+// crashHelper runs in a child test binary (see TestMain): it starts an
+// environment, prints its dir and crashes from another goroutine -- no
 // deferred function or cleanup runs.
 func crashHelper() {
-	c, err := testcluster.New(context.Background(), testcluster.Options{ControllerManager: true})
+	c, err := envtest.New(context.Background(), envtest.Options{ControllerManager: true})
 	if err != nil {
 		os.Stdout.WriteString("error " + err.Error() + "\n")
 		os.Exit(3)
 	}
 	os.Stdout.WriteString("dir " + c.Dir() + "\n")
-	go panic("crash helper: simulated crash with a running cluster")
+	go panic("crash helper: simulated crash with a running environment")
 	select {}
 }
 
-// TestCrashedBinaryLeavesNoProcesses checks that a test binary crashing with
-// a running cluster takes etcd, kube-apiserver and kube-controller-manager
-// down with it.
-func TestCrashedBinaryLeavesNoProcesses(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), crashHelperEnv+"=1")
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
+// TestTimeoutHelper runs in a child test binary with a short -timeout: it
+// starts an environment and outlives the timeout.
+func TestTimeoutHelper(t *testing.T) {
+	if os.Getenv(crashHelperEnv) != "timeout" {
+		t.Skip("run by TestDeadTestBinaryLeavesNothing")
 	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+	c := envtest.Start(t, envtest.Options{ControllerManager: true})
+	os.Stdout.WriteString("dir " + c.Dir() + "\n")
+	time.Sleep(time.Hour)
+}
+
+// TestDeadTestBinaryLeavesNothing checks that a test binary that dies with a
+// running environment, without running its cleanups -- a panic in a
+// goroutine, or the go test -timeout -- takes etcd, kube-apiserver and
+// kube-controller-manager down with it, and that the watchdog removes the
+// temp dir. The child's TMPDIR is a dir of this test's: whether the child
+// died before or after its environment was up, nothing may be left there
+// and no process may name it.
+func TestDeadTestBinaryLeavesNothing(t *testing.T) {
+	for _, tc := range []struct {
+		mode, says string
+		args       []string
+	}{
+		{"panic", "crash helper: simulated crash", []string{"-test.run=^$"}},
+		{"timeout", "panic: test timed out after 20s", []string{"-test.run=^TestTimeoutHelper$", "-test.timeout=20s"}},
+	} {
+		t.Run(tc.mode, func(t *testing.T) {
+			tmp := t.TempDir()
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, os.Args[0], tc.args...)
+			cmd.Env = append(os.Environ(), crashHelperEnv+"="+tc.mode, "TMPDIR="+tmp)
+			out, err := cmd.CombinedOutput()
+			if err == nil {
+				t.Fatalf("helper exited cleanly, want it dead:\n%s", out)
+			}
+			if !strings.Contains(string(out), tc.says) {
+				t.Errorf("helper output does not say %q:\n%s", tc.says, out)
+			}
+			if !strings.Contains(string(out), "dir "+tmp) {
+				t.Logf("the helper died before its environment was up (still checked):\n%s", out)
+			}
+			// The kernel delivers the death signal asynchronously, and the
+			// watchdog retries while the processes let go of the dir.
+			eventually(t, 30*time.Second, "processes and temp dir of the dead helper gone", func(context.Context) error {
+				if procs := processesIn(t, tmp); len(procs) > 0 {
+					return errors.New(strings.Join(procs, "; "))
+				}
+				if left, _ := os.ReadDir(tmp); len(left) > 0 {
+					return fmt.Errorf("left in TMPDIR: %v", left)
+				}
+				return nil
+			})
+		})
 	}
-	sc := bufio.NewScanner(out)
-	var dir string
-	for sc.Scan() {
-		if d, ok := strings.CutPrefix(sc.Text(), "dir "); ok {
-			dir = d
-			break
-		}
-		t.Logf("helper: %s", sc.Text())
-	}
-	for sc.Scan() {
-	}
-	waitErr := cmd.Wait()
-	if dir == "" {
-		t.Fatalf("helper printed no cluster dir (exit: %v)", waitErr)
-	}
-	defer os.RemoveAll(dir) // nobody else will: the helper crashed
-	if waitErr == nil {
-		t.Fatalf("helper exited cleanly, want a crash")
-	}
-	// The kernel delivers the death signal asynchronously; allow it time.
-	eventually(t, 30*time.Second, "processes of the crashed helper gone", func(context.Context) error {
-		if procs := processesIn(t, dir); len(procs) > 0 {
-			return errors.New(strings.Join(procs, "; "))
-		}
-		return nil
-	})
 }

@@ -1,6 +1,6 @@
 //go:build integration
 
-package testcluster_test
+package envtest_test
 
 import (
 	"context"
@@ -14,14 +14,14 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
 
-	"github.com/opkit/opkit/internal/testcluster"
+	"github.com/opkit/opkit/reconcile/envtest"
 )
 
 // TestSmoke proves the control plane is real: a CRD becomes established, an
 // object of it goes through create/update/delete and a watch sees each step
 // in order, and optimistic concurrency rejects a stale update.
 func TestSmoke(t *testing.T) {
-	c := testcluster.Shared(t)
+	c := envtest.Shared(t)
 	ns := c.Namespace(t)
 	d := dyn(t, c.Config())
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

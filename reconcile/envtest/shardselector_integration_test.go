@@ -1,6 +1,6 @@
 //go:build integration
 
-package testcluster_test
+package envtest_test
 
 import (
 	"context"
@@ -18,7 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 
-	"github.com/opkit/opkit/internal/testcluster"
+	"github.com/opkit/opkit/reconcile/envtest"
 )
 
 // The two halves of the 64-bit FNV-1a hash space of metadata.uid, as shard
@@ -37,15 +37,15 @@ func inLowerHalf(uid types.UID) bool {
 	return h.Sum64() < 1<<63
 }
 
-// TestShardSelectorWithGate: with the ShardedListAndWatch gate (the
-// default), a LIST with a shard selector returns exactly the objects whose
+// TestShardSelectorWithGate: with the ShardedListAndWatch gate (which this
+// package's TestMain asks for), a LIST with a shard selector returns exactly the objects whose
 // UID hashes into the range and echoes the selector in ShardInfo, the two
 // halves partition the collection, a WATCH with the selector delivers only
 // objects in the range, and a malformed selector is refused.
 func TestShardSelectorWithGate(t *testing.T) {
-	c := testcluster.Shared(t)
+	c := envtest.Shared(t)
 	if !c.ShardedListAndWatch() {
-		t.Fatalf("shared cluster: ShardedListAndWatch() = false, want the gate on by default")
+		t.Fatalf("shared environment: ShardedListAndWatch() = false, want the gate on as TestMain asked")
 	}
 	ctx, configMaps, all := listedConfigMaps(t, c)
 
@@ -111,9 +111,9 @@ func TestShardSelectorWithGate(t *testing.T) {
 // return every object, with no ShardInfo, and even a malformed selector is
 // no error. A client must check ShardInfo to know whether it got a shard.
 func TestShardSelectorWithoutGate(t *testing.T) {
-	c := testcluster.Start(t, testcluster.Options{DisableShardedListAndWatch: true})
+	c := envtest.Start(t, envtest.Options{})
 	if c.ShardedListAndWatch() {
-		t.Fatalf("ShardedListAndWatch() = true with DisableShardedListAndWatch")
+		t.Fatalf("ShardedListAndWatch() = true without Options.ShardedListAndWatch")
 	}
 	ctx, configMaps, all := listedConfigMaps(t, c)
 
@@ -144,7 +144,7 @@ func TestShardSelectorWithoutGate(t *testing.T) {
 // listed-NN in it with createSpreadConfigMaps (20 or more). It returns a
 // context that ends with t or after 2 minutes, the namespace's ConfigMaps
 // and their UIDs by name.
-func listedConfigMaps(t testing.TB, c *testcluster.Cluster) (context.Context, typedcorev1.ConfigMapInterface, map[string]types.UID) {
+func listedConfigMaps(t testing.TB, c *envtest.Environment) (context.Context, typedcorev1.ConfigMapInterface, map[string]types.UID) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	t.Cleanup(cancel)

@@ -1,4 +1,4 @@
-package testcluster
+package envtest
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 )
 
 // controllerManagerControllers are the controllers the kube-controller-manager
-// of Options.ControllerManager runs: those a cluster without nodes or a cloud
+// of Options.ControllerManager runs: those a control plane without nodes or a cloud
 // provider can use.
 var controllerManagerControllers = []string{
 	"garbage-collector-controller",
@@ -25,7 +25,7 @@ var controllerManagerControllers = []string{
 	"serviceaccount-token-controller",
 }
 
-// controllerManager is a cluster's kube-controller-manager.
+// controllerManager is an environment's kube-controller-manager.
 type controllerManager struct {
 	port int
 	logs string
@@ -34,33 +34,33 @@ type controllerManager struct {
 
 // startControllerManager starts the kube-controller-manager, serving HTTPS on
 // port, and returns once it is healthy and its garbage collector works.
-func (c *Cluster) startControllerManager(ctx context.Context, port int) error {
-	kubeconfigPath := filepath.Join(c.dir, "controller-manager.kubeconfig")
-	if err := os.WriteFile(kubeconfigPath, kubeconfig(hostURL(c.mustPort(0)), c.pki.caPEM, ControllerManagerUser, c.pki.kcmToken), 0o600); err != nil {
-		return fmt.Errorf("testcluster: write controller-manager kubeconfig: %w", err)
+func (e *Environment) startControllerManager(ctx context.Context, port int) error {
+	kubeconfigPath := filepath.Join(e.dir, "controller-manager.kubeconfig")
+	if err := os.WriteFile(kubeconfigPath, kubeconfig(hostURL(e.mustPort(0)), e.pki.caPEM, ControllerManagerUser, e.pki.kcmToken), 0o600); err != nil {
+		return fmt.Errorf("envtest: write controller-manager kubeconfig: %w", err)
 	}
-	c.mu.Lock()
-	if c.stopped {
-		c.mu.Unlock()
+	e.mu.Lock()
+	if e.stopped {
+		e.mu.Unlock()
 		return ErrStopped
 	}
-	c.kcm = &controllerManager{port: port, logs: filepath.Join(c.dir, "kube-controller-manager.log")}
-	p, err := startProcess("kube-controller-manager", filepath.Join(c.opts.BinDir, "kube-controller-manager"),
-		c.kcm.logs, c.controllerManagerArgs(port, kubeconfigPath))
+	e.kcm = &controllerManager{port: port, logs: filepath.Join(e.dir, "kube-controller-manager.log")}
+	p, err := startProcess("kube-controller-manager", e.bins.ControllerManager,
+		e.kcm.logs, e.controllerManagerArgs(port, kubeconfigPath))
 	if err != nil {
-		c.mu.Unlock()
-		return fmt.Errorf("testcluster: %w", err)
+		e.mu.Unlock()
+		return fmt.Errorf("envtest: %w", err)
 	}
-	c.kcm.proc = p
-	c.mu.Unlock()
+	e.kcm.proc = p
+	e.mu.Unlock()
 	// /healthz is served to anyone (--authorization-always-allow-paths).
-	if err := c.waitHealthy(ctx, p, "kube-controller-manager", hostURL(port)+"/healthz", ""); err != nil {
+	if err := e.waitHealthy(ctx, p, "kube-controller-manager", hostURL(port)+"/healthz", ""); err != nil {
 		return err
 	}
-	return c.waitGarbageCollector(ctx, p)
+	return e.waitGarbageCollector(ctx, p)
 }
 
-func (c *Cluster) controllerManagerArgs(port int, kubeconfigPath string) []string {
+func (e *Environment) controllerManagerArgs(port int, kubeconfigPath string) []string {
 	return []string{
 		"--kubeconfig=" + kubeconfigPath,
 		// Requests to its own endpoints (/metrics, say) are authenticated
@@ -76,14 +76,14 @@ func (c *Cluster) controllerManagerArgs(port int, kubeconfigPath string) []strin
 		// Every controller acts as ControllerManagerUser: there are no
 		// per-controller ServiceAccounts and RBAC grants to set up.
 		"--use-service-account-credentials=false",
-		"--service-account-private-key-file=" + c.pki.saKeyFile,
-		"--root-ca-file=" + c.pki.caFile,
+		"--service-account-private-key-file=" + e.pki.saKeyFile,
+		"--root-ca-file=" + e.pki.caFile,
 		"--bind-address=127.0.0.1",
 		"--secure-port=" + strconv.Itoa(port),
-		// The cluster's serving certificate is valid for 127.0.0.1, so
-		// clients verify the controller-manager with the cluster's CA.
-		"--tls-cert-file=" + c.pki.certFile,
-		"--tls-private-key-file=" + c.pki.keyFile,
+		// The environment's serving certificate is valid for 127.0.0.1, so
+		// clients verify the controller-manager with the environment's CA.
+		"--tls-cert-file=" + e.pki.certFile,
+		"--tls-private-key-file=" + e.pki.keyFile,
 		"--profiling=false",
 	}
 }
@@ -92,12 +92,12 @@ func (c *Cluster) controllerManagerArgs(port int, kubeconfigPath string) []strin
 // propagationPolicy Foreground and waits until it is gone: only the garbage
 // collector removes the foregroundDeletion finalizer that such a delete sets,
 // once it watches ConfigMaps.
-func (c *Cluster) waitGarbageCollector(ctx context.Context, kcm *process) error {
-	ctx, cancel := context.WithTimeout(ctx, c.opts.ReadyTimeout)
+func (e *Environment) waitGarbageCollector(ctx context.Context, kcm *process) error {
+	ctx, cancel := context.WithTimeout(ctx, e.opts.ReadyTimeout)
 	defer cancel()
-	client, err := dynamic.NewForConfig(c.Config())
+	client, err := dynamic.NewForConfig(e.Config())
 	if err != nil {
-		return fmt.Errorf("testcluster: client: %w", err)
+		return fmt.Errorf("envtest: client: %w", err)
 	}
 	configMaps := client.Resource(configMapGVR).Namespace(metav1.NamespaceSystem)
 	const name = "opkit-garbage-collector-probe"
@@ -107,13 +107,13 @@ func (c *Cluster) waitGarbageCollector(ctx context.Context, kcm *process) error 
 		"metadata":   map[string]any{"name": name},
 	}}
 	if _, err := configMaps.Create(ctx, probe, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("testcluster: create garbage collector probe: %w", err)
+		return fmt.Errorf("envtest: create garbage collector probe: %w", err)
 	}
 	foreground := metav1.DeletePropagationForeground
 	if err := configMaps.Delete(ctx, name, metav1.DeleteOptions{PropagationPolicy: &foreground}); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("testcluster: delete garbage collector probe: %w", err)
+		return fmt.Errorf("envtest: delete garbage collector probe: %w", err)
 	}
-	return c.waitFor(ctx, kcm, "kube-controller-manager's garbage collector", func(ctx context.Context) (bool, string) {
+	return e.waitFor(ctx, kcm, "kube-controller-manager's garbage collector", func(ctx context.Context) (bool, string) {
 		got, err := configMaps.Get(ctx, name, metav1.GetOptions{})
 		switch {
 		case apierrors.IsNotFound(err):
@@ -126,21 +126,21 @@ func (c *Cluster) waitGarbageCollector(ctx context.Context, kcm *process) error 
 	})
 }
 
-// HasControllerManager reports whether the cluster runs a
+// HasControllerManager reports whether the environment runs a
 // kube-controller-manager (Options.ControllerManager): only then are the
 // dependents of deleted owners garbage-collected, do deleted namespaces go
 // away and does every namespace get a default ServiceAccount.
-func (c *Cluster) HasControllerManager() bool { return c.opts.ControllerManager }
+func (e *Environment) HasControllerManager() bool { return e.opts.ControllerManager }
 
 // ControllerManagerLogTail returns the last n lines of the
-// kube-controller-manager's log, or a note that the cluster has none.
-func (c *Cluster) ControllerManagerLogTail(n int) string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.kcm == nil {
+// kube-controller-manager's log, or a note that the environment has none.
+func (e *Environment) ControllerManagerLogTail(n int) string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.kcm == nil {
 		return "(no kube-controller-manager)"
 	}
-	return tailFile(c.kcm.logs, n)
+	return tailFile(e.kcm.logs, n)
 }
 
 var configMapGVR = schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}

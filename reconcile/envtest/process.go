@@ -1,4 +1,4 @@
-package testcluster
+package envtest
 
 import (
 	"bytes"
@@ -37,7 +37,7 @@ func startProcess(name, bin, logPath string, args []string) (*process, error) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		// Own process group, so stop can kill the process and anything it
 		// spawned, and a terminal's Ctrl-C reaches only the test binary,
-		// which then stops the cluster in order.
+		// which then stops the environment in order.
 		Setpgid: true,
 		// If the thread that started us dies (test binary crashed, killed
 		// by the go test timeout), the kernel kills the process.
@@ -116,3 +116,57 @@ func tailFile(path string, n int) string {
 
 // errProcessExited is wrapped by errors of a process that exited during start.
 var errProcessExited = errors.New("process exited")
+
+// watchdog removes a temp dir once this process is gone, however it ends:
+// a panic in a goroutine or the go test -timeout end a test binary without
+// running a test's cleanups or deferred calls, and Pdeathsig only takes
+// care of the processes. It is a /bin/sh whose standard input is a pipe
+// of which only this process holds the write end (O_CLOEXEC: no other
+// child inherits it): the kernel closes it when the process exits, sh
+// reads end-of-file and removes the dir, retrying while the killed
+// processes let go of it. Stop closes the pipe itself after removing the
+// dir. The dir is passed in the environment, not on the command line, so
+// that looking for the dir in command lines finds only the control plane.
+type watchdog struct {
+	w    *os.File
+	done chan struct{} // closed once sh exited; its waiter goroutine owns cmd
+}
+
+const watchdogScript = `read -r _
+i=0
+while [ -e "$OPKIT_ENVTEST_DIR" ] && [ "$i" -lt 100 ]; do
+	rm -rf -- "$OPKIT_ENVTEST_DIR" 2>/dev/null
+	i=$((i+1))
+	sleep 0.1
+done`
+
+func startWatchdog(dir string) (*watchdog, error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close() // the child has its copy
+	cmd := exec.Command("/bin/sh", "-c", watchdogScript)
+	cmd.Env = []string{"OPKIT_ENVTEST_DIR=" + dir, "PATH=/usr/bin:/bin"}
+	cmd.Stdin = r
+	// Its own process group: a terminal's Ctrl-C must not end it before
+	// the test binary it watches.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		w.Close()
+		return nil, fmt.Errorf("start watchdog: %w", err)
+	}
+	wd := &watchdog{w: w, done: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		close(wd.done)
+	}()
+	return wd, nil
+}
+
+// stop closes the pipe and waits for sh to exit (at once if the dir is
+// gone).
+func (wd *watchdog) stop() {
+	wd.w.Close()
+	<-wd.done
+}

@@ -1,6 +1,6 @@
 //go:build integration
 
-package testcluster_test
+package envtest_test
 
 import (
 	"context"

@@ -1,6 +1,6 @@
 //go:build integration
 
-package testcluster_test
+package envtest_test
 
 import (
 	"context"
@@ -17,7 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 
-	"github.com/opkit/opkit/internal/testcluster"
+	"github.com/opkit/opkit/reconcile/envtest"
 )
 
 // gcDeadline bounds every wait for the controller-manager to act: generous,
@@ -33,7 +33,7 @@ const holdFinalizer = "test.opkit.dev/hold"
 // foreground and in the background, namespaces that finish deleting, and a
 // default ServiceAccount in every namespace.
 func TestControllerManager(t *testing.T) {
-	c := testcluster.Start(t, testcluster.Options{ControllerManager: true})
+	c := envtest.Start(t, envtest.Options{ControllerManager: true})
 	if !c.HasControllerManager() {
 		t.Fatalf("HasControllerManager() = false for a cluster started with ControllerManager")
 	}
@@ -121,7 +121,7 @@ func TestControllerManager(t *testing.T) {
 // TestSharedClusterHasNoControllerManager: the shared cluster is started
 // without Options.ControllerManager, and says so.
 func TestSharedClusterHasNoControllerManager(t *testing.T) {
-	c := testcluster.Shared(t)
+	c := envtest.Shared(t)
 	if c.HasControllerManager() {
 		t.Fatalf("shared cluster: HasControllerManager() = true")
 	}
@@ -130,7 +130,7 @@ func TestSharedClusterHasNoControllerManager(t *testing.T) {
 	}
 }
 
-func clientset(t testing.TB, c *testcluster.Cluster) *kubernetes.Clientset {
+func clientset(t testing.TB, c *envtest.Environment) *kubernetes.Clientset {
 	t.Helper()
 	client, err := kubernetes.NewForConfig(c.Config())
 	if err != nil {
