@@ -68,7 +68,7 @@ func (r *websiteReconciler) Reconcile(ctx context.Context, req reconcile.Request
 
 // newWebsiteController is the operator's wiring, against cfg.
 func newWebsiteController(cfg *rest.Config) (*reconcile.Controller[*Website], error) {
-	dyn, err := dynamic.NewForConfig(reconcile.WithDefaultRate(cfg))
+	dyn, err := dynamic.NewForConfig(reconcile.WithClientDefaults(cfg))
 	if err != nil {
 		return nil, err
 	}
