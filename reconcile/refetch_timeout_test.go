@@ -95,6 +95,7 @@ func TestControllerRefetchIsBoundedByTheReconcileTimeout(t *testing.T) {
 
 // outcomes counts trigger.Metrics calls.
 type outcomes struct {
+	noTriggerMetrics
 	mu       sync.Mutex
 	enqueued map[queue.Outcome]int
 	rejected int

@@ -37,7 +37,7 @@ type Message interface {
 	// with a delivery limit may dead-letter it instead: see DeadLetterer).
 	Nack(ctx context.Context, delay time.Duration) error
 	// Term dead-letters the message: it is never redelivered. reason says
-	// why (it is one of the TermReason values).
+	// why (a Term reason of the package documentation's consumer table).
 	Term(ctx context.Context, reason string) error
 }
 
@@ -61,7 +61,7 @@ type Replier interface {
 // enforces a delivery limit in Nack: on the last allowed delivery its Nack
 // dead-letters the message instead of handing it back. After a Nack that
 // returned nil, DeadLettered reports whether it did; the Consumer then
-// counts the message as terminated (TermMaxDeliveries), not nacked, so
+// counts the message as terminated (MaxDeliveries), not nacked, so
 // that a trigger that dies this way shows in the metrics. Dead letters a
 // broker makes outside a Nack (say, while handing back prefetched
 // messages) are the broker's to report.
@@ -154,57 +154,3 @@ func KindOf(err error) BrokerErrorKind {
 	}
 	return BrokerUnknown
 }
-
-// AckReason says why a message was acknowledged.
-type AckReason string
-
-// NackReason says why a message was handed back for redelivery.
-type NackReason string
-
-// TermReason says why a message was dead-lettered.
-type TermReason string
-
-const (
-	// AckScheduled: the reconcile was scheduled.
-	AckScheduled AckReason = "Scheduled"
-	// AckNotFound: the object no longer exists; there is nothing to do.
-	AckNotFound AckReason = "NotFound"
-	// AckReconciled: with ConsumerConfig.AckAfterReconcile, the
-	// reconcile that served the message succeeded or failed terminally.
-	AckReconciled AckReason = "Reconciled"
-
-	// NackDropped: the enqueue was dropped (not the leader, leadership in
-	// transition, or shutting down); the broker redelivers it later,
-	// possibly to the leader.
-	NackDropped NackReason = "Dropped"
-	// NackAPIError: re-fetching the object failed; retried with backoff.
-	NackAPIError NackReason = "APIError"
-	// NackOutOfScope: the object is outside the controller's scope
-	// (ErrOutOfScope): handed back after DroppedDelay, for another
-	// controller that shares the subscription (or, if none, for the
-	// broker's delivery limit, which dead-letters it).
-	NackOutOfScope NackReason = "OutOfScope"
-	// NackStopping: received while the consumer was stopping, not handled
-	// (or, with AckAfterReconcile, stopping while it waited).
-	NackStopping NackReason = "Stopping"
-	// NackTermEnded: with AckAfterReconcile, the leadership term ended
-	// before the reconcile that would serve the message: the next leader
-	// gets it again.
-	NackTermEnded NackReason = "TermEnded"
-
-	// TermTooLarge: the message is larger than the configured limit.
-	TermTooLarge TermReason = "TooLarge"
-	// TermMaxDeliveries: the broker dead-lettered the message on a Nack,
-	// because it had been delivered as often as the broker allows (see
-	// DeadLetterer).
-	TermMaxDeliveries TermReason = "MaxDeliveries"
-	// TermMalformed: the message is not a JSON object of the expected
-	// shape (syntax error, wrong types, unknown fields, trailing data).
-	TermMalformed TermReason = "Malformed"
-	// TermInvalid: well-formed, but the namespace is not a DNS-1123 label,
-	// the name is one no object can have (see CheckName), either is
-	// missing or present when it must not be, or the reason is too long.
-	// A name the resource's own rules refuse (Foo_Bar for most) passes and
-	// is acknowledged as not found.
-	TermInvalid TermReason = "Invalid"
-)

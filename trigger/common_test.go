@@ -108,9 +108,9 @@ type countingMetrics struct {
 	rejected   int
 	requests   map[int]int
 	received   int
-	acked      map[trigger.AckReason]int
-	nacked     map[trigger.NackReason]int
-	terminated map[trigger.TermReason]int
+	acked      map[string]int
+	nacked     map[string]int
+	terminated map[string]int
 	processed  int
 	lag        []int64
 	brokerErrs map[trigger.BrokerErrorKind]int
@@ -119,8 +119,8 @@ type countingMetrics struct {
 func newCounting() *countingMetrics {
 	return &countingMetrics{
 		enqueued: map[queue.Outcome]int{}, requests: map[int]int{},
-		acked: map[trigger.AckReason]int{}, nacked: map[trigger.NackReason]int{},
-		terminated: map[trigger.TermReason]int{}, brokerErrs: map[trigger.BrokerErrorKind]int{},
+		acked: map[string]int{}, nacked: map[string]int{},
+		terminated: map[string]int{}, brokerErrs: map[trigger.BrokerErrorKind]int{},
 	}
 }
 
@@ -131,10 +131,10 @@ func (m *countingMetrics) Request(code int, _ string, _ time.Duration) {
 	m.requests[code]++
 	m.mu.Unlock()
 }
-func (m *countingMetrics) Received()                   { m.mu.Lock(); m.received++; m.mu.Unlock() }
-func (m *countingMetrics) Acked(r trigger.AckReason)   { m.mu.Lock(); m.acked[r]++; m.mu.Unlock() }
-func (m *countingMetrics) Nacked(r trigger.NackReason) { m.mu.Lock(); m.nacked[r]++; m.mu.Unlock() }
-func (m *countingMetrics) Terminated(r trigger.TermReason) {
+func (m *countingMetrics) Received()       { m.mu.Lock(); m.received++; m.mu.Unlock() }
+func (m *countingMetrics) Acked(r string)  { m.mu.Lock(); m.acked[r]++; m.mu.Unlock() }
+func (m *countingMetrics) Nacked(r string) { m.mu.Lock(); m.nacked[r]++; m.mu.Unlock() }
+func (m *countingMetrics) Terminated(r string) {
 	m.mu.Lock()
 	m.terminated[r]++
 	m.mu.Unlock()

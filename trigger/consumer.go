@@ -15,6 +15,25 @@ import (
 	"github.com/opkit/opkit/queue"
 )
 
+// The reasons a message is settled for, as the package documentation's
+// consumer table lists them.
+const (
+	ackScheduled  = "Scheduled"
+	ackNotFound   = "NotFound"
+	ackReconciled = "Reconciled"
+
+	nackDropped    = "Dropped"
+	nackAPIError   = "APIError"
+	nackOutOfScope = "OutOfScope"
+	nackStopping   = "Stopping"
+	nackTermEnded  = "TermEnded"
+
+	termTooLarge      = "TooLarge"
+	termMaxDeliveries = "MaxDeliveries"
+	termMalformed     = "Malformed"
+	termInvalid       = "Invalid"
+)
+
 // ErrNotRunning is returned by [Consumer.Check] when Run is not running.
 var ErrNotRunning = errors.New("trigger: consumer is not running")
 
@@ -86,7 +105,7 @@ type ConsumerConfig[T opkit.Object] struct {
 	// keeping it alive meanwhile with InProgress every ProgressInterval
 	// (zero: 10s) when the Message is a Progresser, and replying the
 	// Outcome to a Message that is a Replier. If the leadership term ends
-	// first, the message is handed back (NackTermEnded), so the broker
+	// first, the message is handed back (nackTermEnded), so the broker
 	// redelivers it to the next leader. A message waiting for its
 	// reconcile holds one of the Concurrency handlers: raise it.
 	AckAfterReconcile bool
@@ -95,7 +114,7 @@ type ConsumerConfig[T opkit.Object] struct {
 	// its backlog; zero means 15s, negative disables the poll.
 	LagInterval time.Duration
 	// Metrics receives counts; nil means none.
-	Metrics ConsumerMetrics
+	Metrics Metrics
 	// Logger receives one record per terminated, nacked-after-error or
 	// not-found message and per broker failure; nil means slog.Default().
 	// Messages are logged by namespace/name and reason, never by body.
@@ -143,7 +162,7 @@ func NewConsumer[T opkit.Object](cfg ConsumerConfig[T]) (*Consumer[T], error) {
 	cfg.PausePoll = cmp.Or(cfg.PausePoll, 250*time.Millisecond)
 	cfg.ProgressInterval = cmp.Or(cfg.ProgressInterval, 10*time.Second)
 	cfg.LagInterval = cmp.Or(cfg.LagInterval, 15*time.Second)
-	cfg.Metrics = cmp.Or[ConsumerMetrics](cfg.Metrics, nopMetrics{})
+	cfg.Metrics = cmp.Or[Metrics](cfg.Metrics, nopMetrics{})
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	if cfg.Paused == nil {
 		// A queue with neither method never pauses.
@@ -224,7 +243,7 @@ func (c *Consumer[T]) Run(ctx context.Context) error {
 		c.cfg.Metrics.Received()
 		start := time.Now()
 		if ctx.Err() != nil {
-			c.nack(work, msg, NackStopping, 0, start) // received but not handled: hand it back at once
+			c.nack(work, msg, nackStopping, 0, start) // received but not handled: hand it back at once
 			return nil
 		}
 		wg.Go(func() {
@@ -338,17 +357,17 @@ func (c *Consumer[T]) brokerFailed(ctx context.Context, level slog.Level, msg st
 
 // decode parses one message body {"namespace", "name", "reason"} into a
 // Pointer of the configured type; Intake validates it. The reason is what
-// to Term the message with if it fails (TermInvalid, if Intake refuses it).
-func (c *Consumer[T]) decode(data []byte) (Pointer, TermReason, error) {
+// to Term the message with if it fails (termInvalid, if Intake refuses it).
+func (c *Consumer[T]) decode(data []byte) (Pointer, string, error) {
 	p := Pointer{Type: c.cfg.Type}
 	if len(data) > c.cfg.MaxMessageBytes {
-		return p, TermTooLarge, invalid("message of %d bytes exceeds the limit of %d", len(data), c.cfg.MaxMessageBytes)
+		return p, termTooLarge, invalid("message of %d bytes exceeds the limit of %d", len(data), c.cfg.MaxMessageBytes)
 	}
 	members := map[string]any{"namespace": &p.Key.Namespace, "name": &p.Key.Name, "reason": &p.Reason}
 	if err := decodeObject(data, members, c.cfg.AllowUnknownFields); err != nil {
-		return p, TermMalformed, invalid("message: %w", err)
+		return p, termMalformed, invalid("message: %w", err)
 	}
-	return p, TermInvalid, nil
+	return p, termInvalid, nil
 }
 
 func (c *Consumer[T]) handle(ctx context.Context, msg Message, start time.Time) {
@@ -370,8 +389,8 @@ func (c *Consumer[T]) handle(ctx context.Context, msg Message, start time.Time) 
 	switch {
 	case errors.Is(err, ErrInvalid):
 		c.cfg.Logger.LogAttrs(ctx, slog.LevelError, "trigger consumer: dead-lettering message",
-			slog.String("reason", string(term)), slog.Any("error", err), slog.Int("deliveries", msg.Deliveries()))
-		c.settle(ctx, start, "term", func(ctx context.Context) error { return msg.Term(ctx, string(term)) }, func() { c.cfg.Metrics.Terminated(term) })
+			slog.String("reason", term), slog.Any("error", err), slog.Int("deliveries", msg.Deliveries()))
+		c.settle(ctx, start, "term", func(ctx context.Context) error { return msg.Term(ctx, term) }, func() { c.cfg.Metrics.Terminated(term) })
 	case errors.Is(err, ErrOutOfScope):
 		// Never acknowledged: controllers of other scopes (shards by
 		// namespace or label) may share the subscription and get it on
@@ -379,29 +398,29 @@ func (c *Consumer[T]) handle(ctx context.Context, msg Message, start time.Time) 
 		// dead-letters it, where it stays visible.
 		c.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "trigger consumer: object outside this controller's scope; handing it back",
 			key, slog.Any("error", err), slog.Int("deliveries", msg.Deliveries()))
-		c.nack(ctx, msg, NackOutOfScope, c.cfg.DroppedDelay, start)
+		c.nack(ctx, msg, nackOutOfScope, c.cfg.DroppedDelay, start)
 	case errors.Is(err, ErrNotFound):
 		c.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "trigger consumer: object no longer exists; acknowledging", key, slog.String("triggerReason", p.Reason))
-		c.ack(ctx, msg, AckNotFound, start)
+		c.ack(ctx, msg, ackNotFound, start)
 	case errors.Is(err, ErrBusy):
 		// Too many tracked triggers wait: later, as for a drop (it is not
 		// the message's fault, nor the API server's).
-		c.nack(ctx, msg, NackDropped, c.cfg.DroppedDelay, start)
+		c.nack(ctx, msg, nackDropped, c.cfg.DroppedDelay, start)
 	case err != nil:
 		// The API server failed, or returned something the trigger
 		// refuses (another kind): not the message's fault.
 		delay := backoff(c.cfg.RetryBase, c.cfg.RetryCap, msg.Deliveries())
 		c.cfg.Logger.LogAttrs(ctx, apiLevel(err), "trigger consumer: reading the object failed; nacking for a redelivery",
 			key, slog.Any("error", err), slog.Int("deliveries", msg.Deliveries()), slog.Duration("delay", delay))
-		c.nack(ctx, msg, NackAPIError, delay, start)
+		c.nack(ctx, msg, nackAPIError, delay, start)
 	case !o.Accepted():
 		// Never ack a dropped trigger: the broker must redeliver it, to the
 		// leader or to this replica once it leads.
-		c.nack(ctx, msg, NackDropped, c.cfg.DroppedDelay, start)
+		c.nack(ctx, msg, nackDropped, c.cfg.DroppedDelay, start)
 	case tk != nil:
 		c.settleReconciled(ctx, msg, tk, start)
 	default:
-		c.ack(ctx, msg, AckScheduled, start)
+		c.ack(ctx, msg, ackScheduled, start)
 	}
 }
 
@@ -415,7 +434,7 @@ func (c *Consumer[T]) settleReconciled(ctx context.Context, msg Message, tk *Tic
 		select {
 		case out := <-tk.out:
 			if out.State == Unknown {
-				c.nack(ctx, msg, NackTermEnded, c.cfg.DroppedDelay, start)
+				c.nack(ctx, msg, nackTermEnded, c.cfg.DroppedDelay, start)
 				return
 			}
 			if r, ok := msg.(Replier); ok {
@@ -427,10 +446,10 @@ func (c *Consumer[T]) settleReconciled(ctx context.Context, msg Message, tk *Tic
 					cancel()
 				}
 			}
-			c.ack(ctx, msg, AckReconciled, start)
+			c.ack(ctx, msg, ackReconciled, start)
 			return
 		case <-ctx.Done():
-			c.nack(context.WithoutCancel(ctx), msg, NackStopping, 0, start)
+			c.nack(context.WithoutCancel(ctx), msg, nackStopping, 0, start)
 			return
 		case <-progress.C: // still waiting: keep the message
 			if p, ok := msg.(Progresser); ok {
@@ -459,19 +478,19 @@ func (c *Consumer[T]) settle(ctx context.Context, start time.Time, op string, ca
 	count()
 }
 
-func (c *Consumer[T]) ack(ctx context.Context, msg Message, r AckReason, start time.Time) {
-	c.settle(ctx, start, "ack", msg.Ack, func() { c.cfg.Metrics.Acked(r) })
+func (c *Consumer[T]) ack(ctx context.Context, msg Message, reason string, start time.Time) {
+	c.settle(ctx, start, "ack", msg.Ack, func() { c.cfg.Metrics.Acked(reason) })
 }
 
-func (c *Consumer[T]) nack(ctx context.Context, msg Message, r NackReason, delay time.Duration, start time.Time) {
+func (c *Consumer[T]) nack(ctx context.Context, msg Message, reason string, delay time.Duration, start time.Time) {
 	c.settle(ctx, start, "nack", func(ctx context.Context) error { return msg.Nack(ctx, delay) }, func() {
 		if dl, ok := msg.(DeadLetterer); ok && dl.DeadLettered() {
-			c.cfg.Metrics.Terminated(TermMaxDeliveries)
+			c.cfg.Metrics.Terminated(termMaxDeliveries)
 			c.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "trigger consumer: message dead-lettered by the broker on its last delivery",
-				slog.String("nackReason", string(r)), slog.Int("deliveries", msg.Deliveries()))
+				slog.String("nackReason", reason), slog.Int("deliveries", msg.Deliveries()))
 			return
 		}
-		c.cfg.Metrics.Nacked(r)
+		c.cfg.Metrics.Nacked(reason)
 	})
 }
 

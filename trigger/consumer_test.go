@@ -187,8 +187,8 @@ func TestConsumerSettlesEachKindOfMessage(t *testing.T) {
 			t.Errorf("queue len after one Get = %d, want 0 (only one trigger scheduled)", e.q.Len())
 		}
 		m := e.m
-		if m.received != len(cases) || m.acked[trigger.AckScheduled] != 1 || m.acked[trigger.AckNotFound] != 1 ||
-			m.terminated[trigger.TermMalformed] != 10 || m.terminated[trigger.TermInvalid] != 4 || m.terminated[trigger.TermTooLarge] != 1 || m.processed != len(cases) {
+		if m.received != len(cases) || m.acked["Scheduled"] != 1 || m.acked["NotFound"] != 1 ||
+			m.terminated["Malformed"] != 10 || m.terminated["Invalid"] != 4 || m.terminated["TooLarge"] != 1 || m.processed != len(cases) {
 			t.Errorf("metrics = received %d acked %v terminated %v processed %d", m.received, m.acked, m.terminated, m.processed)
 		}
 	})
@@ -219,7 +219,7 @@ func TestConsumerAcceptsTheLongestReasonEscaped(t *testing.T) {
 		if got := ops(e.b.EventsFor(id)); got != "Ack" {
 			t.Fatalf("a %d-byte message with a valid reason: settled %q, want Ack", len(body), got)
 		}
-		if got := ops(e.b.EventsFor(longID)); got != "Ack" || e.m.acked[trigger.AckNotFound] != 1 {
+		if got := ops(e.b.EventsFor(longID)); got != "Ack" || e.m.acked["NotFound"] != 1 {
 			t.Fatalf("a %d-byte message with the longest valid names and reason: settled %q, want Ack (not found)", len(long), got)
 		}
 		if it, err := e.q.Get(context.Background()); err != nil || !slices.Equal(it.Value.Reasons, []string{reason}) {
@@ -259,7 +259,7 @@ func TestConsumerNeverAcksADroppedTrigger(t *testing.T) {
 		if e.q.Len() != 1 {
 			t.Errorf("queue len = %d, want the trigger scheduled", e.q.Len())
 		}
-		if e.m.nacked[trigger.NackDropped] != 2 || e.m.acked[trigger.AckScheduled] != 1 {
+		if e.m.nacked["Dropped"] != 2 || e.m.acked["Scheduled"] != 1 {
 			t.Errorf("metrics nacked %v acked %v", e.m.nacked, e.m.acked)
 		}
 	})
@@ -318,7 +318,7 @@ func TestConsumerPausesWhileTheIntakeIsSuspended(t *testing.T) {
 		if got := ops(evs); got != "Ack" || evs[0].Delivery != 1 {
 			t.Fatalf("after resuming: %q, want the first delivery acked", got)
 		}
-		if e.q.Len() != 1 || e.m.acked[trigger.AckScheduled] != 1 || e.m.nacked[trigger.NackDropped] != 0 {
+		if e.q.Len() != 1 || e.m.acked["Scheduled"] != 1 || e.m.nacked["Dropped"] != 0 {
 			t.Errorf("queue len %d, acked %v, nacked %v; want the trigger scheduled with no drop", e.q.Len(), e.m.acked, e.m.nacked)
 		}
 
@@ -443,7 +443,7 @@ func TestConsumerNacksAPIErrorsWithGrowingDelay(t *testing.T) {
 		if got := ops(e.b.EventsFor(id)); got != "Nack@1s,Nack@2s,Nack@4s,Nack@5s,Ack" {
 			t.Errorf("settlements = %q", got)
 		}
-		if e.m.nacked[trigger.NackAPIError] != 4 {
+		if e.m.nacked["APIError"] != 4 {
 			t.Errorf("nacked = %v", e.m.nacked)
 		}
 	})
@@ -481,7 +481,7 @@ func TestConsumerRetriesWhileTheResourceIsNotServed(t *testing.T) {
 		if got := ops(e.b.EventsFor(id)); got != "Nack@1s,Nack@2s,Ack" {
 			t.Errorf("settlements = %q, want two retries, then the ack of the scheduled trigger", got)
 		}
-		if e.m.nacked[trigger.NackAPIError] != 2 || e.m.acked[trigger.AckNotFound] != 0 || e.m.acked[trigger.AckScheduled] != 1 {
+		if e.m.nacked["APIError"] != 2 || e.m.acked["NotFound"] != 0 || e.m.acked["Scheduled"] != 1 {
 			t.Errorf("nacked %v, acked %v", e.m.nacked, e.m.acked)
 		}
 		if e.q.Len() != 1 {
@@ -700,10 +700,10 @@ func TestConsumerCountsADeadLetterOnNackAsTerminated(t *testing.T) {
 		if got := ops(e.b.EventsFor(id)); got != "Nack@1s,Nack@1s,Nack@1s" {
 			t.Errorf("settlements = %q", got)
 		}
-		if dl := e.b.DeadLetters(); len(dl) != 1 || dl[0].Reason != string(trigger.TermMaxDeliveries) {
+		if dl := e.b.DeadLetters(); len(dl) != 1 || dl[0].Reason != "MaxDeliveries" {
 			t.Fatalf("dead letters = %+v, want one (MaxDeliveries)", dl)
 		}
-		if e.m.nacked[trigger.NackAPIError] != 2 || e.m.terminated[trigger.TermMaxDeliveries] != 1 {
+		if e.m.nacked["APIError"] != 2 || e.m.terminated["MaxDeliveries"] != 1 {
 			t.Errorf("nacked %v, terminated %v; want 2 APIError nacks and 1 MaxDeliveries", e.m.nacked, e.m.terminated)
 		}
 	})
@@ -764,7 +764,7 @@ func TestConsumerNacksAnObjectOfAnotherKind(t *testing.T) {
 		if got := ops(e.b.EventsFor(id)); got != "Nack@1s,Nack@2s,Nack@2s" {
 			t.Errorf("settlements = %q, want nacks with the API error backoff", got)
 		}
-		if e.m.nacked[trigger.NackAPIError] != 2 || e.m.terminated[trigger.TermInvalid] != 0 || e.q.Len() != 0 {
+		if e.m.nacked["APIError"] != 2 || e.m.terminated["Invalid"] != 0 || e.q.Len() != 0 {
 			t.Errorf("nacked %v, terminated %v, queue len %d; want API error nacks, no Term, nothing queued", e.m.nacked, e.m.terminated, e.q.Len())
 		}
 	})

@@ -131,14 +131,15 @@
 // ConsumerConfig.MaxMessageBytes; member names match exactly, at most once,
 // and unknown members are malformed unless AllowUnknownFields.
 //
-//	malformed, too large or invalid    Term (dead-letter), counted by TermReason
-//	object not found                   Ack, logged as a warning
-//	object outside the scope           Nack after DroppedDelay: another controller on the subscription may own it
-//	API server error, another kind     Nack after RetryBase*2^(deliveries-1), at most RetryCap
-//	enqueue dropped                    Nack after DroppedDelay, never Ack
-//	scheduled                          Ack; with AckAfterReconcile, Ack once the reconcile succeeded or failed for good (InProgress meanwhile, the Outcome replied), Nack when the term ends first
-//	received while Run is stopping     Nack at once
-//	a Nack the broker dead-letters     counted as terminated (TermMaxDeliveries, see [DeadLetterer])
+//	message                           settled as (reason)
+//	too large, malformed, invalid      Term (TooLarge, Malformed, Invalid): dead-lettered
+//	object not found                   Ack (NotFound), logged as a warning
+//	scheduled                          Ack (Scheduled); with AckAfterReconcile, Ack (Reconciled) once the reconcile succeeded or failed for good (InProgress meanwhile, the Outcome replied), Nack (TermEnded) when the term ends first
+//	object outside the scope           Nack (OutOfScope) after DroppedDelay: another controller on the subscription may own it
+//	API server error, another kind     Nack (APIError) after RetryBase*2^(deliveries-1), at most RetryCap
+//	enqueue dropped, or ErrBusy        Nack (Dropped) after DroppedDelay, never Ack
+//	received while Run is stopping     Nack (Stopping) at once
+//	a Nack the broker dead-letters     counted as Term (MaxDeliveries), see [DeadLetterer]
 //
 // Before each receive the consumer takes a token of the trigger budget
 // (Config.Rate), waiting for one if need be, so a backlog waits in the
@@ -154,6 +155,6 @@
 // to another replica. A failing
 // Receive is retried with backoff. Broker failures are classified by the
 // adapter as a [BrokerError] (Disconnected, Permission, Quota, NotFound)
-// and reported by that name in logs, [ConsumerMetrics] and
+// and reported by that name in logs, [Metrics] and
 // [Consumer.Check].
 package trigger

@@ -119,7 +119,7 @@ type HandlerConfig struct {
 	MaxAuthFailures    int
 	AuthFailureBackoff time.Duration
 	// Metrics receives one count per request; nil means none.
-	Metrics HandlerMetrics
+	Metrics Metrics
 	// Logger receives the records of refused and failed requests (never a
 	// token), at most one per status code every 10s with the number left
 	// out; nil means slog.Default().
@@ -234,7 +234,7 @@ func NewHandler[T opkit.Object](t *Trigger[T], cfg HandlerConfig) (http.Handler,
 	cfg.APITimeout = cmp.Or(cfg.APITimeout, 5*time.Second)
 	cfg.RetryAfter = cmp.Or(cfg.RetryAfter, 5*time.Second)
 	cfg.MaxInFlight = cmp.Or(cfg.MaxInFlight, 64)
-	cfg.Metrics = cmp.Or[HandlerMetrics](cfg.Metrics, nopMetrics{})
+	cfg.Metrics = cmp.Or[Metrics](cfg.Metrics, nopMetrics{})
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	if cfg.Authenticator == nil && cfg.Reviews != nil {
 		a, err := NewKubeAuthenticator(KubeAuthConfig{Client: cfg.Reviews})

@@ -174,7 +174,7 @@ func TestConsumerHandsBackMessagesOutsideTheScope(t *testing.T) {
 				t.Errorf("message %d settled %q, want %s", id, got, want)
 			}
 		}
-		if e.m.nacked[trigger.NackOutOfScope] < 2 || e.m.acked[trigger.AckScheduled] != 1 || q.Len() != 1 || len(e.b.DeadLetters()) != 0 {
+		if e.m.nacked["OutOfScope"] < 2 || e.m.acked["Scheduled"] != 1 || q.Len() != 1 || len(e.b.DeadLetters()) != 0 {
 			t.Errorf("nacked %v, acked %v, queue len %d, dead letters %d; want the 2 out of scope handed back, 1 scheduled, none dead",
 				e.m.nacked, e.m.acked, q.Len(), len(e.b.DeadLetters()))
 		}

@@ -29,10 +29,10 @@ func TestAdaptersFeedCollectors(t *testing.T) {
 	m.Watcher().Event(opkit.Added, queue.Queued)
 	m.Leader().Leading(true)
 	m.Trigger().Enqueued(queue.Queued)
-	m.Handler().Request(202, "Accepted", time.Millisecond)
-	m.Consumer().Acked(trigger.AckScheduled)
-	m.Consumer().Lag(7)
-	m.Consumer().BrokerError(trigger.BrokerPermission)
+	m.Trigger().Request(202, "Accepted", time.Millisecond)
+	m.Trigger().Acked("Scheduled")
+	m.Trigger().Lag(7)
+	m.Trigger().BrokerError(trigger.BrokerPermission)
 	m.Controller().Reconciled(reconcile.OutcomeDone, time.Millisecond)
 
 	want := `

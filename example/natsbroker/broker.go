@@ -55,8 +55,9 @@ const (
 const connectionCheckInterval = time.Second
 
 // ReasonMaxDeliveries is the dead-letter reason of a message nacked on its
-// last allowed delivery.
-const ReasonMaxDeliveries = string(trigger.TermMaxDeliveries)
+// last allowed delivery: the reason the consumer counts it under (the
+// trigger package's consumer table).
+const ReasonMaxDeliveries = "MaxDeliveries"
 
 // Config configures a [Broker]. The zero value of every field but URL (or
 // Conn) means its documented default.

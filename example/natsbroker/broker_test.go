@@ -161,7 +161,7 @@ func TestTermDeadLettersAndNeverRedelivers(t *testing.T) {
 	publish(t, b, "bad")
 	publish(t, b, "good")
 	m := receive(t, b)
-	if err := m.Term(ctx5(t), string(trigger.TermMalformed)); err != nil {
+	if err := m.Term(ctx5(t), "Malformed"); err != nil {
 		t.Fatal(err)
 	}
 	// The next message is the second one: the first is never redelivered.

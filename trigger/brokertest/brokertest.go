@@ -51,7 +51,7 @@ type DeadLetter struct {
 	ID uint64
 	// Data is the message body.
 	Data []byte
-	// Reason is the reason given to Term, or trigger.TermMaxDeliveries for
+	// Reason is the reason given to Term, or "MaxDeliveries" for
 	// a Nack past MaxDeliver.
 	Reason string
 }
@@ -82,7 +82,7 @@ type entry struct {
 // is not usable; call New.
 type Broker struct {
 	// MaxDeliver, when positive, dead-letters a message (reason
-	// trigger.TermMaxDeliveries) when a Nack would exceed this many
+	// "MaxDeliveries") when a Nack would exceed this many
 	// deliveries, and its Message reports it (trigger.DeadLetterer). Set it
 	// before use.
 	MaxDeliver int
@@ -344,7 +344,7 @@ func (m *message) Nack(ctx context.Context, delay time.Duration) error {
 	return m.settle(ctx, Event{Op: OpNack, Delay: delay}, func() {
 		if m.b.MaxDeliver > 0 && m.e.deliveries >= m.b.MaxDeliver {
 			m.dead.Store(true)
-			m.deadLetter(string(trigger.TermMaxDeliveries))
+			m.deadLetter("MaxDeliveries")
 			return
 		}
 		m.b.redeliverAfter(m.e, delay)

@@ -80,7 +80,7 @@ func TestMaxDeliverDeadLetters(t *testing.T) {
 	ctx := context.Background()
 	_ = receive(t, b).Nack(ctx, 0)
 	_ = receive(t, b).Nack(ctx, 0)
-	if dl := b.DeadLetters(); len(dl) != 1 || dl[0].Reason != string(trigger.TermMaxDeliveries) || b.Outstanding() != 0 {
+	if dl := b.DeadLetters(); len(dl) != 1 || dl[0].Reason != "MaxDeliveries" || b.Outstanding() != 0 {
 		t.Errorf("dead letters %+v outstanding %d", dl, b.Outstanding())
 	}
 }
