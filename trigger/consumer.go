@@ -57,7 +57,7 @@ type ConsumerConfig[T opkit.Object] struct {
 	// Concurrency is how many messages are handled at once; zero means 1.
 	Concurrency int
 	// MaxMessageBytes is the largest message accepted; larger ones are
-	// dead-lettered. Zero means DefaultMaxMessageBytes.
+	// dead-lettered. Zero means 8 KiB.
 	MaxMessageBytes int
 	// AllowUnknownFields accepts messages with fields other than
 	// namespace, name and reason. By default they are dead-lettered as
@@ -151,7 +151,7 @@ func NewConsumer[T opkit.Object](cfg ConsumerConfig[T]) (*Consumer[T], error) {
 		return nil, errors.New("trigger: ConsumerConfig sizes, counts and durations (but LagInterval) must not be negative")
 	}
 	cfg.Concurrency = cmp.Or(cfg.Concurrency, 1)
-	cfg.MaxMessageBytes = cmp.Or(cfg.MaxMessageBytes, DefaultMaxMessageBytes)
+	cfg.MaxMessageBytes = cmp.Or(cfg.MaxMessageBytes, defaultMaxBytes)
 	cfg.APITimeout = cmp.Or(cfg.APITimeout, 10*time.Second)
 	cfg.BrokerTimeout = cmp.Or(cfg.BrokerTimeout, 5*time.Second)
 	cfg.RetryBase = cmp.Or(cfg.RetryBase, time.Second)

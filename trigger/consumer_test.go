@@ -155,7 +155,7 @@ func TestConsumerSettlesEachKindOfMessage(t *testing.T) {
 			{`{"name":"a"}`, "Term:Invalid"},
 			{`{"namespace":"ns","name":""}`, "Term:Invalid"},
 			{`{"namespace":"ns","name":"a","reason":"` + strings.Repeat("r", trigger.MaxReasonLen+1) + `"}`, "Term:Invalid"},
-			{`{"namespace":"ns","name":"a","reason":"` + strings.Repeat("r", trigger.DefaultMaxMessageBytes) + `"}`, "Term:TooLarge"},
+			{`{"namespace":"ns","name":"a","reason":"` + strings.Repeat("r", trigger.DefaultMaxBytes) + `"}`, "Term:TooLarge"},
 		}
 		ids := make([]uint64, len(cases))
 		for i, c := range cases {

@@ -11,3 +11,9 @@ func AuthCacheLen(a *KubeAuthenticator) int {
 
 // APILevel and BrokerLevel are the log levels of failed calls.
 var APILevel, BrokerLevel = apiLevel, brokerLevel
+
+// Limits and defaults the tests check against.
+const (
+	MaxNameLen      = maxNameLen
+	DefaultMaxBytes = defaultMaxBytes
+)

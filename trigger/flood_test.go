@@ -457,7 +457,7 @@ func TestASlowBodyHoldsNothingAndAnEarlyAnswerDoesNotWaitForIt(t *testing.T) {
 	if resp.StatusCode != http.StatusAccepted {
 		t.Fatalf("a request beside a slow body got %d, want 202: the slow one held the only slot", resp.StatusCode)
 	}
-	if resp, st := readResponse(t, slow); resp.StatusCode != http.StatusRequestTimeout || st.Reason != trigger.ReasonRequestTimeout {
+	if resp, st := readResponse(t, slow); resp.StatusCode != http.StatusRequestTimeout || st.Reason != "RequestTimeout" {
 		t.Errorf("the slow body got %d %s, want 408 RequestTimeout", resp.StatusCode, st.Reason)
 	}
 
@@ -487,7 +487,7 @@ func TestOversizedHeadersGetAStatus(t *testing.T) {
 	}
 	defer resp.Body.Close()
 	var st Status
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil || resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge || st.Reason != trigger.ReasonHeadersTooLarge {
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil || resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge || st.Reason != "RequestHeaderFieldsTooLarge" {
 		t.Fatalf("got %d %+v (%v), want 431 with a Status", resp.StatusCode, st, err)
 	}
 	if e.q.Len() != 0 {

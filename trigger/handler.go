@@ -37,15 +37,6 @@ const ForwardedHeader = "X-Opkit-Forwarded"
 // Annotations), for followers to forward to.
 const EndpointAnnotation = "trigger.opkit.dev/endpoint"
 
-// Status reasons of the answers Kubernetes has no reason for: 502 (the
-// API server failed), 408 (the body came too late) and 431 (the headers
-// are too large).
-const (
-	ReasonBadGateway      metav1.StatusReason = "BadGateway"
-	ReasonRequestTimeout  metav1.StatusReason = "RequestTimeout"
-	ReasonHeadersTooLarge metav1.StatusReason = "RequestHeaderFieldsTooLarge"
-)
-
 // HandlerConfig configures the HTTP trigger endpoint. The zero value of
 // every optional field means its documented default.
 type HandlerConfig struct {
@@ -78,14 +69,13 @@ type HandlerConfig struct {
 	Type opkit.Type
 	// MaxDelay bounds the `delay` query parameter; zero means 1h.
 	MaxDelay time.Duration
-	// MaxWait bounds the `wait` query parameter; zero means
-	// DefaultMaxWait. MaxWaiting bounds the callers waiting for outcomes
-	// at once (they hold no in-flight slot while they wait); zero means
-	// DefaultMaxWaiting; beyond, 429.
+	// MaxWait bounds the `wait` query parameter; zero means 5m.
+	// MaxWaiting bounds the callers waiting for outcomes or forwarded
+	// answers at once; zero means 1024; beyond, 429.
 	MaxWait    time.Duration
 	MaxWaiting int
 	// MaxBodyBytes bounds the optional JSON body ({"reason": "..."});
-	// zero means DefaultMaxBodyBytes. Larger bodies get 413.
+	// zero means 8 KiB.
 	MaxBodyBytes int64
 	// BodyTimeout is how long the body may take to arrive, from when the
 	// handler starts; zero means 2s. A late body gets 408 and the
@@ -147,12 +137,6 @@ type Accepted struct {
 	ID         string `json:"id,omitempty"`
 	StatusPath string `json:"statusPath,omitempty"`
 }
-
-// Defaults of HandlerConfig.MaxWait and MaxWaiting.
-const (
-	DefaultMaxWait    = 5 * time.Minute
-	DefaultMaxWaiting = 1024
-)
 
 // Status is the JSON body of every error answer, shaped like a Kubernetes
 // metav1.Status, plus the leader's identity and the queue's outcome when an
@@ -219,7 +203,7 @@ func NewHandler[T opkit.Object](t *Trigger[T], cfg HandlerConfig) (http.Handler,
 		return nil, errors.New("trigger: HandlerConfig.RateBurst without RateLimit would have no effect; set RateLimit too")
 	}
 	cfg.MaxDelay = cmp.Or(cfg.MaxDelay, time.Hour)
-	cfg.MaxWait, cfg.MaxWaiting = cmp.Or(cfg.MaxWait, DefaultMaxWait), cmp.Or(cfg.MaxWaiting, DefaultMaxWaiting)
+	cfg.MaxWait, cfg.MaxWaiting = cmp.Or(cfg.MaxWait, 5*time.Minute), cmp.Or(cfg.MaxWaiting, 1024)
 	if cfg.ForwardClient == nil {
 		// Waiting callers hold their forwarded request's connection: keep
 		// as many idle ones to the leader as may wait, not net/http's 2.
@@ -227,7 +211,7 @@ func NewHandler[T opkit.Object](t *Trigger[T], cfg HandlerConfig) (http.Handler,
 		tr.MaxIdleConnsPerHost = 64
 		cfg.ForwardClient = &http.Client{Transport: tr}
 	}
-	cfg.MaxBodyBytes = cmp.Or(cfg.MaxBodyBytes, DefaultMaxBodyBytes)
+	cfg.MaxBodyBytes = cmp.Or(cfg.MaxBodyBytes, defaultMaxBytes)
 	cfg.BodyTimeout = cmp.Or(cfg.BodyTimeout, 2*time.Second)
 	cfg.MaxAuthFailures = cmp.Or(cfg.MaxAuthFailures, 10)
 	cfg.AuthFailureBackoff = cmp.Or(cfg.AuthFailureBackoff, 10*time.Second)
@@ -535,11 +519,12 @@ func (h *handler[T]) dropped(w http.ResponseWriter, o queue.Outcome, holder stri
 	return st
 }
 
-// statusReasons are the Status reasons of the handler's error codes.
+// statusReasons are the Status reasons of the handler's error codes (those
+// Kubernetes has none for are named after the code).
 var statusReasons = map[int]metav1.StatusReason{
 	http.StatusBadRequest:                  metav1.StatusReasonBadRequest,
-	http.StatusRequestTimeout:              ReasonRequestTimeout,
-	http.StatusRequestHeaderFieldsTooLarge: ReasonHeadersTooLarge,
+	http.StatusRequestTimeout:              "RequestTimeout",
+	http.StatusRequestHeaderFieldsTooLarge: "RequestHeaderFieldsTooLarge",
 	http.StatusUnauthorized:                metav1.StatusReasonUnauthorized,
 	http.StatusForbidden:                   metav1.StatusReasonForbidden,
 	http.StatusNotFound:                    metav1.StatusReasonNotFound,
@@ -547,7 +532,7 @@ var statusReasons = map[int]metav1.StatusReason{
 	http.StatusRequestEntityTooLarge:       metav1.StatusReasonRequestEntityTooLarge,
 	http.StatusUnsupportedMediaType:        metav1.StatusReasonUnsupportedMediaType,
 	http.StatusTooManyRequests:             metav1.StatusReasonTooManyRequests,
-	http.StatusBadGateway:                  ReasonBadGateway,
+	http.StatusBadGateway:                  "BadGateway",
 	http.StatusServiceUnavailable:          metav1.StatusReasonServiceUnavailable,
 	http.StatusGatewayTimeout:              metav1.StatusReasonTimeout,
 }

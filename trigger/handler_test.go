@@ -212,8 +212,8 @@ func TestHandlerParsesThenAuthenticatesBeforeReading(t *testing.T) {
 	if calls != 0 {
 		t.Fatalf("authorizer called %d times for malformed requests, want 0", calls)
 	}
-	if big.n > trigger.DefaultMaxBodyBytes+1 {
-		t.Errorf("read %d bytes of an oversized body, want at most the limit (%d) and one", big.n, trigger.DefaultMaxBodyBytes)
+	if big.n > trigger.DefaultMaxBytes+1 {
+		t.Errorf("read %d bytes of an oversized body, want at most the limit (%d) and one", big.n, trigger.DefaultMaxBytes)
 	}
 	// Well formed: authenticated before the read, refused with 401.
 	for _, tc := range []struct {
@@ -409,7 +409,7 @@ func TestHandlerAcceptsTheLongestReasonEscaped(t *testing.T) {
 
 func TestHandler413(t *testing.T) {
 	e := newHandlerEnv(t, nil)
-	big := `{"reason":"` + strings.Repeat("x", trigger.DefaultMaxBodyBytes) + `"}`
+	big := `{"reason":"` + strings.Repeat("x", trigger.DefaultMaxBytes) + `"}`
 	wantStatus(t, e.do(http.MethodPost, "/reconcile/ns/a", strings.NewReader(big), http.Header{"Content-Type": {"application/json"}}), 413, "RequestEntityTooLarge")
 	// Without a Content-Length (chunked) the limit still holds.
 	r := httptest.NewRequest(http.MethodPost, "/reconcile/ns/a", io.MultiReader(strings.NewReader(big)))

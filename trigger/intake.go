@@ -280,7 +280,7 @@ func (t *Trigger[T]) pay(caller string, opts IntakeOptions) error {
 		return fmt.Errorf("trigger: %w: this caller's share of the trigger budget (half of it) is spent", ErrBusy)
 	}
 	if !t.budget.TryAccept() {
-		return fmt.Errorf("trigger: %w: the trigger budget (%v a second, %d at once) is spent", ErrBusy, t.budget.QPS(), cmp.Or(t.cfg.Burst, DefaultBurst))
+		return fmt.Errorf("trigger: %w: the trigger budget (%v a second, %d at once) is spent", ErrBusy, t.budget.QPS(), cmp.Or(t.cfg.Burst, defaultBurst))
 	}
 	return nil
 }

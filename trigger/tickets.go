@@ -63,17 +63,14 @@ type Outcome struct {
 	Term    int32  `json:"term,omitempty"`
 }
 
-// Limits of the tickets a Trigger keeps.
+// Limits of the tickets a Trigger keeps: the tracked triggers whose
+// reconcile has not finished, in all and for one key (beyond, Intake
+// refuses to track: ErrBusy), and the finished outcomes kept for lookups
+// (the oldest are forgotten: Unknown).
 const (
-	// MaxTracked bounds the tracked triggers whose reconcile has not
-	// finished; beyond, Intake refuses to track (ErrBusy).
-	MaxTracked = 10_000
-	// MaxRemembered bounds the finished outcomes kept for lookups; the
-	// oldest are forgotten (Unknown).
-	MaxRemembered = 4096
-	// MaxTrackedPerKey bounds the tracked triggers waiting for one key's
-	// reconcile; beyond, Intake refuses to track (ErrBusy).
-	MaxTrackedPerKey = 64
+	maxTracked       = 10_000
+	maxTrackedPerKey = 64
+	maxRemembered    = 4096
 )
 
 // Ticket is a tracked trigger: its reconcile's outcome arrives on it.
@@ -134,8 +131,8 @@ func newTickets() *tickets {
 }
 
 // reserve registers the next ticket for key, of obj (nil when not read),
-// before its add: ErrBusy when MaxTracked tickets wait, or
-// MaxTrackedPerKey for key. The adds of a key may reach the queue in
+// before its add: ErrBusy when maxTracked tickets wait, or
+// maxTrackedPerKey for key. The adds of a key may reach the queue in
 // another order than their numbers: a turn that serves a higher number
 // was taken after this ticket was registered, so it reconciled a state
 // at least as new as the one this trigger asked about.
@@ -146,8 +143,8 @@ func (ts *tickets) reserve(key opkit.Key, obj opkit.Object, final bool) (*Ticket
 	}
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
-	if ts.nWait >= MaxTracked || len(ts.waiting[key]) >= MaxTrackedPerKey {
-		return nil, fmt.Errorf("trigger: %w: too many tracked triggers wait for their reconciles (%d in all, %d for one key)", ErrBusy, MaxTracked, MaxTrackedPerKey)
+	if ts.nWait >= maxTracked || len(ts.waiting[key]) >= maxTrackedPerKey {
+		return nil, fmt.Errorf("trigger: %w: too many tracked triggers wait for their reconciles (%d in all, %d for one key)", ErrBusy, maxTracked, maxTrackedPerKey)
 	}
 	ts.next++
 	tk := &Ticket{ID: fmt.Sprintf("%s-%d-%d", ts.nonce, ts.epoch, ts.next), key: key, uid: uid, n: ts.next, final: final, out: make(chan Outcome, 1)}
@@ -223,7 +220,7 @@ func (ts *tickets) resolve(tk *Ticket, o Outcome) {
 	o.ID = tk.ID
 	tk.out <- o
 	ts.nWait--
-	if len(ts.order) >= MaxRemembered {
+	if len(ts.order) >= maxRemembered {
 		delete(ts.done, ts.order[0])
 		ts.order = ts.order[1:]
 	}

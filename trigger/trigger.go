@@ -33,9 +33,9 @@ const DefaultPriority = 100
 // MaxReasonLen is the longest Reason (in bytes) a trigger may carry.
 const MaxReasonLen = 1024
 
-// MaxNameLen is the longest object name a trigger accepts, in bytes: the
+// maxNameLen is the longest object name a trigger accepts, in bytes: the
 // longest a DNS-1123 subdomain, which most resources' names are, may be.
-const MaxNameLen = validation.DNS1123SubdomainMaxLength
+const maxNameLen = validation.DNS1123SubdomainMaxLength
 
 // ErrInvalid is wrapped by every error that reports bad input to Enqueue,
 // Submit, Intake, the HTTP handler's parser and the consumer's message
@@ -65,8 +65,8 @@ var ErrBusy = errors.New("busy")
 
 // Defaults of Config.Rate and Config.Burst.
 const (
-	DefaultRate  = 5
-	DefaultBurst = 20
+	defaultRate  = 5
+	defaultBurst = 20
 )
 
 // errNoGetter is what Intake, NewHandler and NewConsumer answer for a
@@ -133,8 +133,8 @@ type Config[T opkit.Object] struct {
 	// start at most Rate reconciles a second (each costing one read plus
 	// what the reconcile sends), and the watch's reconciles keep the rest
 	// of the API client's budget: keep Rate × (1 + requests per reconcile)
-	// well below the client's QPS. Zero means DefaultRate (5) and
-	// DefaultBurst (20); a negative Rate means unlimited.
+	// well below the client's QPS. Zero means 5 and 20; a negative
+	// Rate means unlimited.
 	Rate  float64
 	Burst int
 	// Metrics receives counts of outcomes; nil means no metrics.
@@ -183,7 +183,7 @@ func New[T opkit.Object](cfg Config[T]) (*Trigger[T], error) {
 	}
 	t := &Trigger[T]{cfg: cfg, tickets: newTickets(), log: newSampler(cfg.Logger)}
 	if cfg.Rate >= 0 {
-		rate, burst := float32(cmp.Or(cfg.Rate, DefaultRate)), cmp.Or(cfg.Burst, DefaultBurst)
+		rate, burst := float32(cmp.Or(cfg.Rate, defaultRate)), cmp.Or(cfg.Burst, defaultBurst)
 		t.budget = flowcontrol.NewTokenBucketRateLimiter(rate, burst)
 		t.shares = &shares{rate: rate / 2, burst: max(burst/2, 1), of: map[string]flowcontrol.RateLimiter{}}
 	}
@@ -300,7 +300,7 @@ func (t *Trigger[T]) Report(key opkit.Key, ticket uint64, shards opkit.Shards, o
 func (t *Trigger[T]) Abandon(why string, shards opkit.Shards) { t.tickets.abandon(why, shards) }
 
 // Lookup returns what this replica knows of the tracked trigger id of
-// key: Pending, its outcome while remembered (MaxRemembered), or Unknown.
+// key: Pending, its outcome while remembered (the last 4096), or Unknown.
 func (t *Trigger[T]) Lookup(key opkit.Key, id string) Outcome { return t.tickets.lookup(key, id) }
 
 // validate checks req as Submit takes it.
@@ -388,7 +388,7 @@ func (t *Trigger[T]) rejected(ctx context.Context, err error) error {
 }
 
 // CheckName reports, with an error wrapping [ErrInvalid], whether name is
-// not one a trigger accepts: it must be non-empty, at most [MaxNameLen]
+// not one a trigger accepts: it must be non-empty, at most 253
 // bytes of UTF-8 text without control characters, and a valid path
 // segment (not "." or "..", no "/" or "%": the rule the API server applies
 // to every resource's names). Stricter rules of a resource (most want a
@@ -401,8 +401,8 @@ func CheckName(name string) error {
 	switch {
 	case name == "":
 		return invalid("a name is required")
-	case len(name) > MaxNameLen:
-		return invalid("name %.40q...: longer than %d bytes", name, MaxNameLen)
+	case len(name) > maxNameLen:
+		return invalid("name %.40q...: longer than %d bytes", name, maxNameLen)
 	case len(errs) > 0:
 		return invalid("name %q: %s", name, strings.Join(errs, "; "))
 	case !utf8.ValidString(name) || strings.IndexFunc(name, unicode.IsControl) >= 0:

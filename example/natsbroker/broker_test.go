@@ -531,6 +531,7 @@ func TestPublishRefusesWhatTheConsumerWouldRefuse(t *testing.T) {
 // sent as it is, and one of control characters (which JSON escapes to six
 // bytes whatever the encoder) still fits the consumer's limit.
 func TestPublishDoesNotInflateTheReason(t *testing.T) {
+	const limit = 8 << 10 // trigger.ConsumerConfig.MaxMessageBytes's default
 	b := open(t, startServer(t).URL(), nil)
 	for _, reason := range []string{strings.Repeat("<&>", trigger.MaxReasonLen/3), strings.Repeat("\x01", trigger.MaxReasonLen)} {
 		if _, err := natsbroker.Publish(ctx5(t), b.Conn(), "", natsbroker.Pointer{Namespace: "ns", Name: "a", Reason: reason}); err != nil {
@@ -538,7 +539,7 @@ func TestPublishDoesNotInflateTheReason(t *testing.T) {
 		}
 		m := receive(t, b)
 		var got natsbroker.Pointer
-		if err := json.Unmarshal(m.Data(), &got); err != nil || len(m.Data()) > trigger.DefaultMaxMessageBytes || got.Reason != reason {
+		if err := json.Unmarshal(m.Data(), &got); err != nil || len(m.Data()) > limit || got.Reason != reason {
 			t.Fatalf("message of %d bytes (%v), reason intact %v", len(m.Data()), err, got.Reason == reason)
 		}
 		if strings.HasPrefix(reason, "<") && len(m.Data()) > 2*len(reason) {

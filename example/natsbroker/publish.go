@@ -39,8 +39,8 @@ var ErrInvalidPointer = errors.New("natsbroker: invalid trigger pointer")
 // sequence number. A pointer the consumer would refuse is not sent: an
 // invalid name or namespace, or a reason that is not UTF-8 or longer than
 // trigger.MaxReasonLen; the error wraps ErrInvalidPointer. Any other
-// pointer fits in the consumer's default message limit
-// (trigger.DefaultMaxMessageBytes).
+// pointer fits in the consumer's default message limit (8 KiB,
+// trigger.ConsumerConfig.MaxMessageBytes).
 func Publish(ctx context.Context, nc *nats.Conn, subject string, p Pointer) (uint64, error) {
 	return publish(ctx, nc, subject, p, "")
 }
