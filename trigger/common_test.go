@@ -15,7 +15,19 @@ import (
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/queue"
 	"github.com/opkit/opkit/trigger"
+	"github.com/opkit/opkit/trigger/brokertest"
 )
+
+// deadLetters returns the events of b that dead-lettered their message.
+func deadLetters(b *brokertest.Broker) []brokertest.Event {
+	var dead []brokertest.Event
+	for _, ev := range b.Events() {
+		if ev.Reason != "" {
+			dead = append(dead, ev)
+		}
+	}
+	return dead
+}
 
 var configMaps = opkit.Resource{
 	GroupVersionResource: schema.GroupVersionResource{Version: "v1", Resource: "configmaps"},

@@ -120,11 +120,11 @@ func (e *consumerEnv) run(t *testing.T) (stop func()) {
 func ops(evs []brokertest.Event) string {
 	var s []string
 	for _, ev := range evs {
-		x := string(ev.Op)
+		x := ev.Op
 		if ev.Reason != "" {
 			x += ":" + ev.Reason
 		}
-		if ev.Op == brokertest.OpNack {
+		if ev.Op == "Nack" {
 			x += "@" + ev.Delay.String()
 		}
 		s = append(s, x)
@@ -165,12 +165,12 @@ func TestConsumerSettlesEachKindOfMessage(t *testing.T) {
 		synctest.Wait()
 		stop()
 		for i, c := range cases {
-			if got := ops(e.b.EventsFor(ids[i])); got != c.want {
+			if got := ops(e.b.Events(ids[i])); got != c.want {
 				t.Errorf("%.40s: settled %q, want %q", c.body, got, c.want)
 			}
 		}
 		// The dead letter holds exactly the malformed and invalid ones.
-		dead := e.b.DeadLetters()
+		dead := deadLetters(e.b)
 		if len(dead) != len(cases)-2 {
 			t.Errorf("dead letters = %d, want %d", len(dead), len(cases)-2)
 		}
@@ -216,10 +216,10 @@ func TestConsumerAcceptsTheLongestReasonEscaped(t *testing.T) {
 		stop := e.run(t)
 		synctest.Wait()
 		stop()
-		if got := ops(e.b.EventsFor(id)); got != "Ack" {
+		if got := ops(e.b.Events(id)); got != "Ack" {
 			t.Fatalf("a %d-byte message with a valid reason: settled %q, want Ack", len(body), got)
 		}
-		if got := ops(e.b.EventsFor(longID)); got != "Ack" || e.m.acked["NotFound"] != 1 {
+		if got := ops(e.b.Events(longID)); got != "Ack" || e.m.acked["NotFound"] != 1 {
 			t.Fatalf("a %d-byte message with the longest valid names and reason: settled %q, want Ack (not found)", len(long), got)
 		}
 		if it, err := e.q.Get(context.Background()); err != nil || !slices.Equal(it.Value.Reasons, []string{reason}) {
@@ -241,18 +241,18 @@ func TestConsumerNeverAcksADroppedTrigger(t *testing.T) {
 		stop := e.run(t)
 		defer stop()
 		synctest.Wait()
-		if got := ops(e.b.EventsFor(id)); got != "Nack@3s" {
+		if got := ops(e.b.Events(id)); got != "Nack@3s" {
 			t.Fatalf("after a drop: %q, want one Nack@3s", got)
 		}
 		time.Sleep(3 * time.Second) // redelivered, dropped again
 		synctest.Wait()
-		if got := ops(e.b.EventsFor(id)); got != "Nack@3s,Nack@3s" {
+		if got := ops(e.b.Events(id)); got != "Nack@3s,Nack@3s" {
 			t.Fatalf("after the redelivery: %q", got)
 		}
 		e.q.Resume() // leadership acquired
 		time.Sleep(3 * time.Second)
 		synctest.Wait()
-		evs := e.b.EventsFor(id)
+		evs := e.b.Events(id)
 		if got := ops(evs); got != "Nack@3s,Nack@3s,Ack" || evs[2].Delivery != 3 {
 			t.Fatalf("after resuming: %q (last delivery %d), want the third delivery acked", got, evs[len(evs)-1].Delivery)
 		}
@@ -301,7 +301,7 @@ func TestConsumerPausesWhileTheIntakeIsSuspended(t *testing.T) {
 		if n := rb.receives.Load(); n != 0 {
 			t.Fatalf("Receive called %d times while suspended", n)
 		}
-		if evs := e.b.EventsFor(id); len(evs) != 0 || e.objs.calls != 0 {
+		if evs := e.b.Events(id); len(evs) != 0 || e.objs.calls != 0 {
 			t.Fatalf("while suspended: broker events %q, API calls %d; want none", ops(evs), e.objs.calls)
 		}
 		if n := rb.releases.Load(); n != 1 {
@@ -314,7 +314,7 @@ func TestConsumerPausesWhileTheIntakeIsSuspended(t *testing.T) {
 		e.q.Resume()                       // leadership acquired
 		time.Sleep(250 * time.Millisecond) // the default PausePoll
 		synctest.Wait()
-		evs := e.b.EventsFor(id)
+		evs := e.b.Events(id)
 		if got := ops(evs); got != "Ack" || evs[0].Delivery != 1 {
 			t.Fatalf("after resuming: %q, want the first delivery acked", got)
 		}
@@ -328,7 +328,7 @@ func TestConsumerPausesWhileTheIntakeIsSuspended(t *testing.T) {
 		id2 := e.b.Publish([]byte(`{"namespace":"ns","name":"b"}`))
 		time.Sleep(time.Minute)
 		synctest.Wait()
-		if evs := e.b.EventsFor(id2); len(evs) != 0 {
+		if evs := e.b.Events(id2); len(evs) != 0 {
 			t.Fatalf("second pause: %q, want no delivery", ops(evs))
 		}
 		if n := rb.releases.Load(); n != 2 {
@@ -350,7 +350,7 @@ func TestConsumerPausesOnceTheQueueIsShutDown(t *testing.T) {
 		defer stop()
 		time.Sleep(time.Minute)
 		synctest.Wait()
-		if evs := e.b.EventsFor(id); len(evs) != 0 || e.objs.calls != 0 {
+		if evs := e.b.Events(id); len(evs) != 0 || e.objs.calls != 0 {
 			t.Fatalf("with the queue shut down: broker events %q, API calls %d; want none", ops(evs), e.objs.calls)
 		}
 	})
@@ -363,7 +363,7 @@ func TestConsumerPausedIsReadyDespiteEarlierBrokerFailures(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e := newConsumerEnv(t, nil)
 		down := &trigger.BrokerError{Kind: trigger.BrokerDisconnected, Op: "receive", Err: errors.New("connection refused")}
-		e.b.FailReceive(down)
+		e.b.Fail("receive", down)
 		stop := e.run(t)
 		defer stop()
 		synctest.Wait()
@@ -382,11 +382,11 @@ func TestConsumerPausedIsReadyDespiteEarlierBrokerFailures(t *testing.T) {
 		if err := e.c.Check(); trigger.KindOf(err) != trigger.BrokerDisconnected {
 			t.Fatalf("Check after resuming against a broker still down = %v, want Disconnected", err)
 		}
-		e.b.FailReceive(nil)
+		e.b.Fail("receive", nil)
 		id := e.b.Publish([]byte(`{"namespace":"ns","name":"a"}`))
 		time.Sleep(time.Minute)
 		synctest.Wait()
-		if got := ops(e.b.EventsFor(id)); got != "Ack" {
+		if got := ops(e.b.Events(id)); got != "Ack" {
 			t.Fatalf("after the broker recovered: %q, want Ack", got)
 		}
 		if err := e.c.Check(); err != nil {
@@ -410,13 +410,13 @@ func TestConsumerPausedOverridesTheQueue(t *testing.T) {
 		defer stop()
 		time.Sleep(10 * time.Second)
 		synctest.Wait()
-		if evs := e.b.EventsFor(id); len(evs) != 0 {
+		if evs := e.b.Events(id); len(evs) != 0 {
 			t.Fatalf("paused: %q, want no delivery", ops(evs))
 		}
 		paused.Store(false)
 		time.Sleep(time.Second)
 		synctest.Wait()
-		if got := ops(e.b.EventsFor(id)); got != "Ack" {
+		if got := ops(e.b.Events(id)); got != "Ack" {
 			t.Fatalf("after unpausing: %q, want Ack", got)
 		}
 	})
@@ -440,7 +440,7 @@ func TestConsumerNacksAPIErrorsWithGrowingDelay(t *testing.T) {
 		defer stop()
 		time.Sleep(time.Minute)
 		synctest.Wait()
-		if got := ops(e.b.EventsFor(id)); got != "Nack@1s,Nack@2s,Nack@4s,Nack@5s,Ack" {
+		if got := ops(e.b.Events(id)); got != "Nack@1s,Nack@2s,Nack@4s,Nack@5s,Ack" {
 			t.Errorf("settlements = %q", got)
 		}
 		if e.m.nacked["APIError"] != 4 {
@@ -478,7 +478,7 @@ func TestConsumerRetriesWhileTheResourceIsNotServed(t *testing.T) {
 		defer stop()
 		time.Sleep(time.Minute)
 		synctest.Wait()
-		if got := ops(e.b.EventsFor(id)); got != "Nack@1s,Nack@2s,Ack" {
+		if got := ops(e.b.Events(id)); got != "Nack@1s,Nack@2s,Ack" {
 			t.Errorf("settlements = %q, want two retries, then the ack of the scheduled trigger", got)
 		}
 		if e.m.nacked["APIError"] != 2 || e.m.acked["NotFound"] != 0 || e.m.acked["Scheduled"] != 1 {
@@ -498,7 +498,7 @@ func TestConsumerReconnectsAndReportsBrokerErrorsByKind(t *testing.T) {
 		if err := e.c.Check(); !errors.Is(err, trigger.ErrNotRunning) {
 			t.Fatalf("Check before Run = %v, want ErrNotRunning", err)
 		}
-		e.b.FailReceive(&trigger.BrokerError{Kind: trigger.BrokerPermission, Op: "receive", Err: errors.New("nats: permissions violation for subscription")})
+		e.b.Fail("receive", &trigger.BrokerError{Kind: trigger.BrokerPermission, Op: "receive", Err: errors.New("nats: permissions violation for subscription")})
 		stop := e.run(t)
 		defer stop()
 		synctest.Wait()
@@ -513,20 +513,20 @@ func TestConsumerReconnectsAndReportsBrokerErrorsByKind(t *testing.T) {
 		if n := e.m.brokerErrs[trigger.BrokerPermission]; n != 5 {
 			t.Errorf("receive attempts = %d, want 5 (backoff 1s, 2s, 4s, 4s)", n)
 		}
-		e.b.FailReceive(&trigger.BrokerError{Kind: trigger.BrokerQuota, Op: "receive", Err: errors.New("max ack pending")})
+		e.b.Fail("receive", &trigger.BrokerError{Kind: trigger.BrokerQuota, Op: "receive", Err: errors.New("max ack pending")})
 		time.Sleep(4 * time.Second)
 		synctest.Wait()
 		if err := e.c.Check(); trigger.KindOf(err) != trigger.BrokerQuota {
 			t.Errorf("Check = %v, want Quota", err)
 		}
-		e.b.FailReceive(nil)
+		e.b.Fail("receive", nil)
 		id := e.b.Publish([]byte(`{"namespace":"ns","name":"a"}`))
 		time.Sleep(4 * time.Second)
 		synctest.Wait()
 		if err := e.c.Check(); err != nil {
 			t.Errorf("Check after recovery = %v", err)
 		}
-		if got := ops(e.b.EventsFor(id)); got != "Ack" {
+		if got := ops(e.b.Events(id)); got != "Ack" {
 			t.Errorf("message after reconnect: %q", got)
 		}
 	})
@@ -537,23 +537,23 @@ func TestConsumerReportsSettleFailures(t *testing.T) {
 		// Receiving while suspended, so that the message's enqueue is dropped
 		// and its nack fails.
 		e := newConsumerEnv(t, func(c *trigger.ConsumerConfig[*corev1.ConfigMap]) { c.Paused = func() bool { return false } })
-		e.b.FailSettle(&trigger.BrokerError{Kind: trigger.BrokerDisconnected, Op: "ack", Err: errors.New("connection closed")})
+		e.b.Fail("settle", &trigger.BrokerError{Kind: trigger.BrokerDisconnected, Op: "ack", Err: errors.New("connection closed")})
 		stop := e.run(t)
 		defer stop()
 		e.q.Suspend()
 		id := e.b.Publish([]byte(`{"namespace":"ns","name":"a"}`))
 		synctest.Wait()
-		if got := ops(e.b.EventsFor(id)); got != "" {
+		if got := ops(e.b.Events(id)); got != "" {
 			t.Fatalf("settlements recorded despite the failure: %q", got)
 		}
 		if err := e.c.Check(); trigger.KindOf(err) != trigger.BrokerDisconnected {
 			t.Errorf("Check = %v, want Disconnected", err)
 		}
-		e.b.FailSettle(nil)
+		e.b.Fail("settle", nil)
 		e.q.Resume()
 		time.Sleep(30 * time.Second) // the fake broker's AckWait
 		synctest.Wait()
-		evs := e.b.EventsFor(id)
+		evs := e.b.Events(id)
 		if got := ops(evs); got != "Ack" || evs[0].Delivery != 2 {
 			t.Errorf("settlements = %q, want the redelivery acked", got)
 		}
@@ -631,7 +631,7 @@ func TestConsumerNacksWhatItReceivedWhileStopping(t *testing.T) {
 		if err := c.Run(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if got := ops(b.EventsFor(id)); got != "Nack@0s" {
+		if got := ops(b.Events(id)); got != "Nack@0s" {
 			t.Errorf("settlements = %q, want Nack@0s", got)
 		}
 		if q.Len() != 0 {
@@ -657,7 +657,7 @@ func TestConsumerReportsLag(t *testing.T) {
 		// (one in flight, its handler blocked); the third fails.
 		time.Sleep(10 * time.Second)
 		synctest.Wait()
-		e.b.FailLag(&trigger.BrokerError{Kind: trigger.BrokerPermission, Op: "lag"})
+		e.b.Fail("lag", &trigger.BrokerError{Kind: trigger.BrokerPermission, Op: "lag"})
 		time.Sleep(10 * time.Second)
 		synctest.Wait()
 		// The gauge keeps its last value: Check says it is stale.
@@ -665,7 +665,7 @@ func TestConsumerReportsLag(t *testing.T) {
 		if err := e.c.Check(); !errors.As(err, &be) || be.Kind != trigger.BrokerPermission || !errors.Is(err, trigger.ErrLagUnavailable) {
 			t.Errorf("Check while Lag fails = %v, want the lag's Permission error", err)
 		}
-		e.b.FailLag(nil)
+		e.b.Fail("lag", nil)
 		time.Sleep(10 * time.Second)
 		synctest.Wait()
 		if err := e.c.Check(); err != nil {
@@ -697,10 +697,10 @@ func TestConsumerCountsADeadLetterOnNackAsTerminated(t *testing.T) {
 		time.Sleep(time.Minute)
 		synctest.Wait()
 		stop()
-		if got := ops(e.b.EventsFor(id)); got != "Nack@1s,Nack@1s,Nack@1s" {
+		if got := ops(e.b.Events(id)); got != "Nack@1s,Nack@1s,Nack:MaxDeliveries@1s" {
 			t.Errorf("settlements = %q", got)
 		}
-		if dl := e.b.DeadLetters(); len(dl) != 1 || dl[0].Reason != "MaxDeliveries" {
+		if dl := deadLetters(e.b); len(dl) != 1 || dl[0].Reason != "MaxDeliveries" {
 			t.Fatalf("dead letters = %+v, want one (MaxDeliveries)", dl)
 		}
 		if e.m.nacked["APIError"] != 2 || e.m.terminated["MaxDeliveries"] != 1 {
@@ -716,7 +716,7 @@ func TestConsumerAllowUnknownFields(t *testing.T) {
 		stop := e.run(t)
 		synctest.Wait()
 		stop()
-		if got := ops(e.b.EventsFor(id)); got != "Ack" {
+		if got := ops(e.b.Events(id)); got != "Ack" {
 			t.Errorf("settlements = %q, want Ack", got)
 		}
 	})
@@ -761,7 +761,7 @@ func TestConsumerNacksAnObjectOfAnotherKind(t *testing.T) {
 		time.Sleep(time.Minute)
 		synctest.Wait()
 		stop()
-		if got := ops(e.b.EventsFor(id)); got != "Nack@1s,Nack@2s,Nack@2s" {
+		if got := ops(e.b.Events(id)); got != "Nack@1s,Nack@2s,Nack:MaxDeliveries@2s" {
 			t.Errorf("settlements = %q, want nacks with the API error backoff", got)
 		}
 		if e.m.nacked["APIError"] != 2 || e.m.terminated["Invalid"] != 0 || e.q.Len() != 0 {

@@ -135,13 +135,13 @@ func TestConsumerLosesNothingWhileLeadershipFlips(t *testing.T) {
 		// Every trigger for an existing object: nacked while dropped, then
 		// acked exactly once, and the ack came after a scheduled enqueue.
 		for _, id := range existing {
-			evs := b.EventsFor(id)
+			evs := b.Events(id)
 			last := evs[len(evs)-1]
-			if last.Op != brokertest.OpAck {
+			if last.Op != "Ack" {
 				t.Fatalf("message %d ended with %s", id, last.Op)
 			}
 			for _, ev := range evs[:len(evs)-1] {
-				if ev.Op != brokertest.OpNack {
+				if ev.Op != "Nack" {
 					t.Fatalf("message %d: %s before its final ack", id, ev.Op)
 				}
 			}
@@ -163,7 +163,7 @@ func TestConsumerLosesNothingWhileLeadershipFlips(t *testing.T) {
 		if m.acked["NotFound"] != len(missing) {
 			t.Errorf("acked(not found) = %d, want %d", m.acked["NotFound"], len(missing))
 		}
-		dead := b.DeadLetters()
+		dead := deadLetters(b)
 		if len(dead) != len(malformed) {
 			t.Fatalf("dead letters = %d, want the %d malformed", len(dead), len(malformed))
 		}

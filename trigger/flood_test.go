@@ -520,7 +520,7 @@ func TestTheConsumerWaitsForTheTriggerBudget(t *testing.T) {
 		}
 		synctest.Wait()
 		for _, id := range ids {
-			if got := ops(e.b.EventsFor(id)); got != "Ack:Scheduled" && got != "Ack" {
+			if got := ops(e.b.Events(id)); got != "Ack:Scheduled" && got != "Ack" {
 				t.Errorf("message %d settled as %q, want one Ack", id, got)
 			}
 		}

@@ -170,13 +170,13 @@ func TestConsumerHandsBackMessagesOutsideTheScope(t *testing.T) {
 		synctest.Wait()
 		stop()
 		for id, want := range map[uint64]string{other: "Nack", unlabelled: "Nack", inScope: "Ack"} {
-			if got := ops(e.b.EventsFor(id)); !strings.HasPrefix(got, want) {
+			if got := ops(e.b.Events(id)); !strings.HasPrefix(got, want) {
 				t.Errorf("message %d settled %q, want %s", id, got, want)
 			}
 		}
-		if e.m.nacked["OutOfScope"] < 2 || e.m.acked["Scheduled"] != 1 || q.Len() != 1 || len(e.b.DeadLetters()) != 0 {
+		if e.m.nacked["OutOfScope"] < 2 || e.m.acked["Scheduled"] != 1 || q.Len() != 1 || len(deadLetters(e.b)) != 0 {
 			t.Errorf("nacked %v, acked %v, queue len %d, dead letters %d; want the 2 out of scope handed back, 1 scheduled, none dead",
-				e.m.nacked, e.m.acked, q.Len(), len(e.b.DeadLetters()))
+				e.m.nacked, e.m.acked, q.Len(), len(deadLetters(e.b)))
 		}
 		for _, k := range read {
 			if k.Namespace != "ns" {

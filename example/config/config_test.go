@@ -395,7 +395,7 @@ func exerciseOperator(t *testing.T, rec *recorder) {
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}
-		if ev := broker.Events(); len(ev) != 1 || ev[0].Op != brokertest.OpAck {
+		if ev := broker.Events(); len(ev) != 1 || ev[0].Op != "Ack" {
 			t.Fatalf("consumer settled %+v, want one ack", ev)
 		}
 		obj := h.Get(opkit.Key{Namespace: "team-a", Name: "hello"})
@@ -475,7 +475,7 @@ func TestABrokerOutageKeepsTheReplicaReady(t *testing.T) {
 		if got := componentReady(t, reg); got["nats-broker"] != 1 || got[ctrlName] != 1 {
 			t.Fatalf("opkit_component_ready before the outage = %v", got)
 		}
-		broker.FailReceive(&trigger.BrokerError{Kind: trigger.BrokerDisconnected, Op: "receive", Err: errors.New("connection closed")})
+		broker.Fail("receive", &trigger.BrokerError{Kind: trigger.BrokerDisconnected, Op: "receive", Err: errors.New("connection closed")})
 		time.Sleep(5 * time.Second)
 		synctest.Wait()
 		if err := op.Group().Ready(); err != nil {
