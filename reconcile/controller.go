@@ -190,16 +190,17 @@ func NewController[T opkit.Object](cfg Config[T]) (*Controller[T], error) {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
 	}
-	if err := c.buildShards(); err != nil {
-		return nil, err
-	}
-	if c.related, err = relatedWatchers(cfg, fanout[T]{c}, c.log); err != nil {
-		return nil, err
-	}
 	if c.trig, err = trigger.New(trigger.Config[T]{Router: router[T]{c}, Get: c.client.Get, Resource: cfg.Resource, Namespace: cfg.Watch.Namespace,
 		Selector: c.sel, Priority: cfg.TriggerPriority, Rate: cfg.TriggerRate, Burst: cfg.TriggerBurst,
 		Metrics: cfg.TriggerMetrics, Logger: c.log}); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	c.cfg.TriggerPriority = c.trig.Priority() // its default for a zero one
+	if err := c.buildShards(); err != nil {
+		return nil, err
+	}
+	if c.related, err = relatedWatchers(c.cfg, fanout[T]{c}, c.log); err != nil {
+		return nil, err
 	}
 	return c, nil
 }
@@ -248,7 +249,6 @@ func (cfg Config[T]) withDefaults() Config[T] {
 		cfg.ReservedWorkers = 1
 	}
 	cfg.ReservedWorkers = max(cfg.ReservedWorkers, 0)
-	cfg.TriggerPriority = cmp.Or(cfg.TriggerPriority, trigger.DefaultPriority)
 	cfg.MaxRetries = cmp.Or(cfg.MaxRetries, DefaultMaxRetries)
 	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultTimeout)
 	cfg.ShutdownTimeout = cmp.Or(cfg.ShutdownTimeout, DefaultShutdownTimeout)

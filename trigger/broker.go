@@ -146,9 +146,9 @@ func (e *BrokerError) Error() string {
 // Unwrap returns the underlying error.
 func (e *BrokerError) Unwrap() error { return e.Err }
 
-// KindOf returns the kind of the first *BrokerError in err's chain, or
+// kindOf returns the kind of the first *BrokerError in err's chain, or
 // BrokerUnknown when there is none.
-func KindOf(err error) BrokerErrorKind {
+func kindOf(err error) BrokerErrorKind {
 	if be, ok := errors.AsType[*BrokerError](err); ok {
 		return be.Kind
 	}

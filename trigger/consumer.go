@@ -34,8 +34,8 @@ const (
 	termInvalid       = "Invalid"
 )
 
-// ErrNotRunning is returned by [Consumer.Check] when Run is not running.
-var ErrNotRunning = errors.New("trigger: consumer is not running")
+// errNotRunning is Check's error when Run is not running.
+var errNotRunning = errors.New("trigger: consumer is not running")
 
 // ErrLagUnavailable is wrapped by Check's error while the broker's Lag
 // fails (the lag metric then keeps its last value) and nothing worse is
@@ -302,7 +302,7 @@ func (c *Consumer[T]) pause(ctx context.Context) bool {
 	return true
 }
 
-// Check reports the consumer's readiness: ErrNotRunning when Run is not
+// Check reports the consumer's readiness: an error when Run is not
 // running, the last broker failure (its kind named in the message; find it
 // with errors.As on *BrokerError) while the broker is failing (receiving,
 // settling, or reporting its lag: while Lag fails, the lag metric keeps
@@ -311,7 +311,7 @@ func (c *Consumer[T]) pause(ctx context.Context) bool {
 // ready.
 func (c *Consumer[T]) Check() error {
 	if !c.running.Load() {
-		return ErrNotRunning
+		return errNotRunning
 	}
 	if c.paused.Load() {
 		return nil
@@ -319,7 +319,7 @@ func (c *Consumer[T]) Check() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := cmp.Or(c.recvErr, c.ackErr, c.lagErr); err != nil {
-		return fmt.Errorf("trigger: consumer: broker %s: %w", KindOf(err), err)
+		return fmt.Errorf("trigger: consumer: broker %s: %w", kindOf(err), err)
 	}
 	return nil
 }
@@ -343,14 +343,14 @@ func (c *Consumer[T]) forget() {
 // someone has to act (permissions, a missing stream or subject, a quota),
 // a warning for what retrying mends (a lost connection).
 func brokerLevel(err error) slog.Level {
-	if k := KindOf(err); k == BrokerDisconnected || k == BrokerUnknown {
+	if k := kindOf(err); k == BrokerDisconnected || k == BrokerUnknown {
 		return slog.LevelWarn
 	}
 	return slog.LevelError
 }
 
 func (c *Consumer[T]) brokerFailed(ctx context.Context, level slog.Level, msg string, err error, attrs ...slog.Attr) {
-	kind := KindOf(err)
+	kind := kindOf(err)
 	c.cfg.Metrics.BrokerError(kind)
 	c.cfg.Logger.LogAttrs(ctx, level, msg, append(attrs, slog.String("kind", kind.String()), slog.Any("error", err))...)
 }

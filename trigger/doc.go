@@ -18,7 +18,7 @@
 // the highest priority. A delay is therefore an upper bound, not a "not
 // before": another event for the object in the meantime reconciles it
 // sooner, once. Triggers rank above watch events (0) and relists (-1)
-// ([DefaultPriority], 100), so they are not stuck behind a relist backlog.
+// (Config.Priority, 100 by default), so they are not stuck behind a relist backlog.
 //
 // [Trigger.Enqueue] and [Trigger.Submit] never block and tell "scheduled",
 // "dropped" (the queue is suspended on a follower, or shut down) and "not

@@ -157,7 +157,7 @@ func TestASpentBudgetIs429AndAHandBack(t *testing.T) {
 }
 
 // authorize asks a for the caller of token tok and the object ns/name.
-func authorize(a *trigger.KubeAuthenticator, ctx context.Context, tok, name string) error {
+func authorize(a trigger.Authenticator, ctx context.Context, tok, name string) error {
 	r := httptest.NewRequest(http.MethodPost, "/", nil)
 	r.Header.Set("Authorization", "Bearer "+tok)
 	_, err := a.Authorize(ctx, trigger.AuthRequest{HTTP: r, Resource: configMaps, Key: opkit.Key{Namespace: "ns", Name: name}})

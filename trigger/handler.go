@@ -343,7 +343,7 @@ func (c *caller[T]) authorize(ctx context.Context, key opkit.Key) (string, error
 	if c.h.cfg.Authenticator == nil {
 		return "address " + client, nil
 	}
-	c.user, c.err = c.h.cfg.Authenticator.Authorize(ctx, AuthRequest{HTTP: c.r, Resource: c.h.trig.Resource(), Key: key})
+	c.user, c.err = c.h.cfg.Authenticator.Authorize(ctx, AuthRequest{HTTP: c.r, Resource: c.h.trig.cfg.Resource, Key: key})
 	switch {
 	case errors.Is(c.err, ErrUnauthenticated):
 		c.h.failures.update(client, time.Now().Add(c.h.cfg.AuthFailureBackoff), func(n int) int { return n + 1 })
@@ -408,7 +408,7 @@ func (h *handler[T]) await(r *http.Request, a Accepted, tk *Ticket, wait time.Du
 	defer stop()
 	out, err := tk.Wait(wctx)
 	switch {
-	case err != nil && errors.Is(context.Cause(r.Context()), ErrServerStopping):
+	case err != nil && errors.Is(context.Cause(r.Context()), errServerStopping):
 		return h.fail(http.StatusServiceUnavailable, "this replica is shutting down: the trigger was accepted, its outcome will not be reported here", &key)
 	case err != nil && r.Context().Err() != nil:
 		return h.fail(http.StatusServiceUnavailable, "the caller left before the outcome", &key)
@@ -431,7 +431,7 @@ func (h *handler[T]) lookup(w http.ResponseWriter, r *http.Request, key opkit.Ke
 	if err != nil {
 		return h.refusal(w, r, key, err, c.err)
 	}
-	out := h.trig.Lookup(key, id)
+	out := h.trig.tickets.lookup(key, id)
 	if out.State != Unknown || r.Header.Get(ForwardedHeader) != "" {
 		return out
 	}
@@ -547,7 +547,7 @@ func failure(code int, msg string) *Status {
 func (h *handler[T]) fail(code int, msg string, key *opkit.Key) *Status {
 	st := failure(code, msg)
 	if key != nil {
-		res := h.trig.Resource()
+		res := h.trig.cfg.Resource
 		st.Details = &metav1.StatusDetails{Name: key.Name, Group: res.Group, Kind: res.Resource}
 	}
 	return st

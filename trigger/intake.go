@@ -71,9 +71,10 @@ const (
 	// Tracked: the ticket's outcome is that of the first reconcile turn
 	// that serves the trigger (an HTTP caller waiting for it).
 	Tracked
-	// FinalOnly: the ticket's outcome is the first final one (State.Final,
-	// or Unknown when the term ends): a failed reconcile's retries serve
-	// it too (a broker acknowledging only what was reconciled).
+	// FinalOnly: the ticket's outcome is the first final one (Succeeded,
+	// Requeued, Terminal or Skipped; or Unknown when the term ends): a
+	// failed reconcile's retries serve it too (a broker acknowledging
+	// only what was reconciled).
 	FinalOnly
 )
 

@@ -37,7 +37,7 @@ func labelled(ns, name string, l map[string]string) *corev1.ConfigMap {
 
 // newScopedTrigger returns a trigger scoped to namespace "ns" and label
 // shard=1, reading through get (nil: none).
-func newScopedTrigger(t *testing.T, get trigger.Getter[*corev1.ConfigMap]) (*trigger.Trigger[*corev1.ConfigMap], *cmQueue) {
+func newScopedTrigger(t *testing.T, get func(context.Context, opkit.Key) (*corev1.ConfigMap, error)) (*trigger.Trigger[*corev1.ConfigMap], *cmQueue) {
 	t.Helper()
 	return newCMTriggerWith(t, trigger.Config[*corev1.ConfigMap]{Get: get, Namespace: "ns", Selector: labels.SelectorFromSet(shard1)})
 }

@@ -14,9 +14,9 @@ import (
 	"time"
 )
 
-// ErrServerStopping is the cause of a request's context once its Server
+// errServerStopping is the cause of a request's context once its Server
 // shuts down: the handler answers a caller still waiting 503 at once.
-var ErrServerStopping = errors.New("trigger: the server is shutting down")
+var errServerStopping = errors.New("trigger: the server is shutting down")
 
 // ServerConfig configures a Server. The zero value of every optional field
 // means its documented default.
@@ -102,10 +102,10 @@ func (s *Server) Run(ctx context.Context) error {
 
 // Serve serves on ln (closing it when done) until ctx ends, then shuts
 // down gracefully within ShutdownTimeout; the requests' contexts end
-// first (ErrServerStopping), so a waiting caller is answered at once. It returns nil after a shutdown
+// first, so a waiting caller is answered at once. It returns nil after a shutdown
 // caused by ctx, or the error that stopped the server.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
-	// The requests' contexts end, with ErrServerStopping, when the
+	// The requests' contexts end, with errServerStopping, when the
 	// shutdown starts: a caller waiting for an outcome, or for a forwarded
 	// answer, is answered 503 at once instead of holding the shutdown up.
 	base, stopping := context.WithCancelCause(context.WithoutCancel(ctx))
@@ -132,7 +132,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		return fmt.Errorf("trigger: serve: %w", err)
 	case <-ctx.Done():
 	}
-	stopping(ErrServerStopping)
+	stopping(errServerStopping)
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ShutdownTimeout)
 	defer cancel()
 	err := srv.Shutdown(sctx)

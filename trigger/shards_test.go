@@ -113,16 +113,16 @@ func TestAShardsTurnAndTermConcernOnlyItsShardsTriggers(t *testing.T) {
 	// Shard 1's turn carries the higher ticket number; shard 0's trigger
 	// is not its to answer.
 	tr.Report(key, q.causes[1].Ticket, shard1, trigger.Outcome{State: trigger.Succeeded})
-	if o := tr.Lookup(key, young.ID); o.State != trigger.Succeeded {
+	if o := trigger.Lookup(tr, key, young.ID); o.State != trigger.Succeeded {
 		t.Fatalf("shard 1's trigger after its turn: %+v, want succeeded", o)
 	}
-	if o := tr.Lookup(key, old.ID); o.State != trigger.Pending {
+	if o := trigger.Lookup(tr, key, old.ID); o.State != trigger.Pending {
 		t.Fatalf("shard 0's trigger after shard 1's turn: %+v, want still pending", o)
 	}
 
 	// Shard 1's term ends: nothing of shard 0's is abandoned.
 	tr.Abandon("shard 1 was handed over", shard1)
-	if o := tr.Lookup(key, old.ID); o.State != trigger.Pending {
+	if o := trigger.Lookup(tr, key, old.ID); o.State != trigger.Pending {
 		t.Fatalf("shard 0's trigger after shard 1's term: %+v, want still pending", o)
 	}
 	tr.Abandon("shard 0 was handed over", shard0)

@@ -40,9 +40,9 @@ const (
 	Unknown State = "unknown"
 )
 
-// Final reports whether s is an outcome a broker may acknowledge on:
-// the reconcile ran and nothing will retry it.
-func (s State) Final() bool {
+// final reports whether s is an outcome a broker may acknowledge on: the
+// reconcile ran and nothing will retry it.
+func (s State) final() bool {
 	return s == Succeeded || s == Requeued || s == Terminal || s == Skipped
 }
 
@@ -75,7 +75,7 @@ const (
 
 // Ticket is a tracked trigger: its reconcile's outcome arrives on it.
 type Ticket struct {
-	// ID is the trigger's id, for [Trigger.Lookup].
+	// ID is the trigger's id (GET .../triggers/{id} answers its outcome).
 	ID string
 
 	key   opkit.Key
@@ -88,7 +88,7 @@ type Ticket struct {
 // Wait returns the outcome once the reconcile that serves the trigger has
 // finished (with a final one, for a ticket taken with FinalOnly), or
 // ctx's error if ctx ends first (the ticket stays tracked: its outcome is
-// still recorded for Lookup). An ended leadership term resolves it as
+// still recorded for a lookup by ID). An ended leadership term resolves it as
 // Unknown.
 func (tk *Ticket) Wait(ctx context.Context) (Outcome, error) {
 	select {
@@ -178,7 +178,7 @@ func (ts *tickets) report(key opkit.Key, upTo uint64, in opkit.Shards, o Outcome
 	}
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
-	ts.resolveWhere(key, o, func(tk *Ticket) bool { return tk.n <= upTo && (!tk.final || o.State.Final()) && tk.of(in) })
+	ts.resolveWhere(key, o, func(tk *Ticket) bool { return tk.n <= upTo && (!tk.final || o.State.final()) && tk.of(in) })
 }
 
 // abandon resolves as Unknown every waiting ticket of an object in (or

@@ -25,10 +25,9 @@ import (
 	"github.com/opkit/opkit/queue"
 )
 
-// DefaultPriority is the queue priority of external triggers when
-// [Config.Priority] is zero. It outranks watch events (0) and the initial
-// list / relist (-1), so a trigger is served ahead of a relist backlog.
-const DefaultPriority = 100
+// defaultPriority is the queue priority of triggers when Config.Priority
+// is zero: above watch events (0) and relists (-1).
+const defaultPriority = 100
 
 // MaxReasonLen is the longest Reason (in bytes) a trigger may carry.
 const MaxReasonLen = 1024
@@ -73,16 +72,6 @@ const (
 // Trigger that cannot read objects.
 var errNoGetter = errors.New("trigger: the Trigger reads objects for the HTTP handler and the consumer: set Config.Get or Config.Dynamic")
 
-// Getter re-fetches one object from the API server. It must return API
-// errors unchanged (or wrapped) so that apierrors.IsNotFound and
-// apierrors.IsTimeout work on them. An object counts as gone only when the
-// NotFound status names it (as the API server's and client-go's fake
-// clients' do): a NotFound without the object's name is the API server not
-// serving the resource (a CRD not installed yet, a version not served), and
-// the trigger is retried (consumer) or answered 502 (handler) rather than
-// dropped. The default Getter (Config.Dynamic) is a typed client.
-type Getter[T opkit.Object] func(ctx context.Context, key opkit.Key) (T, error)
-
 // Config configures a Trigger. The zero value of every optional field means
 // its documented default.
 type Config[T opkit.Object] struct {
@@ -96,7 +85,12 @@ type Config[T opkit.Object] struct {
 	// reconcile's controller sets its own. If nil, a typed client over
 	// Dynamic is used; with neither, Intake fails and NewHandler and
 	// NewConsumer refuse the Trigger (Enqueue and Submit read nothing).
-	Get Getter[T]
+	// It must return API errors as they are (or wrapped), for
+	// apierrors.IsNotFound and IsTimeout. An object is gone only when the
+	// NotFound status names it: one without the name is the API server not
+	// serving the resource (a CRD not installed yet), and the trigger is
+	// retried (consumer) or answered 502 (handler), not dropped.
+	Get func(ctx context.Context, key opkit.Key) (T, error)
 	// Dynamic is the client of the default Get.
 	Dynamic dynamic.Interface
 	// Resource is the resource T is served as (required). Enqueue refuses
@@ -119,7 +113,7 @@ type Config[T opkit.Object] struct {
 	// checked.
 	Selector labels.Selector
 	// Priority is the queue priority of triggered entries. Zero means
-	// DefaultPriority (100). Because zero means "default", a trigger cannot
+	// 100. Because zero means "default", a trigger cannot
 	// be configured to rank exactly with watch events; use 1 to rank just
 	// above them or a negative value to rank below. It must fit in an
 	// int32, the queue's range.
@@ -175,7 +169,7 @@ func New[T opkit.Object](cfg Config[T]) (*Trigger[T], error) {
 	if cfg.Get == nil && cfg.Dynamic != nil {
 		cfg.Get = typed.New[T](cfg.Dynamic, cfg.Resource).Get
 	}
-	cfg.Priority = cmp.Or(cfg.Priority, DefaultPriority)
+	cfg.Priority = cmp.Or(cfg.Priority, defaultPriority)
 	cfg.Metrics = cmp.Or[Metrics](cfg.Metrics, nopMetrics{})
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	if cfg.Router == nil {
@@ -189,9 +183,6 @@ func New[T opkit.Object](cfg Config[T]) (*Trigger[T], error) {
 	}
 	return t, nil
 }
-
-// Resource returns the resource the trigger is bound to.
-func (t *Trigger[T]) Resource() opkit.Resource { return t.cfg.Resource }
 
 // Priority returns the queue priority of triggered entries.
 func (t *Trigger[T]) Priority() int { return t.cfg.Priority }
@@ -298,10 +289,6 @@ func (t *Trigger[T]) Report(key opkit.Key, ticket uint64, shards opkit.Shards, o
 // of a leadership term, of its shard's term in a sharded controller).
 // Their ids are unknown from then on.
 func (t *Trigger[T]) Abandon(why string, shards opkit.Shards) { t.tickets.abandon(why, shards) }
-
-// Lookup returns what this replica knows of the tracked trigger id of
-// key: Pending, its outcome while remembered (the last 4096), or Unknown.
-func (t *Trigger[T]) Lookup(key opkit.Key, id string) Outcome { return t.tickets.lookup(key, id) }
 
 // validate checks req as Submit takes it.
 func (t *Trigger[T]) validate(req Request[T]) error {

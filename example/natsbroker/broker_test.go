@@ -329,7 +329,7 @@ func TestStartDisconnectedStillRefusesBadCredentials(t *testing.T) {
 			b.Close()
 			t.Fatalf("StartDisconnected=%v: Open with refused credentials succeeded", startDisconnected)
 		}
-		if k := trigger.KindOf(err); k != trigger.BrokerPermission {
+		if k := kindOf(err); k != trigger.BrokerPermission {
 			t.Errorf("StartDisconnected=%v: Open = %v (kind %v), want a Permission error", startDisconnected, err, k)
 		}
 	}
@@ -346,7 +346,7 @@ func TestStartDisconnectedLagWorksWithoutAReceive(t *testing.T) {
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
 	b := open(t, fmt.Sprintf("nats://127.0.0.1:%d", port), func(c *natsbroker.Config) { c.StartDisconnected = true })
-	if _, err := b.Lag(ctx5(t)); trigger.KindOf(err) != trigger.BrokerDisconnected {
+	if _, err := b.Lag(ctx5(t)); kindOf(err) != trigger.BrokerDisconnected {
 		t.Fatalf("Lag with no server = %v, want a Disconnected error", err)
 	}
 	srv, err := natsbroker.StartEmbedded(natsbroker.EmbeddedConfig{Port: port, StoreDir: t.TempDir()})
@@ -389,7 +389,7 @@ func TestServerGoneIsDisconnected(t *testing.T) {
 		if err == nil {
 			continue
 		}
-		if k := trigger.KindOf(err); k == trigger.BrokerDisconnected {
+		if k := kindOf(err); k == trigger.BrokerDisconnected {
 			return
 		} else {
 			t.Logf("receive error of kind %v: %v", k, err)
@@ -626,4 +626,12 @@ func TestRequestGetsTheReplyAndOnlyInboxesAreAnswered(t *testing.T) {
 	if extra, err := loop.NextMsg(200 * time.Millisecond); err == nil {
 		t.Fatalf("the refused reply was published anyway: %s", extra.Data)
 	}
+}
+
+// kindOf is the kind of err's *trigger.BrokerError, BrokerUnknown without one.
+func kindOf(err error) trigger.BrokerErrorKind {
+	if be, ok := errors.AsType[*trigger.BrokerError](err); ok {
+		return be.Kind
+	}
+	return trigger.BrokerUnknown
 }

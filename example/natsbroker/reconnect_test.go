@@ -40,7 +40,7 @@ func TestReconnectsAfterServerRestart(t *testing.T) {
 		if ctx.Err() != nil {
 			t.Fatal("no Disconnected error while the server was down")
 		}
-		if trigger.KindOf(err) == trigger.BrokerDisconnected {
+		if kindOf(err) == trigger.BrokerDisconnected {
 			break
 		}
 	}
