@@ -118,7 +118,7 @@ func TestIntegrationTriggersReachTheShardsHolder(t *testing.T) {
 			if code != http.StatusOK || out.State != trigger.Succeeded || out.Replica != holder {
 				t.Fatalf("%s: %d %+v, want succeeded on %s, the holder of shard %d", reason, code, out, holder, opkit.ShardOf(w.UID, shards))
 			}
-			if forwarded := header.Get(trigger.ForwardedHeader) != ""; forwarded != (via != holder) {
+			if forwarded := header.Get("X-Opkit-Forwarded") != ""; forwarded != (via != holder) {
 				t.Errorf("%s: forwarded %v, want %v", reason, forwarded, via != holder)
 			}
 		}

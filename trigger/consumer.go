@@ -214,7 +214,7 @@ func (c *Consumer[T]) Run(ctx context.Context) error {
 		}
 		// And a token of the trigger budget: with the budget spent, the
 		// messages wait in the broker, not in a loop of hand-backs.
-		if c.cfg.Trigger.WaitForBudget(ctx) != nil {
+		if c.cfg.Trigger.waitForBudget(ctx) != nil {
 			return nil
 		}
 		msg, paused, err := c.receive(ctx, &wg)
@@ -381,7 +381,7 @@ func (c *Consumer[T]) handle(ctx context.Context, msg Message, start time.Time) 
 			track = FinalOnly
 		}
 		var d Decision[T]
-		d, err = c.cfg.Trigger.Intake(ictx, p, IntakeOptions{Paid: true, Track: track, NoForward: true}) // Run took the token
+		d, err = c.cfg.Trigger.Intake(ictx, p, IntakeOptions{Track: track, NoForward: true, paid: true}) // Run took the token
 		o, tk = d.Outcome, d.Ticket
 		cancel()
 	}

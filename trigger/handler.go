@@ -23,14 +23,14 @@ import (
 	"github.com/opkit/opkit/queue"
 )
 
-// LeaderHeader is the response header that names the current leader when a
-// trigger was dropped (503), so a caller can retry against it.
-const LeaderHeader = "X-Opkit-Leader"
-
-// ForwardedHeader marks a request a follower forwarded to the leader (its
-// value names the follower), which is never forwarded again, and the
-// answer a follower passed on.
-const ForwardedHeader = "X-Opkit-Forwarded"
+// The headers of the replicas' protocol: leaderHeader names the replica
+// that works on the object in a 503 for a dropped trigger, and
+// forwardedHeader marks a request forwarded to that replica (never
+// forwarded again) and the answer passed on.
+const (
+	leaderHeader    = "X-Opkit-Leader"
+	forwardedHeader = "X-Opkit-Forwarded"
+)
 
 // EndpointAnnotation is the Lease annotation under which a leader
 // publishes the base URL of its trigger endpoint (leader.Config's
@@ -246,7 +246,7 @@ func (h *handler[T]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body := h.serve(w, r, &bodyRead)
 	if f, ok := body.(forwarded); ok {
 		maps.Copy(w.Header(), f.header)
-		w.Header().Set(ForwardedHeader, "by this replica to the one that serves it")
+		w.Header().Set(forwardedHeader, "by this replica to the one that serves it")
 		w.WriteHeader(f.code)
 		_, _ = w.Write(f.body)
 		h.cfg.Metrics.Request(f.code, "Forwarded", time.Since(start))
@@ -371,7 +371,7 @@ func (h *handler[T]) trigger(w http.ResponseWriter, r *http.Request, p Pointer, 
 	}
 	c := &caller[T]{h: h, r: r}
 	ctx, cancel := context.WithTimeout(r.Context(), h.cfg.APITimeout)
-	d, err := h.trig.Intake(ctx, p, IntakeOptions{Authorize: c.authorize, Track: track, NoForward: r.Header.Get(ForwardedHeader) != ""})
+	d, err := h.trig.Intake(ctx, p, IntakeOptions{Authorize: c.authorize, Track: track, NoForward: r.Header.Get(forwardedHeader) != ""})
 	cancel()
 	switch {
 	case err != nil:
@@ -432,7 +432,7 @@ func (h *handler[T]) lookup(w http.ResponseWriter, r *http.Request, key opkit.Ke
 		return h.refusal(w, r, key, err, c.err)
 	}
 	out := h.trig.tickets.lookup(key, id)
-	if out.State != Unknown || r.Header.Get(ForwardedHeader) != "" {
+	if out.State != Unknown || r.Header.Get(forwardedHeader) != "" {
 		return out
 	}
 	// Another replica may know it: find where the object is worked on (a
@@ -511,7 +511,7 @@ func isTimeout(err error) bool {
 func (h *handler[T]) dropped(w http.ResponseWriter, o queue.Outcome, holder string, key opkit.Key) *Status {
 	msg := "the trigger was dropped: no replica works on this object now (this one does not, or is shutting down; leadership may be changing)"
 	if holder != "" {
-		w.Header().Set(LeaderHeader, holder)
+		w.Header().Set(leaderHeader, holder)
 		msg += "; it is worked on by: " + holder
 	}
 	st := h.fail(http.StatusServiceUnavailable, msg, &key)

@@ -436,7 +436,7 @@ func TestHandler503WhenDropped(t *testing.T) {
 	e.q.Suspend()
 	w := post(e, "/reconcile/ns/a")
 	st := wantStatus(t, w, 503, "ServiceUnavailable")
-	if w.Header().Get("Retry-After") != "5" || w.Header().Get(trigger.LeaderHeader) != "replica-b" {
+	if w.Header().Get("Retry-After") != "5" || w.Header().Get("X-Opkit-Leader") != "replica-b" {
 		t.Errorf("headers = %v", w.Header())
 	}
 	if st.Leader != "replica-b" || st.Outcome != "DroppedSuspended" {
@@ -453,7 +453,7 @@ func TestHandler503WithoutKnownLeader(t *testing.T) {
 	e.q.Suspend()
 	w := post(e, "/reconcile/ns/a")
 	st := wantStatus(t, w, 503, "ServiceUnavailable")
-	if _, ok := w.Header()[trigger.LeaderHeader]; ok || st.Leader != "" {
+	if _, ok := w.Header()["X-Opkit-Leader"]; ok || st.Leader != "" {
 		t.Errorf("leader given though unknown: %v %q", w.Header(), st.Leader)
 	}
 	if w.Header().Get("Retry-After") != "2" {

@@ -87,9 +87,6 @@ type IntakeOptions struct {
 	// spends: one caller, however fast, takes at most half of the budget,
 	// so that it cannot lock the others out. "" means no share.
 	Authorize func(ctx context.Context, key opkit.Key) (caller string, err error)
-	// Paid says the caller took a token of the trigger budget already
-	// ([Trigger.WaitForBudget]): Intake takes none.
-	Paid bool
 	// Track asks for a Ticket on which the outcome of the reconcile that
 	// serves a scheduled trigger arrives.
 	Track Tracking
@@ -97,6 +94,8 @@ type IntakeOptions struct {
 	// dropped, not answered with the replica's Endpoint (a request that
 	// was forwarded once, a consumer that cannot forward).
 	NoForward bool
+
+	paid bool // the consumer took a token of the budget (waitForBudget)
 }
 
 // Decision is what [Trigger.Intake] decided for a trigger that passed its
@@ -125,7 +124,7 @@ type Decision[T opkit.Object] struct {
 // worked on. When it is another replica, the answer is that replica's
 // Endpoint, or a drop. Here, the trigger joins the entry already waiting
 // for the key, if one is due, for free; otherwise it takes a token of the
-// trigger budget unless opts.Paid (ErrBusy when there is none, see
+// trigger budget (ErrBusy when there is none, see
 // Config.Rate), and one of the caller's share of it, reads the object
 // through Config.Get (ErrNotFound when it does not exist; an API error is
 // returned wrapped, so that apierrors.IsTimeout and friends work), checks
@@ -271,10 +270,10 @@ func (t *Trigger[T]) read(ctx context.Context, key opkit.Key, caller string, opt
 }
 
 // pay takes a token of caller's share of the trigger budget and one of
-// the budget (none with opts.Paid or an unlimited budget), or says which
+// the budget (none when the caller paid, or the budget is unlimited), or says which
 // is spent (ErrBusy).
 func (t *Trigger[T]) pay(caller string, opts IntakeOptions) error {
-	if t.budget == nil || opts.Paid {
+	if t.budget == nil || opts.paid {
 		return nil
 	}
 	if caller != "" && !t.shares.take(caller) {
@@ -318,13 +317,12 @@ func (s *shares) take(caller string) bool {
 	return b.TryAccept()
 }
 
-// WaitForBudget waits until a token of the trigger budget (Config.Rate) is
-// free and takes it; it returns ctx's error if ctx ends first. It is for
-// callers whose triggers can wait where they are, such as the consumer:
-// it takes a token before it receives a message (the broker keeps the
-// rest) and passes IntakeOptions.Paid. An HTTP request cannot wait so:
-// it would hold its in-flight slot, so Intake refuses it with ErrBusy.
-func (t *Trigger[T]) WaitForBudget(ctx context.Context) error {
+// waitForBudget waits until a token of the trigger budget is free and
+// takes it, or ctx ends. The consumer takes one before it receives a
+// message (the broker keeps the rest), and passes paid; an HTTP request
+// cannot wait so (it would hold its in-flight slot): Intake refuses it
+// with ErrBusy.
+func (t *Trigger[T]) waitForBudget(ctx context.Context) error {
 	if t.budget == nil {
 		return ctx.Err()
 	}

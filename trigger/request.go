@@ -68,7 +68,7 @@ func (h *handler[T]) forward(r *http.Request, holder string, p Pointer, wait tim
 	if auth := r.Header.Get("Authorization"); auth != "" {
 		req.Header.Set("Authorization", auth)
 	}
-	req.Header.Set(ForwardedHeader, "true")
+	req.Header.Set(forwardedHeader, "true")
 	resp, err := h.cfg.ForwardClient.Do(req)
 	if err != nil {
 		if errors.Is(context.Cause(r.Context()), errServerStopping) {
@@ -85,7 +85,7 @@ func (h *handler[T]) forward(r *http.Request, holder string, p Pointer, wait tim
 		return h.fail(http.StatusBadGateway, "the forwarded answer was cut off", &key)
 	}
 	header := http.Header{}
-	for _, k := range []string{"Content-Type", "Retry-After", LeaderHeader, "WWW-Authenticate"} {
+	for _, k := range []string{"Content-Type", "Retry-After", leaderHeader, "WWW-Authenticate"} {
 		if v := resp.Header.Get(k); v != "" {
 			header.Set(k, v)
 		}

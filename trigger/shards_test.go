@@ -183,7 +183,7 @@ func TestAReplicaForwardsToTheHolderOfTheObjectsShard(t *testing.T) {
 
 		w := post(other, "/reconcile/ns/a?reason=deployed&wait=1s")
 		var a trigger.Accepted
-		if err := json.Unmarshal(w.Body.Bytes(), &a); err != nil || w.Code != http.StatusAccepted || a.ID == "" || w.Header().Get(trigger.ForwardedHeader) == "" {
+		if err := json.Unmarshal(w.Body.Bytes(), &a); err != nil || w.Code != http.StatusAccepted || a.ID == "" || w.Header().Get("X-Opkit-Forwarded") == "" {
 			t.Fatalf("through the other replica: %d %s, want the holder's 202 with an id", w.Code, w.Body)
 		}
 		if len(r.asked) != 1 || r.asked[0] != aShard {
@@ -208,7 +208,7 @@ func TestAReplicaForwardsToTheHolderOfTheObjectsShard(t *testing.T) {
 
 		// One hop: a forwarded request that reaches a replica without the
 		// shard is dropped there (503), not forwarded again.
-		wantStatus(t, other.do(http.MethodPost, "/reconcile/ns/a", nil, http.Header{trigger.ForwardedHeader: {"replica-c"}}), http.StatusServiceUnavailable, "ServiceUnavailable")
+		wantStatus(t, other.do(http.MethodPost, "/reconcile/ns/a", nil, http.Header{"X-Opkit-Forwarded": {"replica-c"}}), http.StatusServiceUnavailable, "ServiceUnavailable")
 
 		// No holder known: the replica answers itself.
 		r.endpoint = ""

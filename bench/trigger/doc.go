@@ -76,8 +76,8 @@
 // under the same load, at the same moments.
 //
 // Every answer must be a 200 with a succeeded Outcome run by the leader,
-// carrying trigger.ForwardedHeader when it came through the follower and
-// not otherwise; the benchmark fails when one is not, when the follower
+// carrying the X-Opkit-Forwarded header when it came through the follower
+// and not otherwise; the benchmark fails when one is not, when the follower
 // does not read the leader's endpoint within a minute, or when the backlog
 // was drained before the last round.
 //
