@@ -27,88 +27,56 @@ import (
 	"github.com/opkit/opkit"
 )
 
-// DefaultAudience is the token audience the default authenticator asks the
-// TokenReview for. Mint tokens for the endpoint with it, e.g.
-// `kubectl create token SA --audience opkit-trigger`; tokens for the API
-// server's own audience are refused.
+// DefaultAudience is the audience of the tokens the Kubernetes-native
+// authenticator takes (not the API server's).
 const DefaultAudience = "opkit-trigger"
 
-var (
-	// ErrUnauthenticated is wrapped by Authenticator errors that mean 401:
-	// no bearer token, or a token that is invalid, expired or for another
-	// audience.
-	ErrUnauthenticated = errors.New("unauthenticated")
-	// ErrForbidden is wrapped by Authenticator errors that mean 403: the
-	// caller is known but not allowed to trigger this object.
-	ErrForbidden = errors.New("forbidden")
-)
-
-// AuthRequest is what an Authenticator decides on.
+// AuthRequest is what an Authenticator decides on: the request (its
+// headers; not its body) and the object it would trigger.
 type AuthRequest struct {
-	// HTTP is the incoming request (read its headers; do not read the body).
-	HTTP *http.Request
-	// Resource is the resource of the object the caller wants reconciled.
+	HTTP     *http.Request
 	Resource opkit.Resource
-	// Key is that object's namespace and name (already validated).
-	Key opkit.Key
+	Key      opkit.Key
 }
 
-// Authenticator decides whether a request may trigger a reconcile. It
-// returns the caller's name (for logs) and nil to allow; an error wrapping
-// ErrUnauthenticated (401) or ErrForbidden (403) to refuse, with a message
-// safe to show the caller; any other error means the decision could not be
-// made (504 if it wraps context.DeadlineExceeded, else 502). It is called
-// concurrently and must never log or return the caller's credentials.
+// Authenticator decides whether a request may trigger a reconcile: it
+// returns the caller's name (for logs), or an error wrapping
+// ErrUnauthenticated (401) or ErrForbidden (403), with a message for the
+// caller, or any other when it could not decide (504 if it wraps
+// context.DeadlineExceeded, else 502). It is called concurrently, and
+// never logs or returns credentials.
 type Authenticator interface {
 	Authorize(ctx context.Context, req AuthRequest) (user string, err error)
 }
 
-// ReviewClient is what the Kubernetes-native authenticator needs of the API
-// server: TokenReviews and SubjectAccessReviews. A kubernetes.Interface
-// (kubernetes.NewForConfig) satisfies it, and so does a small struct
-// holding the two typed clients or their fakes.
+// ReviewClient makes the TokenReviews and SubjectAccessReviews: a
+// kubernetes.Interface, or a struct of the two typed clients (or fakes).
 type ReviewClient interface {
 	AuthenticationV1() authnclient.AuthenticationV1Interface
 	AuthorizationV1() authzclient.AuthorizationV1Interface
 }
 
-// KubeAuthConfig configures the Kubernetes-native authenticator. The zero
-// value of every optional field means its documented default.
+// KubeAuthConfig configures the Kubernetes-native authenticator; a zero
+// field means its default.
 type KubeAuthConfig struct {
-	// Client makes the TokenReviews and SubjectAccessReviews (required).
-	// It needs RBAC permission to create both (the system:auth-delegator
-	// ClusterRole grants exactly that).
+	// Client makes the reviews (required).
 	Client ReviewClient
-	// Audiences the token must be valid for; nil means {DefaultAudience}.
+	// Audiences the token may be for (nil: DefaultAudience).
 	Audiences []string
-	// Verb checked by the SubjectAccessReview; "" means "update".
-	Verb string
-	// Group and Resource checked by the SubjectAccessReview; an empty
-	// Resource means the trigger's own resource (its Group is then used
-	// too).
-	Group, Resource string
-	// Subresource checked by the SubjectAccessReview, e.g. a custom
-	// "reconcile" granted in a Role; "" means none.
-	Subresource string
-	// PositiveTTL is how long an allow is cached; zero means 10s.
-	PositiveTTL time.Duration
-	// NegativeTTL is how long a refusal (bad token, denied) is cached;
-	// zero means 5s.
-	NegativeTTL time.Duration
-	// MaxEntries bounds each of the two caches (tokens, decisions); the
-	// least recently used entry is evicted. Zero means 4096.
-	MaxEntries int
-	// MaxReviews bounds the TokenReviews and SubjectAccessReviews in
-	// flight; a request that needs another gets an error wrapping ErrBusy
-	// (429). One user's SubjectAccessReviews (by name and UID, whatever
-	// token or pod it uses) take at most half of them (at least one), so
-	// a caller triggering many objects cannot lock the others out.
-	// Concurrent requests that need the same review share one. Zero
-	// means 16.
-	MaxReviews int
-	// ReviewTimeout bounds one review; zero means 5s. A review runs on
-	// even if the request that started it leaves, for the others that
-	// wait on it and for the cache.
+	// The SubjectAccessReview's Verb ("": "update"), Group and Resource
+	// (empty: the trigger's), and Subresource (such as a custom
+	// "reconcile" a Role grants).
+	Verb, Group, Resource, Subresource string
+	// PositiveTTL and NegativeTTL are how long an allow and a refusal are
+	// cached (zero: 10s and 5s), MaxEntries each cache's size, the least
+	// recently used evicted (zero: 4096).
+	PositiveTTL, NegativeTTL time.Duration
+	MaxEntries               int
+	// MaxReviews bounds the reviews in flight (zero: 16; beyond,
+	// ErrBusy), at most half of them one user's; requests that need the
+	// same review share it. ReviewTimeout bounds one (zero: 5s), which
+	// goes on for the others if its request leaves.
+	MaxReviews    int
 	ReviewTimeout time.Duration
 }
 
@@ -130,11 +98,8 @@ type tokenResult struct {
 }
 
 // NewKubeAuthenticator validates cfg and returns the Kubernetes-native
-// Authenticator: it checks the bearer token with a TokenReview for its own
-// audience and the caller's permission with a SubjectAccessReview, caching
-// both briefly (decisions by user, verb and object). Tokens are held only
-// as SHA-256 hashes. It logs nothing: its errors say what happened, and
-// the HTTP handler logs them.
+// Authenticator (see the package documentation). It keeps tokens only as
+// SHA-256 hashes, and logs nothing.
 func NewKubeAuthenticator(cfg KubeAuthConfig) (Authenticator, error) {
 	if cfg.Audiences == nil {
 		cfg.Audiences = []string{DefaultAudience}

@@ -37,92 +37,61 @@ const (
 // errNotRunning is Check's error when Run is not running.
 var errNotRunning = errors.New("trigger: consumer is not running")
 
-// ErrLagUnavailable is wrapped by Check's error while the broker's Lag
-// fails (the lag metric then keeps its last value) and nothing worse is
-// wrong. Messages may still flow: a readiness check that should not take
-// a replica out of service for it can let it pass with errors.Is.
+// ErrLagUnavailable is wrapped by Check's error while only the broker's
+// Lag fails (the lag metric keeps its last value): a readiness check may
+// let it pass.
 var ErrLagUnavailable = errors.New("trigger: broker lag unavailable")
 
-// ConsumerConfig configures a Consumer. The zero value of every optional
-// field means its documented default.
+// ConsumerConfig configures a Consumer; a zero field means its default.
 type ConsumerConfig[T opkit.Object] struct {
-	// Broker delivers the messages (required).
-	Broker Broker
-	// Trigger is where scheduled reconciles go (required): its Intake
-	// reads the object a message points to.
+	// Broker and Trigger are required: where the messages come from, and
+	// where they go.
+	Broker  Broker
 	Trigger *Trigger[T]
-	// Type is the event type of triggered reconciles; zero means
-	// opkit.Modified.
+	// Type is the type of the triggers; zero means Modified.
 	Type opkit.Type
-	// Concurrency is how many messages are handled at once; zero means 1.
+	// Concurrency is how many messages are handled at once (zero: 1); a
+	// message waiting for its reconcile (AckAfterReconcile) holds one.
 	Concurrency int
-	// MaxMessageBytes is the largest message accepted; larger ones are
-	// dead-lettered. Zero means 8 KiB.
-	MaxMessageBytes int
-	// AllowUnknownFields accepts messages with fields other than
-	// namespace, name and reason. By default they are dead-lettered as
-	// malformed, so that a producer's typo is not silently ignored.
+	// MaxMessageBytes is the largest message (zero: 8 KiB).
+	MaxMessageBytes    int
 	AllowUnknownFields bool
-	// APITimeout bounds each read from the API server; zero means 10s.
-	APITimeout time.Duration
-	// BrokerTimeout bounds each Ack, Nack, Term and Lag call; zero means 5s.
-	BrokerTimeout time.Duration
-	// RetryBase and RetryCap shape the Nack delay after an API server
-	// error: RetryBase * 2^(deliveries-1), at most RetryCap. Zero means 1s
-	// and 1m.
-	RetryBase, RetryCap time.Duration
-	// DroppedDelay is the Nack delay of a dropped enqueue (this replica is
-	// not the leader, or leadership is changing); zero means 1s. Configure
-	// the broker to redeliver without a small delivery limit, or dropped
-	// triggers will reach its dead letter while no replica leads.
-	DroppedDelay time.Duration
+	// APITimeout bounds each read of an object (zero: 10s), BrokerTimeout
+	// each Ack, Nack, Term, Lag and Release (zero: 5s).
+	APITimeout, BrokerTimeout time.Duration
+	// RetryBase and RetryCap shape the Nack delay after an API error
+	// (zero: 1s and 1m); DroppedDelay is the other Nacks' (zero: 1s):
+	// give the broker no small delivery limit, or dropped triggers reach
+	// its dead letter while no replica leads.
+	RetryBase, RetryCap, DroppedDelay time.Duration
 	// ReconnectBase and ReconnectCap shape the wait after a failed
-	// Receive (doubling per consecutive failure); zero means 500ms and 30s.
+	// Receive, doubling per failure (zero: 500ms and 30s).
 	ReconnectBase, ReconnectCap time.Duration
-	// Paused is asked before every Receive; while it reports true the
-	// consumer takes no message from the broker, so that triggers wait in
-	// the broker for a replica that can schedule them instead of being
-	// delivered here, re-fetched and nacked (each such delivery costs an
-	// API call, delays the trigger by DroppedDelay and counts toward the
-	// broker's delivery limit). When it starts pausing, a Broker that
-	// implements Releaser is asked to hand back what it buffered. nil
-	// means: while the Trigger's Router names no shard this replica works
-	// on (a follower, a replica in a leadership transition or shutting
-	// down, one that holds no shard); a replica that works on some takes
-	// every message, and hands back those of the shards it does not
-	// work on. A Trigger on one queue (Config.Queue) never pauses.
-	// A message received just before a pause is handled as usual (a
-	// dropped enqueue is nacked). Use func() bool { return false } to
-	// receive whatever the queue's state. It is called from two
-	// goroutines at once and must be safe for concurrent use.
-	Paused func() bool
-	// PausePoll is how often a paused consumer asks Paused again; zero
-	// means 250ms.
+	// Paused, asked before every Receive and every PausePoll while one
+	// blocks (zero: 250ms), keeps the messages in the broker while it
+	// reports true, rather than have them delivered, read and handed back
+	// here. nil means while the Trigger's Router names no shard this
+	// replica works on (a Trigger on one queue never pauses). It must be
+	// safe for concurrent use.
+	Paused    func() bool
 	PausePoll time.Duration
-	// AckAfterReconcile acknowledges a scheduled message only once the
-	// reconcile that serves it succeeded or failed terminally (a
-	// FinalOnly ticket: a failed reconcile's retries serve it too),
-	// keeping it alive meanwhile with InProgress every ProgressInterval
-	// (zero: 10s) when the Message is a Progresser, and replying the
-	// Outcome to a Message that is a Replier. If the leadership term ends
-	// first, the message is handed back (nackTermEnded), so the broker
-	// redelivers it to the next leader. A message waiting for its
-	// reconcile holds one of the Concurrency handlers: raise it.
+	// AckAfterReconcile acknowledges a message only once the reconcile
+	// that serves it succeeded or failed for good (a FinalOnly ticket),
+	// calling a Progresser's InProgress every ProgressInterval meanwhile
+	// (zero: 10s), and replies the Outcome to a Replier.
 	AckAfterReconcile bool
 	ProgressInterval  time.Duration
-	// LagInterval is how often a Broker that implements Lag is asked for
-	// its backlog; zero means 15s, negative disables the poll.
+	// LagInterval is how often a Lag broker is asked for its backlog
+	// (zero: 15s; negative: never).
 	LagInterval time.Duration
-	// Metrics receives counts; nil means none.
+	// Metrics (nil: none) and Logger (nil: slog.Default(); messages are
+	// logged by key and reason, never by body).
 	Metrics Metrics
-	// Logger receives one record per terminated, nacked-after-error or
-	// not-found message and per broker failure; nil means slog.Default().
-	// Messages are logged by namespace/name and reason, never by body.
-	Logger *slog.Logger
+	Logger  *slog.Logger
 }
 
-// Consumer turns broker messages {"namespace", "name", "reason"} into
-// reconciles. See the package documentation for the ack/nack/term rules.
+// Consumer turns broker messages into reconciles (see the package
+// documentation).
 type Consumer[T opkit.Object] struct {
 	cfg ConsumerConfig[T] // validated, defaults applied
 
@@ -134,7 +103,7 @@ type Consumer[T opkit.Object] struct {
 	lagErr  error // last Lag failure, cleared by a successful one
 }
 
-// NewConsumer validates cfg and returns a Consumer; call Run to start it.
+// NewConsumer validates cfg and returns a Consumer.
 func NewConsumer[T opkit.Object](cfg ConsumerConfig[T]) (*Consumer[T], error) {
 	cfg.Type = cmp.Or(cfg.Type, opkit.Modified)
 	switch {
@@ -171,15 +140,11 @@ func NewConsumer[T opkit.Object](cfg ConsumerConfig[T]) (*Consumer[T], error) {
 	return &Consumer[T]{cfg: cfg}, nil
 }
 
-// Run receives and handles messages until ctx ends, then stops gracefully:
-// it stops receiving, lets the messages being handled finish (their API
-// calls and broker calls are bounded by APITimeout and BrokerTimeout, not
-// by ctx), nacks a message received after ctx ended, and returns nil once
-// every goroutine it started has returned. A failing Receive is retried
-// with backoff and reported through Check, logs and metrics; it does not
-// end Run. While Paused reports true (by default: while the Trigger's
-// queue is suspended or shut down) it receives nothing. Run may be called again after
-// it returned, never concurrently.
+// Run receives and handles messages until ctx ends, then lets the
+// messages being handled finish (within APITimeout and BrokerTimeout),
+// and returns nil once its goroutines have. Broker failures do not end
+// it. It may be called again after it returned,
+// not concurrently.
 func (c *Consumer[T]) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return errors.New("trigger: consumer is already running")
@@ -303,12 +268,8 @@ func (c *Consumer[T]) pause(ctx context.Context) bool {
 }
 
 // Check reports the consumer's readiness: an error when Run is not
-// running, the last broker failure (its kind named in the message; find it
-// with errors.As on *BrokerError) while the broker is failing (receiving,
-// settling, or reporting its lag: while Lag fails, the lag metric keeps
-// its last value, and the error wraps [ErrLagUnavailable]), else nil.
-// A paused consumer (see ConsumerConfig.Paused) uses no broker and is
-// ready.
+// running, or the last broker failure (a *BrokerError, for errors.As)
+// while the broker fails, else nil. A paused consumer is ready.
 func (c *Consumer[T]) Check() error {
 	if !c.running.Load() {
 		return errNotRunning
@@ -338,7 +299,6 @@ func (c *Consumer[T]) forget() {
 	c.paused.Store(false)
 }
 
-// brokerFailed counts and logs a failed broker call.
 // brokerLevel is the log level of a failed broker call: an error when
 // someone has to act (permissions, a missing stream or subject, a quota),
 // a warning for what retrying mends (a lost connection).
@@ -349,6 +309,7 @@ func brokerLevel(err error) slog.Level {
 	return slog.LevelError
 }
 
+// brokerFailed counts and logs a failed broker call.
 func (c *Consumer[T]) brokerFailed(ctx context.Context, level slog.Level, msg string, err error, attrs ...slog.Attr) {
 	kind := kindOf(err)
 	c.cfg.Metrics.BrokerError(kind)

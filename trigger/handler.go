@@ -32,135 +32,94 @@ const (
 	forwardedHeader = "X-Opkit-Forwarded"
 )
 
-// EndpointAnnotation is the Lease annotation under which a leader
-// publishes the base URL of its trigger endpoint (leader.Config's
-// Annotations), for followers to forward to.
+// EndpointAnnotation is the Lease annotation under which a holder
+// publishes the base URL of its trigger endpoint, for the other replicas
+// to forward to.
 const EndpointAnnotation = "trigger.opkit.dev/endpoint"
 
-// HandlerConfig configures the HTTP trigger endpoint. The zero value of
-// every optional field means its documented default.
+// HandlerConfig configures the HTTP trigger endpoint; a zero field means
+// its default.
 type HandlerConfig struct {
-	// Authenticator decides who may trigger what. If nil and Reviews is
-	// set, the Kubernetes-native authenticator (NewKubeAuthenticator with
-	// KubeAuthConfig{Client: Reviews} defaults) is used. If both are nil,
-	// NewHandler fails unless InsecureSkipAuth is set.
-	Authenticator Authenticator
-	// Reviews is the client for the default Authenticator.
-	Reviews ReviewClient
-	// InsecureSkipAuth serves every caller without authentication. Only
-	// for development or behind another authenticating layer. Callers
-	// are then told apart by address only, for their share of the trigger
-	// budget: a leader sees those a follower forwards as one caller, the
-	// follower.
+	// Authenticator decides who may trigger what; with Reviews instead,
+	// the Kubernetes-native one (NewKubeAuthenticator's defaults). Without
+	// either, set InsecureSkipAuth, for development or behind another
+	// authenticating layer only: callers are then told apart by address.
+	Authenticator    Authenticator
+	Reviews          ReviewClient
 	InsecureSkipAuth bool
 	// ForwardClient sends the triggers of objects another replica works
-	// on to that replica's endpoint (the Trigger's Router names it), with
-	// the caller's credentials (that replica authenticates and authorizes
-	// the request again: a replica never impersonates), and its answer is
-	// passed on: 503 when it does not answer (it is likely gone). A
-	// forwarded request is never forwarded again, and over TLS one is
-	// forwarded only to an https endpoint. nil means a client of
-	// net/http's default transport that keeps 64 idle connections per
-	// replica; over TLS, give it the configuration that trusts the
-	// replicas' serving certificates.
+	// on to it, with the caller's credentials, and over TLS only to an
+	// https endpoint: give it the configuration that trusts the replicas'
+	// certificates. nil: net/http's default transport, with 64 idle
+	// connections per replica.
 	ForwardClient *http.Client
-	// Type is the event type of triggered reconciles; zero means
-	// opkit.Modified.
+	// Type is the type of the triggers; zero means Modified.
 	Type opkit.Type
-	// MaxDelay bounds the `delay` query parameter; zero means 1h.
-	MaxDelay time.Duration
-	// MaxWait bounds the `wait` query parameter; zero means 5m.
-	// MaxWaiting bounds the callers waiting for outcomes or forwarded
-	// answers at once; zero means 1024; beyond, 429.
-	MaxWait    time.Duration
-	MaxWaiting int
-	// MaxBodyBytes bounds the optional JSON body ({"reason": "..."});
-	// zero means 8 KiB.
+	// MaxDelay and MaxWait bound the delay and wait parameters (zero: 1h
+	// and 5m); MaxWaiting the callers waiting for outcomes or forwarded
+	// answers at once (zero: 1024).
+	MaxDelay, MaxWait time.Duration
+	MaxWaiting        int
+	// MaxBodyBytes bounds the body (zero: 8 KiB), and BodyTimeout the
+	// time it takes to arrive (zero: 2s), before the request takes an
+	// in-flight slot.
 	MaxBodyBytes int64
-	// BodyTimeout is how long the body may take to arrive, from when the
-	// handler starts; zero means 2s. A late body gets 408 and the
-	// connection is closed. The body is read before the request takes an
-	// in-flight slot, so a slow client holds nothing others need.
-	BodyTimeout time.Duration
-	// APITimeout bounds the API calls of one request together: the
-	// TokenReview, the SubjectAccessReview and the read of the object;
-	// zero means 5s. A timeout answers 504.
+	BodyTimeout  time.Duration
+	// APITimeout bounds one request's API calls together: the reviews and
+	// the read (zero: 5s).
 	APITimeout time.Duration
-	// RetryAfter is the Retry-After of 503 and 429 answers, rounded up to
-	// whole seconds; zero means 5s.
+	// RetryAfter is the Retry-After of 429 and 503 answers (zero: 5s).
 	RetryAfter time.Duration
-	// RateLimit is the sustained requests per second across all callers;
-	// zero means unlimited. Requests over the limit get 429.
-	RateLimit float64
-	// RateBurst is the rate limiter's bucket size: how many requests may
-	// come at once before RateLimit applies; zero means
-	// max(1, ceil(RateLimit)).
-	RateBurst int
-	// MaxInFlight bounds the requests being authorized, read and
-	// enqueued at once (their bodies read); zero means 64, negative means
-	// unlimited. Requests over the limit get 429 at once.
+	// RateLimit and RateBurst bound the requests of all callers (zero:
+	// unlimited; a burst of max(1, ceil(RateLimit))). MaxInFlight bounds
+	// the requests being authorized, read and queued (zero: 64; negative:
+	// unlimited).
+	RateLimit   float64
+	RateBurst   int
 	MaxInFlight int
-	// MaxAuthFailures: a client address (the host of RemoteAddr: behind
-	// a proxy, the proxy's) whose requests failed authentication this
-	// many times, each within AuthFailureBackoff of the one before, is
-	// answered 429 without a review until AuthFailureBackoff has passed
-	// since the last. Zero means 10, negative means no such limit; zero
-	// AuthFailureBackoff means 10s.
+	// MaxAuthFailures: a client address (RemoteAddr's host) that failed
+	// authentication this many times, each within AuthFailureBackoff of
+	// the last, gets 429 without a review until AuthFailureBackoff has
+	// passed (zero: 10 and 10s; negative: no limit).
 	MaxAuthFailures    int
 	AuthFailureBackoff time.Duration
-	// Metrics receives one count per request; nil means none.
+	// Metrics (nil: none) and Logger (nil: slog.Default(); never a token,
+	// at most one record per status code every 10s).
 	Metrics Metrics
-	// Logger receives the records of refused and failed requests (never a
-	// token), at most one per status code every 10s with the number left
-	// out; nil means slog.Default().
-	Logger *slog.Logger
+	Logger  *slog.Logger
 }
 
-// Accepted is the JSON body of a 202 answer.
+// Accepted is the JSON body of a 202 answer: the object's key, namespace
+// and name; its UID and ResourceVersion as read (none when the trigger
+// joined an entry that waited); the delay; the queue's outcome (Queued or
+// Merged); and, when the caller's wait ended first, the trigger's ID and
+// the path whose GET answers its Outcome.
 type Accepted struct {
-	// Key is "namespace/name" (or "name").
-	Key string `json:"key"`
-	// Namespace (empty for a cluster-scoped resource) and Name are the
-	// object's, as in the URL.
-	Namespace string `json:"namespace,omitempty"`
-	Name      string `json:"name"`
-	// UID and ResourceVersion are those of the object as re-fetched.
+	Key             string `json:"key"`
+	Namespace       string `json:"namespace,omitempty"`
+	Name            string `json:"name"`
 	UID             string `json:"uid"`
 	ResourceVersion string `json:"resourceVersion"`
-	// Delay is the scheduling delay as a Go duration ("0s").
-	Delay string `json:"delay"`
-	// Outcome is "Queued" or "Merged" (into an entry already pending).
-	Outcome string `json:"outcome"`
-	// ID and StatusPath, when the caller waited (?wait=) and the wait
-	// ended first: the trigger's id and the path whose GET answers its
-	// Outcome while this replica remembers it.
-	ID         string `json:"id,omitempty"`
-	StatusPath string `json:"statusPath,omitempty"`
+	Delay           string `json:"delay"`
+	Outcome         string `json:"outcome"`
+	ID              string `json:"id,omitempty"`
+	StatusPath      string `json:"statusPath,omitempty"`
 }
 
-// Status is the JSON body of every error answer, shaped like a Kubernetes
-// metav1.Status, plus the leader's identity and the queue's outcome when an
-// enqueue was dropped.
+// Status is the JSON body of every error answer: a Kubernetes
+// metav1.Status (Reason is Kubernetes' for the code, or else the code's
+// name, as "BadGateway"), with, for a dropped trigger, the replica that
+// works on the object (Leader, when known) and the queue's Outcome.
 type Status struct {
-	// Kind is "Status" and APIVersion "v1", as in a Kubernetes Status.
-	Kind       string `json:"kind"`
-	APIVersion string `json:"apiVersion"`
-	// Status is "Failure".
-	Status string `json:"status"`
-	// Message says what went wrong, for a human.
-	Message string `json:"message"`
-	// Reason is the machine-readable cause (e.g. "NotFound",
-	// "ServiceUnavailable"); Code is the HTTP status code.
-	Reason metav1.StatusReason `json:"reason"`
-	Code   int                 `json:"code"`
-	// Leader is the identity of the replica leading when this one
-	// dropped the enqueue (also in the X-Opkit-Leader header), if known.
-	Leader string `json:"leader,omitempty"`
-	// Outcome is the queue's outcome of a dropped enqueue
-	// ("DroppedSuspended" or "DroppedShutDown").
-	Outcome string `json:"outcome,omitempty"`
-	// Details names the object, once the path named a valid one.
-	Details *metav1.StatusDetails `json:"details,omitempty"`
+	Kind       string                `json:"kind"`
+	APIVersion string                `json:"apiVersion"`
+	Status     string                `json:"status"`
+	Message    string                `json:"message"`
+	Reason     metav1.StatusReason   `json:"reason"`
+	Code       int                   `json:"code"`
+	Leader     string                `json:"leader,omitempty"`
+	Outcome    string                `json:"outcome,omitempty"`
+	Details    *metav1.StatusDetails `json:"details,omitempty"`
 }
 
 type handler[T opkit.Object] struct {
@@ -173,16 +132,12 @@ type handler[T opkit.Object] struct {
 	log      *sampler
 }
 
-// NewHandler validates cfg and returns the HTTP trigger endpoint. It serves
-// POST /reconcile/{namespace}/{name} (namespaced resources) or POST
-// /reconcile/{name} (cluster-scoped); mount it at the server root or
-// behind http.StripPrefix. Query parameters: delay (a Go duration, 0 to
-// MaxDelay), reason (one of the reasons the reconcile request carries;
-// or in an application/json body {"reason": "..."}) and wait (a Go
-// duration up to MaxWait: answer with the reconcile's Outcome, 200, if it
-// finishes within it, else 202 with the trigger's id); GET
-// .../triggers/{id} answers what is known of a waited-for trigger. The
-// package documentation lists the status codes.
+// NewHandler validates cfg and returns the HTTP trigger endpoint of t. It
+// serves POST /reconcile/{namespace}/{name}, or /reconcile/{name} for a
+// cluster-scoped resource (at the server root, or behind
+// http.StripPrefix), with the parameters delay (a Go duration), reason
+// (or a JSON body {"reason": "..."}) and wait (a Go duration), and GET
+// .../triggers/{id}; the package documentation lists its answers.
 func NewHandler[T opkit.Object](t *Trigger[T], cfg HandlerConfig) (http.Handler, error) {
 	cfg.Type = cmp.Or(cfg.Type, opkit.Modified)
 	switch {

@@ -19,21 +19,18 @@ import (
 	"github.com/opkit/opkit/queue"
 )
 
-// Router says where the work on an object is done: reconcile.Controller's
-// Trigger has one. The objects are split into Shards() shards by the hash
-// of their UID (opkit.ShardOf); each shard is worked on by one replica at
-// a time.
+// Router says where the work on an object is done (reconcile.Controller
+// implements it): its objects are split into Shards() shards, at least
+// one, by the hash of their UID (opkit.ShardOf), and Place(i) says where
+// shard i is worked on now.
 type Router[T opkit.Object] interface {
-	// Shards is the number of shards, at least 1.
 	Shards() int
-	// Place says where shard i (0 <= i < Shards()) is worked on now.
 	Place(shard int) Place[T]
 }
 
-// Place is where one shard is worked on: Queue when it is this replica
-// (its intake open), else nil, with the replica that works on it as its
-// Lease names it: Holder (its identity) and Endpoint (the base URL of its
-// trigger endpoint), each "" when not known.
+// Place is where a shard is worked on: Queue when by this replica (its
+// intake open), else nil, with the replica that holds it when known: its
+// identity and the base URL of its trigger endpoint.
 type Place[T opkit.Object] struct {
 	Queue            queue.Adder[opkit.Key, opkit.Cause[T]]
 	Holder, Endpoint string
@@ -50,88 +47,63 @@ func (a alone[T]) Place(int) Place[T]   { return Place[T]{Queue: a.q} }
 func (t *Trigger[T]) shardOf(obj T) int { return opkit.ShardOf(obj.GetUID(), t.cfg.Router.Shards()) }
 
 // Pointer is what an external trigger carries: which object and why,
-// never the object itself (see the package documentation).
+// never the object itself. A zero Type means Modified; the others are as
+// for [Trigger.Submit].
 type Pointer struct {
-	// Key names the object.
-	Key opkit.Key
-	// Type is the type of the trigger, as for [Trigger.Enqueue]; zero
-	// means Modified.
-	Type opkit.Type
-	// Reason and Delay are as in [Request].
+	Key    opkit.Key
+	Type   opkit.Type
 	Reason string
 	Delay  time.Duration
 }
 
-// Tracking says whether [Trigger.Intake] tracks the trigger.
+// Tracking says whether [Trigger.Intake] gives the trigger a [Ticket],
+// and which outcome arrives on it: the first reconcile's (Tracked), or
+// the first final one, after a failed reconcile's retries (FinalOnly:
+// Succeeded, Requeued, Terminal or Skipped). At most 10,000 tickets wait
+// (64 for one key); beyond, Intake refuses with ErrBusy.
 type Tracking uint8
 
 const (
-	// NotTracked: no ticket.
 	NotTracked Tracking = iota
-	// Tracked: the ticket's outcome is that of the first reconcile turn
-	// that serves the trigger (an HTTP caller waiting for it).
 	Tracked
-	// FinalOnly: the ticket's outcome is the first final one (Succeeded,
-	// Requeued, Terminal or Skipped; or Unknown when the term ends): a
-	// failed reconcile's retries serve it too (a broker acknowledging
-	// only what was reconciled).
 	FinalOnly
 )
 
 // IntakeOptions are the caller's part of [Trigger.Intake].
 type IntakeOptions struct {
-	// Authorize, if set, is called with the validated key before
-	// anything is read; its error is returned as is. It names the caller
-	// (the HTTP handler: the authenticated user, or the client's address
-	// without authentication), whose share of the trigger budget a read
-	// spends: one caller, however fast, takes at most half of the budget,
-	// so that it cannot lock the others out. "" means no share.
+	// Authorize, if set, authorizes the validated key before anything is
+	// read, and names the caller: one caller ("" for none) gets at most
+	// half of the trigger budget.
 	Authorize func(ctx context.Context, key opkit.Key) (caller string, err error)
-	// Track asks for a Ticket on which the outcome of the reconcile that
-	// serves a scheduled trigger arrives.
-	Track Tracking
-	// NoForward: a trigger for an object another replica works on is
-	// dropped, not answered with the replica's Endpoint (a request that
-	// was forwarded once, a consumer that cannot forward).
+	Track     Tracking
+	// NoForward drops a trigger that another replica's Endpoint would
+	// take (a request forwarded once already, a consumer).
 	NoForward bool
 
 	paid bool // the consumer took a token of the budget (waitForBudget)
 }
 
-// Decision is what [Trigger.Intake] decided for a trigger that passed its
-// checks: scheduled here (Outcome Queued or Merged, with a Ticket when
-// tracked), to be forwarded to the replica that works on the object
-// (Endpoint), or dropped (Outcome DroppedSuspended or DroppedShutDown:
-// no replica can take it now).
+// Decision is what [Trigger.Intake] decided: scheduled here (Outcome
+// Queued or Merged; a Ticket if tracked), to be forwarded to the
+// Endpoint of the replica that works on the object, or dropped (Outcome
+// DroppedSuspended or DroppedShutDown). Object is the object read, if one
+// was; Holder names the replica that works on it, when known.
 type Decision[T opkit.Object] struct {
-	// Object is the object read; nil when none was (the trigger joined an
-	// entry waiting for its key, or goes elsewhere unread).
-	Object T
-	// Outcome is the queue's; zero when forwarded.
-	Outcome queue.Outcome
-	Ticket  *Ticket
-	// Endpoint is where to forward the trigger; Holder names the replica
-	// that works on the object, when known (also for a drop).
+	Object           T
+	Outcome          queue.Outcome
+	Ticket           *Ticket
 	Endpoint, Holder string
 }
 
-// Intake is the one path of an external trigger that names an object (the
-// HTTP handler and the consumer take it), in this order: it validates p
-// (errors wrap ErrInvalid); calls opts.Authorize, if set, and returns its
-// error as is; checks that the key is in the controller's scope
-// (ErrOutOfScope); finds the shard of the object (with one shard without
-// a read; else it reads the object to learn its UID) and where that is
-// worked on. When it is another replica, the answer is that replica's
-// Endpoint, or a drop. Here, the trigger joins the entry already waiting
-// for the key, if one is due, for free; otherwise it takes a token of the
-// trigger budget (ErrBusy when there is none, see
-// Config.Rate), and one of the caller's share of it, reads the object
-// through Config.Get (ErrNotFound when it does not exist; an API error is
-// returned wrapped, so that apierrors.IsTimeout and friends work), checks
-// its labels against Config.Selector (ErrOutOfScope) and adds it with
-// source Operator. The object read travels with the key, so the
-// controller reconciles it without reading it again when it is still the
-// latest state its watch has seen.
+// Intake is the one path of an external trigger (the HTTP handler's and
+// the consumer's), in this order: it validates p (ErrInvalid), calls
+// opts.Authorize (its error is returned as is), checks the namespace
+// (ErrOutOfScope), and finds where the object is worked on (with shards,
+// by reading it). Another replica's trigger is for its Endpoint, or
+// dropped. Here, the trigger joins the entry waiting for the key, if one
+// is due, for free; else it takes a token of the budget (ErrBusy), reads
+// the object (ErrNotFound, or the API error wrapped), checks its labels
+// (ErrOutOfScope), and queues it.
 func (t *Trigger[T]) Intake(ctx context.Context, p Pointer, opts IntakeOptions) (Decision[T], error) {
 	var none Decision[T]
 	p.Type = cmp.Or(p.Type, opkit.Modified)

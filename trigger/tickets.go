@@ -14,30 +14,22 @@ import (
 	"github.com/opkit/opkit"
 )
 
-// State is what became of the reconcile that served a trigger.
+// State is what became of the reconcile that served a trigger: not
+// finished yet (Pending); succeeded, perhaps asking to run again later
+// (Requeued); failed, to be retried (Failed) or not (Terminal: a terminal
+// error, or given up on); nothing to reconcile, the object gone or out of
+// scope (Skipped); or not known here (Unknown: another term's or
+// replica's trigger, one forgotten, or one whose term ended first).
 type State string
 
-// States of an [Outcome].
 const (
-	// Pending: the trigger is accepted; its reconcile has not finished.
-	Pending State = "pending"
-	// Succeeded: the reconcile returned no error.
+	Pending   State = "pending"
 	Succeeded State = "succeeded"
-	// Requeued: it succeeded and asked to be run again later.
-	Requeued State = "requeued"
-	// Failed: it returned an error; the controller retries it.
-	Failed State = "failed"
-	// Terminal: it failed with a terminal error, or was given up on
-	// after its retries: nothing more will be tried.
-	Terminal State = "terminal"
-	// Skipped: there was nothing to reconcile (the object is gone, or
-	// out of the controller's scope).
-	Skipped State = "skipped"
-	// Unknown: this replica does not know, or no longer knows: the trigger
-	// belongs to another leadership term or replica, it was forgotten, or
-	// the term ended before its reconcile (the next leader's full list
-	// reconciles the object, not this trigger).
-	Unknown State = "unknown"
+	Requeued  State = "requeued"
+	Failed    State = "failed"
+	Terminal  State = "terminal"
+	Skipped   State = "skipped"
+	Unknown   State = "unknown"
 )
 
 // final reports whether s is an outcome a broker may acknowledge on: the
@@ -46,21 +38,19 @@ func (s State) final() bool {
 	return s == Succeeded || s == Requeued || s == Terminal || s == Skipped
 }
 
-// Outcome is the result of the reconcile that served a tracked trigger
-// (see [IntakeOptions].Track), as the HTTP endpoint answers it.
+// Outcome is the result of the reconcile that served a tracked trigger,
+// as the HTTP endpoint answers it: the trigger's ID, the State, the
+// reconcile's Error (Failed, Terminal), the reconciles of the key in its
+// streak (1 for a first success), the reconcile's Duration, and the
+// Replica and leadership Term that ran it.
 type Outcome struct {
-	// ID is the trigger's id, unique per leadership term of a replica.
-	ID    string `json:"id"`
-	State State  `json:"state"`
-	// Error is the reconcile's error, for Failed and Terminal.
-	Error string `json:"error,omitempty"`
-	// Attempts counts the reconciles of the key so far in its streak
-	// (1 for a first success); Duration is the reconcile's.
+	ID       string `json:"id"`
+	State    State  `json:"state"`
+	Error    string `json:"error,omitempty"`
 	Attempts int    `json:"attempts,omitempty"`
 	Duration string `json:"duration,omitempty"`
-	// Replica and Term say which replica and leadership term ran it.
-	Replica string `json:"replica,omitempty"`
-	Term    int32  `json:"term,omitempty"`
+	Replica  string `json:"replica,omitempty"`
+	Term     int32  `json:"term,omitempty"`
 }
 
 // Limits of the tickets a Trigger keeps: the tracked triggers whose
@@ -74,8 +64,8 @@ const (
 )
 
 // Ticket is a tracked trigger: its reconcile's outcome arrives on it.
+// The last 4096 outcomes stay known by ID (GET .../triggers/{id}).
 type Ticket struct {
-	// ID is the trigger's id (GET .../triggers/{id} answers its outcome).
 	ID string
 
 	key   opkit.Key
@@ -85,11 +75,8 @@ type Ticket struct {
 	out   chan Outcome
 }
 
-// Wait returns the outcome once the reconcile that serves the trigger has
-// finished (with a final one, for a ticket taken with FinalOnly), or
-// ctx's error if ctx ends first (the ticket stays tracked: its outcome is
-// still recorded for a lookup by ID). An ended leadership term resolves it as
-// Unknown.
+// Wait returns the outcome, once there is one (see Tracking), or ctx's
+// error (the ticket stays tracked).
 func (tk *Ticket) Wait(ctx context.Context) (Outcome, error) {
 	select {
 	case o := <-tk.out:

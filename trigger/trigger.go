@@ -29,38 +29,27 @@ import (
 // is zero: above watch events (0) and relists (-1).
 const defaultPriority = 100
 
-// MaxReasonLen is the longest Reason (in bytes) a trigger may carry.
+// MaxReasonLen is the longest reason a trigger may carry, in bytes.
 const MaxReasonLen = 1024
 
 // maxNameLen is the longest object name a trigger accepts, in bytes: the
 // longest a DNS-1123 subdomain, which most resources' names are, may be.
 const maxNameLen = validation.DNS1123SubdomainMaxLength
 
-// ErrInvalid is wrapped by every error that reports bad input to Enqueue,
-// Submit, Intake, the HTTP handler's parser and the consumer's message
-// decoder. Check it with errors.Is.
-var ErrInvalid = errors.New("invalid trigger")
-
-// ErrOutOfScope is wrapped by the errors of Enqueue, Submit and
-// [Trigger.Intake] for an object the trigger's controller does not
-// handle: in another namespace than Config.Namespace, or, read by Intake
-// (or carried by a Deleted trigger), with labels that Config.Selector
-// does not match. The HTTP handler answers 404; the consumer hands the
-// message back (it may be another controller's that shares the
-// subscription).
-var ErrOutOfScope = errors.New("object outside the controller's scope")
-
-// ErrNotFound is wrapped by Intake's error when the object does not
-// exist. The HTTP handler answers 404; the consumer acknowledges the
-// message.
-var ErrNotFound = errors.New("object not found")
-
-// ErrBusy is wrapped by the errors that mean "not now, try again later":
-// [Trigger.Intake] when the trigger budget (Config.Rate) is spent, and an
-// Authenticator that has too many reviews in flight. The HTTP handler
-// answers 429 with Retry-After; the consumer hands the message back after
-// DroppedDelay.
-var ErrBusy = errors.New("busy")
+// The errors of a trigger, for errors.Is: bad input (the handler answers
+// 400, the consumer dead-letters); an object the controller does not
+// handle (404; handed back); an object that does not exist (404;
+// acknowledged); "not now": the trigger budget or the reviews in flight
+// are spent (429; handed back). An Authenticator wraps the last two: no
+// valid token (401), or not allowed (403).
+var (
+	ErrInvalid         = errors.New("invalid trigger")
+	ErrOutOfScope      = errors.New("object outside the controller's scope")
+	ErrNotFound        = errors.New("object not found")
+	ErrBusy            = errors.New("busy")
+	ErrUnauthenticated = errors.New("unauthenticated")
+	ErrForbidden       = errors.New("forbidden")
+)
 
 // Defaults of Config.Rate and Config.Burst.
 const (
@@ -72,75 +61,49 @@ const (
 // Trigger that cannot read objects.
 var errNoGetter = errors.New("trigger: the Trigger reads objects for the HTTP handler and the consumer: set Config.Get or Config.Dynamic")
 
-// Config configures a Trigger. The zero value of every optional field means
-// its documented default.
+// Config configures a Trigger; a zero field means its default.
+// reconcile.Controller builds its own.
 type Config[T opkit.Object] struct {
-	// Queue is the one queue triggers go to, for a Trigger used alone;
-	// Router, for a controller whose work may be shared over replicas
-	// (reconcile.Controller's Trigger sets it). Exactly one is required.
-	// Enqueue calls the queue's Add, which never blocks.
+	// Queue (a Trigger used alone) or Router (a controller whose work
+	// may be shared over replicas): exactly one is required.
 	Queue  queue.Adder[opkit.Key, opkit.Cause[T]]
 	Router Router[T]
-	// Get reads an object for Intake (the HTTP handler and the consumer);
-	// reconcile's controller sets its own. If nil, a typed client over
-	// Dynamic is used; with neither, Intake fails and NewHandler and
-	// NewConsumer refuse the Trigger (Enqueue and Submit read nothing).
-	// It must return API errors as they are (or wrapped), for
-	// apierrors.IsNotFound and IsTimeout. An object is gone only when the
-	// NotFound status names it: one without the name is the API server not
-	// serving the resource (a CRD not installed yet), and the trigger is
-	// retried (consumer) or answered 502 (handler), not dropped.
-	Get func(ctx context.Context, key opkit.Key) (T, error)
-	// Dynamic is the client of the default Get.
+	// Get reads an object for Intake (default: a typed client over
+	// Dynamic; with neither, NewHandler and NewConsumer refuse the
+	// Trigger). It returns API errors as they are, or wrapped; a NotFound
+	// that does not name the object (a CRD not installed yet) is an API
+	// failure, not a gone object.
+	Get     func(ctx context.Context, key opkit.Key) (T, error)
 	Dynamic dynamic.Interface
-	// Resource is the resource T is served as (required). Enqueue refuses
-	// objects whose kind or group says they belong to another resource, and
-	// checks the namespace against Resource.Namespaced.
+	// Resource is the resource T is served as (required): an object of
+	// another kind, group or scope is invalid.
 	Resource opkit.Resource
-	// Namespace, when set, is the one namespace the controller handles
-	// (its watch's namespace; reconcile's controller sets it): Enqueue and
-	// Submit refuse objects in other namespaces with an error wrapping
-	// ErrOutOfScope, and the HTTP handler and the consumer check the key
-	// before they read the object. Empty means every namespace; it must be
-	// empty for a cluster-scoped resource.
+	// Namespace and Selector are the scope of the controller's watch
+	// (empty and nil: everything; a field selector is not checked). The
+	// namespace is checked before anything is read; the labels on what
+	// Intake read and on a Deleted trigger's object (the controller checks
+	// any other object's when it reconciles it).
 	Namespace string
-	// Selector, when set, is the label selector of the controller's watch.
-	// Intake refuses an object it read, and Submit a Deleted trigger's
-	// object, whose labels it does not match (ErrOutOfScope); any other
-	// object may be a stale or partial copy, so reconcile's controller
-	// checks the object it reconciles instead, and skips it when it does
-	// not match. nil means every object. A watch's field selector is not
-	// checked.
-	Selector labels.Selector
-	// Priority is the queue priority of triggered entries. Zero means
-	// 100. Because zero means "default", a trigger cannot
-	// be configured to rank exactly with watch events; use 1 to rank just
-	// above them or a negative value to rank below. It must fit in an
-	// int32, the queue's range.
+	Selector  labels.Selector
+	// Priority is the queue priority of triggered entries, within int32;
+	// zero means 100 (use 1 to rank just above watch events, 0).
 	Priority int
-	// Rate and Burst are the trigger budget of Intake (the HTTP handler's
-	// and the consumer's path): a trigger that joins an entry already
-	// waiting for its key is free (no read, no new reconcile); any other
-	// costs a token, then one read of the object and one reconcile. Rate
-	// tokens come per second, at most Burst at once; without a token
-	// Intake refuses with ErrBusy. So however many callers trigger, they
-	// start at most Rate reconciles a second (each costing one read plus
-	// what the reconcile sends), and the watch's reconciles keep the rest
-	// of the API client's budget: keep Rate × (1 + requests per reconcile)
-	// well below the client's QPS. Zero means 5 and 20; a negative
-	// Rate means unlimited.
+	// Rate and Burst are the trigger budget of Intake: a trigger that
+	// joins an entry already waiting for its key is free; any other takes
+	// a token (Rate a second, at most Burst at once; ErrBusy without) for
+	// its read and its reconcile. Keep Rate × (1 + requests per reconcile)
+	// well below the API client's QPS, for the watch's reconciles. Zero
+	// means 5 and 20; a negative Rate means unlimited.
 	Rate  float64
 	Burst int
-	// Metrics receives counts of outcomes; nil means no metrics.
+	// Metrics (nil: none) and Logger (nil: slog.Default(); at most one
+	// record of each kind of drop or refusal every 10s).
 	Metrics Metrics
-	// Logger receives the records of dropped (Info: expected on
-	// followers) and rejected (Warn) triggers, at most one of each kind
-	// every 10s with the number left out; nil means slog.Default().
-	Logger *slog.Logger
+	Logger  *slog.Logger
 }
 
-// Trigger puts external reconcile requests into a controller's queue. It
-// holds no goroutines; its methods are safe for concurrent use.
+// Trigger puts external reconcile requests into a controller's queue. Its
+// methods are safe for concurrent use.
 type Trigger[T opkit.Object] struct {
 	cfg     Config[T]               // validated, defaults applied
 	budget  flowcontrol.RateLimiter // nil: unlimited
@@ -149,7 +112,7 @@ type Trigger[T opkit.Object] struct {
 	log     *sampler
 }
 
-// New validates cfg and returns a Trigger bound to cfg.Queue or cfg.Router.
+// New validates cfg and returns a Trigger.
 func New[T opkit.Object](cfg Config[T]) (*Trigger[T], error) {
 	resErr, nsErrs := cfg.Resource.Validate(), validation.IsDNS1123Label(cfg.Namespace)
 	switch {
@@ -187,69 +150,42 @@ func New[T opkit.Object](cfg Config[T]) (*Trigger[T], error) {
 // Priority returns the queue priority of triggered entries.
 func (t *Trigger[T]) Priority() int { return t.cfg.Priority }
 
-// Request is one reconcile request for [Trigger.Submit].
+// Request is what [Trigger.Submit] takes: Enqueue's arguments and a
+// Reason ([CheckReason]), carried into the reconcile's Reasons (logs,
+// Events).
 type Request[T opkit.Object] struct {
-	// Object is the object to reconcile (required: namespace and name per
-	// the resource's scope). Pass the state just read from the API server:
-	// the controller reconciles it as is when its resourceVersion is the
-	// latest its watch has seen, and reads the object again otherwise.
-	Object T
-	// Type is Modified for a plain "reconcile this", Added for the same
-	// with Request.Type Added, or Deleted for a teardown (see
-	// [Trigger.Enqueue]). The zero value is invalid so that a forgotten
-	// field is caught.
-	Type opkit.Type
-	// Source must be opkit.Operator: APIServer is reserved for the watch
-	// stream. The zero value is invalid.
-	Source opkit.Source
-	// Delay before the entry is due; zero means now, negative is invalid.
-	// It is an upper bound: merged with another entry for the key, the
-	// earlier due time wins (see the package documentation).
-	Delay time.Duration
-	// Retries seeds the key's retry count (>= 0): the controller's next
-	// reconcile of the key counts at least this many failures.
+	Object  T
+	Type    opkit.Type
+	Source  opkit.Source
+	Delay   time.Duration
 	Retries int
-	// Reason is an optional human-readable reason, carried into the
-	// reconcile's Reasons (logs, Kubernetes Events); at most MaxReasonLen
-	// bytes of valid UTF-8.
-	Reason string
+	Reason  string
 }
 
-// Enqueue asks for a reconcile of obj on behalf of something outside the
-// operator (source Operator: a pipeline, a message, an admin). It never
-// blocks. typ Deleted asks for a teardown: the key's next reconcile is of
-// type Deleted, with the object as it then is (if the watch's selector
-// matches it; else nothing is reconciled), or, if it is gone, with
-// the newest state known (obj, or what the watch saw since), unless a
-// delete the watch delivered for the key is reconciled in the same turn.
-// A teardown is a mark on the key's queue entry like any other cause: it
-// merges, and it is retried until its reconcile succeeds, but, like every
-// trigger, it does not outlive the leader's term.
+// Enqueue asks for a reconcile of obj, as read from the API server (the
+// controller reconciles it as is while it is the latest state its watch
+// saw), on behalf of something outside the operator: src must be
+// Operator. It never blocks. typ is Modified, Added, or Deleted for a
+// teardown: the key's next reconcile is of type Deleted, with the object
+// as it then is (none if the watch's selector no longer matches it) or,
+// if it is gone, the newest state known, unless that turn reconciles a
+// delete of the key anyway; like any cause, a teardown merges and is
+// retried, within the term. delay (zero: now) is an upper bound; retries
+// seeds the key's count of failures. It returns:
 //
 //   - (true, nil): scheduled (queued, or merged into a pending entry).
-//   - (false, nil): dropped, because the queue's intake is suspended (this
-//     replica is not the leader, or leadership is changing) or the queue is
-//     shut down. The drop is logged and counted; use [Trigger.Submit] to
-//     learn which of the two it was.
-//   - error: bad input, wrapping [ErrInvalid] (nil object, missing or
-//     invalid name or namespace (see [CheckName]), namespace present for a
-//     cluster-scoped resource or missing for a namespaced one, negative
-//     delay, retries negative or beyond int32, invalid type or source,
-//     source APIServer, an object of another kind, one without a UID
-//     when the Router has more than one shard); an object in a
-//     namespace the controller does not handle, or a Deleted trigger whose
-//     object's labels the watch's selector does not match (wrapping
-//     [ErrOutOfScope]; other objects' labels are checked when the object
-//     is read for its reconcile); or
-//     ctx's error when ctx has already ended. Nothing was queued.
+//   - (false, nil): dropped, as this replica does not work on the object
+//     now, or is shutting down (Submit tells which).
+//   - an error wrapping [ErrInvalid] (a bad object, key, type, source,
+//     delay or retries; an object without a UID when there are shards),
+//     [ErrOutOfScope], or ctx's. Nothing was queued.
 func (t *Trigger[T]) Enqueue(ctx context.Context, obj T, typ opkit.Type, src opkit.Source, delay time.Duration, retries int) (bool, error) {
 	o, err := t.Submit(ctx, Request[T]{Object: obj, Type: typ, Source: src, Delay: delay, Retries: retries})
 	return o.Accepted(), err
 }
 
-// Submit is Enqueue with a reason and the queue's outcome: Queued or Merged
-// when scheduled, DroppedSuspended or DroppedShutDown when dropped (then the
-// error is nil). On error the outcome is zero and nothing was queued.
+// Submit is Enqueue with a reason, and the queue's outcome: Queued or
+// Merged, DroppedSuspended or DroppedShutDown, or zero with an error.
 func (t *Trigger[T]) Submit(ctx context.Context, req Request[T]) (queue.Outcome, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, t.rejected(ctx, fmt.Errorf("trigger: enqueue: %w", err))
@@ -272,22 +208,18 @@ func (t *Trigger[T]) cause(obj T, typ opkit.Type, reason string, retries int) op
 		Added: typ == opkit.Added, Teardown: typ == opkit.Deleted, Retries: retries}
 }
 
-// Report hands the outcome o of the reconcile turn of key whose entry
-// carried ticket (opkit.Cause.Ticket) to the tickets it serves: those of
-// key up to that number whose object is in shards (the zero Shards:
-// every object; a sharded controller's turn serves only its shards'
-// triggers, as the same name can be on two), or unknown (the controller
-// calls it after every turn).
+// Report hands the outcome o of the controller's turn of key, whose
+// entry carried ticket (opkit.Cause.Ticket), to the tickets it serves:
+// those of key up to that number whose object is in shards (the zero
+// Shards: all), or not known.
 func (t *Trigger[T]) Report(key opkit.Key, ticket uint64, shards opkit.Shards, o Outcome) {
 	t.tickets.report(key, ticket, shards, o)
 }
 
-// Abandon resolves as Unknown, with why, every ticket still waiting whose
-// object is in shards (the zero Shards: every ticket), and any whose
-// trigger joined a waiting entry without reading its object: the queue
-// that held their entries is cleared (the controller calls it at the end
-// of a leadership term, of its shard's term in a sharded controller).
-// Their ids are unknown from then on.
+// Abandon resolves as Unknown, with why, the tickets still waiting whose
+// object is in shards (the zero Shards: all), or not known: the
+// controller calls it when a term ends and the queue that held them is
+// cleared.
 func (t *Trigger[T]) Abandon(why string, shards opkit.Shards) { t.tickets.abandon(why, shards) }
 
 // validate checks req as Submit takes it.
@@ -374,15 +306,11 @@ func (t *Trigger[T]) rejected(ctx context.Context, err error) error {
 	return err
 }
 
-// CheckName reports, with an error wrapping [ErrInvalid], whether name is
-// not one a trigger accepts: it must be non-empty, at most 253
-// bytes of UTF-8 text without control characters, and a valid path
-// segment (not "." or "..", no "/" or "%": the rule the API server applies
-// to every resource's names). Stricter rules of a resource (most want a
-// DNS-1123 subdomain; RBAC roles take names such as
-// "system:aggregate-to-admin") are left to the API server, which answers
-// NotFound for a name it could not hold. A producer can check a name with
-// it before sending a trigger.
+// CheckName returns an error wrapping [ErrInvalid] unless name is one a
+// trigger accepts: at most 253 bytes of UTF-8 without control characters,
+// a path segment the API server allows in any name (not "", "." or "..",
+// no "/" or "%"). A resource's stricter rules are the API server's: it
+// answers NotFound for a name it could not hold.
 func CheckName(name string) error {
 	errs := path.IsValidPathSegmentName(name)
 	switch {
@@ -398,10 +326,8 @@ func CheckName(name string) error {
 	return nil
 }
 
-// CheckReason returns an error wrapping ErrInvalid unless reason is valid
-// UTF-8 of at most MaxReasonLen bytes: the reason every trigger path (Submit,
-// the HTTP handler, the consumer) accepts. A publisher can check with it
-// before sending what a consumer would otherwise dead-letter.
+// CheckReason returns an error wrapping [ErrInvalid] unless reason is
+// UTF-8 of at most MaxReasonLen bytes, as every trigger's must be.
 func CheckReason(reason string) error {
 	if len(reason) > MaxReasonLen || !utf8.ValidString(reason) {
 		return invalid("reason must be valid UTF-8 of at most %d bytes", MaxReasonLen)
