@@ -81,13 +81,13 @@ func ticketOf[T opkit.Object](d trigger.Decision[T], err error) (*trigger.Ticket
 // trigger metrics embed it and count what the test looks at.
 type noTriggerMetrics struct{}
 
-func (noTriggerMetrics) Enqueued(queue.Outcome)              {}
-func (noTriggerMetrics) Rejected()                           {}
-func (noTriggerMetrics) Request(int, string, time.Duration)  {}
-func (noTriggerMetrics) Received()                           {}
-func (noTriggerMetrics) Acked(string)                        {}
-func (noTriggerMetrics) Nacked(string)                       {}
-func (noTriggerMetrics) Terminated(string)                   {}
-func (noTriggerMetrics) Processed(time.Duration)             {}
-func (noTriggerMetrics) Lag(int64)                           {}
-func (noTriggerMetrics) BrokerError(trigger.BrokerErrorKind) {}
+func (noTriggerMetrics) Enqueued(queue.Outcome)             {}
+func (noTriggerMetrics) Rejected()                          {}
+func (noTriggerMetrics) Request(int, string, time.Duration) {}
+func (noTriggerMetrics) Received()                          {}
+func (noTriggerMetrics) Acked(string)                       {}
+func (noTriggerMetrics) Nacked(string)                      {}
+func (noTriggerMetrics) Terminated(string)                  {}
+func (noTriggerMetrics) Processed(time.Duration)            {}
+func (noTriggerMetrics) Lag(int64)                          {}
+func (noTriggerMetrics) BrokerError(string)                 {}

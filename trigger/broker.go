@@ -1,6 +1,7 @@
 package trigger
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"time"
@@ -65,38 +66,16 @@ type Releaser interface {
 	Release(ctx context.Context) error
 }
 
-// BrokerErrorKind classifies broker failures, so that the ones someone
-// must act on are reported by name: Disconnected (unreachable, or the
-// connection dropped), Permission (the credentials may not consume or
-// acknowledge), Quota (a limit was hit), NotFound (no such stream, queue
-// or consumer), or Unknown (not classified).
-type BrokerErrorKind uint8
-
-const (
-	BrokerUnknown BrokerErrorKind = iota
-	BrokerDisconnected
-	BrokerPermission
-	BrokerQuota
-	BrokerNotFound
-)
-
-var brokerErrorKinds = [...]string{"Unknown", "Disconnected", "Permission", "Quota", "NotFound"}
-
-// String returns the kind's name ("Disconnected"), as logs, metrics and
-// Check name it.
-func (k BrokerErrorKind) String() string {
-	if int(k) < len(brokerErrorKinds) {
-		return brokerErrorKinds[k]
-	}
-	return "BrokerErrorKind(?)"
-}
-
-// BrokerError is a broker failure as an adapter returns it: its Kind, the
-// operation that failed ("receive", "ack", ...) and the adapter's error.
+// BrokerError is a broker failure as an adapter returns it (or wraps):
+// the operation that failed ("receive", "ack", ...), the adapter's error,
+// and its Kind, so that the failures someone must act on are reported by
+// name: "Disconnected" (unreachable, or the connection dropped),
+// "Permission" (the credentials may not consume or acknowledge), "Quota"
+// (a limit was hit), "NotFound" (no such stream, queue or consumer), or
+// "" (not classified, reported as "Unknown").
 type BrokerError struct {
-	Kind BrokerErrorKind
-	Op   string
-	Err  error
+	Kind, Op string
+	Err      error
 }
 
 // Error returns "broker <op>: <Kind>: <err>".
@@ -105,7 +84,7 @@ func (e *BrokerError) Error() string {
 	if e.Op != "" {
 		msg += " " + e.Op
 	}
-	msg += ": " + e.Kind.String()
+	msg += ": " + cmp.Or(e.Kind, "Unknown")
 	if e.Err != nil {
 		msg += ": " + e.Err.Error()
 	}
@@ -116,10 +95,10 @@ func (e *BrokerError) Error() string {
 func (e *BrokerError) Unwrap() error { return e.Err }
 
 // kindOf returns the kind of the first *BrokerError in err's chain, or
-// BrokerUnknown when there is none.
-func kindOf(err error) BrokerErrorKind {
-	if be, ok := errors.AsType[*BrokerError](err); ok {
+// "Unknown" when there is none or it is not classified.
+func kindOf(err error) string {
+	if be, ok := errors.AsType[*BrokerError](err); ok && be.Kind != "" {
 		return be.Kind
 	}
-	return BrokerUnknown
+	return "Unknown"
 }

@@ -125,14 +125,14 @@ type countingMetrics struct {
 	terminated map[string]int
 	processed  int
 	lag        []int64
-	brokerErrs map[trigger.BrokerErrorKind]int
+	brokerErrs map[string]int
 }
 
 func newCounting() *countingMetrics {
 	return &countingMetrics{
 		enqueued: map[queue.Outcome]int{}, requests: map[int]int{},
 		acked: map[string]int{}, nacked: map[string]int{},
-		terminated: map[string]int{}, brokerErrs: map[trigger.BrokerErrorKind]int{},
+		terminated: map[string]int{}, brokerErrs: map[string]int{},
 	}
 }
 
@@ -153,7 +153,7 @@ func (m *countingMetrics) Terminated(r string) {
 }
 func (m *countingMetrics) Processed(time.Duration) { m.mu.Lock(); m.processed++; m.mu.Unlock() }
 func (m *countingMetrics) Lag(n int64)             { m.mu.Lock(); m.lag = append(m.lag, n); m.mu.Unlock() }
-func (m *countingMetrics) BrokerError(k trigger.BrokerErrorKind) {
+func (m *countingMetrics) BrokerError(k string) {
 	m.mu.Lock()
 	m.brokerErrs[k]++
 	m.mu.Unlock()

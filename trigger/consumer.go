@@ -234,7 +234,7 @@ func (c *Consumer[T]) receive(ctx context.Context, wg *sync.WaitGroup) (msg Mess
 	})
 	msg, err = c.cfg.Broker.Receive(rctx)
 	if err == nil && msg == nil {
-		err = &BrokerError{Kind: BrokerUnknown, Op: "receive", Err: errors.New("broker returned no message and no error")}
+		err = &BrokerError{Op: "receive", Err: errors.New("broker returned no message and no error")}
 	}
 	return msg, rctx.Err() != nil && ctx.Err() == nil, err
 }
@@ -303,7 +303,7 @@ func (c *Consumer[T]) forget() {
 // someone has to act (permissions, a missing stream or subject, a quota),
 // a warning for what retrying mends (a lost connection).
 func brokerLevel(err error) slog.Level {
-	if k := kindOf(err); k == BrokerDisconnected || k == BrokerUnknown {
+	if k := kindOf(err); k == "Disconnected" || k == "Unknown" {
 		return slog.LevelWarn
 	}
 	return slog.LevelError
@@ -313,7 +313,7 @@ func brokerLevel(err error) slog.Level {
 func (c *Consumer[T]) brokerFailed(ctx context.Context, level slog.Level, msg string, err error, attrs ...slog.Attr) {
 	kind := kindOf(err)
 	c.cfg.Metrics.BrokerError(kind)
-	c.cfg.Logger.LogAttrs(ctx, level, msg, append(attrs, slog.String("kind", kind.String()), slog.Any("error", err))...)
+	c.cfg.Logger.LogAttrs(ctx, level, msg, append(attrs, slog.String("kind", kind), slog.Any("error", err))...)
 }
 
 // decode parses one message body {"namespace", "name", "reason"} into a

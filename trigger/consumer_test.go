@@ -362,12 +362,12 @@ func TestConsumerPausesOnceTheQueueIsShutDown(t *testing.T) {
 func TestConsumerPausedIsReadyDespiteEarlierBrokerFailures(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e := newConsumerEnv(t, nil)
-		down := &trigger.BrokerError{Kind: trigger.BrokerDisconnected, Op: "receive", Err: errors.New("connection refused")}
+		down := &trigger.BrokerError{Kind: "Disconnected", Op: "receive", Err: errors.New("connection refused")}
 		e.b.Fail("receive", down)
 		stop := e.run(t)
 		defer stop()
 		synctest.Wait()
-		if err := e.c.Check(); trigger.KindOf(err) != trigger.BrokerDisconnected {
+		if err := e.c.Check(); trigger.KindOf(err) != "Disconnected" {
 			t.Fatalf("Check with the broker down = %v, want Disconnected", err)
 		}
 		e.q.Suspend()           // leadership lost during the outage
@@ -379,7 +379,7 @@ func TestConsumerPausedIsReadyDespiteEarlierBrokerFailures(t *testing.T) {
 		e.q.Resume() // leading again, the broker still down
 		time.Sleep(time.Second)
 		synctest.Wait()
-		if err := e.c.Check(); trigger.KindOf(err) != trigger.BrokerDisconnected {
+		if err := e.c.Check(); trigger.KindOf(err) != "Disconnected" {
 			t.Fatalf("Check after resuming against a broker still down = %v, want Disconnected", err)
 		}
 		e.b.Fail("receive", nil)
@@ -498,25 +498,25 @@ func TestConsumerReconnectsAndReportsBrokerErrorsByKind(t *testing.T) {
 		if err := e.c.Check(); !errors.Is(err, trigger.ErrNotRunning) {
 			t.Fatalf("Check before Run = %v, want ErrNotRunning", err)
 		}
-		e.b.Fail("receive", &trigger.BrokerError{Kind: trigger.BrokerPermission, Op: "receive", Err: errors.New("nats: permissions violation for subscription")})
+		e.b.Fail("receive", &trigger.BrokerError{Kind: "Permission", Op: "receive", Err: errors.New("nats: permissions violation for subscription")})
 		stop := e.run(t)
 		defer stop()
 		synctest.Wait()
 		err := e.c.Check()
 		var be *trigger.BrokerError
-		if !errors.As(err, &be) || be.Kind != trigger.BrokerPermission || !strings.Contains(err.Error(), "Permission") {
+		if !errors.As(err, &be) || be.Kind != "Permission" || !strings.Contains(err.Error(), "Permission") {
 			t.Fatalf("Check = %v, want a Permission BrokerError named in the message", err)
 		}
 		// Backoff 1s, 2s, 4s, 4s: five attempts within 11s.
 		time.Sleep(11*time.Second + time.Millisecond)
 		synctest.Wait()
-		if n := e.m.brokerErrs[trigger.BrokerPermission]; n != 5 {
+		if n := e.m.brokerErrs["Permission"]; n != 5 {
 			t.Errorf("receive attempts = %d, want 5 (backoff 1s, 2s, 4s, 4s)", n)
 		}
-		e.b.Fail("receive", &trigger.BrokerError{Kind: trigger.BrokerQuota, Op: "receive", Err: errors.New("max ack pending")})
+		e.b.Fail("receive", &trigger.BrokerError{Kind: "Quota", Op: "receive", Err: errors.New("max ack pending")})
 		time.Sleep(4 * time.Second)
 		synctest.Wait()
-		if err := e.c.Check(); trigger.KindOf(err) != trigger.BrokerQuota {
+		if err := e.c.Check(); trigger.KindOf(err) != "Quota" {
 			t.Errorf("Check = %v, want Quota", err)
 		}
 		e.b.Fail("receive", nil)
@@ -537,7 +537,7 @@ func TestConsumerReportsSettleFailures(t *testing.T) {
 		// Receiving while suspended, so that the message's enqueue is dropped
 		// and its nack fails.
 		e := newConsumerEnv(t, func(c *trigger.ConsumerConfig[*corev1.ConfigMap]) { c.Paused = func() bool { return false } })
-		e.b.Fail("settle", &trigger.BrokerError{Kind: trigger.BrokerDisconnected, Op: "ack", Err: errors.New("connection closed")})
+		e.b.Fail("settle", &trigger.BrokerError{Kind: "Disconnected", Op: "ack", Err: errors.New("connection closed")})
 		stop := e.run(t)
 		defer stop()
 		e.q.Suspend()
@@ -546,7 +546,7 @@ func TestConsumerReportsSettleFailures(t *testing.T) {
 		if got := ops(e.b.Events(id)); got != "" {
 			t.Fatalf("settlements recorded despite the failure: %q", got)
 		}
-		if err := e.c.Check(); trigger.KindOf(err) != trigger.BrokerDisconnected {
+		if err := e.c.Check(); trigger.KindOf(err) != "Disconnected" {
 			t.Errorf("Check = %v, want Disconnected", err)
 		}
 		e.b.Fail("settle", nil)
@@ -657,12 +657,12 @@ func TestConsumerReportsLag(t *testing.T) {
 		// (one in flight, its handler blocked); the third fails.
 		time.Sleep(10 * time.Second)
 		synctest.Wait()
-		e.b.Fail("lag", &trigger.BrokerError{Kind: trigger.BrokerPermission, Op: "lag"})
+		e.b.Fail("lag", &trigger.BrokerError{Kind: "Permission", Op: "lag"})
 		time.Sleep(10 * time.Second)
 		synctest.Wait()
 		// The gauge keeps its last value: Check says it is stale.
 		var be *trigger.BrokerError
-		if err := e.c.Check(); !errors.As(err, &be) || be.Kind != trigger.BrokerPermission || !errors.Is(err, trigger.ErrLagUnavailable) {
+		if err := e.c.Check(); !errors.As(err, &be) || be.Kind != "Permission" || !errors.Is(err, trigger.ErrLagUnavailable) {
 			t.Errorf("Check while Lag fails = %v, want the lag's Permission error", err)
 		}
 		e.b.Fail("lag", nil)
@@ -676,7 +676,7 @@ func TestConsumerReportsLag(t *testing.T) {
 		if len(e.m.lag) != 3 || (e.m.lag[0] != 3 && e.m.lag[0] != 4) || e.m.lag[1] != 3 || e.m.lag[2] != 3 {
 			t.Errorf("lag reports = %v, want [3 or 4, 3, 3]", e.m.lag)
 		}
-		if e.m.brokerErrs[trigger.BrokerPermission] != 1 {
+		if e.m.brokerErrs["Permission"] != 1 {
 			t.Errorf("broker errors = %v", e.m.brokerErrs)
 		}
 	})

@@ -29,8 +29,9 @@ type Metrics interface {
 	Processed(took time.Duration)
 	// Lag: the backlog a Lag broker reported.
 	Lag(n int64)
-	// BrokerError: a broker call failed.
-	BrokerError(kind BrokerErrorKind)
+	// BrokerError: a broker call failed, of a BrokerError kind ("Unknown"
+	// when not classified).
+	BrokerError(kind string)
 }
 
 // nopMetrics discards every count: it stands in for a nil Metrics.
@@ -45,4 +46,4 @@ func (nopMetrics) Nacked(string)                      {}
 func (nopMetrics) Terminated(string)                  {}
 func (nopMetrics) Processed(time.Duration)            {}
 func (nopMetrics) Lag(int64)                          {}
-func (nopMetrics) BrokerError(BrokerErrorKind)        {}
+func (nopMetrics) BrokerError(string)                 {}

@@ -475,7 +475,7 @@ func TestABrokerOutageKeepsTheReplicaReady(t *testing.T) {
 		if got := componentReady(t, reg); got["nats-broker"] != 1 || got[ctrlName] != 1 {
 			t.Fatalf("opkit_component_ready before the outage = %v", got)
 		}
-		broker.Fail("receive", &trigger.BrokerError{Kind: trigger.BrokerDisconnected, Op: "receive", Err: errors.New("connection closed")})
+		broker.Fail("receive", &trigger.BrokerError{Kind: "Disconnected", Op: "receive", Err: errors.New("connection closed")})
 		time.Sleep(5 * time.Second)
 		synctest.Wait()
 		if err := op.Group().Ready(); err != nil {

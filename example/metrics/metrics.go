@@ -290,9 +290,7 @@ func (t triggerMetrics) Nacked(reason string)         { t.m.consNacked.WithLabel
 func (t triggerMetrics) Terminated(reason string)     { t.m.consTerminated.WithLabelValues(reason).Inc() }
 func (t triggerMetrics) Processed(took time.Duration) { t.m.consProcessed.Observe(took.Seconds()) }
 func (t triggerMetrics) Lag(n int64)                  { t.m.consLag.Set(float64(n)) }
-func (t triggerMetrics) BrokerError(k trigger.BrokerErrorKind) {
-	t.m.consBrokerErrs.WithLabelValues(k.String()).Inc()
-}
+func (t triggerMetrics) BrokerError(kind string)      { t.m.consBrokerErrs.WithLabelValues(kind).Inc() }
 
 type controllerMetrics struct{ m *Metrics }
 

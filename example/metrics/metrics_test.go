@@ -14,7 +14,6 @@ import (
 	"github.com/opkit/opkit/example/metrics"
 	"github.com/opkit/opkit/queue"
 	"github.com/opkit/opkit/reconcile"
-	"github.com/opkit/opkit/trigger"
 )
 
 func TestAdaptersFeedCollectors(t *testing.T) {
@@ -32,7 +31,7 @@ func TestAdaptersFeedCollectors(t *testing.T) {
 	m.Trigger().Request(202, "Accepted", time.Millisecond)
 	m.Trigger().Acked("Scheduled")
 	m.Trigger().Lag(7)
-	m.Trigger().BrokerError(trigger.BrokerPermission)
+	m.Trigger().BrokerError("Permission")
 	m.Controller().Reconciled(reconcile.OutcomeDone, time.Millisecond)
 
 	want := `

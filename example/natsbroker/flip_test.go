@@ -205,12 +205,12 @@ type flipMetrics struct {
 	acked      map[string]int
 	nacked     map[string]int
 	terminated map[string]int
-	brokerErrs map[trigger.BrokerErrorKind]int
+	brokerErrs map[string]int
 }
 
 func newFlipMetrics() *flipMetrics {
 	return &flipMetrics{acked: map[string]int{}, nacked: map[string]int{},
-		terminated: map[string]int{}, brokerErrs: map[trigger.BrokerErrorKind]int{}}
+		terminated: map[string]int{}, brokerErrs: map[string]int{}}
 }
 
 func (m *flipMetrics) Enqueued(queue.Outcome)             {}
@@ -226,7 +226,7 @@ func (m *flipMetrics) Terminated(r string) {
 	m.terminated[r]++
 	m.mu.Unlock()
 }
-func (m *flipMetrics) BrokerError(k trigger.BrokerErrorKind) {
+func (m *flipMetrics) BrokerError(k string) {
 	m.mu.Lock()
 	m.brokerErrs[k]++
 	m.mu.Unlock()

@@ -90,7 +90,7 @@ func TestFailuresAreInjectable(t *testing.T) {
 			errc <- err
 		}()
 		synctest.Wait() // blocked: nothing published
-		boom := &trigger.BrokerError{Kind: trigger.BrokerQuota}
+		boom := &trigger.BrokerError{Kind: "Quota"}
 		b.Fail("receive", boom)
 		if err := <-errc; !errors.Is(err, boom) {
 			t.Fatalf("blocked Receive returned %v, want the injected error", err)
