@@ -194,7 +194,7 @@ func TestConsumerSettlesEachKindOfMessage(t *testing.T) {
 	})
 }
 
-// Any reason CheckReason accepts fits in a message of the default size,
+// Any reason Pointer.Check accepts fits in a message of the default size,
 // however the producer escapes it.
 func TestConsumerAcceptsTheLongestReasonEscaped(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {

@@ -76,7 +76,7 @@
 //
 //	200            the reconcile finished within the wait: an [Outcome]; also the answer of GET .../triggers/{id} (pending or unknown too)
 //	202            scheduled: an [Accepted]; with a wait that ended first, the trigger's id and statusPath to GET
-//	400, 408       an invalid key ([CheckName]), delay, reason, query, body or path (empty, "." or ".." segments); 408: the body came too late
+//	400, 408       an invalid key ([Pointer.Check]), delay, reason, query, body or path (empty, "." or ".." segments); 408: the body came too late
 //	401            no valid bearer token for the audience (WWW-Authenticate: Bearer, error="invalid_token" if one was sent)
 //	403            the SubjectAccessReview denied the caller
 //	404            no such object or route, or an object outside the controller's scope

@@ -387,7 +387,7 @@ func TestHandler405(t *testing.T) {
 	}
 }
 
-// Any reason CheckReason accepts fits in a body of the default size, however
+// Any reason Pointer.Check accepts fits in a body of the default size, however
 // the client escapes it (encoding/json writes < and control characters as
 // six bytes each).
 func TestHandlerAcceptsTheLongestReasonEscaped(t *testing.T) {

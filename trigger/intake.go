@@ -107,7 +107,7 @@ type Decision[T opkit.Object] struct {
 func (t *Trigger[T]) Intake(ctx context.Context, p Pointer, opts IntakeOptions) (Decision[T], error) {
 	var none Decision[T]
 	p.Type = cmp.Or(p.Type, opkit.Modified)
-	if err := t.check(p.Key, p.Type, p.Delay, p.Reason); err != nil {
+	if err := t.check(p); err != nil {
 		return none, t.rejected(ctx, err)
 	}
 	var caller string

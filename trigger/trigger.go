@@ -151,7 +151,7 @@ func New[T opkit.Object](cfg Config[T]) (*Trigger[T], error) {
 func (t *Trigger[T]) Priority() int { return t.cfg.Priority }
 
 // Request is what [Trigger.Submit] takes: Enqueue's arguments and a
-// Reason ([CheckReason]), carried into the reconcile's Reasons (logs,
+// Reason ([Pointer.Check]), carried into the reconcile's Reasons (logs,
 // Events).
 type Request[T opkit.Object] struct {
 	Object  T
@@ -235,9 +235,11 @@ func (t *Trigger[T]) validate(req Request[T]) error {
 	// Kind and group must match when set; the version may differ (the same
 	// object served through another version). The group is set only with
 	// apiVersion: a kind alone says nothing about it.
-	switch err := t.check(key, req.Type, req.Delay, req.Reason); {
+	switch err := t.check(Pointer{Key: key, Type: req.Type, Reason: req.Reason, Delay: req.Delay}); {
 	case err != nil:
 		return err
+	case req.Type == 0:
+		return invalid("type %v is not Added, Modified or Deleted", req.Type)
 	case req.Source != opkit.Operator:
 		return invalid("source %v: external triggers use Operator (APIServer is reserved for the watch stream)", req.Source)
 	case req.Retries < 0 || req.Retries > math.MaxInt32:
@@ -260,25 +262,16 @@ func (t *Trigger[T]) validate(req Request[T]) error {
 	return nil
 }
 
-// check validates what every trigger carries besides the object: the key
-// (see [CheckName]; the namespace must be a DNS-1123 label for a
-// namespaced resource and empty for a cluster-scoped one), the type, the
-// delay and the reason ([CheckReason]). Errors wrap ErrInvalid.
-func (t *Trigger[T]) check(key opkit.Key, typ opkit.Type, delay time.Duration, reason string) error {
-	res, nsErrs := t.cfg.Resource, validation.IsDNS1123Label(key.Namespace)
-	switch {
-	case res.Namespaced && key.Namespace == "":
+// check validates what every trigger carries besides the object: p, and
+// a namespace that the resource's scope wants. Errors wrap ErrInvalid.
+func (t *Trigger[T]) check(p Pointer) error {
+	switch res := t.cfg.Resource; {
+	case res.Namespaced && p.Key.Namespace == "":
 		return invalid("%s is namespaced: a namespace is required", res.Resource)
-	case !res.Namespaced && key.Namespace != "":
-		return invalid("%s is cluster-scoped: no namespace may be given (got %q)", res.Resource, key.Namespace)
-	case key.Namespace != "" && len(nsErrs) > 0:
-		return invalid("namespace %q: %s", key.Namespace, strings.Join(nsErrs, "; "))
-	case !typ.Valid():
-		return invalid("type %v is not Added, Modified or Deleted", typ)
-	case delay < 0:
-		return invalid("negative delay %v", delay)
+	case !res.Namespaced && p.Key.Namespace != "":
+		return invalid("%s is cluster-scoped: no namespace may be given (got %q)", res.Resource, p.Key.Namespace)
 	}
-	return cmp.Or(CheckName(key.Name), CheckReason(reason))
+	return p.Check()
 }
 
 // checkNamespace returns an error wrapping ErrOutOfScope when key is in a
@@ -306,30 +299,33 @@ func (t *Trigger[T]) rejected(ctx context.Context, err error) error {
 	return err
 }
 
-// CheckName returns an error wrapping [ErrInvalid] unless name is one a
-// trigger accepts: at most 253 bytes of UTF-8 without control characters,
-// a path segment the API server allows in any name (not "", "." or "..",
-// no "/" or "%"). A resource's stricter rules are the API server's: it
-// answers NotFound for a name it could not hold.
-func CheckName(name string) error {
-	errs := path.IsValidPathSegmentName(name)
+// Check returns an error wrapping [ErrInvalid] unless every trigger
+// accepts p (whether its resource wants a namespace aside), for a producer
+// to check what it sends: a name of at most 253 bytes of UTF-8 without
+// control characters that is a path segment the API server allows in any
+// name (not "", "." or "..", no "/" or "%"; a resource's stricter rules
+// are the API server's, which answers NotFound); a namespace, if any, that
+// is a DNS-1123 label; a valid type or zero; a delay not negative; and a
+// reason of at most MaxReasonLen bytes of UTF-8.
+func (p Pointer) Check() error {
+	name, ns := p.Key.Name, p.Key.Namespace
+	nameErrs, nsErrs := path.IsValidPathSegmentName(name), validation.IsDNS1123Label(ns)
 	switch {
 	case name == "":
 		return invalid("a name is required")
 	case len(name) > maxNameLen:
 		return invalid("name %.40q...: longer than %d bytes", name, maxNameLen)
-	case len(errs) > 0:
-		return invalid("name %q: %s", name, strings.Join(errs, "; "))
+	case len(nameErrs) > 0:
+		return invalid("name %q: %s", name, strings.Join(nameErrs, "; "))
 	case !utf8.ValidString(name) || strings.IndexFunc(name, unicode.IsControl) >= 0:
 		return invalid("name %q: must be UTF-8 text without control characters", name)
-	}
-	return nil
-}
-
-// CheckReason returns an error wrapping [ErrInvalid] unless reason is
-// UTF-8 of at most MaxReasonLen bytes, as every trigger's must be.
-func CheckReason(reason string) error {
-	if len(reason) > MaxReasonLen || !utf8.ValidString(reason) {
+	case ns != "" && len(nsErrs) > 0:
+		return invalid("namespace %q: %s", ns, strings.Join(nsErrs, "; "))
+	case p.Type != 0 && !p.Type.Valid():
+		return invalid("type %v is not Added, Modified or Deleted", p.Type)
+	case p.Delay < 0:
+		return invalid("negative delay %v", p.Delay)
+	case len(p.Reason) > MaxReasonLen || !utf8.ValidString(p.Reason):
 		return invalid("reason must be valid UTF-8 of at most %d bytes", MaxReasonLen)
 	}
 	return nil
