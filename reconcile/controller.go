@@ -369,14 +369,14 @@ func (c *Controller[T]) AddTermWork(r Runnable) error {
 }
 
 // publishEndpoint makes this replica publish url, the base URL of its
-// trigger endpoint, on every Lease it holds (trigger.EndpointAnnotation),
+// trigger endpoint, on every Lease it holds (EndpointAnnotation),
 // so that the other replicas forward triggers of its objects there;
 // Operator calls it once its listener is bound. Without Leader it does
 // nothing.
 func (c *Controller[T]) publishEndpoint(url string) {
 	for _, s := range c.shards {
 		if s != nil && s.elector != nil {
-			s.elector.Publish(map[string]string{trigger.EndpointAnnotation: url})
+			s.elector.Publish(map[string]string{EndpointAnnotation: url})
 		}
 	}
 }

@@ -58,10 +58,14 @@ type OperatorConfig struct {
 	Logger *slog.Logger
 }
 
+// EndpointAnnotation is the Lease annotation that holds the base URL of
+// the holder's trigger endpoint.
+const EndpointAnnotation = "trigger.opkit.dev/endpoint"
+
 // TriggerEndpoint is the HTTP trigger endpoint of an Operator. Every
 // replica serves it, and forwards a trigger of an object another replica
 // works on to that replica: each replica publishes AdvertiseURL on the
-// Leases it holds, and the others read it there.
+// Leases it holds, as EndpointAnnotation, and the others read it there.
 type TriggerEndpoint struct {
 	// Server configures the server (Addr: ":8443" with a certificate,
 	// else ":8080"); the Operator sets its Handler.

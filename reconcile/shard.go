@@ -301,7 +301,7 @@ func (r router[T]) Place(i int) trigger.Place[T] {
 	if holder == s.elector.Identity() {
 		return trigger.Place[T]{Holder: holder} // ours, between terms
 	}
-	return trigger.Place[T]{Holder: holder, Endpoint: s.elector.LeaderAnnotation(trigger.EndpointAnnotation)}
+	return trigger.Place[T]{Holder: holder, Endpoint: s.elector.LeaderAnnotation(EndpointAnnotation)}
 }
 
 // fanout is the Adder of the related watchers: a key goes to the queue of

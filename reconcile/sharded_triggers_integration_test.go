@@ -62,7 +62,7 @@ func TestIntegrationTriggersReachTheShardsHolder(t *testing.T) {
 			Concurrency: 2, NoEvents: true, Logger: quiet, Watch: watcher.Config[*Widget]{Namespace: ns}, TriggerRate: -1,
 			Leader: &leader.Config{Client: kube, Namespace: ns, Name: "sharded", Identity: name,
 				LeaseDuration: 6 * time.Second, RenewDeadline: 4 * time.Second, RetryPeriod: 500 * time.Millisecond,
-				Annotations: map[string]string{trigger.EndpointAnnotation: endpoints[name]}},
+				Annotations: map[string]string{reconcile.EndpointAnnotation: endpoints[name]}},
 		})
 		if err != nil {
 			t.Fatal(err)

@@ -397,7 +397,7 @@ func TestAShardedReplicasTriggerServesOnlyTheShardsItHolds(t *testing.T) {
 			s, err := reconcile.NewController(reconcile.Config[*Widget]{Name: "w", Resource: widgets, Dynamic: dyn, Reconciler: rec, Logger: quiet, NoEvents: true,
 				Shards: opkit.Shards{Count: 2},
 				Leader: &leader.Config{Client: kube, Namespace: "ns", Name: "widgets", Identity: id,
-					Annotations: map[string]string{trigger.EndpointAnnotation: "https://" + id + ".example"}}})
+					Annotations: map[string]string{reconcile.EndpointAnnotation: "https://" + id + ".example"}}})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -32,11 +32,6 @@ const (
 	forwardedHeader = "X-Opkit-Forwarded"
 )
 
-// EndpointAnnotation is the Lease annotation under which a holder
-// publishes the base URL of its trigger endpoint, for the other replicas
-// to forward to.
-const EndpointAnnotation = "trigger.opkit.dev/endpoint"
-
 // HandlerConfig configures the HTTP trigger endpoint; a zero field means
 // its default.
 type HandlerConfig struct {

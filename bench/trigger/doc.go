@@ -49,7 +49,7 @@
 // the backlog objects), with leader election on one Lease (a new one per
 // run, default durations). The first leads; the second starts once the
 // leader has reconciled its initial list, and the rounds begin once it
-// reads the leader's endpoint from the Lease (trigger.EndpointAnnotation,
+// reads the leader's endpoint from the Lease (reconcile.EndpointAnnotation,
 // published through leader.Config's Annotations). Each serves
 // trigger.NewHandler on its own httptest server on loopback, configured
 // alike: the controller's trigger decides where a trigger goes (the

@@ -58,7 +58,7 @@ func startReplica(b *testing.B, id, lease string, tr *tracker) (*replica, error)
 	url := "http://" + srv.Listener.Addr().String()
 	cfg := opkitConfig(withBacklog(env.client), tr)
 	cfg.Leader = &leader.Config{Client: env.kube, Namespace: namespace, Name: lease, Identity: id,
-		Annotations: map[string]string{trigger.EndpointAnnotation: url}}
+		Annotations: map[string]string{reconcile.EndpointAnnotation: url}}
 	ctrl, err := reconcile.NewController(cfg)
 	if err != nil {
 		srv.Close()
