@@ -337,7 +337,7 @@ func (c *Consumer[T]) handle(ctx context.Context, msg Message, start time.Time) 
 	var tk *Ticket
 	if err == nil {
 		ictx, cancel := context.WithTimeout(ctx, c.cfg.APITimeout)
-		track := NotTracked
+		track := notTracked
 		if c.cfg.AckAfterReconcile {
 			track = FinalOnly
 		}

@@ -310,7 +310,7 @@ func (c *caller[T]) authorize(ctx context.Context, key opkit.Key) (string, error
 // with a wait, the caller waits for the outcome holding no in-flight slot
 // (release gives it back).
 func (h *handler[T]) trigger(w http.ResponseWriter, r *http.Request, p Pointer, wait time.Duration, release func()) any {
-	track := NotTracked
+	track := notTracked
 	if wait > 0 {
 		if h.waiting.Add(1) > int64(h.cfg.MaxWaiting) {
 			h.waiting.Add(-1)

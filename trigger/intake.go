@@ -56,15 +56,16 @@ type Pointer struct {
 	Delay  time.Duration
 }
 
-// Tracking says whether [Trigger.Intake] gives the trigger a [Ticket],
-// and which outcome arrives on it: the first reconcile's (Tracked), or
-// the first final one, after a failed reconcile's retries (FinalOnly:
-// Succeeded, Requeued, Terminal or Skipped). At most 10,000 tickets wait
-// (64 for one key); beyond, Intake refuses with ErrBusy.
+// Tracking says whether [Trigger.Intake] gives the trigger a [Ticket]
+// (the zero Tracking gives none), and which outcome arrives on it: the
+// first reconcile's (Tracked), or the first final one, after a failed
+// reconcile's retries (FinalOnly: Succeeded, Requeued, Terminal or
+// Skipped). At most 10,000 tickets wait (64 for one key); beyond, Intake
+// refuses with ErrBusy.
 type Tracking uint8
 
 const (
-	NotTracked Tracking = iota
+	notTracked Tracking = iota
 	Tracked
 	FinalOnly
 )
@@ -193,7 +194,7 @@ func (t *Trigger[T]) elsewhere(ctx context.Context, key opkit.Key, pl Place[T], 
 // stored nothing; the tickets' lock is never held across the add.
 func (t *Trigger[T]) schedule(ctx context.Context, q queue.Adder[opkit.Key, opkit.Cause[T]], key opkit.Key, c opkit.Cause[T], delay time.Duration, mergeOnly bool, track Tracking) (Decision[T], error) {
 	var tk *Ticket
-	if track != NotTracked {
+	if track != notTracked {
 		var err error
 		if tk, err = t.tickets.reserve(key, c.Object, track == FinalOnly); err != nil {
 			return Decision[T]{}, err

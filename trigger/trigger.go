@@ -197,7 +197,7 @@ func (t *Trigger[T]) Submit(ctx context.Context, req Request[T]) (queue.Outcome,
 	if pl.Queue == nil {
 		return t.dropped(ctx, opkit.KeyOf(req.Object), queue.DroppedSuspended), nil
 	}
-	d, err := t.schedule(ctx, pl.Queue, opkit.KeyOf(req.Object), t.cause(req.Object, req.Type, req.Reason, req.Retries), req.Delay, false, NotTracked)
+	d, err := t.schedule(ctx, pl.Queue, opkit.KeyOf(req.Object), t.cause(req.Object, req.Type, req.Reason, req.Retries), req.Delay, false, notTracked)
 	return d.Outcome, err
 }
 
