@@ -24,7 +24,7 @@ func TestAckAfterReconcileWaitsForTheFinalOutcome(t *testing.T) {
 			c.AckAfterReconcile, c.ProgressInterval = true, 10*time.Second
 		})
 		defer e.run(t)()
-		id := e.b.PublishRequest([]byte(`{"namespace":"ns","name":"a","reason":"deployed"}`))
+		id := e.b.Publish([]byte(`{"namespace":"ns","name":"a","reason":"deployed"}`))
 		synctest.Wait()
 		it, err := e.q.Get(context.Background())
 		if err != nil || it.Value.Ticket == 0 {

@@ -1,11 +1,17 @@
-// Package brokertest is an in-memory message broker implementing
-// trigger.Broker and trigger.Lag (its messages trigger.DeadLetterer), for
-// tests of trigger.Consumer and of code built on it. It records what
-// happens to each delivery (Events) for tests to assert on.
+// Package brokertest is an in-memory trigger.Broker for tests of a
+// trigger.Consumer and of code built on it. It records what happens to
+// each delivery, for the test to assert on:
 //
-// A Broker owns no goroutines of its own; a delayed Nack schedules the
-// redelivery with time.AfterFunc (so it follows testing/synctest's fake
-// clock inside a bubble). All methods are safe for concurrent use.
+//	b := brokertest.New()
+//	id := b.Publish([]byte(`{"namespace": "ns", "name": "a"}`))
+//	c, err := trigger.NewConsumer(trigger.ConsumerConfig[*Widget]{Broker: b, Trigger: t})
+//	// ... run c, then:
+//	evs := b.Events(id) // [{ID: 1, Op: "Ack", Delivery: 1}]
+//
+// It is a trigger.Lag, and its messages are trigger.Progresser, Replier
+// and DeadLetterer. It owns no goroutine: a delayed Nack redelivers with
+// time.AfterFunc, which follows testing/synctest's fake clock. Its
+// methods are safe for concurrent use.
 package brokertest
 
 import (
@@ -19,20 +25,18 @@ import (
 	"github.com/opkit/opkit/trigger"
 )
 
-// Event is one thing that happened to a delivery: its settlement (Op
-// "Ack", "Nack" or "Term"), or a call of its InProgress or Reply.
+// Event is one thing that happened to a delivery of message ID: its
+// settlement (Op "Ack", "Nack" with its Delay, or "Term"), or a call of
+// its InProgress or Reply (with its Data). Reason is set on the events
+// that dead-lettered the message: a Term's reason, or "MaxDeliveries" on
+// a Nack past MaxDeliver.
 type Event struct {
-	// ID is the message's, as Publish returned it; Delivery the delivery
-	// count of the delivery.
 	ID       uint64
 	Op       string
 	Delivery int
-	// Delay is a Nack's delay, and Data a Reply's data.
-	Delay time.Duration
-	Data  []byte
-	// Reason is set on the events that dead-lettered the message: a Term's
-	// reason, or "MaxDeliveries" on a Nack past MaxDeliver.
-	Reason string
+	Delay    time.Duration
+	Data     []byte
+	Reason   string
 }
 
 // ErrSettled is returned by a second Ack, Nack or Term of one delivery.
@@ -52,20 +56,15 @@ type entry struct {
 	data       []byte
 	deliveries int
 	state      state
-	request    bool // published with PublishRequest: it takes replies
 }
 
-// Broker is an in-memory broker with at-least-once delivery. The zero value
-// is not usable; call New.
+// Broker is an in-memory broker with at-least-once delivery; New makes
+// one. Before use, set MaxDeliver to dead-letter a message on a Nack of
+// its MaxDeliver-th delivery, and AckWait to redeliver one whose
+// settlement failed after that long rather than 30s.
 type Broker struct {
-	// MaxDeliver, when positive, dead-letters a message (reason
-	// "MaxDeliveries") when a Nack would exceed this many deliveries, and
-	// its Message reports it (trigger.DeadLetterer). Set it before use.
 	MaxDeliver int
-	// AckWait is how long a delivery whose Ack, Nack or Term failed (see
-	// Fail) stays in flight before it is redelivered, as a real broker's
-	// ack deadline would; zero means 30s. Set it before use.
-	AckWait time.Duration
+	AckWait    time.Duration
 
 	mu        sync.Mutex
 	wake      chan struct{} // closed and replaced when a message becomes ready
@@ -139,16 +138,6 @@ func (b *Broker) count(states ...state) int {
 	return n
 }
 
-// PublishRequest is Publish of a message with a reply address: its
-// deliveries' Reply calls are recorded.
-func (b *Broker) PublishRequest(data []byte) uint64 {
-	id := b.Publish(data)
-	b.mu.Lock()
-	b.entries[id-1].request = true
-	b.mu.Unlock()
-	return id
-}
-
 // Receive returns the oldest ready message, blocking until there is one or
 // ctx ends, or the error Fail("receive", err) injected.
 func (b *Broker) Receive(ctx context.Context) (trigger.Message, error) {
@@ -190,9 +179,8 @@ func (b *Broker) Lag(context.Context) (int64, error) {
 }
 
 // Fail makes the calls of one kind return err until Fail(call, nil):
-// call is "receive" (a receiver blocked in Receive is woken up to see it),
-// "settle" (Ack, Nack and Term; the delivery is redelivered after AckWait,
-// as a broker would after its ack deadline) or "lag".
+// "receive" (a blocked Receive too), "settle" (Ack, Nack and Term: the
+// delivery is redelivered after AckWait) or "lag".
 func (b *Broker) Fail(call string, err error) {
 	p := map[string]*error{"receive": &b.recvErr, "settle": &b.settleErr, "lag": &b.lagErr}[call]
 	if p == nil {
@@ -209,8 +197,8 @@ func (b *Broker) fail(p *error, err error) {
 	b.wakeUp()
 }
 
-// Events returns what happened to the deliveries so far, in order: of
-// every message, or of those whose ids are given.
+// Events returns what happened so far, in order: to every message, or to
+// those whose ids are given.
 func (b *Broker) Events(ids ...uint64) []Event {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -226,8 +214,8 @@ func (b *Broker) Events(ids ...uint64) []Event {
 	return evs
 }
 
-// Outstanding returns how many published messages are neither acked nor
-// dead-lettered (ready, delayed or in flight).
+// Outstanding returns how many messages are neither acknowledged nor
+// dead-lettered.
 func (b *Broker) Outstanding() int { return b.count(ready, delayed, inFlight) }
 
 // InFlight returns how many deliveries are received but not settled.
@@ -250,12 +238,9 @@ func (m *message) InProgress(ctx context.Context) error {
 	return ctx.Err()
 }
 
-// Reply records data as an event for a message published with
-// PublishRequest, and does nothing for one without a reply address.
+// Reply records data as an event: every message has a reply address.
 func (m *message) Reply(ctx context.Context, data []byte) error {
-	if m.e.request {
-		m.record(Event{Op: "Reply", Data: slices.Clone(data)})
-	}
+	m.record(Event{Op: "Reply", Data: slices.Clone(data)})
 	return ctx.Err()
 }
 
