@@ -16,37 +16,25 @@ import (
 	"github.com/opkit/opkit"
 )
 
-// ApplyConfig configures an [Applier]; Dynamic, FieldManager and Owner
-// are required.
+// ApplyConfig configures an [Applier]: the client, the FieldManager that
+// names the controller in the children's managedFields (its Config.Name,
+// say) and the Owner resource (required). With NoForce, a field another
+// manager owns is a terminal error instead of being taken over.
 type ApplyConfig struct {
-	Dynamic dynamic.Interface
-	// FieldManager names the controller in the children's managedFields,
-	// such as the controller's Config.Name.
+	Dynamic      dynamic.Interface
 	FieldManager string
-	// Owner is the resource of the owners: every child gets a controller
-	// reference to its owner, so that its changes reach the owner
-	// (Config.Owns) and the garbage collector deletes it with the owner.
-	Owner opkit.Resource
-	// NoForce makes a field another manager owns an error that retrying
-	// cannot help (terminal) instead of taking it over. A controller
-	// normally forces, as the Kubernetes documentation advises: its
-	// desired state wins.
-	NoForce bool
+	Owner        opkit.Resource
+	NoForce      bool
 }
 
-// Applier writes children with server-side apply: the reconciler states
-// the desired child, and one PATCH creates it or brings it back to that
-// state (fields the controller set before and no longer states are
-// removed), with a controller reference to its owner. A child another
-// owner controls is left alone: a terminal error, or a plain one while
-// that owner is a deleted predecessor of the same name (its children go
-// with it). Reading children goes through the API server: a GET each, no
-// cache. The operator needs patch and create on the children's resource
-// (an apply that creates an object is authorized as a create too), and
-// update on its owners' finalizers where the
-// OwnerReferencesPermissionEnforcement admission plugin runs (the
-// controller reference blocks the owner's deletion). It is safe for
-// concurrent use.
+// Applier writes children with server-side apply: one PATCH creates the
+// desired child or brings it back to that state (the fields the controller
+// no longer states removed), with a controller reference to its owner, so
+// that its changes reach the owner (Config.Owns) and it goes with the
+// owner. It reads children with a GET each, no cache. The operator needs
+// patch and create on the children's resource, and update on the owners'
+// finalizers where OwnerReferencesPermissionEnforcement runs. It is safe
+// for concurrent use.
 type Applier struct {
 	dyn dynamic.Interface
 	cfg ApplyConfig
@@ -63,21 +51,14 @@ func NewApplier(cfg ApplyConfig) (*Applier, error) {
 	return &Applier{dyn: cfg.Dynamic, cfg: cfg}, nil
 }
 
-// Apply applies child, an object of resource res owned by owner, and
-// returns it as the API server stored it. child is the desired state: an
-// apply configuration of k8s.io/client-go/applyconfigurations (such as
-// corev1ac.ConfigMap(name, ns).WithData(data)), an
-// *unstructured.Unstructured, or any value whose JSON is the object. Its
-// apiVersion and kind default to res's, its namespace to the owner's (a
-// namespaced owner's children must be in its namespace). One request;
-// two when another owner controls the child (a GET tells which).
-//
-// Errors: a child controlled by another owner is a [TerminalError] (the
-// name is taken), unless that owner is a deleted object of the owner's
-// kind and name (a predecessor whose children the garbage collector or
-// its own delete reconcile removes): then a plain error, retried. With
-// NoForce, a conflict with another field manager is a TerminalError
-// naming the fields. Other API errors are returned wrapped.
+// Apply applies child, the desired state of an object of res owned by
+// owner (an apply configuration such as corev1ac.ConfigMap(name,
+// ns).WithData(data), an *unstructured.Unstructured, or any value whose
+// JSON is the object; apiVersion, kind and namespace default to res's and
+// the owner's), and returns it as stored. A child another owner controls
+// is a [TerminalError] (the name is taken), or a plain error while that
+// owner is a deleted predecessor of the same name, whose children go with
+// it.
 func (a *Applier) Apply(ctx context.Context, owner opkit.Object, res opkit.Resource, child any) (*unstructured.Unstructured, error) {
 	u, err := a.desired(owner, res, child)
 	if err != nil {
@@ -96,13 +77,9 @@ func (a *Applier) Apply(ctx context.Context, owner opkit.Object, res opkit.Resou
 	return nil, fmt.Errorf("apply %s %s: %w", res.Resource, opkit.KeyOf(u), err)
 }
 
-// Delete deletes the child key of resource res if owner controls it (its
-// controller reference names owner's UID), with the child's UID as a
-// precondition, and reports whether it did; a child that is gone, or
-// controlled by another object (such as a new owner of the same name),
-// is left alone. For a reconcile that cleans up after its owner (a
-// finalizer, or a Deleted request): it touches only what that object
-// owned. A GET, and a DELETE when it deletes.
+// Delete deletes the child key of res if owner (by UID) controls it, and
+// reports whether it did: a cleanup touches only what its owner owned,
+// not a new owner's of the same name.
 func (a *Applier) Delete(ctx context.Context, owner opkit.Object, res opkit.Resource, key opkit.Key) (bool, error) {
 	ri := a.resource(res, key.Namespace)
 	cur, err := ri.Get(ctx, key.Name, metav1.GetOptions{})

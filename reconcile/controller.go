@@ -23,108 +23,80 @@ import (
 	"github.com/opkit/opkit/watcher"
 )
 
-// Defaults applied by [NewController] to zero fields of [Config] (20
-// retries with the default backoff are about 25 minutes). DefaultQPS and
-// DefaultBurst are the request rate of a client built from
-// Config.RESTConfig whose QPS and Burst are zero, instead of client-go's
-// 5 and 10, on which an operator of a thousand objects waits seconds for
-// each reconcile: at about three requests a reconcile, DefaultQPS allows
-// some 30 reconciles a second.
+// Defaults of the zero fields of Config and of a client's rate (client-go's
+// 5 and 10 make an operator of a thousand objects wait seconds for each
+// reconcile; at about three requests a reconcile, 100 allow some 30
+// reconciles a second).
 const (
-	DefaultConcurrency     = 4
-	DefaultMaxRetries      = 20
-	DefaultTimeout         = 5 * time.Minute
-	DefaultShutdownTimeout = 30 * time.Second
-	DefaultQPS             = 100
-	DefaultBurst           = 200
+	defaultConcurrency     = 4
+	defaultMaxRetries      = 20
+	defaultTimeout         = 5 * time.Minute
+	defaultShutdownTimeout = 30 * time.Second
+	defaultQPS             = 100
+	defaultBurst           = 200
 )
 
-// Errors of the controller: ErrInvalidConfig wraps NewController's,
-// ErrAlreadyRunning is Run's when called again, and ErrPanic is wrapped by
-// the error a panicking reconcile is turned into.
+// Errors of the controller: NewController's (invalid config), Run's when
+// called again, and the error a panicking reconcile is turned into.
 var (
-	ErrInvalidConfig  = errors.New("reconcile: invalid config")
-	ErrAlreadyRunning = errors.New("reconcile: controller already running")
-	ErrPanic          = errors.New("reconcile: panic")
+	errInvalidConfig  = errors.New("reconcile: invalid config")
+	errAlreadyRunning = errors.New("reconcile: controller already running")
+	errPanic          = errors.New("reconcile: panic")
 )
 
-// Config configures a [Controller]; a zero field means its default (the
-// Default constants).
+// Config configures a [Controller]; a zero field means its default.
 type Config[T opkit.Object] struct {
-	// Name (in logs and as the Events' reporting controller, e.g.
-	// "demo.opkit.dev/demo"), Resource, Dynamic and Reconciler: required.
-	// Instead of Dynamic, RESTConfig: the controller builds its client
-	// from a copy, with QPS and Burst DefaultQPS and DefaultBurst when they
-	// are zero (a Dynamic built elsewhere keeps its own limits).
+	// Name (in logs and Events), Resource, Dynamic (or RESTConfig, for a
+	// client of QPS 100 and Burst 200 when zero) and Reconciler: required.
 	Name       string
 	Resource   opkit.Resource
 	Dynamic    dynamic.Interface
 	RESTConfig *rest.Config
 	Reconciler Reconciler[T]
 
-	// Concurrency is the number of reconciles that run at once (over
-	// all the shards this replica works on). ReservedWorkers more (per
-	// shard) take only entries at TriggerPriority or above, so that a
-	// trigger never waits for a backlog reconcile: zero means 1 when
-	// Concurrency > 1, else none; negative means none.
+	// Concurrency is how many reconciles run at once over this replica's
+	// shards (zero: 4); ReservedWorkers more per shard take only entries at
+	// TriggerPriority or above (zero: 1 if Concurrency > 1; negative: none).
 	Concurrency, ReservedWorkers int
-	// MaxRetries: once a key failed this many turns in a row, a failure in
-	// a retry of the controller's own (no change or trigger asked for the
-	// turn) gives up on what failed (a delete is settled); a turn a change
-	// or trigger asked for is always made. Negative: retry forever.
+	// After MaxRetries failed turns in a row (zero: 20, about 25 minutes;
+	// negative: no limit), a retry that nothing new asked for gives up (a
+	// delete is settled). Backoff's zero fields: 5ms doubling to 5m.
 	MaxRetries int
-	// Backoff turns the key's failed turns into the retry delay (zero
-	// fields: the queue's defaults, 5ms doubling to 5m, 10% jitter).
-	Backoff queue.Backoff
-	// Timeout bounds each reconcile call (negative: none). ShutdownTimeout
-	// is how long in-flight reconciles may go on after Run's context ends;
-	// with Leader the drain ends a RetryPeriod before another replica may
-	// take the Lease ([leader.Elector.WorkDeadline]).
+	Backoff    queue.Backoff
+	// Timeout bounds each reconcile call (zero: 5m; negative: none);
+	// ShutdownTimeout the drain after Run's context ends (zero: 30s; with
+	// Leader, it ends before another replica may take the Lease).
 	Timeout, ShutdownTimeout time.Duration
-	// Watch configures the watcher; the controller sets Client, Resource,
-	// Queue, Shards (leave them zero), a nil Logger, TriggerPriority, and
-	// an empty RequestAnnotation to watcher.DefaultRequestAnnotation
-	// (durable triggers: "-" for none).
+	// Watch configures the watcher, but for what the controller sets:
+	// Client, Resource, Queue and Shards (leave them zero), Logger,
+	// TriggerPriority, and an empty RequestAnnotation ("-": none).
 	Watch watcher.Config[T]
-	// Owns lists the resources of the objects the reconciler creates and
-	// controls (children, with a controller reference to their owner): a
-	// change of one, its deletion included, reconciles the owner (see
-	// watcher.OwnedBy). Watches lists other related resources, each with
-	// the mapping of its objects to the keys they concern. Their changes
-	// join the keys' entries as source APIServer at the watch's priority,
-	// naming the resource in Request.Related. The replica lists and
-	// watches each once, from Run on, in the watch's namespace when the
-	// resource is namespaced, keeping per object only its key,
-	// resourceVersion and the keys it maps to: no cache of the objects.
+	// Owns lists the resources of the children the reconciler controls,
+	// Watches other related resources with their mapping to keys: a change
+	// of one of their objects joins its keys' entries as source APIServer
+	// (Request.Related names the resource). Each is watched once, keeping
+	// per object only its key, resourceVersion and the keys it maps to.
 	Owns    []opkit.Resource
 	Watches []Watch
-	// Leader, if set, elects the replica that works on the objects: the
-	// watcher, the workers and the term work run only while this replica
-	// holds the Lease, under a context that ends with the term. The
-	// controller sets Gate (leave it nil) and a nil Logger. An empty
-	// Identity is chosen once, for every Lease of the replica.
+	// Leader, if set, runs the watcher, the workers and the term work only
+	// while this replica holds the Lease. The controller sets Gate (leave
+	// it nil) and Logger; an empty Identity is chosen once.
 	Leader *leader.Config
-	// Shards splits the objects by the hash of their UID (opkit.Shards)
-	// so that replicas share the work: Count shards (0 or 1: one, the
-	// whole resource), each with its own queue, watcher (narrowed to the
-	// shard) and workers. With Leader each shard is held through its own
-	// Lease, Leader.Name + "-i" (Leader.Name, a DNS label of at most 40
-	// characters, then names the group of replicas, whose member Leases
-	// it prefixes), and a leader.Balancer lets each replica hold at most
-	// ⌈Count/N⌉ shards of N live replicas; Held must be empty. Without
-	// Leader, Held are the shards this replica works on.
+	// Shards splits the objects by UID into Count shards, each with its
+	// queue, watcher and workers. With Leader each has its Lease,
+	// Leader.Name + "-i" (Name at most 40 characters), and a replica holds
+	// at most ⌈Count/N⌉ of N live replicas' shards; without, Held names
+	// this replica's.
 	Shards opkit.Shards
 
-	// TriggerPriority, TriggerRate, TriggerBurst: the triggers'
-	// trigger.Config Priority, Rate and Burst (zero: its defaults).
+	// The trigger's Priority, Rate and Burst (see trigger.Config).
 	TriggerPriority, TriggerBurst int
 	TriggerRate                   float64
 	// NoEvents turns off the Warning Events; RecordTriggerEvents also
-	// records a Normal Event ("Triggered") for every turn a trigger asked.
+	// records a Normal one for every turn a trigger asked for.
 	NoEvents, RecordTriggerEvents bool
 
-	// Logger receives the logs (nil: slog.Default()); Metrics,
-	// QueueMetrics and TriggerMetrics the measurements (nil: none).
+	// Logger (nil: slog.Default()) and the metrics (nil: none).
 	Logger         *slog.Logger
 	Metrics        Metrics
 	QueueMetrics   queue.Metrics
@@ -140,18 +112,12 @@ type Watch struct {
 	LabelSelector string
 }
 
-// Controller runs a [Reconciler] over one resource; its Run owns every
-// goroutine it starts. The objects are worked on in shards (one, unless
-// Config.Shards says more), each with its own queue, watcher and workers,
-// and with Leader only while this replica holds the shard's Lease. When
-// Run's context ends, in-flight reconciles get ShutdownTimeout to finish
-// and the queues are abandoned (the next start lists everything); when a
-// shard's term ends, they are cancelled.
-//
-// A name can be on two shards at once (a deleted object and a new one of
-// the same name have different UIDs), so two replicas may reconcile the
-// two objects at the same time: act on children by owner UID, never by
-// name alone.
+// Controller runs a [Reconciler] over one resource, in shards (see the
+// package documentation). When Run's context ends, in-flight reconciles
+// get ShutdownTimeout to finish; when a shard's term ends, they are
+// cancelled. A name can be on two shards at once (a deleted object and a
+// new one of the same name), so two replicas may reconcile both at once:
+// act on children by owner UID, never by name alone.
 type Controller[T opkit.Object] struct {
 	cfg      Config[T]
 	log      *slog.Logger
@@ -169,11 +135,10 @@ type Controller[T opkit.Object] struct {
 	termWork []Runnable
 }
 
-// NewController validates cfg and builds the controller; it starts
-// nothing.
+// NewController validates cfg and builds the controller.
 func NewController[T opkit.Object](cfg Config[T]) (*Controller[T], error) {
 	if err := cfg.validate(); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		return nil, fmt.Errorf("%w: %w", errInvalidConfig, err)
 	}
 	cfg = cfg.withDefaults()
 	c := &Controller[T]{cfg: cfg, log: cmp.Or(cfg.Logger, slog.Default()).With("controller", cfg.Name), client: typed.New[T](cfg.Dynamic, cfg.Resource),
@@ -183,17 +148,17 @@ func NewController[T opkit.Object](cfg Config[T]) (*Controller[T], error) {
 	// the watch's selector leaves out, would be reconciled by a controller
 	// not meant to handle them.
 	if c.sel, err = labels.Parse(cfg.Watch.LabelSelector); err != nil {
-		return nil, fmt.Errorf("%w: Watch.LabelSelector: %w", ErrInvalidConfig, err)
+		return nil, fmt.Errorf("%w: Watch.LabelSelector: %w", errInvalidConfig, err)
 	}
 	if !cfg.NoEvents {
 		if c.rec, err = NewRecorder(RecorderConfig{Dynamic: cfg.Dynamic, Controller: cfg.Name, Resource: cfg.Resource}); err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+			return nil, fmt.Errorf("%w: %w", errInvalidConfig, err)
 		}
 	}
 	if c.trig, err = trigger.New(trigger.Config[T]{Router: router[T]{c}, Get: c.client.Get, Resource: cfg.Resource, Namespace: cfg.Watch.Namespace,
 		Selector: c.sel, Priority: cfg.TriggerPriority, Rate: cfg.TriggerRate, Burst: cfg.TriggerBurst,
 		Metrics: cfg.TriggerMetrics, Logger: c.log}); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		return nil, fmt.Errorf("%w: %w", errInvalidConfig, err)
 	}
 	c.cfg.TriggerPriority = c.trig.Priority() // its default for a zero one
 	if err := c.buildShards(); err != nil {
@@ -244,34 +209,32 @@ func (cfg *Config[T]) validate() error {
 
 // withDefaults applies the Default constants to cfg's zero fields.
 func (cfg Config[T]) withDefaults() Config[T] {
-	cfg.Concurrency = cmp.Or(cfg.Concurrency, DefaultConcurrency)
+	cfg.Concurrency = cmp.Or(cfg.Concurrency, defaultConcurrency)
 	if cfg.ReservedWorkers == 0 && cfg.Concurrency > 1 {
 		cfg.ReservedWorkers = 1
 	}
 	cfg.ReservedWorkers = max(cfg.ReservedWorkers, 0)
-	cfg.MaxRetries = cmp.Or(cfg.MaxRetries, DefaultMaxRetries)
-	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultTimeout)
-	cfg.ShutdownTimeout = cmp.Or(cfg.ShutdownTimeout, DefaultShutdownTimeout)
+	cfg.MaxRetries = cmp.Or(cfg.MaxRetries, defaultMaxRetries)
+	cfg.Timeout = cmp.Or(cfg.Timeout, defaultTimeout)
+	cfg.ShutdownTimeout = cmp.Or(cfg.ShutdownTimeout, defaultShutdownTimeout)
 	cfg.Metrics = cmp.Or[Metrics](cfg.Metrics, noMetrics{})
 	cfg.Shards.Count = max(cfg.Shards.Count, 1)
 	return cfg
 }
 
-// WithDefaultRate returns a copy of cfg whose zero QPS and Burst are
-// DefaultQPS and DefaultBurst, for the other clients of an operator (its
-// leader election's, say).
+// WithDefaultRate returns a copy of cfg whose zero QPS and Burst are 100
+// and 200, as the controller's own client's, for an operator's others.
 func WithDefaultRate(cfg *rest.Config) *rest.Config {
 	cfg = rest.CopyConfig(cfg)
 	if cfg.QPS == 0 && cfg.Burst == 0 {
-		cfg.QPS, cfg.Burst = DefaultQPS, DefaultBurst
+		cfg.QPS, cfg.Burst = defaultQPS, defaultBurst
 	}
 	return cfg
 }
 
-// Trigger returns the controller's trigger: it schedules a reconcile of
-// an object on the shard the object is of while this replica works on
-// it, names the replica that does otherwise (HTTP triggers are forwarded
-// there), and has the watch's namespace and label selector as its scope.
+// Trigger returns the controller's trigger: it queues on the object's
+// shard while this replica works on it, names the replica that does
+// otherwise, and has the watch's namespace and label selector as scope.
 func (c *Controller[T]) Trigger() *trigger.Trigger[T] { return c.trig }
 
 // Runnable returns the controller as a [Group] component.
@@ -279,8 +242,7 @@ func (c *Controller[T]) Runnable() Runnable {
 	return Runnable{Name: c.cfg.Name, Run: c.Run, Ready: c.Check}
 }
 
-// Held returns the number of shards this replica works on now (with one
-// shard: 1 while it leads, or always without Leader).
+// Held returns the number of shards this replica works on now.
 func (c *Controller[T]) Held() int {
 	n := 0
 	for _, s := range c.shards {
@@ -292,7 +254,7 @@ func (c *Controller[T]) Held() int {
 }
 
 // Queues returns the shards' queues, shard i's at index i (nil for one
-// this replica never works on), for diagnostics and benchmarks.
+// this replica never works on), for diagnostics.
 func (c *Controller[T]) Queues() []*queue.Queue[opkit.Key, opkit.Cause[T]] {
 	qs := make([]*queue.Queue[opkit.Key, opkit.Cause[T]], len(c.shards))
 	for i, s := range c.shards {
@@ -303,15 +265,13 @@ func (c *Controller[T]) Queues() []*queue.Queue[opkit.Key, opkit.Cause[T]] {
 	return qs
 }
 
-// Balancer returns the balancer of the shards' Leases: nil unless there
-// are several shards and Leader.
+// Balancer returns the balancer of the shards' Leases, with several
+// shards and Leader.
 func (c *Controller[T]) Balancer() *leader.Balancer { return c.balancer }
 
-// QueueStats is the replica's queue over its shards' queues: the counts
-// and UnfinishedWork add up, LongestRunning is the longest, Suspended
-// while it works on no shard and ShutDown once every queue is. An entry
-// a shard's worker took and that waits for one of the replica's
-// Concurrency slots counts as in flight.
+// QueueStats sums the stats of this replica's shards' queues (Suspended
+// while it works on none); an entry waiting for a Concurrency slot counts
+// as in flight.
 func (c *Controller[T]) QueueStats() queue.Stats {
 	sum := queue.Stats{Suspended: true, ShutDown: true}
 	for _, s := range c.shards {
@@ -326,9 +286,8 @@ func (c *Controller[T]) QueueStats() queue.Stats {
 	return sum
 }
 
-// Check is a readiness check: the electors' health and the watchers'
-// (running, synced, connected) of the shards this replica works on, and
-// the related watchers'.
+// Check is a readiness check: the health of the electors, and of the
+// watchers of this replica's shards and of the related resources.
 func (c *Controller[T]) Check() error {
 	var errs []error
 	if c.balancer != nil {
@@ -352,9 +311,9 @@ func (c *Controller[T]) Check() error {
 	return errors.Join(errs...)
 }
 
-// AddTermWork registers r, before Run, to run beside the workers: while
-// this replica works on the first shard it works on (with Leader: in
-// every term of its Lease), or for the whole Run without Leader.
+// AddTermWork registers r, before Run, to run beside the workers: in
+// every term of the first shard this replica works on (without Leader,
+// for the whole Run).
 func (c *Controller[T]) AddTermWork(r Runnable) error {
 	if r.Run == nil || r.Name == "" {
 		return errors.New("reconcile: term work needs a Name and a Run func")
@@ -362,7 +321,7 @@ func (c *Controller[T]) AddTermWork(r Runnable) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.running {
-		return ErrAlreadyRunning
+		return errAlreadyRunning
 	}
 	c.termWork = append(c.termWork, r)
 	return nil
@@ -381,13 +340,13 @@ func (c *Controller[T]) publishEndpoint(url string) {
 	}
 }
 
-// Run runs the controller until ctx ends and returns nil, or the error of
-// a component that failed.
+// Run runs the controller until ctx ends (then it returns nil) or a
+// component fails.
 func (c *Controller[T]) Run(ctx context.Context) error {
 	c.mu.Lock()
 	if c.running {
 		c.mu.Unlock()
-		return ErrAlreadyRunning
+		return errAlreadyRunning
 	}
 	c.running = true
 	work := c.termWork
@@ -435,10 +394,10 @@ func relatedWatchers[T opkit.Object](cfg Config[T], q queue.Adder[opkit.Key, opk
 		r, err := watcher.NewRelated(watcher.RelatedConfig[T]{Client: cfg.Dynamic, Resource: w.Resource, Namespace: ns, LabelSelector: w.LabelSelector,
 			Map: w.Map, Queue: q, Priority: cfg.Watch.Priority, Backoff: cfg.Watch.Backoff, Logger: log})
 		if err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+			return nil, fmt.Errorf("%w: %w", errInvalidConfig, err)
 		}
 		if slices.ContainsFunc(out, func(o *watcher.Related[T]) bool { return o.Name() == r.Name() }) {
-			return nil, fmt.Errorf("%w: related resource %s named twice in Owns and Watches", ErrInvalidConfig, r.Name())
+			return nil, fmt.Errorf("%w: related resource %s named twice in Owns and Watches", errInvalidConfig, r.Name())
 		}
 		out = append(out, r)
 	}

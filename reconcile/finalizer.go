@@ -17,25 +17,20 @@ import (
 	"github.com/opkit/opkit/internal/typed"
 )
 
-// DefaultConflictRetries is how often the finalizer and status helpers try
+// defaultConflictRetries is how often the finalizer and status helpers try
 // again after a 409 Conflict.
-const DefaultConflictRetries = 5
+const defaultConflictRetries = 5
 
 // FinalizeFunc cleans up what an object owns outside Kubernetes before the
-// object may go. It must be idempotent: after a failure or a crash it is
-// called again.
+// object may go; it is called again after a failure or a crash.
 type FinalizeFunc[T opkit.Object] func(ctx context.Context, obj T) error
 
 // Finalizer keeps one finalizer on the objects of a resource and runs the
-// finalize step when they are being deleted. Each write is a merge patch
-// of metadata.finalizers at the resourceVersion it was computed from: a
-// concurrent writer makes it fail with 409, and it reads the object and
-// recomputes (up to [DefaultConflictRetries] times). It is safe for
-// concurrent use.
-//
-// Name it in the controller's Watch.OwnFinalizers (with
-// Watch.SkipStatusOnly): adding it is then not a change that reconciles
-// the object a second time.
+// finalize step when they are being deleted. Each write patches
+// metadata.finalizers at the resourceVersion it was computed from, and
+// recomputes after a 409 (5 times at most). Name it in the watcher's
+// OwnFinalizers (with SkipStatusOnly), so that adding it does not
+// reconcile the object again. It is safe for concurrent use.
 type Finalizer[T opkit.Object] struct {
 	name   string
 	client *typed.Client[T]
@@ -59,11 +54,10 @@ func NewFinalizer[T opkit.Object](dyn dynamic.Interface, res opkit.Resource, nam
 func (f *Finalizer[T]) Name() string { return f.name }
 
 // Handle runs the finalizer protocol and says whether to go on with the
-// normal reconcile (live): an object not being deleted gets the finalizer
-// if missing (live, the returned object updated); one being deleted with
-// the finalizer is finalized, then the finalizer is removed (a finalize
-// error is returned and the finalizer stays); one being deleted without
-// it, or gone, is left alone. Deleted requests need no call.
+// reconcile (live): an object not being deleted gets the finalizer (live,
+// the returned object updated); one being deleted with it is finalized,
+// then loses it (unless finalize fails); any other is left alone. A
+// Deleted request needs no call.
 func (f *Finalizer[T]) Handle(ctx context.Context, obj T, finalize FinalizeFunc[T]) (out T, live bool, err error) {
 	if isNil(obj) {
 		return obj, false, errors.New("reconcile: finalizer: nil object")
@@ -136,7 +130,7 @@ func (f *Finalizer[T]) update(ctx context.Context, obj T, change func(T) ([]stri
 		case err == nil:
 			noteWrite(ctx, out)
 			return out, nil
-		case !apierrors.IsConflict(err) || attempt >= DefaultConflictRetries:
+		case !apierrors.IsConflict(err) || attempt >= defaultConflictRetries:
 			return cur, fmt.Errorf("reconcile: finalizer %s on %s: %w", f.name, key, err)
 		}
 		if cur, err = f.client.Get(ctx, key); err != nil {

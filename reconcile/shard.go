@@ -52,7 +52,7 @@ func (c *Controller[T]) buildShards() error {
 		if lcfg.Identity == "" {
 			id, err := leader.DefaultIdentity()
 			if err != nil {
-				return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+				return fmt.Errorf("%w: %w", errInvalidConfig, err)
 			}
 			lcfg.Identity = id
 		}
@@ -66,7 +66,7 @@ func (c *Controller[T]) buildShards() error {
 		b, err := leader.NewBalancer(leader.BalancerConfig{Client: lcfg.Client, Namespace: lcfg.Namespace, Group: lcfg.Name, Identity: lcfg.Identity,
 			Shards: count, LeaseDuration: lcfg.LeaseDuration, RetryPeriod: lcfg.RetryPeriod, Logger: c.log})
 		if err != nil {
-			return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+			return fmt.Errorf("%w: %w", errInvalidConfig, err)
 		}
 		c.balancer = b
 	}
@@ -107,7 +107,7 @@ func (c *Controller[T]) newShard(i int, lcfg leader.Config, leading *shardsLeadi
 	}
 	var err error
 	if s.watch, err = watcher.New(wcfg); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		return nil, fmt.Errorf("%w: %w", errInvalidConfig, err)
 	}
 	if cfg.Leader == nil {
 		return s, nil
@@ -124,7 +124,7 @@ func (c *Controller[T]) newShard(i int, lcfg leader.Config, leading *shardsLeadi
 		lcfg.Metrics = shardLeading{leading, i}
 	}
 	if s.elector, err = leader.New(lcfg); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		return nil, fmt.Errorf("%w: %w", errInvalidConfig, err)
 	}
 	if c.balancer != nil {
 		c.balancer.Add(s.elector)

@@ -117,7 +117,7 @@ func (c *shard[T]) live(ctx context.Context, t *turn[T], req Request[T], cause o
 		if len(req.Reasons) > 0 {
 			note += ": " + strings.Join(req.Reasons, "; ")
 		}
-		if err := c.rec.Record(ctx, cause.Object, EventSpec{Type: EventNormal, Reason: "Triggered", Action: "Reconcile", Note: note}); err != nil {
+		if err := c.rec.Record(ctx, cause.Object, EventSpec{Type: eventNormal, Reason: "Triggered", Action: "Reconcile", Note: note}); err != nil {
 			t.log.Warn("recording the trigger event failed", "err", err)
 		}
 	}
@@ -261,7 +261,7 @@ func (c *shard[T]) call(ctx context.Context, req Request[T], log *slog.Logger) (
 		if p := recover(); p != nil {
 			c.cfg.Metrics.Panicked()
 			log.Error("reconcile panicked", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
-			res, err = Done(), fmt.Errorf("%w: %v", ErrPanic, p)
+			res, err = Done(), fmt.Errorf("%w: %v", errPanic, p)
 		}
 	}()
 	return c.cfg.Reconciler.Reconcile(ctx, req)
@@ -290,7 +290,7 @@ func (c *shard[T]) record(ctx context.Context, req Request[T], reason string, er
 	if isNil(obj) {
 		obj = typed.Tombstone[T](req.Key, "", "")
 	}
-	if rerr := c.rec.Record(context.WithoutCancel(ctx), obj, EventSpec{Type: EventWarning, Reason: reason, Action: "Reconcile", Note: err.Error()}); rerr != nil {
+	if rerr := c.rec.Record(context.WithoutCancel(ctx), obj, EventSpec{Type: eventWarning, Reason: reason, Action: "Reconcile", Note: err.Error()}); rerr != nil {
 		log.Warn("recording the failure event failed", "err", rerr)
 	}
 }

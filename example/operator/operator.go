@@ -440,7 +440,7 @@ func Run(ctx context.Context, o Options, logger *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("kubeconfig: %w", err)
 	}
-	// reconcile.DefaultQPS and DefaultBurst, not client-go's 5 and 10.
+	// QPS 100 and Burst 200, not client-go's 5 and 10.
 	restCfg = reconcile.WithDefaultRate(restCfg)
 	restCfg.UserAgent = "opkit-demo-operator/" + o.Identity
 	dyn, err := dynamic.NewForConfig(restCfg)
