@@ -50,9 +50,6 @@ func NewFinalizer[T opkit.Object](dyn dynamic.Interface, res opkit.Resource, nam
 	return &Finalizer[T]{name: name, client: typed.New[T](dyn, res)}, nil
 }
 
-// Name returns the finalizer's name.
-func (f *Finalizer[T]) Name() string { return f.name }
-
 // Handle runs the finalizer protocol and says whether to go on with the
 // reconcile (live): an object not being deleted gets the finalizer (live,
 // the returned object updated); one being deleted with it is finalized,
@@ -63,7 +60,7 @@ func (f *Finalizer[T]) Handle(ctx context.Context, obj T, finalize FinalizeFunc[
 		return obj, false, errors.New("reconcile: finalizer: nil object")
 	}
 	if obj.GetDeletionTimestamp() == nil {
-		switch out, err := f.Add(ctx, obj); {
+		switch out, err := f.add(ctx, obj); {
 		case typed.Gone(err, obj.GetName()):
 			return obj, false, nil
 		case err != nil:
@@ -82,16 +79,16 @@ func (f *Finalizer[T]) Handle(ctx context.Context, obj T, finalize FinalizeFunc[
 			return obj, false, fmt.Errorf("finalize %s: %w", opkit.KeyOf(obj), err)
 		}
 	}
-	out, err = f.Remove(ctx, obj)
+	out, err = f.remove(ctx, obj)
 	if typed.Gone(err, obj.GetName()) {
 		return obj, false, nil
 	}
 	return out, false, err
 }
 
-// Add puts the finalizer on obj unless it is there or obj is being
+// add puts the finalizer on obj unless it is there or obj is being
 // deleted, and returns the object as written (or obj).
-func (f *Finalizer[T]) Add(ctx context.Context, obj T) (T, error) {
+func (f *Finalizer[T]) add(ctx context.Context, obj T) (T, error) {
 	return f.update(ctx, obj, func(o T) ([]string, bool) {
 		fins := o.GetFinalizers()
 		if o.GetDeletionTimestamp() != nil || slices.Contains(fins, f.name) {
@@ -101,8 +98,8 @@ func (f *Finalizer[T]) Add(ctx context.Context, obj T) (T, error) {
 	})
 }
 
-// Remove takes the finalizer off obj if it is there, keeping the others.
-func (f *Finalizer[T]) Remove(ctx context.Context, obj T) (T, error) {
+// remove takes the finalizer off obj if it is there, keeping the others.
+func (f *Finalizer[T]) remove(ctx context.Context, obj T) (T, error) {
 	return f.update(ctx, obj, func(o T) ([]string, bool) {
 		fins := o.GetFinalizers()
 		if !slices.Contains(fins, f.name) {

@@ -134,20 +134,20 @@ func (c *shard[T]) live(ctx context.Context, t *turn[T], req Request[T], cause o
 		// Another shard's object (a Watches mapping names keys of every
 		// shard): its shard's controller reconciles it.
 		t.log.Debug("object of another shard: skipped")
-		c.cfg.Metrics.Skipped(SkipOutOfScope)
+		c.cfg.Metrics.Skipped(skipOutOfScope)
 		return
 	case !isNil(obj) && !c.sel.Matches(labels.Set(obj.GetLabels())):
 		// Not an object the watch sees (a trigger's for another shard, or
 		// one that left the selector, whose delete the watch delivers),
 		// also for a teardown: this controller does not handle it.
 		t.log.Info("object does not match the watch's label selector: skipped", "selector", c.sel.String())
-		c.cfg.Metrics.Skipped(SkipOutOfScope)
+		c.cfg.Metrics.Skipped(skipOutOfScope)
 		return
 	case !isNil(obj):
 	case !cause.Teardown:
 		if cause.Sources.Has(opkit.Operator) {
 			t.log.Debug("triggered object not found: skipped")
-			c.cfg.Metrics.Skipped(SkipGone)
+			c.cfg.Metrics.Skipped(skipGone)
 		}
 		return
 	case hadDeletes:
@@ -210,12 +210,12 @@ func (c *shard[T]) outcome(ctx context.Context, t *turn[T], req Request[T], res 
 	after, requeue := res.Requeue()
 	switch {
 	case err == nil && !requeue:
-		c.cfg.Metrics.Reconciled(OutcomeDone, took)
+		c.cfg.Metrics.Reconciled(outcomeDone, took)
 		log.Debug("reconciled", "took", took)
 		t.note(trigger.Succeeded, nil)
 		return true
 	case err == nil:
-		c.cfg.Metrics.Reconciled(OutcomeRequeue, took)
+		c.cfg.Metrics.Reconciled(outcomeRequeue, took)
 		log.Debug("reconciled; requeued", "after", after, "took", took)
 		if !t.requeue || after < t.after {
 			t.requeue, t.after = true, after
@@ -225,24 +225,24 @@ func (c *shard[T]) outcome(ctx context.Context, t *turn[T], req Request[T], res 
 	case ctx.Err() != nil:
 		// The term ended or the drain ran out: not the reconciler's failure,
 		// and nothing may be written any more.
-		c.cfg.Metrics.Reconciled(OutcomeInterrupted, took)
+		c.cfg.Metrics.Reconciled(outcomeInterrupted, took)
 		log.Info("reconcile interrupted by shutdown or the end of the term", "err", err)
 		t.interrupted = true
 		return false
 	case IsTerminal(err):
-		c.cfg.Metrics.Reconciled(OutcomeTerminal, took)
+		c.cfg.Metrics.Reconciled(outcomeTerminal, took)
 		log.Error("reconcile failed with a terminal error: not retried", "err", err)
 		c.record(ctx, req, "ReconcileTerminalError", err, log)
 		t.note(trigger.Terminal, err)
 		return true
 	case c.cfg.MaxRetries >= 0 && req.Retries >= c.cfg.MaxRetries && req.Sources == 0: // a retry of the controller's own
-		c.cfg.Metrics.Reconciled(OutcomeGaveUp, took)
+		c.cfg.Metrics.Reconciled(outcomeGaveUp, took)
 		log.Error("reconcile failed on its last retry: given up", "err", err, "maxRetries", c.cfg.MaxRetries)
 		c.record(ctx, req, "ReconcileFailed", fmt.Errorf("gave up after %d retries: %w", req.Retries, err), log)
 		t.note(trigger.Terminal, fmt.Errorf("gave up after %d retries: %w", req.Retries, err))
 		return true
 	}
-	c.cfg.Metrics.Reconciled(OutcomeRetry, took)
+	c.cfg.Metrics.Reconciled(outcomeRetry, took)
 	log.Warn("reconcile failed", "err", err)
 	t.note(trigger.Failed, err)
 	t.failed = true

@@ -294,11 +294,9 @@ func (t triggerMetrics) BrokerError(kind string)      { t.m.consBrokerErrs.WithL
 
 type controllerMetrics struct{ m *Metrics }
 
-func (c controllerMetrics) Reconciled(o reconcile.Outcome, took time.Duration) {
-	c.m.recReconciled.WithLabelValues(o.String()).Observe(took.Seconds())
+func (c controllerMetrics) Reconciled(outcome string, took time.Duration) {
+	c.m.recReconciled.WithLabelValues(outcome).Observe(took.Seconds())
 }
-func (c controllerMetrics) Panicked() { c.m.recPanics.Inc() }
-func (c controllerMetrics) Skipped(r reconcile.SkipReason) {
-	c.m.recSkipped.WithLabelValues(string(r)).Inc()
-}
-func (c controllerMetrics) Refetched() { c.m.recRefetched.Inc() }
+func (c controllerMetrics) Panicked()             { c.m.recPanics.Inc() }
+func (c controllerMetrics) Skipped(reason string) { c.m.recSkipped.WithLabelValues(reason).Inc() }
+func (c controllerMetrics) Refetched()            { c.m.recRefetched.Inc() }

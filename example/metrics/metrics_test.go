@@ -13,7 +13,6 @@ import (
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/example/metrics"
 	"github.com/opkit/opkit/queue"
-	"github.com/opkit/opkit/reconcile"
 )
 
 func TestAdaptersFeedCollectors(t *testing.T) {
@@ -32,7 +31,7 @@ func TestAdaptersFeedCollectors(t *testing.T) {
 	m.Trigger().Acked("Scheduled")
 	m.Trigger().Lag(7)
 	m.Trigger().BrokerError("Permission")
-	m.Controller().Reconciled(reconcile.OutcomeDone, time.Millisecond)
+	m.Controller().Reconciled("done", time.Millisecond)
 
 	want := `
 # HELP opkit_trigger_consumer_lag Broker backlog: messages not yet delivered or acknowledged (every replica reports the same shared backlog: aggregate with max, not sum).
