@@ -57,27 +57,24 @@ type ReviewClient interface {
 }
 
 // KubeAuthConfig configures the Kubernetes-native authenticator; a zero
-// field means its default.
+// field means its default. Client makes the reviews (required); the token
+// must be for one of Audiences (nil: DefaultAudience); the
+// SubjectAccessReview checks Verb ("": "update") on Group and Resource
+// (empty: the trigger's) and Subresource. Allows are cached PositiveTTL
+// (zero: 10s), refusals NegativeTTL (zero: 5s), in caches of MaxEntries
+// (zero: 4096). At most MaxReviews (zero: 16) run at once, half of them
+// one user's (ErrBusy beyond), each within ReviewTimeout (zero: 5s); the
+// requests that need the same review share it.
 type KubeAuthConfig struct {
-	// Client makes the reviews (required).
-	Client ReviewClient
-	// Audiences the token may be for (nil: DefaultAudience).
-	Audiences []string
-	// The SubjectAccessReview's Verb ("": "update"), Group and Resource
-	// (empty: the trigger's), and Subresource (such as a custom
-	// "reconcile" a Role grants).
-	Verb, Group, Resource, Subresource string
-	// PositiveTTL and NegativeTTL are how long an allow and a refusal are
-	// cached (zero: 10s and 5s), MaxEntries each cache's size, the least
-	// recently used evicted (zero: 4096).
+	Client                   ReviewClient
+	Audiences                []string
+	Verb                     string
+	Group, Resource          string
+	Subresource              string
 	PositiveTTL, NegativeTTL time.Duration
 	MaxEntries               int
-	// MaxReviews bounds the reviews in flight (zero: 16; beyond,
-	// ErrBusy), at most half of them one user's; requests that need the
-	// same review share it. ReviewTimeout bounds one (zero: 5s), which
-	// goes on for the others if its request leaves.
-	MaxReviews    int
-	ReviewTimeout time.Duration
+	MaxReviews               int
+	ReviewTimeout            time.Duration
 }
 
 // kubeAuthenticator is the Kubernetes-native Authenticator.

@@ -43,51 +43,41 @@ var errNotRunning = errors.New("trigger: consumer is not running")
 var ErrLagUnavailable = errors.New("trigger: broker lag unavailable")
 
 // ConsumerConfig configures a Consumer; a zero field means its default.
+// Broker and Trigger are required; Type is the triggers' (zero:
+// Modified). It handles Concurrency messages at once (1; a message waiting
+// for its reconcile holds one), of at most MaxMessageBytes (8 KiB). A
+// read takes at most APITimeout (10s), a broker call BrokerTimeout (5s).
+// A Nack after an API error is delayed RetryBase, doubling per delivery up
+// to RetryCap (1s and 1m), any other DroppedDelay (1s: give the broker no
+// small delivery limit); the wait after a failed Receive doubles from
+// ReconnectBase to ReconnectCap (500ms and 30s).
+//
+// Paused, asked before each Receive and every PausePoll (250ms) while one
+// blocks, keeps the messages in the broker while true (nil: while this
+// replica works on no shard); it must be safe for concurrent use.
+// AckAfterReconcile acknowledges a message once its reconcile succeeded or
+// failed for good (a FinalOnly ticket), calling a Progresser's InProgress
+// every ProgressInterval (10s) meanwhile, and replies the Outcome to a
+// Replier. A Lag broker is asked every LagInterval (15s; negative: never).
+// The Logger logs keys and reasons, never bodies.
 type ConsumerConfig[T opkit.Object] struct {
-	// Broker and Trigger are required: where the messages come from, and
-	// where they go.
-	Broker  Broker
-	Trigger *Trigger[T]
-	// Type is the type of the triggers; zero means Modified.
-	Type opkit.Type
-	// Concurrency is how many messages are handled at once (zero: 1); a
-	// message waiting for its reconcile (AckAfterReconcile) holds one.
-	Concurrency int
-	// MaxMessageBytes is the largest message (zero: 8 KiB).
-	MaxMessageBytes    int
-	AllowUnknownFields bool
-	// APITimeout bounds each read of an object (zero: 10s), BrokerTimeout
-	// each Ack, Nack, Term, Lag and Release (zero: 5s).
-	APITimeout, BrokerTimeout time.Duration
-	// RetryBase and RetryCap shape the Nack delay after an API error
-	// (zero: 1s and 1m); DroppedDelay is the other Nacks' (zero: 1s):
-	// give the broker no small delivery limit, or dropped triggers reach
-	// its dead letter while no replica leads.
-	RetryBase, RetryCap, DroppedDelay time.Duration
-	// ReconnectBase and ReconnectCap shape the wait after a failed
-	// Receive, doubling per failure (zero: 500ms and 30s).
+	Broker                      Broker
+	Trigger                     *Trigger[T]
+	Type                        opkit.Type
+	Concurrency                 int
+	MaxMessageBytes             int
+	AllowUnknownFields          bool
+	APITimeout, BrokerTimeout   time.Duration
+	RetryBase, RetryCap         time.Duration
+	DroppedDelay                time.Duration
 	ReconnectBase, ReconnectCap time.Duration
-	// Paused, asked before every Receive and every PausePoll while one
-	// blocks (zero: 250ms), keeps the messages in the broker while it
-	// reports true, rather than have them delivered, read and handed back
-	// here. nil means while the Trigger's Router names no shard this
-	// replica works on (a Trigger on one queue never pauses). It must be
-	// safe for concurrent use.
-	Paused    func() bool
-	PausePoll time.Duration
-	// AckAfterReconcile acknowledges a message only once the reconcile
-	// that serves it succeeded or failed for good (a FinalOnly ticket),
-	// calling a Progresser's InProgress every ProgressInterval meanwhile
-	// (zero: 10s), and replies the Outcome to a Replier.
-	AckAfterReconcile bool
-	ProgressInterval  time.Duration
-	// LagInterval is how often a Lag broker is asked for its backlog
-	// (zero: 15s; negative: never).
-	LagInterval time.Duration
-	// Metrics (nil: none) and Logger (nil: slog.Default(); messages are
-	// logged by key and reason, never by body).
-	Metrics Metrics
-	Logger  *slog.Logger
+	Paused                      func() bool
+	PausePoll                   time.Duration
+	AckAfterReconcile           bool
+	ProgressInterval            time.Duration
+	LagInterval                 time.Duration
+	Metrics                     Metrics
+	Logger                      *slog.Logger
 }
 
 // Consumer turns broker messages into reconciles (see the package

@@ -33,62 +33,46 @@ const (
 )
 
 // HandlerConfig configures the HTTP trigger endpoint; a zero field means
-// its default.
+// its default. It needs an Authenticator, or Reviews for the
+// Kubernetes-native one, or InsecureSkipAuth (for development, or behind
+// another authenticating layer). ForwardClient forwards to the other
+// replicas (over TLS, to https only: give it their CA; nil: 64 idle
+// connections per replica). Type is the triggers' (zero: Modified).
+//
+// Its limits: the delay and wait parameters (zero: 1h and 5m), the
+// callers waiting for outcomes or forwarded answers (1024), the body (8
+// KiB) and its arrival (2s), a request's API calls together (5s), the
+// requests of all callers a second (zero: none; burst max(1,
+// ceil(RateLimit))), those being authorized, read and queued (64;
+// negative: none), and the authentications a client address may fail in
+// a row, each within AuthFailureBackoff of the last, before it gets 429
+// without a review until that has passed (10 and 10s; negative: none).
+// 429 and 503 carry Retry-After (5s).
 type HandlerConfig struct {
-	// Authenticator decides who may trigger what; with Reviews instead,
-	// the Kubernetes-native one (NewKubeAuthenticator's defaults). Without
-	// either, set InsecureSkipAuth, for development or behind another
-	// authenticating layer only: callers are then told apart by address.
-	Authenticator    Authenticator
-	Reviews          ReviewClient
-	InsecureSkipAuth bool
-	// ForwardClient sends the triggers of objects another replica works
-	// on to it, with the caller's credentials, and over TLS only to an
-	// https endpoint: give it the configuration that trusts the replicas'
-	// certificates. nil: net/http's default transport, with 64 idle
-	// connections per replica.
-	ForwardClient *http.Client
-	// Type is the type of the triggers; zero means Modified.
-	Type opkit.Type
-	// MaxDelay and MaxWait bound the delay and wait parameters (zero: 1h
-	// and 5m); MaxWaiting the callers waiting for outcomes or forwarded
-	// answers at once (zero: 1024).
-	MaxDelay, MaxWait time.Duration
-	MaxWaiting        int
-	// MaxBodyBytes bounds the body (zero: 8 KiB), and BodyTimeout the
-	// time it takes to arrive (zero: 2s), before the request takes an
-	// in-flight slot.
-	MaxBodyBytes int64
-	BodyTimeout  time.Duration
-	// APITimeout bounds one request's API calls together: the reviews and
-	// the read (zero: 5s).
-	APITimeout time.Duration
-	// RetryAfter is the Retry-After of 429 and 503 answers (zero: 5s).
-	RetryAfter time.Duration
-	// RateLimit and RateBurst bound the requests of all callers (zero:
-	// unlimited; a burst of max(1, ceil(RateLimit))). MaxInFlight bounds
-	// the requests being authorized, read and queued (zero: 64; negative:
-	// unlimited).
-	RateLimit   float64
-	RateBurst   int
-	MaxInFlight int
-	// MaxAuthFailures: a client address (RemoteAddr's host) that failed
-	// authentication this many times, each within AuthFailureBackoff of
-	// the last, gets 429 without a review until AuthFailureBackoff has
-	// passed (zero: 10 and 10s; negative: no limit).
+	Authenticator      Authenticator
+	Reviews            ReviewClient
+	InsecureSkipAuth   bool
+	ForwardClient      *http.Client
+	Type               opkit.Type
+	MaxDelay, MaxWait  time.Duration
+	MaxWaiting         int
+	MaxBodyBytes       int64
+	BodyTimeout        time.Duration
+	APITimeout         time.Duration
+	RateLimit          float64
+	RateBurst          int
+	MaxInFlight        int
 	MaxAuthFailures    int
 	AuthFailureBackoff time.Duration
-	// Metrics (nil: none) and Logger (nil: slog.Default(); never a token,
-	// at most one record per status code every 10s).
-	Metrics Metrics
-	Logger  *slog.Logger
+	RetryAfter         time.Duration
+	Metrics            Metrics
+	Logger             *slog.Logger
 }
 
-// Accepted is the JSON body of a 202 answer: the object's key, namespace
-// and name; its UID and ResourceVersion as read (none when the trigger
-// joined an entry that waited); the delay; the queue's outcome (Queued or
-// Merged); and, when the caller's wait ended first, the trigger's ID and
-// the path whose GET answers its Outcome.
+// Accepted is the JSON body of a 202 answer: the object as read (no UID
+// and ResourceVersion when the trigger joined a waiting entry), the
+// delay, the queue's outcome, and, when the caller's wait ended first, the
+// trigger's ID and the path whose GET answers its Outcome.
 type Accepted struct {
 	Key             string `json:"key"`
 	Namespace       string `json:"namespace,omitempty"`
@@ -101,10 +85,10 @@ type Accepted struct {
 	StatusPath      string `json:"statusPath,omitempty"`
 }
 
-// Status is the JSON body of every error answer: a Kubernetes
-// metav1.Status (Reason is Kubernetes' for the code, or else the code's
-// name, as "BadGateway"), with, for a dropped trigger, the replica that
-// works on the object (Leader, when known) and the queue's Outcome.
+// Status is the JSON body of every error answer: a metav1.Status (Reason
+// Kubernetes' for the code, or its name, as "BadGateway"; Details name the
+// object once the path did), with the Leader and the queue's Outcome of a
+// dropped trigger.
 type Status struct {
 	Kind       string                `json:"kind"`
 	APIVersion string                `json:"apiVersion"`
@@ -127,12 +111,11 @@ type handler[T opkit.Object] struct {
 	log      *sampler
 }
 
-// NewHandler validates cfg and returns the HTTP trigger endpoint of t. It
-// serves POST /reconcile/{namespace}/{name}, or /reconcile/{name} for a
-// cluster-scoped resource (at the server root, or behind
-// http.StripPrefix), with the parameters delay (a Go duration), reason
-// (or a JSON body {"reason": "..."}) and wait (a Go duration), and GET
-// .../triggers/{id}; the package documentation lists its answers.
+// NewHandler validates cfg and returns the HTTP trigger endpoint of t:
+// POST /reconcile/{namespace}/{name} (or /reconcile/{name}) with
+// ?delay=, ?wait= (Go durations) and ?reason= (or a JSON body
+// {"reason": ...}), and GET .../triggers/{id}, at the root or behind
+// http.StripPrefix; see the package documentation.
 func NewHandler[T opkit.Object](t *Trigger[T], cfg HandlerConfig) (http.Handler, error) {
 	cfg.Type = cmp.Or(cfg.Type, opkit.Modified)
 	switch {

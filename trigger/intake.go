@@ -19,18 +19,15 @@ import (
 	"github.com/opkit/opkit/queue"
 )
 
-// Router says where the work on an object is done (reconcile.Controller
-// implements it): its objects are split into Shards() shards, at least
-// one, by the hash of their UID (opkit.ShardOf), and Place(i) says where
-// shard i is worked on now.
+// Router says where shard i of Shards() (at least one; by UID,
+// opkit.ShardOf) is worked on now: reconcile.Controller implements it.
 type Router[T opkit.Object] interface {
 	Shards() int
 	Place(shard int) Place[T]
 }
 
-// Place is where a shard is worked on: Queue when by this replica (its
-// intake open), else nil, with the replica that holds it when known: its
-// identity and the base URL of its trigger endpoint.
+// Place is where a shard is worked on: Queue if here (its intake open),
+// else the Holder and its trigger Endpoint's URL, when known.
 type Place[T opkit.Object] struct {
 	Queue            queue.Adder[opkit.Key, opkit.Cause[T]]
 	Holder, Endpoint string
@@ -57,11 +54,9 @@ type Pointer struct {
 }
 
 // Tracking says whether [Trigger.Intake] gives the trigger a [Ticket]
-// (the zero Tracking gives none), and which outcome arrives on it: the
-// first reconcile's (Tracked), or the first final one, after a failed
-// reconcile's retries (FinalOnly: Succeeded, Requeued, Terminal or
-// Skipped). At most 10,000 tickets wait (64 for one key); beyond, Intake
-// refuses with ErrBusy.
+// (not when zero), and which outcome it gets: the first reconcile's, or
+// FinalOnly the first final one (not Failed). At most 10,000 tickets wait,
+// 64 for one key (beyond, ErrBusy).
 type Tracking uint8
 
 const (
@@ -70,25 +65,23 @@ const (
 	FinalOnly
 )
 
-// IntakeOptions are the caller's part of [Trigger.Intake].
+// IntakeOptions are the caller's part of [Trigger.Intake]: Authorize, if
+// set, authorizes the checked key before anything is read, and names the
+// caller, who gets at most half of the budget ("" for none); Track asks
+// for a Ticket; NoForward drops a trigger that another replica's Endpoint
+// would take (a request forwarded already, a consumer).
 type IntakeOptions struct {
-	// Authorize, if set, authorizes the validated key before anything is
-	// read, and names the caller: one caller ("" for none) gets at most
-	// half of the trigger budget.
 	Authorize func(ctx context.Context, key opkit.Key) (caller string, err error)
 	Track     Tracking
-	// NoForward drops a trigger that another replica's Endpoint would
-	// take (a request forwarded once already, a consumer).
 	NoForward bool
 
 	paid bool // the consumer took a token of the budget (waitForBudget)
 }
 
-// Decision is what [Trigger.Intake] decided: scheduled here (Outcome
-// Queued or Merged; a Ticket if tracked), to be forwarded to the
-// Endpoint of the replica that works on the object, or dropped (Outcome
-// DroppedSuspended or DroppedShutDown). Object is the object read, if one
-// was; Holder names the replica that works on it, when known.
+// Decision is what [Trigger.Intake] decided: scheduled (Outcome Queued or
+// Merged; a Ticket if tracked), to be forwarded to another replica's
+// Endpoint, or dropped; with the Object read, if any, and the Holder of
+// the object's shard, if known.
 type Decision[T opkit.Object] struct {
 	Object           T
 	Outcome          queue.Outcome
@@ -96,15 +89,13 @@ type Decision[T opkit.Object] struct {
 	Endpoint, Holder string
 }
 
-// Intake is the one path of an external trigger (the HTTP handler's and
-// the consumer's), in this order: it validates p (ErrInvalid), calls
-// opts.Authorize (its error is returned as is), checks the namespace
-// (ErrOutOfScope), and finds where the object is worked on (with shards,
-// by reading it). Another replica's trigger is for its Endpoint, or
-// dropped. Here, the trigger joins the entry waiting for the key, if one
-// is due, for free; else it takes a token of the budget (ErrBusy), reads
-// the object (ErrNotFound, or the API error wrapped), checks its labels
-// (ErrOutOfScope), and queues it.
+// Intake is the one path of an external trigger (the handler's, the
+// consumer's): it checks p, calls opts.Authorize, checks the namespace,
+// and finds where the object is worked on (with shards, by reading it):
+// elsewhere, the trigger is for that Endpoint, or dropped. Here, it joins
+// the entry waiting for the key, if due, for free; or it takes a token of
+// the budget, reads the object (the API's errors wrapped), checks its
+// labels, and queues it.
 func (t *Trigger[T]) Intake(ctx context.Context, p Pointer, opts IntakeOptions) (Decision[T], error) {
 	var none Decision[T]
 	p.Type = cmp.Or(p.Type, opkit.Modified)

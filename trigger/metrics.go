@@ -6,31 +6,20 @@ import (
 	"github.com/opkit/opkit/queue"
 )
 
-// Metrics receives the counts of a Trigger, of its HTTP handler and of its
-// consumers: each of Config, HandlerConfig and ConsumerConfig takes one
-// (nil: none), and calls only its own methods. Implementations must be
-// safe for concurrent use and must not block.
+// Metrics receives the counts of a Trigger (Enqueued, Rejected), its
+// handler (Request, with the Status reason, or "Accepted") and its
+// consumers (the others; the reasons are the consumer table's). Each
+// config calls only its own; they must be safe for concurrent use.
 type Metrics interface {
-	// Enqueued: a trigger reached the queue, with the queue's outcome.
 	Enqueued(outcome queue.Outcome)
-	// Rejected: a trigger was refused for bad input or an ended context.
 	Rejected()
-	// Request: the handler answered a request with code and the
-	// machine-readable reason ("Accepted" for 202), after took.
 	Request(code int, reason string, took time.Duration)
-	// Received: the consumer took a message from the broker.
 	Received()
-	// Acked, Nacked and Terminated: the consumer settled a message, for
-	// one of the reasons of the package documentation's consumer table.
 	Acked(reason string)
 	Nacked(reason string)
 	Terminated(reason string)
-	// Processed: the time from a message's receipt to its settlement.
 	Processed(took time.Duration)
-	// Lag: the backlog a Lag broker reported.
 	Lag(n int64)
-	// BrokerError: a broker call failed, of a BrokerError kind ("Unknown"
-	// when not classified).
 	BrokerError(kind string)
 }
 

@@ -18,24 +18,21 @@ import (
 // shuts down: the handler answers a caller still waiting 503 at once.
 var errServerStopping = errors.New("trigger: the server is shutting down")
 
-// ServerConfig configures a Server; a zero field means its default.
+// ServerConfig configures a Server; a zero field means its default. It
+// listens on Addr (":8443" with TLS, else ":8080"); it serves Handler
+// (required: NewHandler's); with CertFile and KeyFile, a PEM certificate
+// chain and key, it speaks HTTPS only, and reloads them when a file
+// changes; the http.Server timeouts (zero: 5s, 10s, 30s and 60s), the
+// request line and headers' limit (zero: 16 KiB), the graceful shutdown's
+// (zero: 10s) and the Logger (nil: slog.Default()) are its own.
 type ServerConfig struct {
-	// Addr is Run's listen address (":8443" with TLS, else ":8080").
-	Addr string
-	// Handler serves the requests (required): NewHandler's.
-	Handler http.Handler
-	// CertFile and KeyFile, both or neither, are a PEM certificate chain
-	// and key: the server then speaks HTTPS only, and reloads them when a
-	// file changes (a rotated Secret volume).
-	CertFile, KeyFile string
-	// The http.Server timeouts (zero: 5s, 10s, 30s and 60s).
+	Addr                                                      string
+	Handler                                                   http.Handler
+	CertFile, KeyFile                                         string
 	ReadHeaderTimeout, ReadTimeout, WriteTimeout, IdleTimeout time.Duration
-	// MaxHeaderBytes bounds the request line and headers (zero: 16 KiB).
-	MaxHeaderBytes int
-	// ShutdownTimeout bounds the graceful shutdown (zero: 10s).
-	ShutdownTimeout time.Duration
-	// Logger (nil: slog.Default()).
-	Logger *slog.Logger
+	MaxHeaderBytes                                            int
+	ShutdownTimeout                                           time.Duration
+	Logger                                                    *slog.Logger
 }
 
 // Server serves the trigger endpoint, with a timeout on every phase of a

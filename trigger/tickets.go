@@ -14,12 +14,10 @@ import (
 	"github.com/opkit/opkit"
 )
 
-// State is what became of the reconcile that served a trigger: not
-// finished yet (Pending); succeeded, perhaps asking to run again later
-// (Requeued); failed, to be retried (Failed) or not (Terminal: a terminal
-// error, or given up on); nothing to reconcile, the object gone or out of
-// scope (Skipped); or not known here (Unknown: another term's or
-// replica's trigger, one forgotten, or one whose term ended first).
+// State is what became of the reconcile that served a trigger: Pending;
+// Succeeded, or Requeued; Failed, to be retried, or Terminal; Skipped (the
+// object gone or out of scope); or Unknown here (another term's or
+// replica's, forgotten, or its term ended first).
 type State string
 
 const (
@@ -38,11 +36,9 @@ func (s State) final() bool {
 	return s == Succeeded || s == Requeued || s == Terminal || s == Skipped
 }
 
-// Outcome is the result of the reconcile that served a tracked trigger,
-// as the HTTP endpoint answers it: the trigger's ID, the State, the
-// reconcile's Error (Failed, Terminal), the reconciles of the key in its
-// streak (1 for a first success), the reconcile's Duration, and the
-// Replica and leadership Term that ran it.
+// Outcome is the result of the reconcile that served a tracked trigger:
+// its State and Error, the key's Attempts in its streak (1 for a first
+// success), its Duration, and the Replica and Term that ran it.
 type Outcome struct {
 	ID       string `json:"id"`
 	State    State  `json:"state"`

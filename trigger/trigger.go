@@ -36,12 +36,9 @@ const MaxReasonLen = 1024
 // longest a DNS-1123 subdomain, which most resources' names are, may be.
 const maxNameLen = validation.DNS1123SubdomainMaxLength
 
-// The errors of a trigger, for errors.Is: bad input (the handler answers
-// 400, the consumer dead-letters); an object the controller does not
-// handle (404; handed back); an object that does not exist (404;
-// acknowledged); "not now": the trigger budget or the reviews in flight
-// are spent (429; handed back). An Authenticator wraps the last two: no
-// valid token (401), or not allowed (403).
+// The errors of a trigger, for errors.Is: bad input, an object out of the
+// controller's scope, no such object, "not now" (the budget or the reviews
+// are spent); an Authenticator's no valid token, and not allowed.
 var (
 	ErrInvalid         = errors.New("invalid trigger")
 	ErrOutOfScope      = errors.New("object outside the controller's scope")
@@ -64,40 +61,33 @@ var errNoGetter = errors.New("trigger: the Trigger reads objects for the HTTP ha
 // Config configures a Trigger; a zero field means its default.
 // reconcile.Controller builds its own.
 type Config[T opkit.Object] struct {
-	// Queue (a Trigger used alone) or Router (a controller whose work
-	// may be shared over replicas): exactly one is required.
+	// Queue (a Trigger used alone) or Router: exactly one is required.
 	Queue  queue.Adder[opkit.Key, opkit.Cause[T]]
 	Router Router[T]
 	// Get reads an object for Intake (default: a typed client over
-	// Dynamic; with neither, NewHandler and NewConsumer refuse the
-	// Trigger). It returns API errors as they are, or wrapped; a NotFound
-	// that does not name the object (a CRD not installed yet) is an API
-	// failure, not a gone object.
+	// Dynamic; without either, NewHandler and NewConsumer refuse the
+	// Trigger). A NotFound that does not name the object (a CRD not
+	// installed yet) is an API failure, not a gone object.
 	Get     func(ctx context.Context, key opkit.Key) (T, error)
 	Dynamic dynamic.Interface
-	// Resource is the resource T is served as (required): an object of
-	// another kind, group or scope is invalid.
+	// Resource is the resource T is served as (required).
 	Resource opkit.Resource
 	// Namespace and Selector are the scope of the controller's watch
-	// (empty and nil: everything; a field selector is not checked). The
-	// namespace is checked before anything is read; the labels on what
-	// Intake read and on a Deleted trigger's object (the controller checks
-	// any other object's when it reconciles it).
+	// (empty: everything). Intake checks the namespace before it reads,
+	// and the labels of what it read.
 	Namespace string
 	Selector  labels.Selector
-	// Priority is the queue priority of triggered entries, within int32;
-	// zero means 100 (use 1 to rank just above watch events, 0).
+	// Priority is the queue priority of the entries, within int32 (zero:
+	// 100; watch events have 0).
 	Priority int
-	// Rate and Burst are the trigger budget of Intake: a trigger that
-	// joins an entry already waiting for its key is free; any other takes
-	// a token (Rate a second, at most Burst at once; ErrBusy without) for
-	// its read and its reconcile. Keep Rate × (1 + requests per reconcile)
-	// well below the API client's QPS, for the watch's reconciles. Zero
-	// means 5 and 20; a negative Rate means unlimited.
+	// Rate and Burst are Intake's trigger budget (zero: 5 and 20;
+	// negative Rate: none): a trigger that joins an entry waiting for its
+	// key is free, any other takes a token for its read and its
+	// reconcile, or gets ErrBusy. Keep Rate × (1 + requests per reconcile)
+	// well below the API client's QPS.
 	Rate  float64
 	Burst int
-	// Metrics (nil: none) and Logger (nil: slog.Default(); at most one
-	// record of each kind of drop or refusal every 10s).
+	// Metrics (nil: none) and Logger (nil: slog.Default()).
 	Metrics Metrics
 	Logger  *slog.Logger
 }
@@ -162,23 +152,17 @@ type Request[T opkit.Object] struct {
 	Reason  string
 }
 
-// Enqueue asks for a reconcile of obj, as read from the API server (the
-// controller reconciles it as is while it is the latest state its watch
-// saw), on behalf of something outside the operator: src must be
-// Operator. It never blocks. typ is Modified, Added, or Deleted for a
-// teardown: the key's next reconcile is of type Deleted, with the object
-// as it then is (none if the watch's selector no longer matches it) or,
-// if it is gone, the newest state known, unless that turn reconciles a
-// delete of the key anyway; like any cause, a teardown merges and is
-// retried, within the term. delay (zero: now) is an upper bound; retries
-// seeds the key's count of failures. It returns:
-//
-//   - (true, nil): scheduled (queued, or merged into a pending entry).
-//   - (false, nil): dropped, as this replica does not work on the object
-//     now, or is shutting down (Submit tells which).
-//   - an error wrapping [ErrInvalid] (a bad object, key, type, source,
-//     delay or retries; an object without a UID when there are shards),
-//     [ErrOutOfScope], or ctx's. Nothing was queued.
+// Enqueue asks for a reconcile of obj, as read (the controller reconciles
+// it as is while no newer state is known), from outside the operator: src
+// is Operator. typ is Modified, Added, or Deleted for a teardown: a turn
+// of type Deleted, with the object as it then is (none outside the
+// watch's selector) or, if gone, the newest state known; it merges and is
+// retried like any cause, within the term. delay (zero: now) is an upper
+// bound; retries seeds the key's count of failures. It never blocks, and
+// returns true when scheduled (queued or merged), false when dropped (this
+// replica does not work on the object now, or is shutting down), or an
+// error wrapping [ErrInvalid] (a bad object, key, type, source, delay or
+// retries, or no UID with shards), [ErrOutOfScope], or ctx's.
 func (t *Trigger[T]) Enqueue(ctx context.Context, obj T, typ opkit.Type, src opkit.Source, delay time.Duration, retries int) (bool, error) {
 	o, err := t.Submit(ctx, Request[T]{Object: obj, Type: typ, Source: src, Delay: delay, Retries: retries})
 	return o.Accepted(), err
@@ -208,18 +192,15 @@ func (t *Trigger[T]) cause(obj T, typ opkit.Type, reason string, retries int) op
 		Added: typ == opkit.Added, Teardown: typ == opkit.Deleted, Retries: retries}
 }
 
-// Report hands the outcome o of the controller's turn of key, whose
-// entry carried ticket (opkit.Cause.Ticket), to the tickets it serves:
-// those of key up to that number whose object is in shards (the zero
-// Shards: all), or not known.
+// Report hands the outcome of a turn of key whose entry carried ticket
+// (opkit.Cause.Ticket) to the tickets of key up to it, of objects in
+// shards (zero: all) or not known.
 func (t *Trigger[T]) Report(key opkit.Key, ticket uint64, shards opkit.Shards, o Outcome) {
 	t.tickets.report(key, ticket, shards, o)
 }
 
-// Abandon resolves as Unknown, with why, the tickets still waiting whose
-// object is in shards (the zero Shards: all), or not known: the
-// controller calls it when a term ends and the queue that held them is
-// cleared.
+// Abandon resolves as Unknown, with why, the waiting tickets of objects
+// in shards (zero: all) or not known, when a term ends.
 func (t *Trigger[T]) Abandon(why string, shards opkit.Shards) { t.tickets.abandon(why, shards) }
 
 // validate checks req as Submit takes it.
@@ -299,14 +280,11 @@ func (t *Trigger[T]) rejected(ctx context.Context, err error) error {
 	return err
 }
 
-// Check returns an error wrapping [ErrInvalid] unless every trigger
-// accepts p (whether its resource wants a namespace aside), for a producer
-// to check what it sends: a name of at most 253 bytes of UTF-8 without
-// control characters that is a path segment the API server allows in any
-// name (not "", "." or "..", no "/" or "%"; a resource's stricter rules
-// are the API server's, which answers NotFound); a namespace, if any, that
-// is a DNS-1123 label; a valid type or zero; a delay not negative; and a
-// reason of at most MaxReasonLen bytes of UTF-8.
+// Check returns an error wrapping [ErrInvalid] unless every trigger path
+// accepts p, but for the resource's scope: a name of at most 253 bytes of
+// UTF-8 without control characters, "/" or "%", not "." or ".."; a
+// namespace, if any, that is a DNS-1123 label; a valid type or zero; a
+// delay not negative; a reason of at most MaxReasonLen bytes of UTF-8.
 func (p Pointer) Check() error {
 	name, ns := p.Key.Name, p.Key.Namespace
 	nameErrs, nsErrs := path.IsValidPathSegmentName(name), validation.IsDNS1123Label(ns)

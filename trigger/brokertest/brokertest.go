@@ -8,10 +8,9 @@
 //	// ... run c, then:
 //	evs := b.Events(id) // [{ID: 1, Op: "Ack", Delivery: 1}]
 //
-// It is a trigger.Lag, and its messages are trigger.Progresser, Replier
-// and DeadLetterer. It owns no goroutine: a delayed Nack redelivers with
-// time.AfterFunc, which follows testing/synctest's fake clock. Its
-// methods are safe for concurrent use.
+// It is a trigger.Lag; its messages are trigger.Progresser, Replier and
+// DeadLetterer. A delayed Nack redelivers with time.AfterFunc, which
+// follows testing/synctest's clock. It is safe for concurrent use.
 package brokertest
 
 import (
@@ -39,7 +38,7 @@ type Event struct {
 	Reason   string
 }
 
-// ErrSettled is returned by a second Ack, Nack or Term of one delivery.
+// ErrSettled is a second Ack, Nack or Term's error.
 var ErrSettled = errors.New("brokertest: delivery already settled")
 
 type state uint8
@@ -138,8 +137,7 @@ func (b *Broker) count(states ...state) int {
 	return n
 }
 
-// Receive returns the oldest ready message, blocking until there is one or
-// ctx ends, or the error Fail("receive", err) injected.
+// Receive returns the oldest ready message, when there is one.
 func (b *Broker) Receive(ctx context.Context) (trigger.Message, error) {
 	for {
 		b.mu.Lock()
@@ -167,7 +165,7 @@ func (b *Broker) Receive(ctx context.Context) (trigger.Message, error) {
 	}
 }
 
-// Lag returns how many messages wait for delivery (ready or delayed).
+// Lag returns how many messages wait for a delivery.
 func (b *Broker) Lag(context.Context) (int64, error) {
 	b.mu.Lock()
 	err := b.lagErr
