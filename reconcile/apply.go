@@ -16,10 +16,8 @@ import (
 	"github.com/opkit/opkit"
 )
 
-// ApplyConfig configures an [Applier]: the client, the FieldManager that
-// names the controller in the children's managedFields (its Config.Name,
-// say) and the Owner resource (required). With NoForce, a field another
-// manager owns is a terminal error instead of being taken over.
+// ApplyConfig configures an [Applier] (all required but NoForce: a field
+// another manager owns is then a terminal error).
 type ApplyConfig struct {
 	Dynamic      dynamic.Interface
 	FieldManager string
@@ -27,14 +25,10 @@ type ApplyConfig struct {
 	NoForce      bool
 }
 
-// Applier writes children with server-side apply: one PATCH creates the
-// desired child or brings it back to that state (the fields the controller
-// no longer states removed), with a controller reference to its owner, so
-// that its changes reach the owner (Config.Owns) and it goes with the
-// owner. It reads children with a GET each, no cache. The operator needs
-// patch and create on the children's resource, and update on the owners'
-// finalizers where OwnerReferencesPermissionEnforcement runs. It is safe
-// for concurrent use.
+// Applier writes children with server-side apply, with a controller
+// reference to their owner (their changes reach it; they go with it): it
+// needs patch and create on them, and update on the owners' finalizers
+// under OwnerReferencesPermissionEnforcement.
 type Applier struct {
 	dyn dynamic.Interface
 	cfg ApplyConfig
@@ -52,13 +46,10 @@ func NewApplier(cfg ApplyConfig) (*Applier, error) {
 }
 
 // Apply applies child, the desired state of an object of res owned by
-// owner (an apply configuration such as corev1ac.ConfigMap(name,
-// ns).WithData(data), an *unstructured.Unstructured, or any value whose
-// JSON is the object; apiVersion, kind and namespace default to res's and
-// the owner's), and returns it as stored. A child another owner controls
-// is a [TerminalError] (the name is taken), or a plain error while that
-// owner is a deleted predecessor of the same name, whose children go with
-// it.
+// owner (an apply configuration, an *unstructured.Unstructured, or its
+// JSON; apiVersion, kind and namespace default to res's and owner's), and
+// returns it as stored. Another owner's child is a [TerminalError], or a
+// plain one while that owner is a deleted predecessor of the name.
 func (a *Applier) Apply(ctx context.Context, owner opkit.Object, res opkit.Resource, child any) (*unstructured.Unstructured, error) {
 	u, err := a.desired(owner, res, child)
 	if err != nil {
@@ -78,8 +69,7 @@ func (a *Applier) Apply(ctx context.Context, owner opkit.Object, res opkit.Resou
 }
 
 // Delete deletes the child key of res if owner (by UID) controls it, and
-// reports whether it did: a cleanup touches only what its owner owned,
-// not a new owner's of the same name.
+// reports whether it did.
 func (a *Applier) Delete(ctx context.Context, owner opkit.Object, res opkit.Resource, key opkit.Key) (bool, error) {
 	ri := a.resource(res, key.Namespace)
 	cur, err := ri.Get(ctx, key.Name, metav1.GetOptions{})

@@ -53,49 +53,38 @@ type Config[T opkit.Object] struct {
 	Dynamic    dynamic.Interface
 	RESTConfig *rest.Config
 	Reconciler Reconciler[T]
-
-	// Concurrency is how many reconciles run at once over this replica's
-	// shards (zero: 4); ReservedWorkers more per shard take only entries at
-	// TriggerPriority or above (zero: 1 if Concurrency > 1; negative: none).
+	// Concurrency reconciles run at once (zero: 4), and ReservedWorkers
+	// more per shard for triggers (zero: 1 if Concurrency > 1).
 	Concurrency, ReservedWorkers int
-	// After MaxRetries failed turns in a row (zero: 20, about 25 minutes;
-	// negative: no limit), a retry that nothing new asked for gives up (a
-	// delete is settled). Backoff's zero fields: 5ms doubling to 5m.
+	// After MaxRetries failed turns in a row (zero: 20; negative: none), a
+	// retry nothing new asked for gives up. Backoff: 5ms doubling to 5m.
 	MaxRetries int
 	Backoff    queue.Backoff
-	// Timeout bounds each reconcile call (zero: 5m; negative: none);
-	// ShutdownTimeout the drain after Run's context ends (zero: 30s; with
-	// Leader, it ends before another replica may take the Lease).
+	// Timeout bounds a reconcile (zero: 5m; negative: none),
+	// ShutdownTimeout the drain after Run's context ends (zero: 30s).
 	Timeout, ShutdownTimeout time.Duration
-	// Watch configures the watcher, but for what the controller sets:
-	// Client, Resource, Queue and Shards (leave them zero), Logger,
-	// TriggerPriority, and an empty RequestAnnotation ("-": none).
+	// Watch configures the watcher, but for Client, Resource, Queue and
+	// Shards (leave them zero), Logger, TriggerPriority, and an empty
+	// RequestAnnotation: its default ("-": none).
 	Watch watcher.Config[T]
-	// Owns lists the resources of the children the reconciler controls,
-	// Watches other related resources with their mapping to keys: a change
-	// of one of their objects joins its keys' entries as source APIServer
-	// (Request.Related names the resource). Each is watched once, keeping
-	// per object only its key, resourceVersion and the keys it maps to.
+	// Owns lists the resources of the children, Watches other related
+	// resources: a change of their objects joins the keys' entries
+	// (Request.Related). Each is watched once, without a cache.
 	Owns    []opkit.Resource
 	Watches []Watch
-	// Leader, if set, runs the watcher, the workers and the term work only
-	// while this replica holds the Lease. The controller sets Gate (leave
-	// it nil) and Logger; an empty Identity is chosen once.
+	// Leader, if set, runs the work only while this replica holds the
+	// Lease (the controller sets Gate and Logger).
 	Leader *leader.Config
-	// Shards splits the objects by UID into Count shards, each with its
-	// queue, watcher and workers. With Leader each has its Lease,
-	// Leader.Name + "-i" (Name at most 40 characters), and a replica holds
-	// at most ⌈Count/N⌉ of N live replicas' shards; without, Held names
-	// this replica's.
+	// Shards splits the objects by UID: with Leader, each has its Lease,
+	// Leader.Name + "-i" (Name of at most 40 characters), and a replica
+	// holds ⌈Count/N⌉ of N live replicas' at most; without, Held are ours.
 	Shards opkit.Shards
-
 	// The trigger's Priority, Rate and Burst (see trigger.Config).
 	TriggerPriority, TriggerBurst int
 	TriggerRate                   float64
-	// NoEvents turns off the Warning Events; RecordTriggerEvents also
-	// records a Normal one for every turn a trigger asked for.
+	// NoEvents turns the Warning Events off; RecordTriggerEvents records
+	// a Normal one for each turn a trigger asked for.
 	NoEvents, RecordTriggerEvents bool
-
 	// Logger (nil: slog.Default()) and the metrics (nil: none).
 	Logger         *slog.Logger
 	Metrics        Metrics
@@ -112,12 +101,9 @@ type Watch struct {
 	LabelSelector string
 }
 
-// Controller runs a [Reconciler] over one resource, in shards (see the
-// package documentation). When Run's context ends, in-flight reconciles
-// get ShutdownTimeout to finish; when a shard's term ends, they are
-// cancelled. A name can be on two shards at once (a deleted object and a
-// new one of the same name), so two replicas may reconcile both at once:
-// act on children by owner UID, never by name alone.
+// Controller runs a [Reconciler] over one resource. A name can be on two
+// shards at once (a deleted object and a new one of the name), so two
+// replicas may reconcile both at once: act on children by owner UID.
 type Controller[T opkit.Object] struct {
 	cfg      Config[T]
 	log      *slog.Logger
@@ -222,8 +208,7 @@ func (cfg Config[T]) withDefaults() Config[T] {
 	return cfg
 }
 
-// WithDefaultRate returns a copy of cfg whose zero QPS and Burst are 100
-// and 200, as the controller's own client's, for an operator's others.
+// WithDefaultRate returns cfg with QPS 100 and Burst 200 if they are zero.
 func WithDefaultRate(cfg *rest.Config) *rest.Config {
 	cfg = rest.CopyConfig(cfg)
 	if cfg.QPS == 0 && cfg.Burst == 0 {
@@ -232,9 +217,8 @@ func WithDefaultRate(cfg *rest.Config) *rest.Config {
 	return cfg
 }
 
-// Trigger returns the controller's trigger: it queues on the object's
-// shard while this replica works on it, names the replica that does
-// otherwise, and has the watch's namespace and label selector as scope.
+// Trigger returns the controller's trigger (the watch's scope, its
+// shards' places).
 func (c *Controller[T]) Trigger() *trigger.Trigger[T] { return c.trig }
 
 // Runnable returns the controller as a [Group] component.
@@ -253,8 +237,7 @@ func (c *Controller[T]) Held() int {
 	return n
 }
 
-// Queues returns the shards' queues, shard i's at index i (nil for one
-// this replica never works on), for diagnostics.
+// Queues returns the shards' queues (nil: never this replica's).
 func (c *Controller[T]) Queues() []*queue.Queue[opkit.Key, opkit.Cause[T]] {
 	qs := make([]*queue.Queue[opkit.Key, opkit.Cause[T]], len(c.shards))
 	for i, s := range c.shards {
@@ -265,8 +248,7 @@ func (c *Controller[T]) Queues() []*queue.Queue[opkit.Key, opkit.Cause[T]] {
 	return qs
 }
 
-// Balancer returns the balancer of the shards' Leases, with several
-// shards and Leader.
+// Balancer returns the shards' Leases' balancer, if any.
 func (c *Controller[T]) Balancer() *leader.Balancer { return c.balancer }
 
 // QueueStats sums the stats of this replica's shards' queues (Suspended

@@ -30,10 +30,9 @@ const (
 // EventsResource is the resource of the Events.
 var EventsResource = schema.GroupVersionResource{Group: "events.k8s.io", Version: "v1", Resource: "events"}
 
-// RecorderConfig configures a [Recorder]: the client and the reporting
-// Controller (required), Instance (default: Controller), the Resource
-// whose kind objects without TypeMeta are, and the Timeout of each write
-// (zero: 5s).
+// RecorderConfig configures a [Recorder]: the client and Controller
+// (required), Instance (zero: Controller), the Resource of objects without
+// TypeMeta, the Timeout of a write (zero: 5s).
 type RecorderConfig struct {
 	Dynamic    dynamic.Interface
 	Controller string

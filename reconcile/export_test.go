@@ -11,4 +11,5 @@ const (
 var (
 	ErrInvalidConfig  = errInvalidConfig
 	ErrAlreadyRunning = errAlreadyRunning
+	ErrTerminal       = errTerminal
 )

@@ -25,12 +25,9 @@ const defaultConflictRetries = 5
 // object may go; it is called again after a failure or a crash.
 type FinalizeFunc[T opkit.Object] func(ctx context.Context, obj T) error
 
-// Finalizer keeps one finalizer on the objects of a resource and runs the
-// finalize step when they are being deleted. Each write patches
-// metadata.finalizers at the resourceVersion it was computed from, and
-// recomputes after a 409 (5 times at most). Name it in the watcher's
-// OwnFinalizers (with SkipStatusOnly), so that adding it does not
-// reconcile the object again. It is safe for concurrent use.
+// Finalizer keeps a finalizer on a resource's objects, and finalizes them
+// when deleted (retried after a 409). Name it in the watcher's
+// OwnFinalizers, so that adding it does not reconcile the object again.
 type Finalizer[T opkit.Object] struct {
 	name   string
 	client *typed.Client[T]

@@ -17,10 +17,9 @@ import (
 	"golang.org/x/sync/errgroup"
 )
 
-// Runnable is a component of a [Group]: a unique Name and Run (required),
-// which blocks until ctx ends (then it returns nil) or the component
-// fails; Ready, if set, says quickly whether it is ready; a LeaderOnly one
-// runs only while this replica leads.
+// Runnable is a component of a [Group]: a unique Name, and Run, which
+// returns when ctx ends (nil) or it fails; Ready, if set, is quick; a
+// LeaderOnly one runs in the Leader's terms.
 type Runnable struct {
 	Name       string
 	Run        func(ctx context.Context) error
@@ -33,18 +32,14 @@ type TermHost interface {
 	AddTermWork(r Runnable) error
 }
 
-// GroupConfig configures a [Group]: the Leader of its LeaderOnly
-// components, and the Logger (nil: slog.Default()).
+// GroupConfig configures a [Group]: the Leader of its LeaderOnly ones.
 type GroupConfig struct {
 	Leader TermHost
 	Logger *slog.Logger
 }
 
-// Group runs components as one unit, on errgroup: the first component to
-// fail (or the end of Run's context) stops them all, one at a time in
-// reverse order of registration, each awaited before the next, so that,
-// say, the trigger endpoint stops before the controller it feeds. Run owns
-// one goroutine per component, and one that orders the shutdown.
+// Group runs components as one unit: the first to fail, or the end of
+// Run's context, stops them one at a time, in reverse order.
 type Group struct {
 	cfg GroupConfig
 	log *slog.Logger

@@ -2,13 +2,9 @@ package reconcile
 
 import "time"
 
-// Metrics receives the controller's measurements from the workers (be
-// quick): how each reconcile ended, and took ("done", "requeue", "retry",
-// "terminal", "gave_up", or "interrupted": by the end of the term or of
-// the drain, not retried); each panic (a failure too); each trigger's
-// object not reconciled, as "gone" or "outOfScope" of the watch's
-// selector (deletes are never skipped); and each read of an object for
-// its turn.
+// Metrics receives the workers' measurements (be quick): how a reconcile
+// ended ("done", "requeue", "retry", "terminal", "gave_up", "interrupted"),
+// panics, skips ("gone", "outOfScope"), reads of an object for its turn.
 type Metrics interface {
 	Reconciled(outcome string, took time.Duration)
 	Panicked()

@@ -39,12 +39,10 @@ func (c *Controller[T]) part() part {
 		handler: func(cfg trigger.HandlerConfig) (http.Handler, error) { return trigger.NewHandler(c.trig, cfg) }}
 }
 
-// OperatorConfig configures an [Operator]: its Controllers (at least
-// one); the trigger endpoint, if any, of every controller on one server
-// (at the root with one controller, under "/{resource}.{group}" with
-// several); the Components that run beside them (a trigger.Consumer's
-// Run, a metrics server); the address, if any, of /healthz and /readyz;
-// and the Logger (nil: slog.Default()).
+// OperatorConfig configures an [Operator]: Controllers (one at least),
+// their Triggers (one server, under "/{resource}.{group}" with several),
+// Components (a consumer, a metrics server), HealthAddr (/healthz,
+// /readyz).
 type OperatorConfig struct {
 	Controllers []Part
 	Triggers    *TriggerEndpoint
@@ -53,17 +51,13 @@ type OperatorConfig struct {
 	Logger      *slog.Logger
 }
 
-// EndpointAnnotation is the Lease annotation of the holder's trigger
-// endpoint's URL.
+// EndpointAnnotation is the Lease annotation of the trigger endpoint's URL.
 const EndpointAnnotation = "trigger.opkit.dev/endpoint"
 
-// TriggerEndpoint is the HTTP trigger endpoint of an Operator: its Server
-// (the Operator sets the Handler) and each controller's Handler. Every
-// replica serves it, and publishes AdvertiseURL as EndpointAnnotation on
-// the Leases it holds, for the others to forward there (empty:
-// http(s)://host:port, the host $POD_IP, else the listen address's, else
-// the hostname). With NoServer, TriggerHandler is for a server of your
-// own, and nothing is published.
+// TriggerEndpoint is an Operator's trigger endpoint: Server (the Handler
+// set), each controller's Handler, and the URL each replica publishes for
+// the others (empty: http(s)://host:port, the host $POD_IP, else the
+// listen address's, else the hostname). NoServer: TriggerHandler is yours.
 type TriggerEndpoint struct {
 	Server       trigger.ServerConfig
 	Handler      trigger.HandlerConfig
@@ -71,11 +65,9 @@ type TriggerEndpoint struct {
 	NoServer     bool
 }
 
-// Operator runs an operator's controllers, their trigger endpoint, other
-// components and health endpoints as one [Group], and stops them in the
-// order that loses nothing: the servers first (waiting callers get 503 at
-// once), then the components, then the controllers (they drain, then
-// release their Leases).
+// Operator runs controllers, their trigger endpoint, other components and
+// health endpoints as one [Group], stopped in the order that loses
+// nothing: servers, components, then controllers (they drain).
 type Operator struct {
 	cfg      OperatorConfig
 	group    *Group
@@ -148,12 +140,10 @@ func (o *Operator) buildTriggers() error {
 // Group returns the operator's components, for their readiness.
 func (o *Operator) Group() *Group { return o.group }
 
-// TriggerHandler returns the HTTP trigger endpoint of every controller,
-// as the server serves it; nil without Triggers.
+// TriggerHandler returns the controllers' trigger endpoint.
 func (o *Operator) TriggerHandler() http.Handler { return o.handler }
 
-// TriggerURL returns the base URL this replica publishes for its trigger
-// endpoint, once Run bound its port.
+// TriggerURL returns the URL this replica publishes, once Run bound it.
 func (o *Operator) TriggerURL() string {
 	if u := o.url.Load(); u != nil {
 		return *u
@@ -161,9 +151,8 @@ func (o *Operator) TriggerURL() string {
 	return ""
 }
 
-// Run binds the trigger endpoint's port, publishes its URL, and runs
-// every component until ctx ends (then it returns nil) or one fails. An
-// Operator runs once.
+// Run runs every component until ctx ends (then it returns nil) or one
+// fails. An Operator runs once.
 func (o *Operator) Run(ctx context.Context) error {
 	if o.server != nil {
 		scfg := o.cfg.Triggers.Server

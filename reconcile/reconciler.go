@@ -16,7 +16,6 @@ import (
 // term. Each outcome:
 //
 //	returned                        controller does
-//	------------------------------  -----------------------------------------------
 //	Done(), nil                     nothing more; a delete is settled
 //	RequeueAfter(d), nil            takes the key again after d
 //	any result, err                 takes it again after the backoff for its failed
@@ -41,15 +40,11 @@ func (f Func[T]) Reconcile(ctx context.Context, req Request[T]) (Result, error) 
 
 var _ Reconciler[opkit.Object] = Func[opkit.Object](nil)
 
-// Request is one reconcile: which object, in which state, and why. Object
-// is the latest state known (Added, Modified) or the final one (Deleted;
-// with FinalStateUnknown, a tombstone of key, UID and resourceVersion
-// only): a delete can come after a newer object of the name, so clean up
-// only what Object's UID owns. Sources and Reasons say who asked for the
-// turn (APIServer; Operator, triggers with their reasons; neither, a
-// retry), Related which related resources' objects changed (as
-// "deployments.apps"). Retries counts the key's failed turns before, Term
-// is the leadership term (0 without one).
+// Request is one reconcile: Object is the latest state, or the final one
+// of a Deleted (FinalStateUnknown: a tombstone; it may follow a newer
+// object of the name: clean up what its UID owns). Sources and Reasons
+// say who asked (neither: a retry), Related which related resources
+// changed; Retries counts the failed turns before; Term is the term's.
 type Request[T opkit.Object] struct {
 	Key               opkit.Key
 	Object            T
@@ -90,8 +85,7 @@ func (r Result) String() string {
 	return fmt.Sprintf("RequeueAfter(%v)", r.after)
 }
 
-// TerminalError marks err, if not nil, as not worth retrying (see
-// [Reconciler]); [IsTerminal] and ErrTerminal recognise it, wrapped or not.
+// TerminalError marks err, if not nil, as not worth retrying ([Reconciler]).
 func TerminalError(err error) error {
 	if err == nil {
 		return nil
@@ -99,17 +93,16 @@ func TerminalError(err error) error {
 	return &terminalError{err: err}
 }
 
-// ErrTerminal matches every error built by [TerminalError] with errors.Is.
-var ErrTerminal = errors.New("terminal error")
+// errTerminal matches every error built by TerminalError with errors.Is.
+var errTerminal = errors.New("terminal error")
 
 type terminalError struct{ err error }
 
 func (e *terminalError) Error() string { return "terminal: " + e.err.Error() }
 func (e *terminalError) Unwrap() error { return e.err }
 
-// Is makes errors.Is(err, ErrTerminal) true for every terminal error.
-func (e *terminalError) Is(target error) bool { return target == ErrTerminal }
+// Is makes errors.Is(err, errTerminal) true for every terminal error.
+func (e *terminalError) Is(target error) bool { return target == errTerminal }
 
-// IsTerminal reports whether err, or an error it wraps, was built by
-// [TerminalError].
-func IsTerminal(err error) bool { return errors.Is(err, ErrTerminal) }
+// IsTerminal reports whether err, or one it wraps, is a [TerminalError].
+func IsTerminal(err error) bool { return errors.Is(err, errTerminal) }

@@ -16,14 +16,11 @@ import (
 	"github.com/opkit/opkit/watcher"
 )
 
-// StatusConfig configures a [Status] helper: the client and the resource
-// of T (required); whether every write leaves status.observedGeneration
-// alone, rather than set it to metadata.generation where T's status has
-// it; the durable trigger's annotation (the watcher's RequestAnnotation;
-// empty: watcher.DefaultRequestAnnotation; "-": none), whose value every
-// write copies to status.lastHandledReconcileAt, where T's status has
-// it, to mark the request handled; and how often a write that met a 409
-// Conflict is retried (zero: 5).
+// StatusConfig configures a [Status] helper (Dynamic and Resource are
+// required). Where T's status has them, a write sets observedGeneration
+// (unless SkipObservedGeneration) and copies RequestAnnotation (the
+// watcher's; empty: its default; "-": none) to lastHandledReconcileAt. It
+// is retried after a 409, ConflictRetries times (zero: 5).
 type StatusConfig struct {
 	Dynamic                dynamic.Interface
 	Resource               opkit.Resource
