@@ -395,8 +395,9 @@ func exerciseOperator(t *testing.T, rec *recorder) {
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}
-		if ev := broker.Events(); len(ev) != 1 || ev[0].Op != "Ack" {
-			t.Fatalf("consumer settled %+v, want one ack", ev)
+		// The operator acknowledges after the reconcile, replying its outcome.
+		if ev := broker.Events(); len(ev) != 2 || ev[0].Op != "Reply" || ev[1].Op != "Ack" {
+			t.Fatalf("consumer settled %+v, want the outcome replied, then one ack", ev)
 		}
 		obj := h.Get(opkit.Key{Namespace: "team-a", Name: "hello"})
 		if lt := obj.Status.LastTrigger; lt == nil || lt.Source != demov1.SourceOperator || lt.Reason != "rbac" || obj.Status.ReconciledBy != "replica-1" {
