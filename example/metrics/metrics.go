@@ -1,5 +1,6 @@
 // Package metrics feeds opkit's metrics interfaces (queue, watcher, leader,
-// trigger, consumer, controller) into Prometheus collectors, so the demo
+// trigger with its handler and consumer, controller) into Prometheus
+// collectors, so the demo
 // operator's /metrics shows every component. The SDK itself depends on no
 // metrics library: each package declares a small interface, and this
 // package is the adapter an operator author would write.
