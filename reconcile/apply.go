@@ -17,37 +17,19 @@ import (
 	"github.com/opkit/opkit/internal/typed"
 )
 
-// ApplyConfig configures an [Applier]; Dynamic, FieldManager and Owner
-// are required.
+// ApplyConfig configures an [Applier] (all required but NoForce: a field
+// another manager owns is then a terminal error).
 type ApplyConfig struct {
-	Dynamic dynamic.Interface
-	// FieldManager names the controller in the children's managedFields,
-	// such as the controller's Config.Name.
+	Dynamic      dynamic.Interface
 	FieldManager string
-	// Owner is the resource of the owners: every child gets a controller
-	// reference to its owner, so that its changes reach the owner
-	// (Config.Owns) and the garbage collector deletes it with the owner.
-	Owner opkit.Resource
-	// NoForce makes a field another manager owns an error that retrying
-	// cannot help (terminal) instead of taking it over. A controller
-	// normally forces, as the Kubernetes documentation advises: its
-	// desired state wins.
-	NoForce bool
+	Owner        opkit.Resource
+	NoForce      bool
 }
 
-// Applier writes children with server-side apply: the reconciler states
-// the desired child, and one PATCH creates it or brings it back to that
-// state (fields the controller set before and no longer states are
-// removed), with a controller reference to its owner. A child another
-// owner controls is left alone: a terminal error, or a plain one while
-// that owner is a deleted predecessor of the same name (its children go
-// with it). Reading children goes through the API server: a GET each, no
-// cache. The operator needs patch and create on the children's resource
-// (an apply that creates an object is authorized as a create too), and
-// update on its owners' finalizers where the
-// OwnerReferencesPermissionEnforcement admission plugin runs (the
-// controller reference blocks the owner's deletion). It is safe for
-// concurrent use.
+// Applier writes children with server-side apply, with a controller
+// reference to their owner (their changes reach it; they go with it): it
+// needs patch and create on them, and update on the owners' finalizers
+// under OwnerReferencesPermissionEnforcement.
 type Applier struct {
 	dyn dynamic.Interface
 	cfg ApplyConfig
@@ -64,21 +46,11 @@ func NewApplier(cfg ApplyConfig) (*Applier, error) {
 	return &Applier{dyn: cfg.Dynamic, cfg: cfg}, nil
 }
 
-// Apply applies child, an object of resource res owned by owner, and
-// returns it as the API server stored it. child is the desired state: an
-// apply configuration of k8s.io/client-go/applyconfigurations (such as
-// corev1ac.ConfigMap(name, ns).WithData(data)), an
-// *unstructured.Unstructured, or any value whose JSON is the object. Its
-// apiVersion and kind default to res's, its namespace to the owner's (a
-// namespaced owner's children must be in its namespace). One request;
-// two when another owner controls the child (a GET tells which).
-//
-// Errors: a child controlled by another owner is a [TerminalError] (the
-// name is taken), unless that owner is a deleted object of the owner's
-// kind and name (a predecessor whose children the garbage collector or
-// its own delete reconcile removes): then a plain error, retried. With
-// NoForce, a conflict with another field manager is a TerminalError
-// naming the fields. Other API errors are returned wrapped.
+// Apply applies child, the desired state of an object of res owned by
+// owner (an apply configuration, an *unstructured.Unstructured, or its
+// JSON; apiVersion, kind and namespace default to res's and owner's), and
+// returns it as stored. Another owner's child is a [TerminalError], or a
+// plain one while that owner is a deleted predecessor of the name.
 func (a *Applier) Apply(ctx context.Context, owner opkit.Object, res opkit.Resource, child any) (*unstructured.Unstructured, error) {
 	u, err := a.desired(owner, res, child)
 	if err != nil {
@@ -97,17 +69,8 @@ func (a *Applier) Apply(ctx context.Context, owner opkit.Object, res opkit.Resou
 	return nil, fmt.Errorf("apply %s %s: %w", res.Resource, opkit.KeyOf(u), err)
 }
 
-// Delete deletes the child key of resource res if owner controls it (its
-// controller reference names owner's UID), with the child's UID as a
-// precondition, and reports whether it did; a child that is gone, or
-// controlled by another object (such as a new owner of the same name),
-// is left alone. For a reconcile that cleans up after its owner (a
-// finalizer, or a Deleted request): it touches only what that object
-// ApplyAs is [Applier.Apply] that returns the child as the API server
-// stored it in its Go type C, a pointer such as *appsv1.Deployment, so
-// that its status reads as fields (d.Status.AvailableReplicas):
-//
-//	d, err := reconcile.ApplyAs[*appsv1.Deployment](ctx, a, w, deployments, appsv1ac.Deployment(name, "").WithSpec(...))
+// ApplyAs is [Applier.Apply] that returns the child in its Go type C (a
+// pointer such as *appsv1.Deployment), so that its status reads as fields.
 func ApplyAs[C opkit.Object](ctx context.Context, a *Applier, owner opkit.Object, res opkit.Resource, child any) (C, error) {
 	var none C
 	u, err := a.Apply(ctx, owner, res, child)
@@ -121,7 +84,8 @@ func ApplyAs[C opkit.Object](ctx context.Context, a *Applier, owner opkit.Object
 	return out, nil
 }
 
-// owned. A GET, and a DELETE when it deletes.
+// Delete deletes the child key of res if owner (by UID) controls it, and
+// reports whether it did.
 func (a *Applier) Delete(ctx context.Context, owner opkit.Object, res opkit.Resource, key opkit.Key) (bool, error) {
 	ri := a.resource(res, key.Namespace)
 	cur, err := ri.Get(ctx, key.Name, metav1.GetOptions{})

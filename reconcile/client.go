@@ -23,7 +23,7 @@ const flowSchemaHeader = "X-Kubernetes-Pf-Flowschema-Uid"
 // has API Priority and Fairness (its X-Kubernetes-PF-FlowSchema-UID
 // header: the server then queues and sheds load fairly itself, as SIG API
 // Machinery advises clients to rely on), and until then, or without it, a
-// guard of DefaultQPS requests a second (burst DefaultBurst). client-go
+// guard of 100 requests a second (burst 200). client-go
 // honours a 429's Retry-After either way. A cfg with its own QPS, Burst or
 // RateLimiter is copied as it is: that is the one place to override.
 // NewController applies it to Config.RESTConfig.
@@ -32,7 +32,7 @@ func WithClientDefaults(cfg *rest.Config) *rest.Config {
 	if cfg.QPS != 0 || cfg.Burst != 0 || cfg.RateLimiter != nil {
 		return cfg
 	}
-	l := &apfLimiter{guard: flowcontrol.NewTokenBucketRateLimiter(DefaultQPS, DefaultBurst)}
+	l := &apfLimiter{guard: flowcontrol.NewTokenBucketRateLimiter(defaultQPS, defaultBurst)}
 	cfg.RateLimiter = l
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return apfWatch{rt, &l.apf} })
 	return cfg

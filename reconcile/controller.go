@@ -23,109 +23,71 @@ import (
 	"github.com/opkit/opkit/watcher"
 )
 
-// Defaults applied by [NewController] to zero fields of [Config] (20
-// retries with the default backoff are about 25 minutes). DefaultQPS and
-// DefaultBurst are the client-side guard of [WithClientDefaults] until the
-// API server shows it has Priority and Fairness.
+// Defaults of the zero fields of Config, and the client-side guard of
+// WithClientDefaults (100 requests a second, burst 200) until the API
+// server shows it has Priority and Fairness.
 const (
-	DefaultConcurrency     = 4
-	DefaultMaxRetries      = 20
-	DefaultTimeout         = 5 * time.Minute
-	DefaultShutdownTimeout = 30 * time.Second
-	DefaultQPS             = 100
-	DefaultBurst           = 200
+	defaultConcurrency     = 4
+	defaultMaxRetries      = 20
+	defaultTimeout         = 5 * time.Minute
+	defaultShutdownTimeout = 30 * time.Second
+	defaultQPS             = 100
+	defaultBurst           = 200
 )
 
-// Errors of the controller: ErrInvalidConfig wraps NewController's,
-// ErrAlreadyRunning is Run's when called again, and ErrPanic is wrapped by
-// the error a panicking reconcile is turned into.
+// Errors of the controller: NewController's (invalid config), Run's when
+// called again, and the error a panicking reconcile is turned into.
 var (
-	ErrInvalidConfig  = errors.New("reconcile: invalid config")
-	ErrAlreadyRunning = errors.New("reconcile: controller already running")
-	ErrPanic          = errors.New("reconcile: panic")
+	errInvalidConfig  = errors.New("reconcile: invalid config")
+	errAlreadyRunning = errors.New("reconcile: controller already running")
+	errPanic          = errors.New("reconcile: panic")
 )
 
-// Config configures a [Controller]; a zero field means its default (the
-// Default constants).
+// Config configures a [Controller]; a zero field means its default.
 type Config[T opkit.Object] struct {
-	// Name (in logs and as the Events' reporting controller, e.g.
-	// "demo.opkit.dev/demo"), Resource, Dynamic and Reconciler: required.
-	// Instead of Dynamic, RESTConfig: the controller builds its client
-	// from WithClientDefaults(RESTConfig) (a Dynamic built elsewhere
-	// keeps its own limits).
+	// Name (in logs and Events), Resource, Dynamic (or RESTConfig: a
+	// client of WithClientDefaults) and Reconciler: required.
 	Name       string
 	Resource   opkit.Resource
 	Dynamic    dynamic.Interface
 	RESTConfig *rest.Config
 	Reconciler Reconciler[T]
-
-	// Concurrency is the number of reconciles that run at once (over
-	// all the shards this replica works on). ReservedWorkers more (per
-	// shard) take only entries at TriggerPriority or above, so that a
-	// trigger never waits for a backlog reconcile: zero means 1 when
-	// Concurrency > 1, else none; negative means none.
+	// Concurrency reconciles run at once (zero: 4), and ReservedWorkers
+	// more per shard for triggers (zero: 1 if Concurrency > 1).
 	Concurrency, ReservedWorkers int
-	// MaxRetries: once a key failed this many turns in a row, a failure in
-	// a retry of the controller's own (no change or trigger asked for the
-	// turn) gives up on what failed (a delete is settled); a turn a change
-	// or trigger asked for is always made. Negative: retry forever.
+	// After MaxRetries failed turns in a row (zero: 20; negative: none), a
+	// retry nothing new asked for gives up. Backoff: 5ms doubling to 5m.
 	MaxRetries int
-	// Backoff turns the key's failed turns into the retry delay (zero
-	// fields: the queue's defaults, 5ms doubling to 5m, 10% jitter).
-	Backoff queue.Backoff
-	// Timeout bounds each reconcile call (negative: none). ShutdownTimeout
-	// is how long in-flight reconciles may go on after Run's context ends;
-	// with Leader the drain ends a RetryPeriod before another replica may
-	// take the Lease ([leader.Elector.WorkDeadline]).
+	Backoff    queue.Backoff
+	// Timeout bounds a reconcile (zero: 5m; negative: none),
+	// ShutdownTimeout the drain after Run's context ends (zero: 30s).
 	Timeout, ShutdownTimeout time.Duration
-	// Watch configures the watcher; the controller sets Client, Resource,
-	// Queue and Shards (leave them zero), a nil Logger and TriggerPriority
-	// (the operator's own writes through the Status and Finalizer helpers
-	// cause no reconcile without SkipStatusOnly or OwnFinalizers: a turn
-	// whose newest state is the last one the operator wrote is skipped). An empty
-	// RequestAnnotation is watcher.DefaultRequestAnnotation when T's status
-	// has lastHandledReconcileAt (Status records the durable triggers it
-	// handled there), else none, which Run says once; "-": none.
+	// Watch configures the watcher, but for Client, Resource, Queue and
+	// Shards (leave them zero), Logger and TriggerPriority. An empty
+	// RequestAnnotation is the default one when T's status has
+	// lastHandledReconcileAt (where Status records it handled), else none,
+	// which Run says once; "-": none. The operator's own writes through
+	// Status and Finalizer cause no reconcile.
 	Watch watcher.Config[T]
-	// Owns lists the resources of the objects the reconciler creates and
-	// controls (children, with a controller reference to their owner): a
-	// change of one, its deletion included, reconciles the owner (see
-	// watcher.OwnedBy). Watches lists other related resources, each with
-	// the mapping of its objects to the keys they concern. Their changes
-	// join the keys' entries as source APIServer at the watch's priority,
-	// naming the resource in Request.Related. The replica lists and
-	// watches each once, from Run on, in the watch's namespace when the
-	// resource is namespaced, keeping per object only its key,
-	// resourceVersion and the keys it maps to: no cache of the objects.
+	// Owns lists the resources of the children, Watches other related
+	// resources: a change of their objects joins the keys' entries
+	// (Request.Related). Each is watched once, without a cache.
 	Owns    []opkit.Resource
 	Watches []Watch
-	// Leader, if set, elects the replica that works on the objects: the
-	// watcher, the workers and the term work run only while this replica
-	// holds the Lease, under a context that ends with the term. The
-	// controller sets Gate (leave it nil) and a nil Logger. An empty
-	// Identity is chosen once, for every Lease of the replica.
+	// Leader, if set, runs the work only while this replica holds the
+	// Lease (the controller sets Gate and Logger).
 	Leader *leader.Config
-	// Shards splits the objects by the hash of their UID (opkit.Shards)
-	// so that replicas share the work: Count shards (0 or 1: one, the
-	// whole resource), each with its own queue, watcher (narrowed to the
-	// shard) and workers. With Leader each shard is held through its own
-	// Lease, Leader.Name + "-i" (Leader.Name, a DNS label of at most 40
-	// characters, then names the group of replicas, whose member Leases
-	// it prefixes), and a leader.Balancer lets each replica hold at most
-	// ⌈Count/N⌉ shards of N live replicas; Held must be empty. Without
-	// Leader, Held are the shards this replica works on.
+	// Shards splits the objects by UID: with Leader, each has its Lease,
+	// Leader.Name + "-i" (Name of at most 40 characters), and a replica
+	// holds ⌈Count/N⌉ of N live replicas' at most; without, Held are ours.
 	Shards opkit.Shards
-
-	// TriggerPriority, TriggerRate, TriggerBurst: the triggers'
-	// trigger.Config Priority, Rate and Burst (zero: its defaults).
+	// The trigger's Priority, Rate and Burst (see trigger.Config).
 	TriggerPriority, TriggerBurst int
 	TriggerRate                   float64
-	// NoEvents turns off the Warning Events; RecordTriggerEvents also
-	// records a Normal Event ("Triggered") for every turn a trigger asked.
+	// NoEvents turns the Warning Events off; RecordTriggerEvents records
+	// a Normal one for each turn a trigger asked for.
 	NoEvents, RecordTriggerEvents bool
-
-	// Logger receives the logs (nil: slog.Default()); Metrics,
-	// QueueMetrics and TriggerMetrics the measurements (nil: none).
+	// Logger (nil: slog.Default()) and the metrics (nil: none).
 	Logger         *slog.Logger
 	Metrics        Metrics
 	QueueMetrics   queue.Metrics
@@ -141,18 +103,9 @@ type Watch struct {
 	LabelSelector string
 }
 
-// Controller runs a [Reconciler] over one resource; its Run owns every
-// goroutine it starts. The objects are worked on in shards (one, unless
-// Config.Shards says more), each with its own queue, watcher and workers,
-// and with Leader only while this replica holds the shard's Lease. When
-// Run's context ends, in-flight reconciles get ShutdownTimeout to finish
-// and the queues are abandoned (the next start lists everything); when a
-// shard's term ends, they are cancelled.
-//
-// A name can be on two shards at once (a deleted object and a new one of
-// the same name have different UIDs), so two replicas may reconcile the
-// two objects at the same time: act on children by owner UID, never by
-// name alone.
+// Controller runs a [Reconciler] over one resource. A name can be on two
+// shards at once (a deleted object and a new one of the name), so two
+// replicas may reconcile both at once: act on children by owner UID.
 type Controller[T opkit.Object] struct {
 	cfg      Config[T]
 	log      *slog.Logger
@@ -170,11 +123,10 @@ type Controller[T opkit.Object] struct {
 	termWork []Runnable
 }
 
-// NewController validates cfg and builds the controller; it starts
-// nothing.
+// NewController validates cfg and builds the controller.
 func NewController[T opkit.Object](cfg Config[T]) (*Controller[T], error) {
 	if err := cfg.validate(); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		return nil, fmt.Errorf("%w: %w", errInvalidConfig, err)
 	}
 	cfg = cfg.withDefaults()
 	c := &Controller[T]{cfg: cfg, log: cmp.Or(cfg.Logger, slog.Default()).With("controller", cfg.Name), client: typed.New[T](cfg.Dynamic, cfg.Resource),
@@ -184,23 +136,24 @@ func NewController[T opkit.Object](cfg Config[T]) (*Controller[T], error) {
 	// the watch's selector leaves out, would be reconciled by a controller
 	// not meant to handle them.
 	if c.sel, err = labels.Parse(cfg.Watch.LabelSelector); err != nil {
-		return nil, fmt.Errorf("%w: Watch.LabelSelector: %w", ErrInvalidConfig, err)
+		return nil, fmt.Errorf("%w: Watch.LabelSelector: %w", errInvalidConfig, err)
 	}
 	if !cfg.NoEvents {
 		if c.rec, err = NewRecorder(RecorderConfig{Dynamic: cfg.Dynamic, Controller: cfg.Name, Resource: cfg.Resource}); err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+			return nil, fmt.Errorf("%w: %w", errInvalidConfig, err)
 		}
-	}
-	if err := c.buildShards(); err != nil {
-		return nil, err
-	}
-	if c.related, err = relatedWatchers(cfg, fanout[T]{c}, c.log); err != nil {
-		return nil, err
 	}
 	if c.trig, err = trigger.New(trigger.Config[T]{Router: router[T]{c}, Get: c.client.Get, Resource: cfg.Resource, Namespace: cfg.Watch.Namespace,
 		Selector: c.sel, Priority: cfg.TriggerPriority, Rate: cfg.TriggerRate, Burst: cfg.TriggerBurst,
 		Metrics: cfg.TriggerMetrics, Logger: c.log}); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		return nil, fmt.Errorf("%w: %w", errInvalidConfig, err)
+	}
+	c.cfg.TriggerPriority = c.trig.Priority() // its default for a zero one
+	if err := c.buildShards(); err != nil {
+		return nil, err
+	}
+	if c.related, err = relatedWatchers(c.cfg, fanout[T]{c}, c.log); err != nil {
+		return nil, err
 	}
 	return c, nil
 }
@@ -244,24 +197,21 @@ func (cfg *Config[T]) validate() error {
 
 // withDefaults applies the Default constants to cfg's zero fields.
 func (cfg Config[T]) withDefaults() Config[T] {
-	cfg.Concurrency = cmp.Or(cfg.Concurrency, DefaultConcurrency)
+	cfg.Concurrency = cmp.Or(cfg.Concurrency, defaultConcurrency)
 	if cfg.ReservedWorkers == 0 && cfg.Concurrency > 1 {
 		cfg.ReservedWorkers = 1
 	}
 	cfg.ReservedWorkers = max(cfg.ReservedWorkers, 0)
-	cfg.TriggerPriority = cmp.Or(cfg.TriggerPriority, trigger.DefaultPriority)
-	cfg.MaxRetries = cmp.Or(cfg.MaxRetries, DefaultMaxRetries)
-	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultTimeout)
-	cfg.ShutdownTimeout = cmp.Or(cfg.ShutdownTimeout, DefaultShutdownTimeout)
+	cfg.MaxRetries = cmp.Or(cfg.MaxRetries, defaultMaxRetries)
+	cfg.Timeout = cmp.Or(cfg.Timeout, defaultTimeout)
+	cfg.ShutdownTimeout = cmp.Or(cfg.ShutdownTimeout, defaultShutdownTimeout)
 	cfg.Metrics = cmp.Or[Metrics](cfg.Metrics, noMetrics{})
 	cfg.Shards.Count = max(cfg.Shards.Count, 1)
 	return cfg
 }
 
-// Trigger returns the controller's trigger: it schedules a reconcile of
-// an object on the shard the object is of while this replica works on
-// it, names the replica that does otherwise (HTTP triggers are forwarded
-// there), and has the watch's namespace and label selector as its scope.
+// Trigger returns the controller's trigger (the watch's scope, its
+// shards' places).
 func (c *Controller[T]) Trigger() *trigger.Trigger[T] { return c.trig }
 
 // Runnable returns the controller as a [Group] component.
@@ -269,8 +219,7 @@ func (c *Controller[T]) Runnable() Runnable {
 	return Runnable{Name: c.cfg.Name, Run: c.Run, Ready: c.Check}
 }
 
-// Held returns the number of shards this replica works on now (with one
-// shard: 1 while it leads, or always without Leader).
+// Held returns the number of shards this replica works on now.
 func (c *Controller[T]) Held() int {
 	n := 0
 	for _, s := range c.shards {
@@ -281,8 +230,7 @@ func (c *Controller[T]) Held() int {
 	return n
 }
 
-// Queues returns the shards' queues, shard i's at index i (nil for one
-// this replica never works on), for diagnostics and benchmarks.
+// Queues returns the shards' queues (nil: never this replica's).
 func (c *Controller[T]) Queues() []*queue.Queue[opkit.Key, opkit.Cause[T]] {
 	qs := make([]*queue.Queue[opkit.Key, opkit.Cause[T]], len(c.shards))
 	for i, s := range c.shards {
@@ -293,15 +241,12 @@ func (c *Controller[T]) Queues() []*queue.Queue[opkit.Key, opkit.Cause[T]] {
 	return qs
 }
 
-// Balancer returns the balancer of the shards' Leases: nil unless there
-// are several shards and Leader.
+// Balancer returns the shards' Leases' balancer, if any.
 func (c *Controller[T]) Balancer() *leader.Balancer { return c.balancer }
 
-// QueueStats is the replica's queue over its shards' queues: the counts
-// and UnfinishedWork add up, LongestRunning is the longest, Suspended
-// while it works on no shard and ShutDown once every queue is. An entry
-// a shard's worker took and that waits for one of the replica's
-// Concurrency slots counts as in flight.
+// QueueStats sums the stats of this replica's shards' queues (Suspended
+// while it works on none); an entry waiting for a Concurrency slot counts
+// as in flight.
 func (c *Controller[T]) QueueStats() queue.Stats {
 	sum := queue.Stats{Suspended: true, ShutDown: true}
 	for _, s := range c.shards {
@@ -316,9 +261,8 @@ func (c *Controller[T]) QueueStats() queue.Stats {
 	return sum
 }
 
-// Check is a readiness check: the electors' health and the watchers'
-// (running, synced, connected) of the shards this replica works on, and
-// the related watchers'.
+// Check is a readiness check: the health of the electors, and of the
+// watchers of this replica's shards and of the related resources.
 func (c *Controller[T]) Check() error {
 	var errs []error
 	if c.balancer != nil {
@@ -342,9 +286,9 @@ func (c *Controller[T]) Check() error {
 	return errors.Join(errs...)
 }
 
-// AddTermWork registers r, before Run, to run beside the workers: while
-// this replica works on the first shard it works on (with Leader: in
-// every term of its Lease), or for the whole Run without Leader.
+// AddTermWork registers r, before Run, to run beside the workers: in
+// every term of the first shard this replica works on (without Leader,
+// for the whole Run).
 func (c *Controller[T]) AddTermWork(r Runnable) error {
 	if r.Run == nil || r.Name == "" {
 		return errors.New("reconcile: term work needs a Name and a Run func")
@@ -352,21 +296,21 @@ func (c *Controller[T]) AddTermWork(r Runnable) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.running {
-		return ErrAlreadyRunning
+		return errAlreadyRunning
 	}
 	c.termWork = append(c.termWork, r)
 	return nil
 }
 
 // publishEndpoint makes this replica publish url, the base URL of its
-// trigger endpoint, on every Lease it holds (trigger.EndpointAnnotation),
+// trigger endpoint, on every Lease it holds (EndpointAnnotation),
 // so that the other replicas forward triggers of its objects there;
 // Operator calls it once its listener is bound. Without Leader it does
 // nothing.
 func (c *Controller[T]) publishEndpoint(url string) {
 	for _, s := range c.shards {
 		if s != nil && s.elector != nil {
-			s.elector.Publish(map[string]string{trigger.EndpointAnnotation: url})
+			s.elector.Publish(map[string]string{EndpointAnnotation: url})
 		}
 	}
 }
@@ -408,7 +352,7 @@ func (c *Controller[T]) Run(ctx context.Context) error {
 	c.mu.Lock()
 	if c.running {
 		c.mu.Unlock()
-		return ErrAlreadyRunning
+		return errAlreadyRunning
 	}
 	c.running = true
 	work := c.termWork
@@ -457,10 +401,10 @@ func relatedWatchers[T opkit.Object](cfg Config[T], q queue.Adder[opkit.Key, opk
 		r, err := watcher.NewRelated(watcher.RelatedConfig[T]{Client: cfg.Dynamic, Resource: w.Resource, Namespace: ns, LabelSelector: w.LabelSelector,
 			Map: w.Map, Queue: q, Priority: cfg.Watch.Priority, Backoff: cfg.Watch.Backoff, Logger: log})
 		if err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+			return nil, fmt.Errorf("%w: %w", errInvalidConfig, err)
 		}
 		if slices.ContainsFunc(out, func(o *watcher.Related[T]) bool { return o.Name() == r.Name() }) {
-			return nil, fmt.Errorf("%w: related resource %s named twice in Owns and Watches", ErrInvalidConfig, r.Name())
+			return nil, fmt.Errorf("%w: related resource %s named twice in Owns and Watches", errInvalidConfig, r.Name())
 		}
 		out = append(out, r)
 	}

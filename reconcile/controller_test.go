@@ -71,29 +71,29 @@ func (r *recorder) snapshot() []call {
 // countingMetrics counts the controller's measurements.
 type countingMetrics struct {
 	mu        sync.Mutex
-	outcomes  map[reconcile.Outcome]int
+	outcomes  map[string]int
 	panics    int
 	skipped   int
 	refetched int
 }
 
-func (m *countingMetrics) Reconciled(o reconcile.Outcome, _ time.Duration) {
+func (m *countingMetrics) Reconciled(o string, _ time.Duration) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.outcomes == nil {
-		m.outcomes = map[reconcile.Outcome]int{}
+		m.outcomes = map[string]int{}
 	}
 	m.outcomes[o]++
 }
-func (m *countingMetrics) Panicked()                    { m.mu.Lock(); m.panics++; m.mu.Unlock() }
-func (m *countingMetrics) Skipped(reconcile.SkipReason) { m.mu.Lock(); m.skipped++; m.mu.Unlock() }
-func (m *countingMetrics) Refetched()                   { m.mu.Lock(); m.refetched++; m.mu.Unlock() }
+func (m *countingMetrics) Panicked()      { m.mu.Lock(); m.panics++; m.mu.Unlock() }
+func (m *countingMetrics) Skipped(string) { m.mu.Lock(); m.skipped++; m.mu.Unlock() }
+func (m *countingMetrics) Refetched()     { m.mu.Lock(); m.refetched++; m.mu.Unlock() }
 func (m *countingMetrics) skippedN() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.skipped
 }
-func (m *countingMetrics) get(o reconcile.Outcome) int {
+func (m *countingMetrics) get(o string) int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.outcomes[o]
@@ -259,7 +259,7 @@ func TestControllerRetriesWithBackoffThenGivesUpAndRecordsAnEvent(t *testing.T) 
 		if fmt.Sprint(gaps) != "[1s 2s 4s]" {
 			t.Errorf("retry gaps %v, want [1s 2s 4s] (base 1s, doubling, no jitter)", gaps)
 		}
-		if e.metrics.get(reconcile.OutcomeRetry) != 3 || e.metrics.get(reconcile.OutcomeGaveUp) != 1 {
+		if e.metrics.get("retry") != 3 || e.metrics.get("gave_up") != 1 {
 			t.Errorf("outcomes %v", e.metrics.outcomes)
 		}
 		evs := e.events(t)
@@ -399,7 +399,7 @@ func TestControllerDoesNotRetryATerminalError(t *testing.T) {
 			t.Fatalf("%d calls, want 1", n)
 		}
 		evs := e.events(t)
-		if e.metrics.get(reconcile.OutcomeTerminal) != 1 || len(evs) != 1 || evs[0].Reason != "ReconcileTerminalError" {
+		if e.metrics.get("terminal") != 1 || len(evs) != 1 || evs[0].Reason != "ReconcileTerminalError" {
 			t.Fatalf("outcomes %v, events %+v", e.metrics.outcomes, evs)
 		}
 	})
@@ -445,7 +445,7 @@ func TestControllerTurnsAPanicIntoARetriedError(t *testing.T) {
 			t.Errorf("panic log lacks the message or the stack:\n%s", l)
 		}
 		calls := rec.snapshot()
-		if len(calls) != 2 || calls[1].retries != 1 || e.metrics.panics != 1 || e.metrics.get(reconcile.OutcomeDone) != 1 {
+		if len(calls) != 2 || calls[1].retries != 1 || e.metrics.panics != 1 || e.metrics.get("done") != 1 {
 			t.Fatalf("calls %d, panics %d, outcomes %v; want the panic retried once", len(calls), e.metrics.panics, e.metrics.outcomes)
 		}
 	})
@@ -620,7 +620,7 @@ func TestControllerShutdownCancelsReconcilesThatOutliveTheDrain(t *testing.T) {
 		if calls := rec.snapshot(); len(calls) != 1 || !errors.Is(calls[0].ctxErr, context.Canceled) {
 			t.Fatalf("calls %+v; want one call cancelled at the deadline, no retry", calls)
 		}
-		if n := e.metrics.get(reconcile.OutcomeInterrupted); n != 1 || len(e.events(t)) != 0 {
+		if n := e.metrics.get("interrupted"); n != 1 || len(e.events(t)) != 0 {
 			t.Fatalf("interrupted %d, events %d; want 1 interrupted and no Event", n, len(e.events(t)))
 		}
 	})

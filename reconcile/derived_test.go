@@ -35,8 +35,8 @@ func TestTheControllersOwnWritesCauseNoReconcile(t *testing.T) {
 			if req.Type == opkit.Deleted {
 				return reconcile.Done(), nil
 			}
-			obj, err := fin.Add(ctx, req.Object)
-			if err != nil {
+			obj, live, err := fin.Handle(ctx, req.Object, func(context.Context, *Widget) error { return nil })
+			if err != nil || !live {
 				return reconcile.Done(), err
 			}
 			_, err = status.Update(ctx, obj, func(w *Widget) error { w.Status.Message = fmt.Sprint("reconcile ", n); return nil })

@@ -20,20 +20,19 @@ import (
 	"github.com/opkit/opkit/internal/typed"
 )
 
-// Event types for [Recorder.Record], and the default timeout of one write.
+// Event types, and the default timeout of one write.
 const (
-	EventNormal         = corev1.EventTypeNormal
-	EventWarning        = corev1.EventTypeWarning
-	DefaultEventTimeout = 5 * time.Second
+	eventNormal         = corev1.EventTypeNormal
+	eventWarning        = corev1.EventTypeWarning
+	defaultEventTimeout = 5 * time.Second
 )
 
-// EventsResource is the resource Events are written to.
+// EventsResource is the resource of the Events.
 var EventsResource = schema.GroupVersionResource{Group: "events.k8s.io", Version: "v1", Resource: "events"}
 
-// RecorderConfig configures a [Recorder]: the client the Events are
-// created with (required), the reporting Controller (required) and
-// Instance (default: Controller), the Resource that gives the kind of
-// objects whose TypeMeta is empty, and the Timeout of each write.
+// RecorderConfig configures a [Recorder]: the client and Controller
+// (required), Instance (zero: Controller), the Resource of objects without
+// TypeMeta, the Timeout of a write (zero: 5s).
 type RecorderConfig struct {
 	Dynamic    dynamic.Interface
 	Controller string
@@ -42,31 +41,30 @@ type RecorderConfig struct {
 	Timeout    time.Duration
 }
 
-// Recorder records Events (events.k8s.io/v1) about objects with one API
-// call on the caller's goroutine: no broadcaster, nothing to stop. A nil
-// *Recorder records nothing. It is safe for concurrent use.
+// Recorder records Events about objects, with one API call on the
+// caller's goroutine: nothing to stop. A nil *Recorder records nothing.
 type Recorder struct {
 	cfg RecorderConfig
 }
 
-// NewRecorder validates cfg and returns a recorder.
+// NewRecorder validates cfg and returns a Recorder.
 func NewRecorder(cfg RecorderConfig) (*Recorder, error) {
 	if cfg.Dynamic == nil || cfg.Controller == "" || cfg.Timeout < 0 {
 		return nil, errors.New("reconcile: recorder needs a Dynamic client, a Controller name and a Timeout that is not negative")
 	}
-	cfg.Timeout, cfg.Instance = cmp.Or(cfg.Timeout, DefaultEventTimeout), cmp.Or(cfg.Instance, cfg.Controller)
+	cfg.Timeout, cfg.Instance = cmp.Or(cfg.Timeout, defaultEventTimeout), cmp.Or(cfg.Instance, cfg.Controller)
 	return &Recorder{cfg: cfg}, nil
 }
 
-// EventSpec is what an Event says: its Type (EventNormal, the default, or
-// EventWarning), a machine-readable UpperCamelCase Reason, the Action done
-// or failed ("Reconcile"), and a Note (cut to 1 KiB).
+// EventSpec is what an Event says: its Type ("Normal", the default, or
+// "Warning"), an UpperCamelCase Reason, the Action ("Reconcile"), and a
+// Note (cut to 1 KiB).
 type EventSpec struct {
 	Type, Reason, Action, Note string
 }
 
 // Record creates an Event about obj (in "default" for a cluster-scoped
-// one) and returns the API error, if any.
+// one).
 func (r *Recorder) Record(ctx context.Context, obj opkit.Object, spec EventSpec) error {
 	if r == nil {
 		return nil
@@ -114,7 +112,7 @@ func (r *Recorder) build(obj opkit.Object, spec EventSpec, now time.Time) *event
 			Namespace: cmp.Or(obj.GetNamespace(), metav1.NamespaceDefault),
 		},
 		EventTime: metav1.NewMicroTime(now), ReportingController: r.cfg.Controller, ReportingInstance: r.cfg.Instance,
-		Action: spec.Action, Reason: spec.Reason, Type: cmp.Or(spec.Type, EventNormal), Note: note,
+		Action: spec.Action, Reason: spec.Reason, Type: cmp.Or(spec.Type, eventNormal), Note: note,
 		Regarding: corev1.ObjectReference{APIVersion: apiVersion, Kind: gvk.Kind, Namespace: obj.GetNamespace(),
 			Name: obj.GetName(), UID: obj.GetUID(), ResourceVersion: obj.GetResourceVersion()},
 	}

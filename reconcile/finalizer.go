@@ -17,25 +17,17 @@ import (
 	"github.com/opkit/opkit/internal/typed"
 )
 
-// DefaultConflictRetries is how often the finalizer and status helpers try
+// defaultConflictRetries is how often the finalizer and status helpers try
 // again after a 409 Conflict.
-const DefaultConflictRetries = 5
+const defaultConflictRetries = 5
 
 // FinalizeFunc cleans up what an object owns outside Kubernetes before the
-// object may go. It must be idempotent: after a failure or a crash it is
-// called again.
+// object may go; it is called again after a failure or a crash.
 type FinalizeFunc[T opkit.Object] func(ctx context.Context, obj T) error
 
-// Finalizer keeps one finalizer on the objects of a resource and runs the
-// finalize step when they are being deleted. Each write is a merge patch
-// of metadata.finalizers at the resourceVersion it was computed from: a
-// concurrent writer makes it fail with 409, and it reads the object and
-// recomputes (up to [DefaultConflictRetries] times). It is safe for
-// concurrent use.
-//
-// Name it in the controller's Watch.OwnFinalizers (with
-// Watch.SkipStatusOnly): adding it is then not a change that reconciles
-// the object a second time.
+// Finalizer keeps a finalizer on a resource's objects, and finalizes them
+// when deleted (retried after a 409). Name it in the watcher's
+// OwnFinalizers, so that adding it does not reconcile the object again.
 type Finalizer[T opkit.Object] struct {
 	name   string
 	client *typed.Client[T]
@@ -55,21 +47,17 @@ func NewFinalizer[T opkit.Object](dyn dynamic.Interface, res opkit.Resource, nam
 	return &Finalizer[T]{name: name, client: typed.New[T](dyn, res)}, nil
 }
 
-// Name returns the finalizer's name.
-func (f *Finalizer[T]) Name() string { return f.name }
-
 // Handle runs the finalizer protocol and says whether to go on with the
-// normal reconcile (live): an object not being deleted gets the finalizer
-// if missing (live, the returned object updated); one being deleted with
-// the finalizer is finalized, then the finalizer is removed (a finalize
-// error is returned and the finalizer stays); one being deleted without
-// it, or gone, is left alone. Deleted requests need no call.
+// reconcile (live): an object not being deleted gets the finalizer (live,
+// the returned object updated); one being deleted with it is finalized,
+// then loses it (unless finalize fails); any other is left alone. A
+// Deleted request needs no call.
 func (f *Finalizer[T]) Handle(ctx context.Context, obj T, finalize FinalizeFunc[T]) (out T, live bool, err error) {
 	if isNil(obj) {
 		return obj, false, errors.New("reconcile: finalizer: nil object")
 	}
 	if obj.GetDeletionTimestamp() == nil {
-		switch out, err := f.Add(ctx, obj); {
+		switch out, err := f.add(ctx, obj); {
 		case typed.Gone(err, obj.GetName()):
 			return obj, false, nil
 		case err != nil:
@@ -88,16 +76,16 @@ func (f *Finalizer[T]) Handle(ctx context.Context, obj T, finalize FinalizeFunc[
 			return obj, false, fmt.Errorf("finalize %s: %w", opkit.KeyOf(obj), err)
 		}
 	}
-	out, err = f.Remove(ctx, obj)
+	out, err = f.remove(ctx, obj)
 	if typed.Gone(err, obj.GetName()) {
 		return obj, false, nil
 	}
 	return out, false, err
 }
 
-// Add puts the finalizer on obj unless it is there or obj is being
+// add puts the finalizer on obj unless it is there or obj is being
 // deleted, and returns the object as written (or obj).
-func (f *Finalizer[T]) Add(ctx context.Context, obj T) (T, error) {
+func (f *Finalizer[T]) add(ctx context.Context, obj T) (T, error) {
 	return f.update(ctx, obj, func(o T) ([]string, bool) {
 		fins := o.GetFinalizers()
 		if o.GetDeletionTimestamp() != nil || slices.Contains(fins, f.name) {
@@ -107,8 +95,8 @@ func (f *Finalizer[T]) Add(ctx context.Context, obj T) (T, error) {
 	})
 }
 
-// Remove takes the finalizer off obj if it is there, keeping the others.
-func (f *Finalizer[T]) Remove(ctx context.Context, obj T) (T, error) {
+// remove takes the finalizer off obj if it is there, keeping the others.
+func (f *Finalizer[T]) remove(ctx context.Context, obj T) (T, error) {
 	return f.update(ctx, obj, func(o T) ([]string, bool) {
 		fins := o.GetFinalizers()
 		if !slices.Contains(fins, f.name) {
@@ -136,7 +124,7 @@ func (f *Finalizer[T]) update(ctx context.Context, obj T, change func(T) ([]stri
 		case err == nil:
 			noteWrite(ctx, out)
 			return out, nil
-		case !apierrors.IsConflict(err) || attempt >= DefaultConflictRetries:
+		case !apierrors.IsConflict(err) || attempt >= defaultConflictRetries:
 			return cur, fmt.Errorf("reconcile: finalizer %s on %s: %w", f.name, key, err)
 		}
 		if cur, err = f.client.Get(ctx, key); err != nil {

@@ -17,10 +17,9 @@ import (
 	"golang.org/x/sync/errgroup"
 )
 
-// Runnable is a named component of a [Group]. Run blocks until ctx ends
-// (then it returns nil) or the component fails. Ready, if set, says
-// whether it is ready (quick, safe for concurrent use). A LeaderOnly one
-// runs only while this replica leads. Name (unique) and Run are required.
+// Runnable is a component of a [Group]: a unique Name, and Run, which
+// returns when ctx ends (nil) or it fails; Ready, if set, is quick; a
+// LeaderOnly one runs in the Leader's terms.
 type Runnable struct {
 	Name       string
 	Run        func(ctx context.Context) error
@@ -28,25 +27,19 @@ type Runnable struct {
 	LeaderOnly bool
 }
 
-// TermHost runs leader-only components inside its leadership terms.
-// *Controller implements it.
+// TermHost runs leader-only components in its terms: a *Controller.
 type TermHost interface {
 	AddTermWork(r Runnable) error
 }
 
-// GroupConfig configures a [Group]: Leader runs the LeaderOnly
-// components (required only for them); Logger gets start, stop and failure
-// lines (nil: slog.Default()).
+// GroupConfig configures a [Group]: the Leader of its LeaderOnly ones.
 type GroupConfig struct {
 	Leader TermHost
 	Logger *slog.Logger
 }
 
-// Group runs components as one unit, on errgroup: the first component to
-// fail (or the end of Run's context) stops them all, one at a time in
-// reverse order of registration, each awaited before the next, so that,
-// say, the trigger endpoint stops before the controller it feeds. Run owns
-// one goroutine per component, and one that orders the shutdown.
+// Group runs components as one unit: the first to fail, or the end of
+// Run's context, stops them one at a time, in reverse order.
 type Group struct {
 	cfg GroupConfig
 	log *slog.Logger
@@ -70,9 +63,8 @@ func NewGroup(cfg GroupConfig) *Group {
 	return &Group{cfg: cfg, log: cmp.Or(cfg.Logger, slog.Default())}
 }
 
-// Add registers components before Run. A LeaderOnly component is handed
-// to the Leader (it runs in its terms); the group still reports its
-// readiness.
+// Add registers components before Run (a LeaderOnly one with the
+// Leader).
 func (g *Group) Add(rs ...Runnable) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -99,9 +91,8 @@ func (g *Group) Add(rs ...Runnable) error {
 	return nil
 }
 
-// Run starts the components that are not LeaderOnly, blocks until ctx
-// ends or one fails, stops them all and returns the first failure. A group
-// runs once.
+// Run runs the components until ctx ends or one fails, stops them all
+// and returns the first failure. A group runs once.
 func (g *Group) Run(ctx context.Context) error {
 	g.mu.Lock()
 	if g.started {
@@ -153,15 +144,15 @@ func (g *Group) Run(ctx context.Context) error {
 	return eg.Wait()
 }
 
-// ComponentStatus is a component's readiness: Err is nil when it is ready.
+// ComponentStatus is a component's readiness: nil Err when ready.
 type ComponentStatus struct {
 	Name string
 	Err  error
 }
 
 // Check reports every component in registration order: one that does not
-// run is not ready, one that runs (a LeaderOnly one always) is as ready as
-// its Ready says.
+// run is not ready; one that runs (a LeaderOnly one always) is as its
+// Ready says.
 func (g *Group) Check() []ComponentStatus {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -187,9 +178,8 @@ func (g *Group) Ready() error {
 	return errors.Join(errs...)
 }
 
-// ReadyzHandler serves the readiness report: 200 when every component is
-// ready, 503 otherwise, with a line per component: "ok <name>" or
-// "fail <name>: <reason>".
+// ReadyzHandler serves Check: 200 when every component is ready, else
+// 503, with a line "ok <name>" or "fail <name>: <reason>" for each.
 func (g *Group) ReadyzHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		var b strings.Builder
@@ -205,8 +195,8 @@ func (g *Group) ReadyzHandler() http.Handler {
 	})
 }
 
-// HealthzHandler serves liveness: 200 "ok" while no component has failed,
-// else 503 naming the failed ones.
+// HealthzHandler serves liveness: 200 while no component has failed, else
+// 503 naming the failed ones.
 func (g *Group) HealthzHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		g.mu.Lock()
@@ -225,11 +215,8 @@ func (g *Group) HealthzHandler() http.Handler {
 	})
 }
 
-// HealthServer returns a component that serves HealthzHandler at /healthz
-// and ReadyzHandler at /readyz on addr (such as ":8081") until its
-// context ends, then shuts down gracefully; a port that cannot be bound
-// fails it. Add it to the group it reports on (it is then in the reports
-// too). It has no other routes and sets a header timeout.
+// HealthServer returns a component that serves /healthz and /readyz on
+// addr (such as ":8081"), to add to the group it reports on.
 func (g *Group) HealthServer(addr string) Runnable {
 	return Runnable{Name: "health server", Run: func(ctx context.Context) error {
 		mux := http.NewServeMux()

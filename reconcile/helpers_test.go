@@ -2,6 +2,7 @@ package reconcile_test
 
 import (
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/internal/typed"
+	"github.com/opkit/opkit/queue"
 	"github.com/opkit/opkit/reconcile"
 	"github.com/opkit/opkit/trigger"
 )
@@ -74,3 +76,18 @@ func newFakeDynamic(t testing.TB, objs ...*Widget) *dynfake.FakeDynamicClient {
 func ticketOf[T opkit.Object](d trigger.Decision[T], err error) (*trigger.Ticket, error) {
 	return d.Ticket, err
 }
+
+// noTriggerMetrics is a trigger.Metrics that counts nothing: a test's
+// trigger metrics embed it and count what the test looks at.
+type noTriggerMetrics struct{}
+
+func (noTriggerMetrics) Enqueued(queue.Outcome)             {}
+func (noTriggerMetrics) Rejected()                          {}
+func (noTriggerMetrics) Request(int, string, time.Duration) {}
+func (noTriggerMetrics) Received()                          {}
+func (noTriggerMetrics) Acked(string)                       {}
+func (noTriggerMetrics) Nacked(string)                      {}
+func (noTriggerMetrics) Terminated(string)                  {}
+func (noTriggerMetrics) Processed(time.Duration)            {}
+func (noTriggerMetrics) Lag(int64)                          {}
+func (noTriggerMetrics) BrokerError(string)                 {}

@@ -39,55 +39,35 @@ func (c *Controller[T]) part() part {
 		handler: func(cfg trigger.HandlerConfig) (http.Handler, error) { return trigger.NewHandler(c.trig, cfg) }}
 }
 
-// OperatorConfig configures an [Operator]. Controllers is required.
+// OperatorConfig configures an [Operator]: Controllers (one at least),
+// their Triggers (one server, under "/{resource}.{group}" with several),
+// Components (a consumer, a metrics server), HealthAddr (/healthz,
+// /readyz).
 type OperatorConfig struct {
-	// Controllers are the operator's controllers, at least one.
 	Controllers []Part
-	// Triggers, if set, serves every controller's HTTP trigger endpoint
-	// on one server: at the root (POST /reconcile/{namespace}/{name})
-	// with one controller, under "/{resource}.{group}" with several.
-	Triggers *TriggerEndpoint
-	// Components run beside the controllers (a trigger.Consumer's Run, a
-	// metrics server): started after them, stopped before them.
-	Components []Runnable
-	// HealthAddr, if set, serves /healthz and /readyz (Group's handlers)
-	// on that address (such as ":8081").
-	HealthAddr string
-	// Logger receives the components' start, stop and failure lines (nil:
-	// slog.Default()).
-	Logger *slog.Logger
+	Triggers    *TriggerEndpoint
+	Components  []Runnable
+	HealthAddr  string
+	Logger      *slog.Logger
 }
 
-// TriggerEndpoint is the HTTP trigger endpoint of an Operator. Every
-// replica serves it, and forwards a trigger of an object another replica
-// works on to that replica: each replica publishes AdvertiseURL on the
-// Leases it holds, and the others read it there.
+// EndpointAnnotation is the Lease annotation of the trigger endpoint's URL.
+const EndpointAnnotation = "trigger.opkit.dev/endpoint"
+
+// TriggerEndpoint is an Operator's trigger endpoint: Server (the Handler
+// set), each controller's Handler, and the URL each replica publishes for
+// the others (empty: http(s)://host:port, the host $POD_IP, else the
+// listen address's, else the hostname). NoServer: TriggerHandler is yours.
 type TriggerEndpoint struct {
-	// Server configures the server (Addr: ":8443" with a certificate,
-	// else ":8080"); the Operator sets its Handler.
-	Server trigger.ServerConfig
-	// Handler configures each controller's endpoint: the authentication
-	// (Reviews, or an Authenticator, or InsecureSkipAuth), the limits, the
-	// client of forwarded requests.
-	Handler trigger.HandlerConfig
-	// AdvertiseURL is the base URL at which the other replicas reach this
-	// one's endpoint. Empty: http(s)://host:port, with the port the server
-	// listens on and as host $POD_IP when set, else the listen address's
-	// host when it names one, else the hostname.
+	Server       trigger.ServerConfig
+	Handler      trigger.HandlerConfig
 	AdvertiseURL string
-	// NoServer builds the endpoint without serving it: the Operator's
-	// TriggerHandler serves it in a server of your own, or in-process in
-	// a test. Nothing is published, so no other replica forwards here.
-	NoServer bool
+	NoServer     bool
 }
 
-// Operator runs an operator's controllers with their HTTP trigger
-// endpoint, other components and health endpoints as one [Group], and
-// stops them in the order that loses nothing and keeps nobody waiting:
-// the health and trigger servers first (a caller still waiting for an
-// outcome or a forwarded answer gets 503 at once), then the components,
-// then the controllers (their in-flight reconciles drain, then each
-// Lease is released). Its Run owns every goroutine it starts.
+// Operator runs controllers, their trigger endpoint, other components and
+// health endpoints as one [Group], stopped in the order that loses
+// nothing: servers, components, then controllers (they drain).
 type Operator struct {
 	cfg      OperatorConfig
 	group    *Group
@@ -98,8 +78,7 @@ type Operator struct {
 	url      atomic.Pointer[string] // advertised, once bound
 }
 
-// NewOperator validates cfg and builds the operator's components; it
-// starts nothing and binds no port.
+// NewOperator validates cfg and builds the operator; it binds no port.
 func NewOperator(cfg OperatorConfig) (*Operator, error) {
 	if len(cfg.Controllers) == 0 {
 		return nil, errors.New("reconcile: an Operator needs at least one controller")
@@ -158,17 +137,13 @@ func (o *Operator) buildTriggers() error {
 	return o.group.Add(Runnable{Name: "trigger server", Run: func(ctx context.Context) error { return srv.Serve(ctx, o.listener) }})
 }
 
-// Group returns the operator's components, for their readiness
-// (Group.Check, ReadyzHandler) in a metrics or health endpoint of your
-// own.
+// Group returns the operator's components, for their readiness.
 func (o *Operator) Group() *Group { return o.group }
 
-// TriggerHandler returns the HTTP trigger endpoint of every controller,
-// as the server serves it; nil without Triggers.
+// TriggerHandler returns the controllers' trigger endpoint.
 func (o *Operator) TriggerHandler() http.Handler { return o.handler }
 
-// TriggerURL returns the base URL this replica publishes for its trigger
-// endpoint, once Run bound its port; "" before, or without a server.
+// TriggerURL returns the URL this replica publishes, once Run bound it.
 func (o *Operator) TriggerURL() string {
 	if u := o.url.Load(); u != nil {
 		return *u
@@ -176,9 +151,8 @@ func (o *Operator) TriggerURL() string {
 	return ""
 }
 
-// Run binds the trigger endpoint's port, publishes its URL, and runs
-// every component until ctx ends (then it returns nil, once they all
-// stopped) or one fails (its error). An Operator runs once.
+// Run runs every component until ctx ends (then it returns nil) or one
+// fails. An Operator runs once.
 func (o *Operator) Run(ctx context.Context) error {
 	if o.server != nil {
 		scfg := o.cfg.Triggers.Server

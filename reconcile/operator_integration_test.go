@@ -40,6 +40,7 @@ type operatorReplica struct {
 
 // scheduledCount counts the triggers a replica scheduled.
 type scheduledCount struct {
+	noTriggerMetrics
 	mu sync.Mutex
 	n  int
 }
@@ -51,7 +52,6 @@ func (s *scheduledCount) Enqueued(o queue.Outcome) {
 		s.mu.Unlock()
 	}
 }
-func (*scheduledCount) Rejected() {}
 func (s *scheduledCount) get() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()

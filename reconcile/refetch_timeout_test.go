@@ -80,7 +80,7 @@ func TestControllerRefetchIsBoundedByTheReconcileTimeout(t *testing.T) {
 		// (backoff 1s); the API server answers again by then.
 		time.Sleep(3*time.Second + time.Millisecond)
 		synctest.Wait()
-		if got := e.metrics.get(reconcile.OutcomeRetry); got != 1 {
+		if got := e.metrics.get("retry"); got != 1 {
 			t.Fatalf("%d retries %v after the hanging re-fetch started; want 1 (the re-fetch bounded by Timeout)", got, time.Since(started))
 		}
 		hang.Store(false)
@@ -95,6 +95,7 @@ func TestControllerRefetchIsBoundedByTheReconcileTimeout(t *testing.T) {
 
 // outcomes counts trigger.Metrics calls.
 type outcomes struct {
+	noTriggerMetrics
 	mu       sync.Mutex
 	enqueued map[queue.Outcome]int
 	rejected int

@@ -52,7 +52,7 @@ func (c *Controller[T]) buildShards() error {
 		if lcfg.Identity == "" {
 			id, err := leader.DefaultIdentity()
 			if err != nil {
-				return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+				return fmt.Errorf("%w: %w", errInvalidConfig, err)
 			}
 			lcfg.Identity = id
 		}
@@ -66,7 +66,7 @@ func (c *Controller[T]) buildShards() error {
 		b, err := leader.NewBalancer(leader.BalancerConfig{Client: lcfg.Client, Namespace: lcfg.Namespace, Group: lcfg.Name, Identity: lcfg.Identity,
 			Shards: count, LeaseDuration: lcfg.LeaseDuration, RetryPeriod: lcfg.RetryPeriod, Logger: c.log})
 		if err != nil {
-			return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+			return fmt.Errorf("%w: %w", errInvalidConfig, err)
 		}
 		c.balancer = b
 	}
@@ -102,7 +102,7 @@ func (c *Controller[T]) newShard(i int, lcfg leader.Config, leading *shardsLeadi
 	wcfg.RequestAnnotation = c.requestAnnotation()
 	var err error
 	if s.watch, err = watcher.New(wcfg); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		return nil, fmt.Errorf("%w: %w", errInvalidConfig, err)
 	}
 	if cfg.Leader == nil {
 		return s, nil
@@ -119,7 +119,7 @@ func (c *Controller[T]) newShard(i int, lcfg leader.Config, leading *shardsLeadi
 		lcfg.Metrics = shardLeading{leading, i}
 	}
 	if s.elector, err = leader.New(lcfg); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		return nil, fmt.Errorf("%w: %w", errInvalidConfig, err)
 	}
 	if c.balancer != nil {
 		c.balancer.Add(s.elector)
@@ -296,7 +296,7 @@ func (r router[T]) Place(i int) trigger.Place[T] {
 	if holder == s.elector.Identity() {
 		return trigger.Place[T]{Holder: holder} // ours, between terms
 	}
-	return trigger.Place[T]{Holder: holder, Endpoint: s.elector.LeaderAnnotation(trigger.EndpointAnnotation)}
+	return trigger.Place[T]{Holder: holder, Endpoint: s.elector.LeaderAnnotation(EndpointAnnotation)}
 }
 
 // fanout is the Adder of the related watchers: a key goes to the queue of

@@ -62,7 +62,7 @@ func TestIntegrationTriggersReachTheShardsHolder(t *testing.T) {
 			Concurrency: 2, NoEvents: true, Logger: quiet, Watch: watcher.Config[*Widget]{Namespace: ns}, TriggerRate: -1,
 			Leader: &leader.Config{Client: kube, Namespace: ns, Name: "sharded", Identity: name,
 				LeaseDuration: 6 * time.Second, RenewDeadline: 4 * time.Second, RetryPeriod: 500 * time.Millisecond,
-				Annotations: map[string]string{trigger.EndpointAnnotation: endpoints[name]}},
+				Annotations: map[string]string{reconcile.EndpointAnnotation: endpoints[name]}},
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -118,7 +118,7 @@ func TestIntegrationTriggersReachTheShardsHolder(t *testing.T) {
 			if code != http.StatusOK || out.State != trigger.Succeeded || out.Replica != holder {
 				t.Fatalf("%s: %d %+v, want succeeded on %s, the holder of shard %d", reason, code, out, holder, opkit.ShardOf(w.UID, shards))
 			}
-			if forwarded := header.Get(trigger.ForwardedHeader) != ""; forwarded != (via != holder) {
+			if forwarded := header.Get("X-Opkit-Forwarded") != ""; forwarded != (via != holder) {
 				t.Errorf("%s: forwarded %v, want %v", reason, forwarded, via != holder)
 			}
 		}

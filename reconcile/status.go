@@ -16,33 +16,22 @@ import (
 	"github.com/opkit/opkit/watcher"
 )
 
-// StatusConfig configures a [Status] helper.
+// StatusConfig configures a [Status] helper (Dynamic and Resource are
+// required). Where T's status has them, a write sets observedGeneration
+// (unless SkipObservedGeneration) and copies RequestAnnotation (the
+// watcher's; empty: its default; "-": none) to lastHandledReconcileAt. It
+// is retried after a 409, ConflictRetries times (zero: 5).
 type StatusConfig struct {
-	// Dynamic and Resource are required: the client the status is
-	// written with and the resource of T.
-	Dynamic  dynamic.Interface
-	Resource opkit.Resource
-	// SkipObservedGeneration leaves status.observedGeneration alone.
-	// Otherwise every write sets it to metadata.generation when T's
-	// status has the field (the Kubernetes convention that the watcher's
-	// DefaultRank reads).
+	Dynamic                dynamic.Interface
+	Resource               opkit.Resource
 	SkipObservedGeneration bool
-	// RequestAnnotation is the durable trigger's annotation (empty:
-	// watcher.DefaultRequestAnnotation; "-": none). When the object has
-	// it and T's status has lastHandledReconcileAt, every write copies the
-	// annotation's value there: the request is handled. Set it to the
-	// watcher's RequestAnnotation (e.g. Flux's
-	// reconcile.fluxcd.io/requestedAt).
-	RequestAnnotation string
-	// ConflictRetries is how often a write that met a 409 Conflict is
-	// retried on a fresh read. Default DefaultConflictRetries.
-	ConflictRetries int
+	RequestAnnotation      string
+	ConflictRetries        int
 }
 
 // Status writes the status subresource with optimistic concurrency: on a
-// 409 Conflict it reads the object again and applies mutate again. A
-// mutate that changes nothing writes nothing. It is safe for concurrent
-// use.
+// 409 Conflict it reads the object and applies mutate again. It is safe
+// for concurrent use.
 type Status[T opkit.Object] struct {
 	client *typed.Client[T]
 	cfg    StatusConfig
@@ -58,13 +47,13 @@ func NewStatus[T opkit.Object](cfg StatusConfig) (*Status[T], error) {
 	case cfg.ConflictRetries < 0:
 		return nil, fmt.Errorf("reconcile: status: negative ConflictRetries %d", cfg.ConflictRetries)
 	}
-	cfg.ConflictRetries = cmp.Or(cfg.ConflictRetries, DefaultConflictRetries)
+	cfg.ConflictRetries = cmp.Or(cfg.ConflictRetries, defaultConflictRetries)
 	cfg.RequestAnnotation = cmp.Or(cfg.RequestAnnotation, watcher.DefaultRequestAnnotation)
 	return &Status[T]{client: typed.New[T](cfg.Dynamic, cfg.Resource), cfg: cfg}, nil
 }
 
 // Update applies mutate to obj (after a conflict, to a fresh copy) and
-// writes the status if it changed; a mutate error is returned as is.
+// writes the status if it changed.
 func (s *Status[T]) Update(ctx context.Context, obj T, mutate func(obj T) error) (T, error) {
 	if isNil(obj) {
 		return obj, errors.New("reconcile: status: nil object")

@@ -117,7 +117,7 @@ func (tc *triggerCluster) start(id string) *triggerReplica {
 		Backoff: fastBackoff,
 		Leader: &leader.Config{Client: kube, Namespace: tc.ns, Name: "triggers", Identity: id,
 			LeaseDuration: 6 * time.Second, RenewDeadline: 4 * time.Second, RetryPeriod: 500 * time.Millisecond,
-			Annotations: map[string]string{trigger.EndpointAnnotation: r.url}},
+			Annotations: map[string]string{reconcile.EndpointAnnotation: r.url}},
 	})
 	if err != nil {
 		t.Fatal(err)

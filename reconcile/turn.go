@@ -111,7 +111,7 @@ func (c *shard[T]) live(ctx context.Context, t *turn[T], req Request[T], cause o
 		if len(req.Reasons) > 0 {
 			note += ": " + strings.Join(req.Reasons, "; ")
 		}
-		if err := c.rec.Record(ctx, cause.Object, EventSpec{Type: EventNormal, Reason: "Triggered", Action: "Reconcile", Note: note}); err != nil {
+		if err := c.rec.Record(ctx, cause.Object, EventSpec{Type: eventNormal, Reason: "Triggered", Action: "Reconcile", Note: note}); err != nil {
 			t.log.Warn("recording the trigger event failed", "err", err)
 		}
 	}
@@ -133,20 +133,20 @@ func (c *shard[T]) live(ctx context.Context, t *turn[T], req Request[T], cause o
 		// Another shard's object (a Watches mapping names keys of every
 		// shard): its shard's controller reconciles it.
 		t.log.Debug("object of another shard: skipped")
-		c.cfg.Metrics.Skipped(SkipOutOfScope)
+		c.cfg.Metrics.Skipped(skipOutOfScope)
 		return
 	case !isNil(obj) && !c.sel.Matches(labels.Set(obj.GetLabels())):
 		// Not an object the watch sees (a trigger's for another shard, or
 		// one that left the selector, whose delete the watch delivers),
 		// also for a teardown: this controller does not handle it.
 		t.log.Info("object does not match the watch's label selector: skipped", "selector", c.sel.String())
-		c.cfg.Metrics.Skipped(SkipOutOfScope)
+		c.cfg.Metrics.Skipped(skipOutOfScope)
 		return
 	case !isNil(obj):
 	case !cause.Teardown:
 		if cause.Sources.Has(opkit.Operator) {
 			t.log.Debug("triggered object not found: skipped")
-			c.cfg.Metrics.Skipped(SkipGone)
+			c.cfg.Metrics.Skipped(skipGone)
 		}
 		return
 	case hadDeletes:
@@ -220,14 +220,14 @@ func (c *shard[T]) outcome(ctx context.Context, t *turn[T], req Request[T], res 
 	after, requeue := res.Requeue()
 	switch {
 	case err == nil && !requeue:
-		c.cfg.Metrics.Reconciled(OutcomeDone, took)
+		c.cfg.Metrics.Reconciled(outcomeDone, took)
 		if wrote := writesOf(ctx); wrote || req.Type == opkit.Deleted {
 			log.Info("reconciled", "wrote", wrote, "took", took)
 		}
 		t.note(trigger.Succeeded, nil)
 		return true
 	case err == nil:
-		c.cfg.Metrics.Reconciled(OutcomeRequeue, took)
+		c.cfg.Metrics.Reconciled(outcomeRequeue, took)
 		log.Info("reconciled; requeued", "after", after, "took", took)
 		if !t.requeue || after < t.after {
 			t.requeue, t.after = true, after
@@ -237,24 +237,24 @@ func (c *shard[T]) outcome(ctx context.Context, t *turn[T], req Request[T], res 
 	case ctx.Err() != nil:
 		// The term ended or the drain ran out: not the reconciler's failure,
 		// and nothing may be written any more.
-		c.cfg.Metrics.Reconciled(OutcomeInterrupted, took)
+		c.cfg.Metrics.Reconciled(outcomeInterrupted, took)
 		log.Info("reconcile interrupted by shutdown or the end of the term", "err", err)
 		t.interrupted = true
 		return false
 	case IsTerminal(err):
-		c.cfg.Metrics.Reconciled(OutcomeTerminal, took)
+		c.cfg.Metrics.Reconciled(outcomeTerminal, took)
 		log.Error("reconcile failed with a terminal error: not retried", "err", err)
 		c.record(ctx, req, "ReconcileTerminalError", err, log)
 		t.note(trigger.Terminal, err)
 		return true
 	case c.cfg.MaxRetries >= 0 && req.Retries >= c.cfg.MaxRetries && req.Sources == 0: // a retry of the controller's own
-		c.cfg.Metrics.Reconciled(OutcomeGaveUp, took)
+		c.cfg.Metrics.Reconciled(outcomeGaveUp, took)
 		log.Error("reconcile failed on its last retry: given up", "err", err, "maxRetries", c.cfg.MaxRetries)
 		c.record(ctx, req, "ReconcileFailed", fmt.Errorf("gave up after %d retries: %w", req.Retries, err), log)
 		t.note(trigger.Terminal, fmt.Errorf("gave up after %d retries: %w", req.Retries, err))
 		return true
 	}
-	c.cfg.Metrics.Reconciled(OutcomeRetry, took)
+	c.cfg.Metrics.Reconciled(outcomeRetry, took)
 	log.Warn("reconcile failed", "err", err)
 	t.note(trigger.Failed, err)
 	t.failed = true
@@ -273,7 +273,7 @@ func (c *shard[T]) call(ctx context.Context, req Request[T], log *slog.Logger) (
 		if p := recover(); p != nil {
 			c.cfg.Metrics.Panicked()
 			log.Error("reconcile panicked", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
-			res, err = Done(), fmt.Errorf("%w: %v", ErrPanic, p)
+			res, err = Done(), fmt.Errorf("%w: %v", errPanic, p)
 		}
 	}()
 	return c.cfg.Reconciler.Reconcile(ctx, req)
@@ -302,7 +302,7 @@ func (c *shard[T]) record(ctx context.Context, req Request[T], reason string, er
 	if isNil(obj) {
 		obj = typed.Tombstone[T](req.Key, "", "")
 	}
-	if rerr := c.rec.Record(context.WithoutCancel(ctx), obj, EventSpec{Type: EventWarning, Reason: reason, Action: "Reconcile", Note: err.Error()}); rerr != nil {
+	if rerr := c.rec.Record(context.WithoutCancel(ctx), obj, EventSpec{Type: eventWarning, Reason: reason, Action: "Reconcile", Note: err.Error()}); rerr != nil {
 		log.Warn("recording the failure event failed", "err", rerr)
 	}
 }

@@ -21,105 +21,64 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	authnclient "k8s.io/client-go/kubernetes/typed/authentication/v1"
 	authzclient "k8s.io/client-go/kubernetes/typed/authorization/v1"
-	"k8s.io/client-go/rest"
 
 	"golang.org/x/sync/singleflight"
 
 	"github.com/opkit/opkit"
 )
 
-// DefaultAudience is the token audience the default authenticator asks the
-// TokenReview for. Mint tokens for the endpoint with it, e.g.
-// `kubectl create token SA --audience opkit-trigger`; tokens for the API
-// server's own audience are refused.
+// DefaultAudience is the audience of the tokens the Kubernetes-native
+// authenticator takes (not the API server's).
 const DefaultAudience = "opkit-trigger"
 
-var (
-	// ErrUnauthenticated is wrapped by Authenticator errors that mean 401:
-	// no bearer token, or a token that is invalid, expired or for another
-	// audience.
-	ErrUnauthenticated = errors.New("unauthenticated")
-	// ErrForbidden is wrapped by Authenticator errors that mean 403: the
-	// caller is known but not allowed to trigger this object.
-	ErrForbidden = errors.New("forbidden")
-)
-
-// AuthRequest is what an Authenticator decides on.
+// AuthRequest is what an Authenticator decides on: the request (its
+// headers; not its body) and the object it would trigger.
 type AuthRequest struct {
-	// HTTP is the incoming request (read its headers; do not read the body).
-	HTTP *http.Request
-	// Resource is the resource of the object the caller wants reconciled.
+	HTTP     *http.Request
 	Resource opkit.Resource
-	// Key is that object's namespace and name (already validated).
-	Key opkit.Key
+	Key      opkit.Key
 }
 
-// Authenticator decides whether a request may trigger a reconcile. It
-// returns the caller's name (for logs) and nil to allow; an error wrapping
-// ErrUnauthenticated (401) or ErrForbidden (403) to refuse, with a message
-// safe to show the caller; any other error means the decision could not be
-// made (504 if it wraps context.DeadlineExceeded, else 502). It is called
-// concurrently and must never log or return the caller's credentials.
+// Authenticator decides whether a request may trigger a reconcile: it
+// returns the caller's name (for logs), or an error wrapping
+// ErrUnauthenticated (401) or ErrForbidden (403), with a message for the
+// caller, or any other when it could not decide (504 if it wraps
+// context.DeadlineExceeded, else 502). It is called concurrently, and
+// never logs or returns credentials.
 type Authenticator interface {
 	Authorize(ctx context.Context, req AuthRequest) (user string, err error)
 }
 
-// ReviewClient is what the Kubernetes-native authenticator needs of the API
-// server: TokenReviews and SubjectAccessReviews. A kubernetes.Interface
-// (*kubernetes.Clientset) satisfies it, and so does a small struct holding
-// the two typed clients (authenticationv1.NewForConfig and
-// authorizationv1.NewForConfig) or their fakes.
+// ReviewClient makes the TokenReviews and SubjectAccessReviews: a
+// kubernetes.Interface, or a struct of the two typed clients (or fakes).
 type ReviewClient interface {
 	AuthenticationV1() authnclient.AuthenticationV1Interface
 	AuthorizationV1() authzclient.AuthorizationV1Interface
 }
 
-// KubeAuthConfig configures the Kubernetes-native authenticator. The zero
-// value of every optional field means its documented default.
+// KubeAuthConfig configures the Kubernetes-native authenticator; a zero
+// field means its default. Client makes the reviews (required); the token
+// must be for one of Audiences (nil: DefaultAudience); the
+// SubjectAccessReview checks Verb ("": "update") on Group and Resource
+// (empty: the trigger's) and Subresource. Allows are cached PositiveTTL
+// (zero: 10s), refusals NegativeTTL (zero: 5s), in caches of MaxEntries
+// (zero: 4096). At most MaxReviews (zero: 16) run at once, half of them
+// one user's (ErrBusy beyond), each within ReviewTimeout (zero: 5s); the
+// requests that need the same review share it.
 type KubeAuthConfig struct {
-	// Client makes the TokenReviews and SubjectAccessReviews (required).
-	// It needs RBAC permission to create both (the system:auth-delegator
-	// ClusterRole grants exactly that).
-	Client ReviewClient
-	// Audiences the token must be valid for; nil means {DefaultAudience}.
-	Audiences []string
-	// Verb checked by the SubjectAccessReview; "" means "update".
-	Verb string
-	// Group and Resource checked by the SubjectAccessReview; an empty
-	// Resource means the trigger's own resource (its Group is then used
-	// too).
-	Group, Resource string
-	// Subresource checked by the SubjectAccessReview, e.g. a custom
-	// "reconcile" granted in a Role; "" means none.
-	Subresource string
-	// PositiveTTL is how long an allow is cached; zero means 10s.
-	PositiveTTL time.Duration
-	// NegativeTTL is how long a refusal (bad token, denied) is cached;
-	// zero means 5s.
-	NegativeTTL time.Duration
-	// MaxEntries bounds each of the two caches (tokens, decisions); the
-	// least recently used entry is evicted. Zero means 4096.
-	MaxEntries int
-	// MaxReviews bounds the TokenReviews and SubjectAccessReviews in
-	// flight; a request that needs another gets an error wrapping ErrBusy
-	// (429). One user's SubjectAccessReviews (by name and UID, whatever
-	// token or pod it uses) take at most half of them (at least one), so
-	// a caller triggering many objects cannot lock the others out.
-	// Concurrent requests that need the same review share one. Zero
-	// means 16.
-	MaxReviews int
-	// ReviewTimeout bounds one review; zero means 5s. A review runs on
-	// even if the request that started it leaves, for the others that
-	// wait on it and for the cache.
-	ReviewTimeout time.Duration
+	Client                   ReviewClient
+	Audiences                []string
+	Verb                     string
+	Group, Resource          string
+	Subresource              string
+	PositiveTTL, NegativeTTL time.Duration
+	MaxEntries               int
+	MaxReviews               int
+	ReviewTimeout            time.Duration
 }
 
-// KubeAuthenticator checks the bearer token with a TokenReview for its own
-// audience and the caller's permission with a SubjectAccessReview, caching
-// both briefly (decisions by user, verb and object). Tokens are held only
-// as SHA-256 hashes. It logs nothing: its errors say what happened, and
-// the HTTP handler logs them. It is safe for concurrent use.
-type KubeAuthenticator struct {
+// kubeAuthenticator is the Kubernetes-native Authenticator.
+type kubeAuthenticator struct {
 	cfg     KubeAuthConfig // validated, defaults applied
 	tokens  *ttlCache[tokenResult]
 	perms   *ttlCache[error] // nil: allowed; else wraps ErrForbidden
@@ -130,15 +89,15 @@ type KubeAuthenticator struct {
 	byUser map[string]int // SubjectAccessReviews in flight per user
 }
 
-var _ Authenticator = (*KubeAuthenticator)(nil)
-
 type tokenResult struct {
 	user authnv1.UserInfo
 	err  error // wraps ErrUnauthenticated when the token was refused
 }
 
-// NewKubeAuthenticator validates cfg and returns the authenticator.
-func NewKubeAuthenticator(cfg KubeAuthConfig) (*KubeAuthenticator, error) {
+// NewKubeAuthenticator validates cfg and returns the Kubernetes-native
+// Authenticator (see the package documentation). It keeps tokens only as
+// SHA-256 hashes, and logs nothing.
+func NewKubeAuthenticator(cfg KubeAuthConfig) (Authenticator, error) {
 	if cfg.Audiences == nil {
 		cfg.Audiences = []string{DefaultAudience}
 	}
@@ -158,7 +117,7 @@ func NewKubeAuthenticator(cfg KubeAuthConfig) (*KubeAuthenticator, error) {
 	cfg.MaxEntries = cmp.Or(cfg.MaxEntries, 4096)
 	cfg.MaxReviews = cmp.Or(cfg.MaxReviews, 16)
 	cfg.ReviewTimeout = cmp.Or(cfg.ReviewTimeout, 5*time.Second)
-	return &KubeAuthenticator{cfg: cfg, tokens: newTTLCache[tokenResult](cfg.MaxEntries), perms: newTTLCache[error](cfg.MaxEntries),
+	return &kubeAuthenticator{cfg: cfg, tokens: newTTLCache[tokenResult](cfg.MaxEntries), perms: newTTLCache[error](cfg.MaxEntries),
 		slots: make(chan struct{}, cfg.MaxReviews)}, nil
 }
 
@@ -167,7 +126,7 @@ func NewKubeAuthenticator(cfg KubeAuthConfig) (*KubeAuthenticator, error) {
 // that leaves stops waiting; the review goes on for the others), and at
 // most MaxReviews at once, at most half of them for one user when user
 // is set (ErrBusy beyond).
-func shared[V any](ctx context.Context, a *KubeAuthenticator, key, user string, review func(context.Context) (V, error)) (V, error) {
+func shared[V any](ctx context.Context, a *kubeAuthenticator, key, user string, review func(context.Context) (V, error)) (V, error) {
 	ch := a.flights.DoChan(key, func() (any, error) {
 		if user != "" {
 			if !a.takeUserSlot(user) {
@@ -195,9 +154,9 @@ func shared[V any](ctx context.Context, a *KubeAuthenticator, key, user string, 
 }
 
 // userShare is how many reviews one user may have in flight.
-func (a *KubeAuthenticator) userShare() int { return max(1, a.cfg.MaxReviews/2) }
+func (a *kubeAuthenticator) userShare() int { return max(1, a.cfg.MaxReviews/2) }
 
-func (a *KubeAuthenticator) takeUserSlot(user string) bool {
+func (a *kubeAuthenticator) takeUserSlot(user string) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.byUser[user] >= a.userShare() {
@@ -210,7 +169,7 @@ func (a *KubeAuthenticator) takeUserSlot(user string) bool {
 	return true
 }
 
-func (a *KubeAuthenticator) releaseUserSlot(user string) {
+func (a *kubeAuthenticator) releaseUserSlot(user string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.byUser[user]--; a.byUser[user] <= 0 {
@@ -232,8 +191,7 @@ func bearerToken(r *http.Request) (string, bool) {
 	return tok, tok != ""
 }
 
-// Authorize implements Authenticator.
-func (a *KubeAuthenticator) Authorize(ctx context.Context, req AuthRequest) (string, error) {
+func (a *kubeAuthenticator) Authorize(ctx context.Context, req AuthRequest) (string, error) {
 	tok, ok := bearerToken(req.HTTP)
 	if !ok {
 		return "", fmt.Errorf("%w: a bearer token (Authorization: Bearer ...) for audience %q is required", ErrUnauthenticated, a.cfg.Audiences[0])
@@ -256,7 +214,7 @@ func (a *KubeAuthenticator) Authorize(ctx context.Context, req AuthRequest) (str
 // review asks a TokenReview for the user of tok and caches the answer by
 // its hash, tokKey: the user, or an error wrapping ErrUnauthenticated
 // when it refused the token. It returns an error when the review failed.
-func (a *KubeAuthenticator) review(ctx context.Context, tokKey, tok string) (tokenResult, error) {
+func (a *kubeAuthenticator) review(ctx context.Context, tokKey, tok string) (tokenResult, error) {
 	rev, err := a.cfg.Client.AuthenticationV1().TokenReviews().Create(ctx, &authnv1.TokenReview{
 		Spec: authnv1.TokenReviewSpec{Token: tok, Audiences: a.cfg.Audiences},
 	}, metav1.CreateOptions{})
@@ -284,7 +242,7 @@ func (a *KubeAuthenticator) review(ctx context.Context, tokKey, tok string) (tok
 // (cached by user and attributes): nil when allowed, an error wrapping
 // ErrForbidden when denied (cached too), any other error when the review
 // failed.
-func (a *KubeAuthenticator) access(ctx context.Context, user authnv1.UserInfo, req AuthRequest) error {
+func (a *kubeAuthenticator) access(ctx context.Context, user authnv1.UserInfo, req AuthRequest) error {
 	attrs := authzv1.ResourceAttributes{Namespace: req.Key.Namespace, Verb: a.cfg.Verb, Group: req.Resource.Group,
 		Resource: req.Resource.Resource, Subresource: a.cfg.Subresource, Name: req.Key.Name}
 	if a.cfg.Resource != "" {
@@ -325,7 +283,7 @@ func userKey(u authnv1.UserInfo) string {
 // sar makes the SubjectAccessReview of access and caches its decision
 // under key: nil (allowed) or an error wrapping ErrForbidden (denied). It
 // returns an error when the review failed or could not be evaluated.
-func (a *KubeAuthenticator) sar(ctx context.Context, key string, user authnv1.UserInfo, attrs authzv1.ResourceAttributes) (denied, err error) {
+func (a *kubeAuthenticator) sar(ctx context.Context, key string, user authnv1.UserInfo, attrs authzv1.ResourceAttributes) (denied, err error) {
 	extra := make(map[string]authzv1.ExtraValue, len(user.Extra))
 	for k, v := range user.Extra {
 		extra[k] = authzv1.ExtraValue(v)
@@ -365,7 +323,7 @@ func (a *KubeAuthenticator) sar(ctx context.Context, key string, user authnv1.Us
 
 // expiry is when a decision made now leaves the cache: refusals (err
 // not nil) after NegativeTTL, grants after PositiveTTL.
-func (a *KubeAuthenticator) expiry(err error) time.Time {
+func (a *kubeAuthenticator) expiry(err error) time.Time {
 	if err != nil {
 		return time.Now().Add(a.cfg.NegativeTTL)
 	}
@@ -429,25 +387,6 @@ func (c *ttlCache[V]) forget(key string) {
 func (c *ttlCache[V]) remove(el *list.Element) {
 	c.order.Remove(el)
 	delete(c.items, el.Value.(*cacheEntry[V]).key)
-}
-
-type reviewClient struct {
-	authn authnclient.AuthenticationV1Interface
-	authz authzclient.AuthorizationV1Interface
-}
-
-func (c reviewClient) AuthenticationV1() authnclient.AuthenticationV1Interface { return c.authn }
-func (c reviewClient) AuthorizationV1() authzclient.AuthorizationV1Interface   { return c.authz }
-
-// NewReviewClient returns a ReviewClient for the API server cfg points to,
-// for callers that have no kubernetes.Interface at hand.
-func NewReviewClient(cfg *rest.Config) (ReviewClient, error) {
-	authn, authnErr := authnclient.NewForConfig(cfg)
-	authz, authzErr := authzclient.NewForConfig(cfg)
-	if err := cmp.Or(authnErr, authzErr); err != nil {
-		return nil, fmt.Errorf("trigger: review client: %w", err)
-	}
-	return reviewClient{authn: authn, authz: authz}, nil
 }
 
 // update replaces the value under key with f of the current one (the

@@ -1,133 +1,71 @@
 package trigger
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"time"
 )
 
-// Broker is what the Consumer needs of a message broker. An adapter (for
-// example the NATS JetStream one in the reference operator) wraps a durable
-// subscription with explicit acknowledgement.
-//
-// Receive is called from one goroutine at a time; the Message methods may be
-// called from the Consumer's handler goroutines concurrently for different
-// messages, and exactly one of Ack, Nack or Term is called per message.
+// Broker is a durable subscription with explicit acknowledgement (the
+// example operator has NATS JetStream's). Receive, called from one
+// goroutine at a time, blocks until a message comes, ctx ends or the
+// broker fails (a *BrokerError: it is called again after a backoff).
 type Broker interface {
-	// Receive blocks until a message is available, ctx ends (then it
-	// returns ctx's error) or the broker fails. Failures should be returned
-	// as, or wrap, a *BrokerError so the Consumer can report their kind;
-	// the Consumer then retries Receive with backoff, so adapters should
-	// reconnect on the next call rather than give up. It returns a message
-	// or an error, never both and never neither; a broker that polls loops
-	// inside Receive.
 	Receive(ctx context.Context) (Message, error)
 }
 
-// Message is one delivery of a message.
+// Message is one delivery of a message: its body, how many times it was
+// delivered (1 the first time). The Consumer calls one of Ack, Nack
+// (redeliver after delay) or Term (dead-letter, for a reason of the
+// consumer table), from any goroutine.
 type Message interface {
-	// Data is the message body.
 	Data() []byte
-	// Deliveries is how many times this message has been delivered,
-	// counting this delivery (1 on the first).
 	Deliveries() int
-	// Ack acknowledges the message: the broker forgets it.
 	Ack(ctx context.Context) error
-	// Nack hands the message back for redelivery after delay (a broker
-	// with a delivery limit may dead-letter it instead: see DeadLetterer).
 	Nack(ctx context.Context, delay time.Duration) error
-	// Term dead-letters the message: it is never redelivered. reason says
-	// why (it is one of the TermReason values).
 	Term(ctx context.Context, reason string) error
 }
 
-// Progresser is optionally implemented by a Message whose broker
-// redelivers what is not acknowledged within a deadline (JetStream's
-// AckWait): InProgress pushes that deadline back. The Consumer calls it
-// while it waits for a reconcile (ConsumerConfig.AckAfterReconcile).
+// Progresser is a Message whose acknowledgement deadline InProgress
+// pushes back (JetStream's AckWait), while AckAfterReconcile waits.
 type Progresser interface {
 	InProgress(ctx context.Context) error
 }
 
-// Replier is optionally implemented by a Message that may carry a reply
-// address (a NATS request's reply subject): Reply publishes data there,
-// and does nothing when the message has none. The Consumer replies with
-// the reconcile's Outcome as JSON (ConsumerConfig.AckAfterReconcile).
+// Replier is a Message that may carry a reply address (a NATS request's)
+// for AckAfterReconcile's Outcome, as JSON; without one, Reply does nothing.
 type Replier interface {
 	Reply(ctx context.Context, data []byte) error
 }
 
-// DeadLetterer is optionally implemented by a Message whose broker
-// enforces a delivery limit in Nack: on the last allowed delivery its Nack
-// dead-letters the message instead of handing it back. After a Nack that
-// returned nil, DeadLettered reports whether it did; the Consumer then
-// counts the message as terminated (TermMaxDeliveries), not nacked, so
-// that a trigger that dies this way shows in the metrics. Dead letters a
-// broker makes outside a Nack (say, while handing back prefetched
-// messages) are the broker's to report.
+// DeadLetterer is a Message that a Nack may dead-letter (its last allowed
+// delivery): after the Nack, DeadLettered reports whether it did.
 type DeadLetterer interface {
 	DeadLettered() bool
 }
 
-// Lag is optionally implemented by a Broker that can report its backlog
-// (messages not yet delivered to or acknowledged by this consumer group).
+// Lag is a Broker that reports its backlog (messages not yet delivered or
+// acknowledged).
 type Lag interface {
 	Lag(ctx context.Context) (int64, error)
 }
 
-// Releaser is optionally implemented by a Broker that buffers messages
-// ahead of Receive (a prefetching pull subscription). The Consumer calls
-// Release from its receive goroutine, never while a Receive runs, when it
-// pauses (see
-// ConsumerConfig.Paused), so that buffered messages go back to the broker
-// for a replica that can schedule them at once, instead of waiting out
-// their acknowledgement deadline in a paused replica.
+// Releaser is a Broker that buffers messages ahead of Receive: when the
+// Consumer pauses, Release (never during a Receive) hands them back for
+// redelivery at once, and fetches no more until the next Receive.
 type Releaser interface {
-	// Release hands every message buffered for Receive back to the broker
-	// for redelivery without delay and stops fetching until the next
-	// Receive. The messages never reached the Consumer: they are not
-	// counted as received or nacked.
 	Release(ctx context.Context) error
 }
 
-// BrokerErrorKind classifies broker failures, so that permission and quota
-// problems are reported by name rather than swallowed.
-type BrokerErrorKind uint8
-
-const (
-	// BrokerUnknown: not classified by the adapter.
-	BrokerUnknown BrokerErrorKind = iota
-	// BrokerDisconnected: the broker is unreachable or the connection
-	// dropped; the Consumer reconnects with backoff.
-	BrokerDisconnected
-	// BrokerPermission: the credentials may not consume from (or ack on)
-	// the subject/queue.
-	BrokerPermission
-	// BrokerQuota: a quota or limit of the broker was hit.
-	BrokerQuota
-	// BrokerNotFound: the stream, queue or consumer does not exist.
-	BrokerNotFound
-)
-
-var brokerErrorKinds = [...]string{"Unknown", "Disconnected", "Permission", "Quota", "NotFound"}
-
-// String returns the kind's name, as used in logs, metrics and Check.
-func (k BrokerErrorKind) String() string {
-	if int(k) < len(brokerErrorKinds) {
-		return brokerErrorKinds[k]
-	}
-	return "BrokerErrorKind(?)"
-}
-
-// BrokerError is a classified broker failure. Adapters return it (or wrap
-// it); the Consumer finds it with errors.As.
+// BrokerError is a broker failure as an adapter returns it: the Op that
+// failed ("receive", "ack", ...), the adapter's Err, and its Kind, so that
+// logs, metrics and Check name what to act on: "Disconnected", "Permission"
+// (to consume or acknowledge), "Quota", "NotFound" (no such stream, queue
+// or consumer), or "" (not classified: "Unknown").
 type BrokerError struct {
-	// Kind classifies the failure.
-	Kind BrokerErrorKind
-	// Op is the operation that failed ("receive", "ack", "nack", "term", "lag").
-	Op string
-	// Err is the adapter's underlying error.
-	Err error
+	Kind, Op string
+	Err      error
 }
 
 // Error returns "broker <op>: <Kind>: <err>".
@@ -136,7 +74,7 @@ func (e *BrokerError) Error() string {
 	if e.Op != "" {
 		msg += " " + e.Op
 	}
-	msg += ": " + e.Kind.String()
+	msg += ": " + cmp.Or(e.Kind, "Unknown")
 	if e.Err != nil {
 		msg += ": " + e.Err.Error()
 	}
@@ -146,65 +84,11 @@ func (e *BrokerError) Error() string {
 // Unwrap returns the underlying error.
 func (e *BrokerError) Unwrap() error { return e.Err }
 
-// KindOf returns the kind of the first *BrokerError in err's chain, or
-// BrokerUnknown when there is none.
-func KindOf(err error) BrokerErrorKind {
-	if be, ok := errors.AsType[*BrokerError](err); ok {
+// kindOf returns the kind of the first *BrokerError in err's chain, or
+// "Unknown" when there is none or it is not classified.
+func kindOf(err error) string {
+	if be, ok := errors.AsType[*BrokerError](err); ok && be.Kind != "" {
 		return be.Kind
 	}
-	return BrokerUnknown
+	return "Unknown"
 }
-
-// AckReason says why a message was acknowledged.
-type AckReason string
-
-// NackReason says why a message was handed back for redelivery.
-type NackReason string
-
-// TermReason says why a message was dead-lettered.
-type TermReason string
-
-const (
-	// AckScheduled: the reconcile was scheduled.
-	AckScheduled AckReason = "Scheduled"
-	// AckNotFound: the object no longer exists; there is nothing to do.
-	AckNotFound AckReason = "NotFound"
-	// AckReconciled: with ConsumerConfig.AckAfterReconcile, the
-	// reconcile that served the message succeeded or failed terminally.
-	AckReconciled AckReason = "Reconciled"
-
-	// NackDropped: the enqueue was dropped (not the leader, leadership in
-	// transition, or shutting down); the broker redelivers it later,
-	// possibly to the leader.
-	NackDropped NackReason = "Dropped"
-	// NackAPIError: re-fetching the object failed; retried with backoff.
-	NackAPIError NackReason = "APIError"
-	// NackOutOfScope: the object is outside the controller's scope
-	// (ErrOutOfScope): handed back after DroppedDelay, for another
-	// controller that shares the subscription (or, if none, for the
-	// broker's delivery limit, which dead-letters it).
-	NackOutOfScope NackReason = "OutOfScope"
-	// NackStopping: received while the consumer was stopping, not handled
-	// (or, with AckAfterReconcile, stopping while it waited).
-	NackStopping NackReason = "Stopping"
-	// NackTermEnded: with AckAfterReconcile, the leadership term ended
-	// before the reconcile that would serve the message: the next leader
-	// gets it again.
-	NackTermEnded NackReason = "TermEnded"
-
-	// TermTooLarge: the message is larger than the configured limit.
-	TermTooLarge TermReason = "TooLarge"
-	// TermMaxDeliveries: the broker dead-lettered the message on a Nack,
-	// because it had been delivered as often as the broker allows (see
-	// DeadLetterer).
-	TermMaxDeliveries TermReason = "MaxDeliveries"
-	// TermMalformed: the message is not a JSON object of the expected
-	// shape (syntax error, wrong types, unknown fields, trailing data).
-	TermMalformed TermReason = "Malformed"
-	// TermInvalid: well-formed, but the namespace is not a DNS-1123 label,
-	// the name is one no object can have (see CheckName), either is
-	// missing or present when it must not be, or the reason is too long.
-	// A name the resource's own rules refuse (Foo_Bar for most) passes and
-	// is acknowledged as not found.
-	TermInvalid TermReason = "Invalid"
-)

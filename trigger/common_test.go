@@ -15,7 +15,19 @@ import (
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/queue"
 	"github.com/opkit/opkit/trigger"
+	"github.com/opkit/opkit/trigger/brokertest"
 )
+
+// deadLetters returns the events of b that dead-lettered their message.
+func deadLetters(b *brokertest.Broker) []brokertest.Event {
+	var dead []brokertest.Event
+	for _, ev := range b.Events() {
+		if ev.Reason != "" {
+			dead = append(dead, ev)
+		}
+	}
+	return dead
+}
 
 var configMaps = opkit.Resource{
 	GroupVersionResource: schema.GroupVersionResource{Version: "v1", Resource: "configmaps"},
@@ -108,19 +120,19 @@ type countingMetrics struct {
 	rejected   int
 	requests   map[int]int
 	received   int
-	acked      map[trigger.AckReason]int
-	nacked     map[trigger.NackReason]int
-	terminated map[trigger.TermReason]int
+	acked      map[string]int
+	nacked     map[string]int
+	terminated map[string]int
 	processed  int
 	lag        []int64
-	brokerErrs map[trigger.BrokerErrorKind]int
+	brokerErrs map[string]int
 }
 
 func newCounting() *countingMetrics {
 	return &countingMetrics{
 		enqueued: map[queue.Outcome]int{}, requests: map[int]int{},
-		acked: map[trigger.AckReason]int{}, nacked: map[trigger.NackReason]int{},
-		terminated: map[trigger.TermReason]int{}, brokerErrs: map[trigger.BrokerErrorKind]int{},
+		acked: map[string]int{}, nacked: map[string]int{},
+		terminated: map[string]int{}, brokerErrs: map[string]int{},
 	}
 }
 
@@ -131,17 +143,17 @@ func (m *countingMetrics) Request(code int, _ string, _ time.Duration) {
 	m.requests[code]++
 	m.mu.Unlock()
 }
-func (m *countingMetrics) Received()                   { m.mu.Lock(); m.received++; m.mu.Unlock() }
-func (m *countingMetrics) Acked(r trigger.AckReason)   { m.mu.Lock(); m.acked[r]++; m.mu.Unlock() }
-func (m *countingMetrics) Nacked(r trigger.NackReason) { m.mu.Lock(); m.nacked[r]++; m.mu.Unlock() }
-func (m *countingMetrics) Terminated(r trigger.TermReason) {
+func (m *countingMetrics) Received()       { m.mu.Lock(); m.received++; m.mu.Unlock() }
+func (m *countingMetrics) Acked(r string)  { m.mu.Lock(); m.acked[r]++; m.mu.Unlock() }
+func (m *countingMetrics) Nacked(r string) { m.mu.Lock(); m.nacked[r]++; m.mu.Unlock() }
+func (m *countingMetrics) Terminated(r string) {
 	m.mu.Lock()
 	m.terminated[r]++
 	m.mu.Unlock()
 }
 func (m *countingMetrics) Processed(time.Duration) { m.mu.Lock(); m.processed++; m.mu.Unlock() }
 func (m *countingMetrics) Lag(n int64)             { m.mu.Lock(); m.lag = append(m.lag, n); m.mu.Unlock() }
-func (m *countingMetrics) BrokerError(k trigger.BrokerErrorKind) {
+func (m *countingMetrics) BrokerError(k string) {
 	m.mu.Lock()
 	m.brokerErrs[k]++
 	m.mu.Unlock()

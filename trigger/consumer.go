@@ -15,95 +15,73 @@ import (
 	"github.com/opkit/opkit/queue"
 )
 
-// ErrNotRunning is returned by [Consumer.Check] when Run is not running.
-var ErrNotRunning = errors.New("trigger: consumer is not running")
+// The reasons a message is settled for, as the package documentation's
+// consumer table lists them.
+const (
+	ackScheduled  = "Scheduled"
+	ackNotFound   = "NotFound"
+	ackReconciled = "Reconciled"
 
-// ErrLagUnavailable is wrapped by Check's error while the broker's Lag
-// fails (the lag metric then keeps its last value) and nothing worse is
-// wrong. Messages may still flow: a readiness check that should not take
-// a replica out of service for it can let it pass with errors.Is.
+	nackDropped    = "Dropped"
+	nackAPIError   = "APIError"
+	nackOutOfScope = "OutOfScope"
+	nackStopping   = "Stopping"
+	nackTermEnded  = "TermEnded"
+
+	termTooLarge      = "TooLarge"
+	termMaxDeliveries = "MaxDeliveries"
+	termMalformed     = "Malformed"
+	termInvalid       = "Invalid"
+)
+
+// errNotRunning is Check's error when Run is not running.
+var errNotRunning = errors.New("trigger: consumer is not running")
+
+// ErrLagUnavailable is wrapped by Check's error while only the broker's
+// Lag fails (the lag metric keeps its last value): a readiness check may
+// let it pass.
 var ErrLagUnavailable = errors.New("trigger: broker lag unavailable")
 
-// ConsumerConfig configures a Consumer. The zero value of every optional
-// field means its documented default.
+// ConsumerConfig configures a Consumer; a zero field means its default.
+// Broker and Trigger are required; Type is the triggers' (zero:
+// Modified). It handles Concurrency messages at once (1; a message waiting
+// for its reconcile holds one), of at most MaxMessageBytes (8 KiB). A
+// read takes at most APITimeout (10s), a broker call BrokerTimeout (5s).
+// A Nack after an API error is delayed RetryBase, doubling per delivery up
+// to RetryCap (1s and 1m), any other DroppedDelay (1s: give the broker no
+// small delivery limit); the wait after a failed Receive doubles from
+// ReconnectBase to ReconnectCap (500ms and 30s).
+//
+// Paused, asked before each Receive and every PausePoll (250ms) while one
+// blocks, keeps the messages in the broker while true (nil: while this
+// replica works on no shard); it must be safe for concurrent use.
+// AckAfterReconcile acknowledges a message once its reconcile succeeded or
+// failed for good (a FinalOnly ticket), calling a Progresser's InProgress
+// every ProgressInterval (10s) meanwhile, and replies the Outcome to a
+// Replier. A Lag broker is asked every LagInterval (15s; negative: never).
+// The Logger logs keys and reasons, never bodies.
 type ConsumerConfig[T opkit.Object] struct {
-	// Broker delivers the messages (required).
-	Broker Broker
-	// Trigger is where scheduled reconciles go (required): its Intake
-	// reads the object a message points to.
-	Trigger *Trigger[T]
-	// Type is the event type of triggered reconciles; zero means
-	// opkit.Modified.
-	Type opkit.Type
-	// Concurrency is how many messages are handled at once; zero means 1.
-	Concurrency int
-	// MaxMessageBytes is the largest message accepted; larger ones are
-	// dead-lettered. Zero means DefaultMaxMessageBytes.
-	MaxMessageBytes int
-	// AllowUnknownFields accepts messages with fields other than
-	// namespace, name and reason. By default they are dead-lettered as
-	// malformed, so that a producer's typo is not silently ignored.
-	AllowUnknownFields bool
-	// APITimeout bounds each read from the API server; zero means 10s.
-	APITimeout time.Duration
-	// BrokerTimeout bounds each Ack, Nack, Term and Lag call; zero means 5s.
-	BrokerTimeout time.Duration
-	// RetryBase and RetryCap shape the Nack delay after an API server
-	// error: RetryBase * 2^(deliveries-1), at most RetryCap. Zero means 1s
-	// and 1m.
-	RetryBase, RetryCap time.Duration
-	// DroppedDelay is the Nack delay of a dropped enqueue (this replica is
-	// not the leader, or leadership is changing); zero means 1s. Configure
-	// the broker to redeliver without a small delivery limit, or dropped
-	// triggers will reach its dead letter while no replica leads.
-	DroppedDelay time.Duration
-	// ReconnectBase and ReconnectCap shape the wait after a failed
-	// Receive (doubling per consecutive failure); zero means 500ms and 30s.
+	Broker                      Broker
+	Trigger                     *Trigger[T]
+	Type                        opkit.Type
+	Concurrency                 int
+	MaxMessageBytes             int
+	AllowUnknownFields          bool
+	APITimeout, BrokerTimeout   time.Duration
+	RetryBase, RetryCap         time.Duration
+	DroppedDelay                time.Duration
 	ReconnectBase, ReconnectCap time.Duration
-	// Paused is asked before every Receive; while it reports true the
-	// consumer takes no message from the broker, so that triggers wait in
-	// the broker for a replica that can schedule them instead of being
-	// delivered here, re-fetched and nacked (each such delivery costs an
-	// API call, delays the trigger by DroppedDelay and counts toward the
-	// broker's delivery limit). When it starts pausing, a Broker that
-	// implements Releaser is asked to hand back what it buffered. nil
-	// means: while the Trigger's Router names no shard this replica works
-	// on (a follower, a replica in a leadership transition or shutting
-	// down, one that holds no shard); a replica that works on some takes
-	// every message, and hands back those of the shards it does not
-	// work on. A Trigger on one queue (Config.Queue) never pauses.
-	// A message received just before a pause is handled as usual (a
-	// dropped enqueue is nacked). Use func() bool { return false } to
-	// receive whatever the queue's state. It is called from two
-	// goroutines at once and must be safe for concurrent use.
-	Paused func() bool
-	// PausePoll is how often a paused consumer asks Paused again; zero
-	// means 250ms.
-	PausePoll time.Duration
-	// AckAfterReconcile acknowledges a scheduled message only once the
-	// reconcile that serves it succeeded or failed terminally (a
-	// FinalOnly ticket: a failed reconcile's retries serve it too),
-	// keeping it alive meanwhile with InProgress every ProgressInterval
-	// (zero: 10s) when the Message is a Progresser, and replying the
-	// Outcome to a Message that is a Replier. If the leadership term ends
-	// first, the message is handed back (NackTermEnded), so the broker
-	// redelivers it to the next leader. A message waiting for its
-	// reconcile holds one of the Concurrency handlers: raise it.
-	AckAfterReconcile bool
-	ProgressInterval  time.Duration
-	// LagInterval is how often a Broker that implements Lag is asked for
-	// its backlog; zero means 15s, negative disables the poll.
-	LagInterval time.Duration
-	// Metrics receives counts; nil means none.
-	Metrics ConsumerMetrics
-	// Logger receives one record per terminated, nacked-after-error or
-	// not-found message and per broker failure; nil means slog.Default().
-	// Messages are logged by namespace/name and reason, never by body.
-	Logger *slog.Logger
+	Paused                      func() bool
+	PausePoll                   time.Duration
+	AckAfterReconcile           bool
+	ProgressInterval            time.Duration
+	LagInterval                 time.Duration
+	Metrics                     Metrics
+	Logger                      *slog.Logger
 }
 
-// Consumer turns broker messages {"namespace", "name", "reason"} into
-// reconciles. See the package documentation for the ack/nack/term rules.
+// Consumer turns broker messages into reconciles (see the package
+// documentation).
 type Consumer[T opkit.Object] struct {
 	cfg ConsumerConfig[T] // validated, defaults applied
 
@@ -115,7 +93,7 @@ type Consumer[T opkit.Object] struct {
 	lagErr  error // last Lag failure, cleared by a successful one
 }
 
-// NewConsumer validates cfg and returns a Consumer; call Run to start it.
+// NewConsumer validates cfg and returns a Consumer.
 func NewConsumer[T opkit.Object](cfg ConsumerConfig[T]) (*Consumer[T], error) {
 	cfg.Type = cmp.Or(cfg.Type, opkit.Modified)
 	switch {
@@ -132,7 +110,7 @@ func NewConsumer[T opkit.Object](cfg ConsumerConfig[T]) (*Consumer[T], error) {
 		return nil, errors.New("trigger: ConsumerConfig sizes, counts and durations (but LagInterval) must not be negative")
 	}
 	cfg.Concurrency = cmp.Or(cfg.Concurrency, 1)
-	cfg.MaxMessageBytes = cmp.Or(cfg.MaxMessageBytes, DefaultMaxMessageBytes)
+	cfg.MaxMessageBytes = cmp.Or(cfg.MaxMessageBytes, defaultMaxBytes)
 	cfg.APITimeout = cmp.Or(cfg.APITimeout, 10*time.Second)
 	cfg.BrokerTimeout = cmp.Or(cfg.BrokerTimeout, 5*time.Second)
 	cfg.RetryBase = cmp.Or(cfg.RetryBase, time.Second)
@@ -143,7 +121,7 @@ func NewConsumer[T opkit.Object](cfg ConsumerConfig[T]) (*Consumer[T], error) {
 	cfg.PausePoll = cmp.Or(cfg.PausePoll, 250*time.Millisecond)
 	cfg.ProgressInterval = cmp.Or(cfg.ProgressInterval, 10*time.Second)
 	cfg.LagInterval = cmp.Or(cfg.LagInterval, 15*time.Second)
-	cfg.Metrics = cmp.Or[ConsumerMetrics](cfg.Metrics, nopMetrics{})
+	cfg.Metrics = cmp.Or[Metrics](cfg.Metrics, nopMetrics{})
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	if cfg.Paused == nil {
 		// A queue with neither method never pauses.
@@ -152,15 +130,11 @@ func NewConsumer[T opkit.Object](cfg ConsumerConfig[T]) (*Consumer[T], error) {
 	return &Consumer[T]{cfg: cfg}, nil
 }
 
-// Run receives and handles messages until ctx ends, then stops gracefully:
-// it stops receiving, lets the messages being handled finish (their API
-// calls and broker calls are bounded by APITimeout and BrokerTimeout, not
-// by ctx), nacks a message received after ctx ended, and returns nil once
-// every goroutine it started has returned. A failing Receive is retried
-// with backoff and reported through Check, logs and metrics; it does not
-// end Run. While Paused reports true (by default: while the Trigger's
-// queue is suspended or shut down) it receives nothing. Run may be called again after
-// it returned, never concurrently.
+// Run receives and handles messages until ctx ends, then lets the
+// messages being handled finish (within APITimeout and BrokerTimeout),
+// and returns nil once its goroutines have. Broker failures do not end
+// it. It may be called again after it returned,
+// not concurrently.
 func (c *Consumer[T]) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return errors.New("trigger: consumer is already running")
@@ -195,7 +169,7 @@ func (c *Consumer[T]) Run(ctx context.Context) error {
 		}
 		// And a token of the trigger budget: with the budget spent, the
 		// messages wait in the broker, not in a loop of hand-backs.
-		if c.cfg.Trigger.WaitForBudget(ctx) != nil {
+		if c.cfg.Trigger.waitForBudget(ctx) != nil {
 			return nil
 		}
 		msg, paused, err := c.receive(ctx, &wg)
@@ -224,7 +198,7 @@ func (c *Consumer[T]) Run(ctx context.Context) error {
 		c.cfg.Metrics.Received()
 		start := time.Now()
 		if ctx.Err() != nil {
-			c.nack(work, msg, NackStopping, 0, start) // received but not handled: hand it back at once
+			c.nack(work, msg, nackStopping, 0, start) // received but not handled: hand it back at once
 			return nil
 		}
 		wg.Go(func() {
@@ -250,7 +224,7 @@ func (c *Consumer[T]) receive(ctx context.Context, wg *sync.WaitGroup) (msg Mess
 	})
 	msg, err = c.cfg.Broker.Receive(rctx)
 	if err == nil && msg == nil {
-		err = &BrokerError{Kind: BrokerUnknown, Op: "receive", Err: errors.New("broker returned no message and no error")}
+		err = &BrokerError{Op: "receive", Err: errors.New("broker returned no message and no error")}
 	}
 	return msg, rctx.Err() != nil && ctx.Err() == nil, err
 }
@@ -283,16 +257,12 @@ func (c *Consumer[T]) pause(ctx context.Context) bool {
 	return true
 }
 
-// Check reports the consumer's readiness: ErrNotRunning when Run is not
-// running, the last broker failure (its kind named in the message; find it
-// with errors.As on *BrokerError) while the broker is failing (receiving,
-// settling, or reporting its lag: while Lag fails, the lag metric keeps
-// its last value, and the error wraps [ErrLagUnavailable]), else nil.
-// A paused consumer (see ConsumerConfig.Paused) uses no broker and is
-// ready.
+// Check reports the consumer's readiness: an error when Run is not
+// running, or the last broker failure (a *BrokerError, for errors.As)
+// while the broker fails, else nil. A paused consumer is ready.
 func (c *Consumer[T]) Check() error {
 	if !c.running.Load() {
-		return ErrNotRunning
+		return errNotRunning
 	}
 	if c.paused.Load() {
 		return nil
@@ -300,7 +270,7 @@ func (c *Consumer[T]) Check() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := cmp.Or(c.recvErr, c.ackErr, c.lagErr); err != nil {
-		return fmt.Errorf("trigger: consumer: broker %s: %w", KindOf(err), err)
+		return fmt.Errorf("trigger: consumer: broker %s: %w", kindOf(err), err)
 	}
 	return nil
 }
@@ -319,36 +289,36 @@ func (c *Consumer[T]) forget() {
 	c.paused.Store(false)
 }
 
-// brokerFailed counts and logs a failed broker call.
 // brokerLevel is the log level of a failed broker call: an error when
 // someone has to act (permissions, a missing stream or subject, a quota),
 // a warning for what retrying mends (a lost connection).
 func brokerLevel(err error) slog.Level {
-	if k := KindOf(err); k == BrokerDisconnected || k == BrokerUnknown {
+	if k := kindOf(err); k == "Disconnected" || k == "Unknown" {
 		return slog.LevelWarn
 	}
 	return slog.LevelError
 }
 
+// brokerFailed counts and logs a failed broker call.
 func (c *Consumer[T]) brokerFailed(ctx context.Context, level slog.Level, msg string, err error, attrs ...slog.Attr) {
-	kind := KindOf(err)
+	kind := kindOf(err)
 	c.cfg.Metrics.BrokerError(kind)
-	c.cfg.Logger.LogAttrs(ctx, level, msg, append(attrs, slog.String("kind", kind.String()), slog.Any("error", err))...)
+	c.cfg.Logger.LogAttrs(ctx, level, msg, append(attrs, slog.String("kind", kind), slog.Any("error", err))...)
 }
 
 // decode parses one message body {"namespace", "name", "reason"} into a
 // Pointer of the configured type; Intake validates it. The reason is what
-// to Term the message with if it fails (TermInvalid, if Intake refuses it).
-func (c *Consumer[T]) decode(data []byte) (Pointer, TermReason, error) {
+// to Term the message with if it fails (termInvalid, if Intake refuses it).
+func (c *Consumer[T]) decode(data []byte) (Pointer, string, error) {
 	p := Pointer{Type: c.cfg.Type}
 	if len(data) > c.cfg.MaxMessageBytes {
-		return p, TermTooLarge, invalid("message of %d bytes exceeds the limit of %d", len(data), c.cfg.MaxMessageBytes)
+		return p, termTooLarge, invalid("message of %d bytes exceeds the limit of %d", len(data), c.cfg.MaxMessageBytes)
 	}
 	members := map[string]any{"namespace": &p.Key.Namespace, "name": &p.Key.Name, "reason": &p.Reason}
 	if err := decodeObject(data, members, c.cfg.AllowUnknownFields); err != nil {
-		return p, TermMalformed, invalid("message: %w", err)
+		return p, termMalformed, invalid("message: %w", err)
 	}
-	return p, TermInvalid, nil
+	return p, termInvalid, nil
 }
 
 func (c *Consumer[T]) handle(ctx context.Context, msg Message, start time.Time) {
@@ -357,12 +327,12 @@ func (c *Consumer[T]) handle(ctx context.Context, msg Message, start time.Time) 
 	var tk *Ticket
 	if err == nil {
 		ictx, cancel := context.WithTimeout(ctx, c.cfg.APITimeout)
-		track := NotTracked
+		track := notTracked
 		if c.cfg.AckAfterReconcile {
 			track = FinalOnly
 		}
 		var d Decision[T]
-		d, err = c.cfg.Trigger.Intake(ictx, p, IntakeOptions{Paid: true, Track: track, NoForward: true}) // Run took the token
+		d, err = c.cfg.Trigger.Intake(ictx, p, IntakeOptions{Track: track, NoForward: true, paid: true}) // Run took the token
 		o, tk = d.Outcome, d.Ticket
 		cancel()
 	}
@@ -370,8 +340,8 @@ func (c *Consumer[T]) handle(ctx context.Context, msg Message, start time.Time) 
 	switch {
 	case errors.Is(err, ErrInvalid):
 		c.cfg.Logger.LogAttrs(ctx, slog.LevelError, "trigger consumer: dead-lettering message",
-			slog.String("reason", string(term)), slog.Any("error", err), slog.Int("deliveries", msg.Deliveries()))
-		c.settle(ctx, start, "term", func(ctx context.Context) error { return msg.Term(ctx, string(term)) }, func() { c.cfg.Metrics.Terminated(term) })
+			slog.String("reason", term), slog.Any("error", err), slog.Int("deliveries", msg.Deliveries()))
+		c.settle(ctx, start, "term", func(ctx context.Context) error { return msg.Term(ctx, term) }, func() { c.cfg.Metrics.Terminated(term) })
 	case errors.Is(err, ErrOutOfScope):
 		// Never acknowledged: controllers of other scopes (shards by
 		// namespace or label) may share the subscription and get it on
@@ -379,29 +349,29 @@ func (c *Consumer[T]) handle(ctx context.Context, msg Message, start time.Time) 
 		// dead-letters it, where it stays visible.
 		c.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "trigger consumer: object outside this controller's scope; handing it back",
 			key, slog.Any("error", err), slog.Int("deliveries", msg.Deliveries()))
-		c.nack(ctx, msg, NackOutOfScope, c.cfg.DroppedDelay, start)
+		c.nack(ctx, msg, nackOutOfScope, c.cfg.DroppedDelay, start)
 	case errors.Is(err, ErrNotFound):
 		c.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "trigger consumer: object no longer exists; acknowledging", key, slog.String("triggerReason", p.Reason))
-		c.ack(ctx, msg, AckNotFound, start)
+		c.ack(ctx, msg, ackNotFound, start)
 	case errors.Is(err, ErrBusy):
 		// Too many tracked triggers wait: later, as for a drop (it is not
 		// the message's fault, nor the API server's).
-		c.nack(ctx, msg, NackDropped, c.cfg.DroppedDelay, start)
+		c.nack(ctx, msg, nackDropped, c.cfg.DroppedDelay, start)
 	case err != nil:
 		// The API server failed, or returned something the trigger
 		// refuses (another kind): not the message's fault.
 		delay := backoff(c.cfg.RetryBase, c.cfg.RetryCap, msg.Deliveries())
 		c.cfg.Logger.LogAttrs(ctx, apiLevel(err), "trigger consumer: reading the object failed; nacking for a redelivery",
 			key, slog.Any("error", err), slog.Int("deliveries", msg.Deliveries()), slog.Duration("delay", delay))
-		c.nack(ctx, msg, NackAPIError, delay, start)
+		c.nack(ctx, msg, nackAPIError, delay, start)
 	case !o.Accepted():
 		// Never ack a dropped trigger: the broker must redeliver it, to the
 		// leader or to this replica once it leads.
-		c.nack(ctx, msg, NackDropped, c.cfg.DroppedDelay, start)
+		c.nack(ctx, msg, nackDropped, c.cfg.DroppedDelay, start)
 	case tk != nil:
 		c.settleReconciled(ctx, msg, tk, start)
 	default:
-		c.ack(ctx, msg, AckScheduled, start)
+		c.ack(ctx, msg, ackScheduled, start)
 	}
 }
 
@@ -415,7 +385,7 @@ func (c *Consumer[T]) settleReconciled(ctx context.Context, msg Message, tk *Tic
 		select {
 		case out := <-tk.out:
 			if out.State == Unknown {
-				c.nack(ctx, msg, NackTermEnded, c.cfg.DroppedDelay, start)
+				c.nack(ctx, msg, nackTermEnded, c.cfg.DroppedDelay, start)
 				return
 			}
 			if r, ok := msg.(Replier); ok {
@@ -427,10 +397,10 @@ func (c *Consumer[T]) settleReconciled(ctx context.Context, msg Message, tk *Tic
 					cancel()
 				}
 			}
-			c.ack(ctx, msg, AckReconciled, start)
+			c.ack(ctx, msg, ackReconciled, start)
 			return
 		case <-ctx.Done():
-			c.nack(context.WithoutCancel(ctx), msg, NackStopping, 0, start)
+			c.nack(context.WithoutCancel(ctx), msg, nackStopping, 0, start)
 			return
 		case <-progress.C: // still waiting: keep the message
 			if p, ok := msg.(Progresser); ok {
@@ -459,19 +429,19 @@ func (c *Consumer[T]) settle(ctx context.Context, start time.Time, op string, ca
 	count()
 }
 
-func (c *Consumer[T]) ack(ctx context.Context, msg Message, r AckReason, start time.Time) {
-	c.settle(ctx, start, "ack", msg.Ack, func() { c.cfg.Metrics.Acked(r) })
+func (c *Consumer[T]) ack(ctx context.Context, msg Message, reason string, start time.Time) {
+	c.settle(ctx, start, "ack", msg.Ack, func() { c.cfg.Metrics.Acked(reason) })
 }
 
-func (c *Consumer[T]) nack(ctx context.Context, msg Message, r NackReason, delay time.Duration, start time.Time) {
+func (c *Consumer[T]) nack(ctx context.Context, msg Message, reason string, delay time.Duration, start time.Time) {
 	c.settle(ctx, start, "nack", func(ctx context.Context) error { return msg.Nack(ctx, delay) }, func() {
 		if dl, ok := msg.(DeadLetterer); ok && dl.DeadLettered() {
-			c.cfg.Metrics.Terminated(TermMaxDeliveries)
+			c.cfg.Metrics.Terminated(termMaxDeliveries)
 			c.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "trigger consumer: message dead-lettered by the broker on its last delivery",
-				slog.String("nackReason", string(r)), slog.Int("deliveries", msg.Deliveries()))
+				slog.String("nackReason", reason), slog.Int("deliveries", msg.Deliveries()))
 			return
 		}
-		c.cfg.Metrics.Nacked(r)
+		c.cfg.Metrics.Nacked(reason)
 	})
 }
 

@@ -24,7 +24,7 @@ func TestAckAfterReconcileWaitsForTheFinalOutcome(t *testing.T) {
 			c.AckAfterReconcile, c.ProgressInterval = true, 10*time.Second
 		})
 		defer e.run(t)()
-		id := e.b.PublishRequest([]byte(`{"namespace":"ns","name":"a","reason":"deployed"}`))
+		id := e.b.Publish([]byte(`{"namespace":"ns","name":"a","reason":"deployed"}`))
 		synctest.Wait()
 		it, err := e.q.Get(context.Background())
 		if err != nil || it.Value.Ticket == 0 {
@@ -34,11 +34,8 @@ func TestAckAfterReconcileWaitsForTheFinalOutcome(t *testing.T) {
 		e.q.Done(it.Key)
 		time.Sleep(25 * time.Second) // the retry's backoff
 		synctest.Wait()
-		if got := ops(e.b.EventsFor(id)); got != "" {
-			t.Fatalf("settled %q after a failed reconcile, want nothing yet", got)
-		}
-		if n := e.b.Progress(id); n != 2 {
-			t.Fatalf("%d InProgress calls in 25s, want 2 (every 10s)", n)
+		if got := ops(e.b.Events(id)); got != "InProgress,InProgress" {
+			t.Fatalf("%q after a failed reconcile, want no settlement yet, and InProgress every 10s (twice in 25s)", got)
 		}
 		// The retry carries the ticket on, as the controller's does.
 		e.q.Add(it.Key, it.Value, queue.AddOptions{Priority: it.Priority}) // (a re-add with the same cause)
@@ -46,13 +43,13 @@ func TestAckAfterReconcileWaitsForTheFinalOutcome(t *testing.T) {
 		e.tr.Report(it.Key, it.Value.Ticket, opkit.Shards{}, trigger.Outcome{State: trigger.Succeeded, Attempts: 2})
 		e.q.Done(it.Key)
 		synctest.Wait()
-		if got := ops(e.b.EventsFor(id)); got != "Ack" {
-			t.Fatalf("settled %q, want Ack once the retry succeeded", got)
+		evs := e.b.Events(id)
+		if got := ops(evs); got != "InProgress,InProgress,Reply,Ack" {
+			t.Fatalf("%q, want the reply and Ack once the retry succeeded", got)
 		}
-		replies := e.b.Replies(id)
 		var out trigger.Outcome
-		if len(replies) != 1 || json.Unmarshal(replies[0], &out) != nil || out.State != trigger.Succeeded || out.Attempts != 2 {
-			t.Fatalf("replies %q, want the succeeded outcome", replies)
+		if reply := evs[2].Data; json.Unmarshal(reply, &out) != nil || out.State != trigger.Succeeded || out.Attempts != 2 {
+			t.Fatalf("reply %q, want the succeeded outcome", reply)
 		}
 	})
 }
@@ -69,7 +66,7 @@ func TestAckAfterReconcileHandsBackWhenTheTermEnds(t *testing.T) {
 		e.q.Clear()
 		e.tr.Abandon("term ended", opkit.Shards{})
 		synctest.Wait()
-		if got := ops(e.b.EventsFor(id)); got != "Nack@1s" {
+		if got := ops(e.b.Events(id)); got != "Nack@1s" {
 			t.Fatalf("settled %q, want a Nack for the next leader", got)
 		}
 	})

@@ -120,11 +120,11 @@ func (e *consumerEnv) run(t *testing.T) (stop func()) {
 func ops(evs []brokertest.Event) string {
 	var s []string
 	for _, ev := range evs {
-		x := string(ev.Op)
+		x := ev.Op
 		if ev.Reason != "" {
 			x += ":" + ev.Reason
 		}
-		if ev.Op == brokertest.OpNack {
+		if ev.Op == "Nack" {
 			x += "@" + ev.Delay.String()
 		}
 		s = append(s, x)
@@ -155,7 +155,7 @@ func TestConsumerSettlesEachKindOfMessage(t *testing.T) {
 			{`{"name":"a"}`, "Term:Invalid"},
 			{`{"namespace":"ns","name":""}`, "Term:Invalid"},
 			{`{"namespace":"ns","name":"a","reason":"` + strings.Repeat("r", trigger.MaxReasonLen+1) + `"}`, "Term:Invalid"},
-			{`{"namespace":"ns","name":"a","reason":"` + strings.Repeat("r", trigger.DefaultMaxMessageBytes) + `"}`, "Term:TooLarge"},
+			{`{"namespace":"ns","name":"a","reason":"` + strings.Repeat("r", trigger.DefaultMaxBytes) + `"}`, "Term:TooLarge"},
 		}
 		ids := make([]uint64, len(cases))
 		for i, c := range cases {
@@ -165,12 +165,12 @@ func TestConsumerSettlesEachKindOfMessage(t *testing.T) {
 		synctest.Wait()
 		stop()
 		for i, c := range cases {
-			if got := ops(e.b.EventsFor(ids[i])); got != c.want {
+			if got := ops(e.b.Events(ids[i])); got != c.want {
 				t.Errorf("%.40s: settled %q, want %q", c.body, got, c.want)
 			}
 		}
 		// The dead letter holds exactly the malformed and invalid ones.
-		dead := e.b.DeadLetters()
+		dead := deadLetters(e.b)
 		if len(dead) != len(cases)-2 {
 			t.Errorf("dead letters = %d, want %d", len(dead), len(cases)-2)
 		}
@@ -187,14 +187,14 @@ func TestConsumerSettlesEachKindOfMessage(t *testing.T) {
 			t.Errorf("queue len after one Get = %d, want 0 (only one trigger scheduled)", e.q.Len())
 		}
 		m := e.m
-		if m.received != len(cases) || m.acked[trigger.AckScheduled] != 1 || m.acked[trigger.AckNotFound] != 1 ||
-			m.terminated[trigger.TermMalformed] != 10 || m.terminated[trigger.TermInvalid] != 4 || m.terminated[trigger.TermTooLarge] != 1 || m.processed != len(cases) {
+		if m.received != len(cases) || m.acked["Scheduled"] != 1 || m.acked["NotFound"] != 1 ||
+			m.terminated["Malformed"] != 10 || m.terminated["Invalid"] != 4 || m.terminated["TooLarge"] != 1 || m.processed != len(cases) {
 			t.Errorf("metrics = received %d acked %v terminated %v processed %d", m.received, m.acked, m.terminated, m.processed)
 		}
 	})
 }
 
-// Any reason CheckReason accepts fits in a message of the default size,
+// Any reason Pointer.Check accepts fits in a message of the default size,
 // however the producer escapes it.
 func TestConsumerAcceptsTheLongestReasonEscaped(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -216,10 +216,10 @@ func TestConsumerAcceptsTheLongestReasonEscaped(t *testing.T) {
 		stop := e.run(t)
 		synctest.Wait()
 		stop()
-		if got := ops(e.b.EventsFor(id)); got != "Ack" {
+		if got := ops(e.b.Events(id)); got != "Ack" {
 			t.Fatalf("a %d-byte message with a valid reason: settled %q, want Ack", len(body), got)
 		}
-		if got := ops(e.b.EventsFor(longID)); got != "Ack" || e.m.acked[trigger.AckNotFound] != 1 {
+		if got := ops(e.b.Events(longID)); got != "Ack" || e.m.acked["NotFound"] != 1 {
 			t.Fatalf("a %d-byte message with the longest valid names and reason: settled %q, want Ack (not found)", len(long), got)
 		}
 		if it, err := e.q.Get(context.Background()); err != nil || !slices.Equal(it.Value.Reasons, []string{reason}) {
@@ -241,25 +241,25 @@ func TestConsumerNeverAcksADroppedTrigger(t *testing.T) {
 		stop := e.run(t)
 		defer stop()
 		synctest.Wait()
-		if got := ops(e.b.EventsFor(id)); got != "Nack@3s" {
+		if got := ops(e.b.Events(id)); got != "Nack@3s" {
 			t.Fatalf("after a drop: %q, want one Nack@3s", got)
 		}
 		time.Sleep(3 * time.Second) // redelivered, dropped again
 		synctest.Wait()
-		if got := ops(e.b.EventsFor(id)); got != "Nack@3s,Nack@3s" {
+		if got := ops(e.b.Events(id)); got != "Nack@3s,Nack@3s" {
 			t.Fatalf("after the redelivery: %q", got)
 		}
 		e.q.Resume() // leadership acquired
 		time.Sleep(3 * time.Second)
 		synctest.Wait()
-		evs := e.b.EventsFor(id)
+		evs := e.b.Events(id)
 		if got := ops(evs); got != "Nack@3s,Nack@3s,Ack" || evs[2].Delivery != 3 {
 			t.Fatalf("after resuming: %q (last delivery %d), want the third delivery acked", got, evs[len(evs)-1].Delivery)
 		}
 		if e.q.Len() != 1 {
 			t.Errorf("queue len = %d, want the trigger scheduled", e.q.Len())
 		}
-		if e.m.nacked[trigger.NackDropped] != 2 || e.m.acked[trigger.AckScheduled] != 1 {
+		if e.m.nacked["Dropped"] != 2 || e.m.acked["Scheduled"] != 1 {
 			t.Errorf("metrics nacked %v acked %v", e.m.nacked, e.m.acked)
 		}
 	})
@@ -301,7 +301,7 @@ func TestConsumerPausesWhileTheIntakeIsSuspended(t *testing.T) {
 		if n := rb.receives.Load(); n != 0 {
 			t.Fatalf("Receive called %d times while suspended", n)
 		}
-		if evs := e.b.EventsFor(id); len(evs) != 0 || e.objs.calls != 0 {
+		if evs := e.b.Events(id); len(evs) != 0 || e.objs.calls != 0 {
 			t.Fatalf("while suspended: broker events %q, API calls %d; want none", ops(evs), e.objs.calls)
 		}
 		if n := rb.releases.Load(); n != 1 {
@@ -314,11 +314,11 @@ func TestConsumerPausesWhileTheIntakeIsSuspended(t *testing.T) {
 		e.q.Resume()                       // leadership acquired
 		time.Sleep(250 * time.Millisecond) // the default PausePoll
 		synctest.Wait()
-		evs := e.b.EventsFor(id)
+		evs := e.b.Events(id)
 		if got := ops(evs); got != "Ack" || evs[0].Delivery != 1 {
 			t.Fatalf("after resuming: %q, want the first delivery acked", got)
 		}
-		if e.q.Len() != 1 || e.m.acked[trigger.AckScheduled] != 1 || e.m.nacked[trigger.NackDropped] != 0 {
+		if e.q.Len() != 1 || e.m.acked["Scheduled"] != 1 || e.m.nacked["Dropped"] != 0 {
 			t.Errorf("queue len %d, acked %v, nacked %v; want the trigger scheduled with no drop", e.q.Len(), e.m.acked, e.m.nacked)
 		}
 
@@ -328,7 +328,7 @@ func TestConsumerPausesWhileTheIntakeIsSuspended(t *testing.T) {
 		id2 := e.b.Publish([]byte(`{"namespace":"ns","name":"b"}`))
 		time.Sleep(time.Minute)
 		synctest.Wait()
-		if evs := e.b.EventsFor(id2); len(evs) != 0 {
+		if evs := e.b.Events(id2); len(evs) != 0 {
 			t.Fatalf("second pause: %q, want no delivery", ops(evs))
 		}
 		if n := rb.releases.Load(); n != 2 {
@@ -350,7 +350,7 @@ func TestConsumerPausesOnceTheQueueIsShutDown(t *testing.T) {
 		defer stop()
 		time.Sleep(time.Minute)
 		synctest.Wait()
-		if evs := e.b.EventsFor(id); len(evs) != 0 || e.objs.calls != 0 {
+		if evs := e.b.Events(id); len(evs) != 0 || e.objs.calls != 0 {
 			t.Fatalf("with the queue shut down: broker events %q, API calls %d; want none", ops(evs), e.objs.calls)
 		}
 	})
@@ -362,12 +362,12 @@ func TestConsumerPausesOnceTheQueueIsShutDown(t *testing.T) {
 func TestConsumerPausedIsReadyDespiteEarlierBrokerFailures(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e := newConsumerEnv(t, nil)
-		down := &trigger.BrokerError{Kind: trigger.BrokerDisconnected, Op: "receive", Err: errors.New("connection refused")}
-		e.b.FailReceive(down)
+		down := &trigger.BrokerError{Kind: "Disconnected", Op: "receive", Err: errors.New("connection refused")}
+		e.b.Fail("receive", down)
 		stop := e.run(t)
 		defer stop()
 		synctest.Wait()
-		if err := e.c.Check(); trigger.KindOf(err) != trigger.BrokerDisconnected {
+		if err := e.c.Check(); trigger.KindOf(err) != "Disconnected" {
 			t.Fatalf("Check with the broker down = %v, want Disconnected", err)
 		}
 		e.q.Suspend()           // leadership lost during the outage
@@ -379,14 +379,14 @@ func TestConsumerPausedIsReadyDespiteEarlierBrokerFailures(t *testing.T) {
 		e.q.Resume() // leading again, the broker still down
 		time.Sleep(time.Second)
 		synctest.Wait()
-		if err := e.c.Check(); trigger.KindOf(err) != trigger.BrokerDisconnected {
+		if err := e.c.Check(); trigger.KindOf(err) != "Disconnected" {
 			t.Fatalf("Check after resuming against a broker still down = %v, want Disconnected", err)
 		}
-		e.b.FailReceive(nil)
+		e.b.Fail("receive", nil)
 		id := e.b.Publish([]byte(`{"namespace":"ns","name":"a"}`))
 		time.Sleep(time.Minute)
 		synctest.Wait()
-		if got := ops(e.b.EventsFor(id)); got != "Ack" {
+		if got := ops(e.b.Events(id)); got != "Ack" {
 			t.Fatalf("after the broker recovered: %q, want Ack", got)
 		}
 		if err := e.c.Check(); err != nil {
@@ -410,13 +410,13 @@ func TestConsumerPausedOverridesTheQueue(t *testing.T) {
 		defer stop()
 		time.Sleep(10 * time.Second)
 		synctest.Wait()
-		if evs := e.b.EventsFor(id); len(evs) != 0 {
+		if evs := e.b.Events(id); len(evs) != 0 {
 			t.Fatalf("paused: %q, want no delivery", ops(evs))
 		}
 		paused.Store(false)
 		time.Sleep(time.Second)
 		synctest.Wait()
-		if got := ops(e.b.EventsFor(id)); got != "Ack" {
+		if got := ops(e.b.Events(id)); got != "Ack" {
 			t.Fatalf("after unpausing: %q, want Ack", got)
 		}
 	})
@@ -440,10 +440,10 @@ func TestConsumerNacksAPIErrorsWithGrowingDelay(t *testing.T) {
 		defer stop()
 		time.Sleep(time.Minute)
 		synctest.Wait()
-		if got := ops(e.b.EventsFor(id)); got != "Nack@1s,Nack@2s,Nack@4s,Nack@5s,Ack" {
+		if got := ops(e.b.Events(id)); got != "Nack@1s,Nack@2s,Nack@4s,Nack@5s,Ack" {
 			t.Errorf("settlements = %q", got)
 		}
-		if e.m.nacked[trigger.NackAPIError] != 4 {
+		if e.m.nacked["APIError"] != 4 {
 			t.Errorf("nacked = %v", e.m.nacked)
 		}
 	})
@@ -478,10 +478,10 @@ func TestConsumerRetriesWhileTheResourceIsNotServed(t *testing.T) {
 		defer stop()
 		time.Sleep(time.Minute)
 		synctest.Wait()
-		if got := ops(e.b.EventsFor(id)); got != "Nack@1s,Nack@2s,Ack" {
+		if got := ops(e.b.Events(id)); got != "Nack@1s,Nack@2s,Ack" {
 			t.Errorf("settlements = %q, want two retries, then the ack of the scheduled trigger", got)
 		}
-		if e.m.nacked[trigger.NackAPIError] != 2 || e.m.acked[trigger.AckNotFound] != 0 || e.m.acked[trigger.AckScheduled] != 1 {
+		if e.m.nacked["APIError"] != 2 || e.m.acked["NotFound"] != 0 || e.m.acked["Scheduled"] != 1 {
 			t.Errorf("nacked %v, acked %v", e.m.nacked, e.m.acked)
 		}
 		if e.q.Len() != 1 {
@@ -498,35 +498,35 @@ func TestConsumerReconnectsAndReportsBrokerErrorsByKind(t *testing.T) {
 		if err := e.c.Check(); !errors.Is(err, trigger.ErrNotRunning) {
 			t.Fatalf("Check before Run = %v, want ErrNotRunning", err)
 		}
-		e.b.FailReceive(&trigger.BrokerError{Kind: trigger.BrokerPermission, Op: "receive", Err: errors.New("nats: permissions violation for subscription")})
+		e.b.Fail("receive", &trigger.BrokerError{Kind: "Permission", Op: "receive", Err: errors.New("nats: permissions violation for subscription")})
 		stop := e.run(t)
 		defer stop()
 		synctest.Wait()
 		err := e.c.Check()
 		var be *trigger.BrokerError
-		if !errors.As(err, &be) || be.Kind != trigger.BrokerPermission || !strings.Contains(err.Error(), "Permission") {
+		if !errors.As(err, &be) || be.Kind != "Permission" || !strings.Contains(err.Error(), "Permission") {
 			t.Fatalf("Check = %v, want a Permission BrokerError named in the message", err)
 		}
 		// Backoff 1s, 2s, 4s, 4s: five attempts within 11s.
 		time.Sleep(11*time.Second + time.Millisecond)
 		synctest.Wait()
-		if n := e.m.brokerErrs[trigger.BrokerPermission]; n != 5 {
+		if n := e.m.brokerErrs["Permission"]; n != 5 {
 			t.Errorf("receive attempts = %d, want 5 (backoff 1s, 2s, 4s, 4s)", n)
 		}
-		e.b.FailReceive(&trigger.BrokerError{Kind: trigger.BrokerQuota, Op: "receive", Err: errors.New("max ack pending")})
+		e.b.Fail("receive", &trigger.BrokerError{Kind: "Quota", Op: "receive", Err: errors.New("max ack pending")})
 		time.Sleep(4 * time.Second)
 		synctest.Wait()
-		if err := e.c.Check(); trigger.KindOf(err) != trigger.BrokerQuota {
+		if err := e.c.Check(); trigger.KindOf(err) != "Quota" {
 			t.Errorf("Check = %v, want Quota", err)
 		}
-		e.b.FailReceive(nil)
+		e.b.Fail("receive", nil)
 		id := e.b.Publish([]byte(`{"namespace":"ns","name":"a"}`))
 		time.Sleep(4 * time.Second)
 		synctest.Wait()
 		if err := e.c.Check(); err != nil {
 			t.Errorf("Check after recovery = %v", err)
 		}
-		if got := ops(e.b.EventsFor(id)); got != "Ack" {
+		if got := ops(e.b.Events(id)); got != "Ack" {
 			t.Errorf("message after reconnect: %q", got)
 		}
 	})
@@ -537,23 +537,23 @@ func TestConsumerReportsSettleFailures(t *testing.T) {
 		// Receiving while suspended, so that the message's enqueue is dropped
 		// and its nack fails.
 		e := newConsumerEnv(t, func(c *trigger.ConsumerConfig[*corev1.ConfigMap]) { c.Paused = func() bool { return false } })
-		e.b.FailSettle(&trigger.BrokerError{Kind: trigger.BrokerDisconnected, Op: "ack", Err: errors.New("connection closed")})
+		e.b.Fail("settle", &trigger.BrokerError{Kind: "Disconnected", Op: "ack", Err: errors.New("connection closed")})
 		stop := e.run(t)
 		defer stop()
 		e.q.Suspend()
 		id := e.b.Publish([]byte(`{"namespace":"ns","name":"a"}`))
 		synctest.Wait()
-		if got := ops(e.b.EventsFor(id)); got != "" {
+		if got := ops(e.b.Events(id)); got != "" {
 			t.Fatalf("settlements recorded despite the failure: %q", got)
 		}
-		if err := e.c.Check(); trigger.KindOf(err) != trigger.BrokerDisconnected {
+		if err := e.c.Check(); trigger.KindOf(err) != "Disconnected" {
 			t.Errorf("Check = %v, want Disconnected", err)
 		}
-		e.b.FailSettle(nil)
+		e.b.Fail("settle", nil)
 		e.q.Resume()
 		time.Sleep(30 * time.Second) // the fake broker's AckWait
 		synctest.Wait()
-		evs := e.b.EventsFor(id)
+		evs := e.b.Events(id)
 		if got := ops(evs); got != "Ack" || evs[0].Delivery != 2 {
 			t.Errorf("settlements = %q, want the redelivery acked", got)
 		}
@@ -631,7 +631,7 @@ func TestConsumerNacksWhatItReceivedWhileStopping(t *testing.T) {
 		if err := c.Run(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if got := ops(b.EventsFor(id)); got != "Nack@0s" {
+		if got := ops(b.Events(id)); got != "Nack@0s" {
 			t.Errorf("settlements = %q, want Nack@0s", got)
 		}
 		if q.Len() != 0 {
@@ -657,15 +657,15 @@ func TestConsumerReportsLag(t *testing.T) {
 		// (one in flight, its handler blocked); the third fails.
 		time.Sleep(10 * time.Second)
 		synctest.Wait()
-		e.b.FailLag(&trigger.BrokerError{Kind: trigger.BrokerPermission, Op: "lag"})
+		e.b.Fail("lag", &trigger.BrokerError{Kind: "Permission", Op: "lag"})
 		time.Sleep(10 * time.Second)
 		synctest.Wait()
 		// The gauge keeps its last value: Check says it is stale.
 		var be *trigger.BrokerError
-		if err := e.c.Check(); !errors.As(err, &be) || be.Kind != trigger.BrokerPermission || !errors.Is(err, trigger.ErrLagUnavailable) {
+		if err := e.c.Check(); !errors.As(err, &be) || be.Kind != "Permission" || !errors.Is(err, trigger.ErrLagUnavailable) {
 			t.Errorf("Check while Lag fails = %v, want the lag's Permission error", err)
 		}
-		e.b.FailLag(nil)
+		e.b.Fail("lag", nil)
 		time.Sleep(10 * time.Second)
 		synctest.Wait()
 		if err := e.c.Check(); err != nil {
@@ -676,7 +676,7 @@ func TestConsumerReportsLag(t *testing.T) {
 		if len(e.m.lag) != 3 || (e.m.lag[0] != 3 && e.m.lag[0] != 4) || e.m.lag[1] != 3 || e.m.lag[2] != 3 {
 			t.Errorf("lag reports = %v, want [3 or 4, 3, 3]", e.m.lag)
 		}
-		if e.m.brokerErrs[trigger.BrokerPermission] != 1 {
+		if e.m.brokerErrs["Permission"] != 1 {
 			t.Errorf("broker errors = %v", e.m.brokerErrs)
 		}
 	})
@@ -697,13 +697,13 @@ func TestConsumerCountsADeadLetterOnNackAsTerminated(t *testing.T) {
 		time.Sleep(time.Minute)
 		synctest.Wait()
 		stop()
-		if got := ops(e.b.EventsFor(id)); got != "Nack@1s,Nack@1s,Nack@1s" {
+		if got := ops(e.b.Events(id)); got != "Nack@1s,Nack@1s,Nack:MaxDeliveries@1s" {
 			t.Errorf("settlements = %q", got)
 		}
-		if dl := e.b.DeadLetters(); len(dl) != 1 || dl[0].Reason != string(trigger.TermMaxDeliveries) {
+		if dl := deadLetters(e.b); len(dl) != 1 || dl[0].Reason != "MaxDeliveries" {
 			t.Fatalf("dead letters = %+v, want one (MaxDeliveries)", dl)
 		}
-		if e.m.nacked[trigger.NackAPIError] != 2 || e.m.terminated[trigger.TermMaxDeliveries] != 1 {
+		if e.m.nacked["APIError"] != 2 || e.m.terminated["MaxDeliveries"] != 1 {
 			t.Errorf("nacked %v, terminated %v; want 2 APIError nacks and 1 MaxDeliveries", e.m.nacked, e.m.terminated)
 		}
 	})
@@ -716,7 +716,7 @@ func TestConsumerAllowUnknownFields(t *testing.T) {
 		stop := e.run(t)
 		synctest.Wait()
 		stop()
-		if got := ops(e.b.EventsFor(id)); got != "Ack" {
+		if got := ops(e.b.Events(id)); got != "Ack" {
 			t.Errorf("settlements = %q, want Ack", got)
 		}
 	})
@@ -761,10 +761,10 @@ func TestConsumerNacksAnObjectOfAnotherKind(t *testing.T) {
 		time.Sleep(time.Minute)
 		synctest.Wait()
 		stop()
-		if got := ops(e.b.EventsFor(id)); got != "Nack@1s,Nack@2s,Nack@2s" {
+		if got := ops(e.b.Events(id)); got != "Nack@1s,Nack@2s,Nack:MaxDeliveries@2s" {
 			t.Errorf("settlements = %q, want nacks with the API error backoff", got)
 		}
-		if e.m.nacked[trigger.NackAPIError] != 2 || e.m.terminated[trigger.TermInvalid] != 0 || e.q.Len() != 0 {
+		if e.m.nacked["APIError"] != 2 || e.m.terminated["Invalid"] != 0 || e.q.Len() != 0 {
 			t.Errorf("nacked %v, terminated %v, queue len %d; want API error nacks, no Term, nothing queued", e.m.nacked, e.m.terminated, e.q.Len())
 		}
 	})

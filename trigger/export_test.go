@@ -1,7 +1,10 @@
 package trigger
 
-// AuthCacheLen returns how many entries a KubeAuthenticator caches, for tests.
-func AuthCacheLen(a *KubeAuthenticator) int {
+import "github.com/opkit/opkit"
+
+// AuthCacheLen returns how many entries a NewKubeAuthenticator caches, for tests.
+func AuthCacheLen(auth Authenticator) int {
+	a := auth.(*kubeAuthenticator)
 	a.tokens.mu.Lock()
 	defer a.tokens.mu.Unlock()
 	a.perms.mu.Lock()
@@ -11,3 +14,21 @@ func AuthCacheLen(a *KubeAuthenticator) int {
 
 // APILevel and BrokerLevel are the log levels of failed calls.
 var APILevel, BrokerLevel = apiLevel, brokerLevel
+
+// Limits and defaults the tests check against.
+const (
+	MaxNameLen      = maxNameLen
+	DefaultMaxBytes = defaultMaxBytes
+	DefaultPriority = defaultPriority
+)
+
+// KindOf and ErrNotRunning are the consumer's, for its tests.
+var (
+	KindOf        = kindOf
+	ErrNotRunning = errNotRunning
+)
+
+// Lookup is what the HTTP handler's GET .../triggers/{id} answers from.
+func Lookup[T opkit.Object](t *Trigger[T], key opkit.Key, id string) Outcome {
+	return t.tickets.lookup(key, id)
+}

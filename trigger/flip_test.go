@@ -135,13 +135,13 @@ func TestConsumerLosesNothingWhileLeadershipFlips(t *testing.T) {
 		// Every trigger for an existing object: nacked while dropped, then
 		// acked exactly once, and the ack came after a scheduled enqueue.
 		for _, id := range existing {
-			evs := b.EventsFor(id)
+			evs := b.Events(id)
 			last := evs[len(evs)-1]
-			if last.Op != brokertest.OpAck {
+			if last.Op != "Ack" {
 				t.Fatalf("message %d ended with %s", id, last.Op)
 			}
 			for _, ev := range evs[:len(evs)-1] {
-				if ev.Op != brokertest.OpNack {
+				if ev.Op != "Nack" {
 					t.Fatalf("message %d: %s before its final ack", id, ev.Op)
 				}
 			}
@@ -153,17 +153,17 @@ func TestConsumerLosesNothingWhileLeadershipFlips(t *testing.T) {
 		}
 		// Acks for scheduled triggers equal accepted enqueues; nacks for
 		// drops equal dropped enqueues: no dropped trigger was acked.
-		if m.acked[trigger.AckScheduled] != len(existing) || m.nacked[trigger.NackDropped] != rec.dropped {
+		if m.acked["Scheduled"] != len(existing) || m.nacked["Dropped"] != rec.dropped {
 			t.Errorf("acked(scheduled)=%d want %d; nacked(dropped)=%d, dropped enqueues=%d",
-				m.acked[trigger.AckScheduled], len(existing), m.nacked[trigger.NackDropped], rec.dropped)
+				m.acked["Scheduled"], len(existing), m.nacked["Dropped"], rec.dropped)
 		}
 		if rec.dropped == 0 {
 			t.Error("no enqueue was dropped: the flips did not exercise the rule")
 		}
-		if m.acked[trigger.AckNotFound] != len(missing) {
-			t.Errorf("acked(not found) = %d, want %d", m.acked[trigger.AckNotFound], len(missing))
+		if m.acked["NotFound"] != len(missing) {
+			t.Errorf("acked(not found) = %d, want %d", m.acked["NotFound"], len(missing))
 		}
-		dead := b.DeadLetters()
+		dead := deadLetters(b)
 		if len(dead) != len(malformed) {
 			t.Fatalf("dead letters = %d, want the %d malformed", len(dead), len(malformed))
 		}
@@ -172,7 +172,7 @@ func TestConsumerLosesNothingWhileLeadershipFlips(t *testing.T) {
 			isMalformed[id] = true
 		}
 		for _, d := range dead { // handled concurrently: compare as a set
-			if !isMalformed[d.ID] || d.Reason != string(trigger.TermMalformed) {
+			if !isMalformed[d.ID] || d.Reason != "Malformed" {
 				t.Errorf("dead letter %d (%s) is not one of the malformed messages", d.ID, d.Reason)
 			}
 			delete(isMalformed, d.ID)

@@ -157,7 +157,7 @@ func TestASpentBudgetIs429AndAHandBack(t *testing.T) {
 }
 
 // authorize asks a for the caller of token tok and the object ns/name.
-func authorize(a *trigger.KubeAuthenticator, ctx context.Context, tok, name string) error {
+func authorize(a trigger.Authenticator, ctx context.Context, tok, name string) error {
 	r := httptest.NewRequest(http.MethodPost, "/", nil)
 	r.Header.Set("Authorization", "Bearer "+tok)
 	_, err := a.Authorize(ctx, trigger.AuthRequest{HTTP: r, Resource: configMaps, Key: opkit.Key{Namespace: "ns", Name: name}})
@@ -457,7 +457,7 @@ func TestASlowBodyHoldsNothingAndAnEarlyAnswerDoesNotWaitForIt(t *testing.T) {
 	if resp.StatusCode != http.StatusAccepted {
 		t.Fatalf("a request beside a slow body got %d, want 202: the slow one held the only slot", resp.StatusCode)
 	}
-	if resp, st := readResponse(t, slow); resp.StatusCode != http.StatusRequestTimeout || st.Reason != trigger.ReasonRequestTimeout {
+	if resp, st := readResponse(t, slow); resp.StatusCode != http.StatusRequestTimeout || st.Reason != "RequestTimeout" {
 		t.Errorf("the slow body got %d %s, want 408 RequestTimeout", resp.StatusCode, st.Reason)
 	}
 
@@ -487,7 +487,7 @@ func TestOversizedHeadersGetAStatus(t *testing.T) {
 	}
 	defer resp.Body.Close()
 	var st Status
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil || resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge || st.Reason != trigger.ReasonHeadersTooLarge {
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil || resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge || st.Reason != "RequestHeaderFieldsTooLarge" {
 		t.Fatalf("got %d %+v (%v), want 431 with a Status", resp.StatusCode, st, err)
 	}
 	if e.q.Len() != 0 {
@@ -520,7 +520,7 @@ func TestTheConsumerWaitsForTheTriggerBudget(t *testing.T) {
 		}
 		synctest.Wait()
 		for _, id := range ids {
-			if got := ops(e.b.EventsFor(id)); got != "Ack:Scheduled" && got != "Ack" {
+			if got := ops(e.b.Events(id)); got != "Ack:Scheduled" && got != "Ack" {
 				t.Errorf("message %d settled as %q, want one Ack", id, got)
 			}
 		}

@@ -35,8 +35,8 @@ func TestAFollowerForwardsToTheLeader(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	var a trigger.Accepted
-	if resp.StatusCode != http.StatusAccepted || json.Unmarshal(body, &a) != nil || a.Key != "ns/a" || resp.Header.Get(trigger.ForwardedHeader) == "" {
-		t.Fatalf("through the follower: %d %s (forwarded %q), want the leader's 202", resp.StatusCode, body, resp.Header.Get(trigger.ForwardedHeader))
+	if resp.StatusCode != http.StatusAccepted || json.Unmarshal(body, &a) != nil || a.Key != "ns/a" || resp.Header.Get("X-Opkit-Forwarded") == "" {
+		t.Fatalf("through the follower: %d %s (forwarded %q), want the leader's 202", resp.StatusCode, body, resp.Header.Get("X-Opkit-Forwarded"))
 	}
 	if leader.q.Len() != 1 || follower.q.Len() != 0 {
 		t.Fatalf("queued: leader %d, follower %d; want the leader's", leader.q.Len(), follower.q.Len())

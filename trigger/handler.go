@@ -23,160 +23,82 @@ import (
 	"github.com/opkit/opkit/queue"
 )
 
-// LeaderHeader is the response header that names the current leader when a
-// trigger was dropped (503), so a caller can retry against it.
-const LeaderHeader = "X-Opkit-Leader"
-
-// ForwardedHeader marks a request a follower forwarded to the leader (its
-// value names the follower), which is never forwarded again, and the
-// answer a follower passed on.
-const ForwardedHeader = "X-Opkit-Forwarded"
-
-// EndpointAnnotation is the Lease annotation under which a leader
-// publishes the base URL of its trigger endpoint (leader.Config's
-// Annotations), for followers to forward to.
-const EndpointAnnotation = "trigger.opkit.dev/endpoint"
-
-// Status reasons of the answers Kubernetes has no reason for: 502 (the
-// API server failed), 408 (the body came too late) and 431 (the headers
-// are too large).
+// The headers of the replicas' protocol: leaderHeader names the replica
+// that works on the object in a 503 for a dropped trigger, and
+// forwardedHeader marks a request forwarded to that replica (never
+// forwarded again) and the answer passed on.
 const (
-	ReasonBadGateway      metav1.StatusReason = "BadGateway"
-	ReasonRequestTimeout  metav1.StatusReason = "RequestTimeout"
-	ReasonHeadersTooLarge metav1.StatusReason = "RequestHeaderFieldsTooLarge"
+	leaderHeader    = "X-Opkit-Leader"
+	forwardedHeader = "X-Opkit-Forwarded"
 )
 
-// HandlerConfig configures the HTTP trigger endpoint. The zero value of
-// every optional field means its documented default.
+// HandlerConfig configures the HTTP trigger endpoint; a zero field means
+// its default. It needs an Authenticator, or Reviews for the
+// Kubernetes-native one, or InsecureSkipAuth (for development, or behind
+// another authenticating layer). ForwardClient forwards to the other
+// replicas (over TLS, to https only: give it their CA; nil: 64 idle
+// connections per replica). Type is the triggers' (zero: Modified).
+//
+// Its limits: the delay and wait parameters (zero: 1h and 5m), the
+// callers waiting for outcomes or forwarded answers (1024), the body (8
+// KiB) and its arrival (2s), a request's API calls together (5s), the
+// requests of all callers a second (zero: none; burst max(1,
+// ceil(RateLimit))), those being authorized, read and queued (64;
+// negative: none), and the authentications a client address may fail in
+// a row, each within AuthFailureBackoff of the last, before it gets 429
+// without a review until that has passed (10 and 10s; negative: none).
+// 429 and 503 carry Retry-After (5s).
 type HandlerConfig struct {
-	// Authenticator decides who may trigger what. If nil and Reviews is
-	// set, the Kubernetes-native authenticator (NewKubeAuthenticator with
-	// KubeAuthConfig{Client: Reviews} defaults) is used. If both are nil,
-	// NewHandler fails unless InsecureSkipAuth is set.
-	Authenticator Authenticator
-	// Reviews is the client for the default Authenticator.
-	Reviews ReviewClient
-	// InsecureSkipAuth serves every caller without authentication. Only
-	// for development or behind another authenticating layer. Callers
-	// are then told apart by address only, for their share of the trigger
-	// budget: a leader sees those a follower forwards as one caller, the
-	// follower.
-	InsecureSkipAuth bool
-	// ForwardClient sends the triggers of objects another replica works
-	// on to that replica's endpoint (the Trigger's Router names it), with
-	// the caller's credentials (that replica authenticates and authorizes
-	// the request again: a replica never impersonates), and its answer is
-	// passed on: 503 when it does not answer (it is likely gone). A
-	// forwarded request is never forwarded again, and over TLS one is
-	// forwarded only to an https endpoint. nil means a client of
-	// net/http's default transport that keeps 64 idle connections per
-	// replica; over TLS, give it the configuration that trusts the
-	// replicas' serving certificates.
-	ForwardClient *http.Client
-	// Type is the event type of triggered reconciles; zero means
-	// opkit.Modified.
-	Type opkit.Type
-	// MaxDelay bounds the `delay` query parameter; zero means 1h.
-	MaxDelay time.Duration
-	// MaxWait bounds the `wait` query parameter; zero means
-	// DefaultMaxWait. MaxWaiting bounds the callers waiting for outcomes
-	// at once (they hold no in-flight slot while they wait); zero means
-	// DefaultMaxWaiting; beyond, 429.
-	MaxWait    time.Duration
-	MaxWaiting int
-	// MaxBodyBytes bounds the optional JSON body ({"reason": "..."});
-	// zero means DefaultMaxBodyBytes. Larger bodies get 413.
-	MaxBodyBytes int64
-	// BodyTimeout is how long the body may take to arrive, from when the
-	// handler starts; zero means 2s. A late body gets 408 and the
-	// connection is closed. The body is read before the request takes an
-	// in-flight slot, so a slow client holds nothing others need.
-	BodyTimeout time.Duration
-	// APITimeout bounds the API calls of one request together: the
-	// TokenReview, the SubjectAccessReview and the read of the object;
-	// zero means 5s. A timeout answers 504.
-	APITimeout time.Duration
-	// RetryAfter is the Retry-After of 503 and 429 answers, rounded up to
-	// whole seconds; zero means 5s.
-	RetryAfter time.Duration
-	// RateLimit is the sustained requests per second across all callers;
-	// zero means unlimited. Requests over the limit get 429.
-	RateLimit float64
-	// RateBurst is the rate limiter's bucket size: how many requests may
-	// come at once before RateLimit applies; zero means
-	// max(1, ceil(RateLimit)).
-	RateBurst int
-	// MaxInFlight bounds the requests being authorized, read and
-	// enqueued at once (their bodies read); zero means 64, negative means
-	// unlimited. Requests over the limit get 429 at once.
-	MaxInFlight int
-	// MaxAuthFailures: a client address (the host of RemoteAddr: behind
-	// a proxy, the proxy's) whose requests failed authentication this
-	// many times, each within AuthFailureBackoff of the one before, is
-	// answered 429 without a review until AuthFailureBackoff has passed
-	// since the last. Zero means 10, negative means no such limit; zero
-	// AuthFailureBackoff means 10s.
+	Authenticator      Authenticator
+	Reviews            ReviewClient
+	InsecureSkipAuth   bool
+	ForwardClient      *http.Client
+	Type               opkit.Type
+	MaxDelay, MaxWait  time.Duration
+	MaxWaiting         int
+	MaxBodyBytes       int64
+	BodyTimeout        time.Duration
+	APITimeout         time.Duration
+	RateLimit          float64
+	RateBurst          int
+	MaxInFlight        int
 	MaxAuthFailures    int
 	AuthFailureBackoff time.Duration
-	// Metrics receives one count per request; nil means none.
-	Metrics HandlerMetrics
-	// Logger receives the records of refused and failed requests (never a
-	// token), at most one per status code every 10s with the number left
-	// out; nil means slog.Default().
-	Logger *slog.Logger
+	RetryAfter         time.Duration
+	Metrics            Metrics
+	Logger             *slog.Logger
 }
 
-// Accepted is the JSON body of a 202 answer.
+// Accepted is the JSON body of a 202 answer: the object as read (no UID
+// and ResourceVersion when the trigger joined a waiting entry), the
+// delay, the queue's outcome, and, when the caller's wait ended first, the
+// trigger's ID and the path whose GET answers its Outcome.
 type Accepted struct {
-	// Key is "namespace/name" (or "name").
-	Key string `json:"key"`
-	// Namespace (empty for a cluster-scoped resource) and Name are the
-	// object's, as in the URL.
-	Namespace string `json:"namespace,omitempty"`
-	Name      string `json:"name"`
-	// UID and ResourceVersion are those of the object as re-fetched.
+	Key             string `json:"key"`
+	Namespace       string `json:"namespace,omitempty"`
+	Name            string `json:"name"`
 	UID             string `json:"uid"`
 	ResourceVersion string `json:"resourceVersion"`
-	// Delay is the scheduling delay as a Go duration ("0s").
-	Delay string `json:"delay"`
-	// Outcome is "Queued" or "Merged" (into an entry already pending).
-	Outcome string `json:"outcome"`
-	// ID and StatusPath, when the caller waited (?wait=) and the wait
-	// ended first: the trigger's id and the path whose GET answers its
-	// Outcome while this replica remembers it.
-	ID         string `json:"id,omitempty"`
-	StatusPath string `json:"statusPath,omitempty"`
+	Delay           string `json:"delay"`
+	Outcome         string `json:"outcome"`
+	ID              string `json:"id,omitempty"`
+	StatusPath      string `json:"statusPath,omitempty"`
 }
 
-// Defaults of HandlerConfig.MaxWait and MaxWaiting.
-const (
-	DefaultMaxWait    = 5 * time.Minute
-	DefaultMaxWaiting = 1024
-)
-
-// Status is the JSON body of every error answer, shaped like a Kubernetes
-// metav1.Status, plus the leader's identity and the queue's outcome when an
-// enqueue was dropped.
+// Status is the JSON body of every error answer: a metav1.Status (Reason
+// Kubernetes' for the code, or its name, as "BadGateway"; Details name the
+// object once the path did), with the Leader and the queue's Outcome of a
+// dropped trigger.
 type Status struct {
-	// Kind is "Status" and APIVersion "v1", as in a Kubernetes Status.
-	Kind       string `json:"kind"`
-	APIVersion string `json:"apiVersion"`
-	// Status is "Failure".
-	Status string `json:"status"`
-	// Message says what went wrong, for a human.
-	Message string `json:"message"`
-	// Reason is the machine-readable cause (e.g. "NotFound",
-	// "ServiceUnavailable"); Code is the HTTP status code.
-	Reason metav1.StatusReason `json:"reason"`
-	Code   int                 `json:"code"`
-	// Leader is the identity of the replica leading when this one
-	// dropped the enqueue (also in the X-Opkit-Leader header), if known.
-	Leader string `json:"leader,omitempty"`
-	// Outcome is the queue's outcome of a dropped enqueue
-	// ("DroppedSuspended" or "DroppedShutDown").
-	Outcome string `json:"outcome,omitempty"`
-	// Details names the object, once the path named a valid one.
-	Details *metav1.StatusDetails `json:"details,omitempty"`
+	Kind       string                `json:"kind"`
+	APIVersion string                `json:"apiVersion"`
+	Status     string                `json:"status"`
+	Message    string                `json:"message"`
+	Reason     metav1.StatusReason   `json:"reason"`
+	Code       int                   `json:"code"`
+	Leader     string                `json:"leader,omitempty"`
+	Outcome    string                `json:"outcome,omitempty"`
+	Details    *metav1.StatusDetails `json:"details,omitempty"`
 }
 
 type handler[T opkit.Object] struct {
@@ -189,16 +111,11 @@ type handler[T opkit.Object] struct {
 	log      *sampler
 }
 
-// NewHandler validates cfg and returns the HTTP trigger endpoint. It serves
-// POST /reconcile/{namespace}/{name} (namespaced resources) or POST
-// /reconcile/{name} (cluster-scoped); mount it at the server root or
-// behind http.StripPrefix. Query parameters: delay (a Go duration, 0 to
-// MaxDelay), reason (one of the reasons the reconcile request carries;
-// or in an application/json body {"reason": "..."}) and wait (a Go
-// duration up to MaxWait: answer with the reconcile's Outcome, 200, if it
-// finishes within it, else 202 with the trigger's id); GET
-// .../triggers/{id} answers what is known of a waited-for trigger. The
-// package documentation lists the status codes.
+// NewHandler validates cfg and returns the HTTP trigger endpoint of t:
+// POST /reconcile/{namespace}/{name} (or /reconcile/{name}) with
+// ?delay=, ?wait= (Go durations) and ?reason= (or a JSON body
+// {"reason": ...}), and GET .../triggers/{id}, at the root or behind
+// http.StripPrefix; see the package documentation.
 func NewHandler[T opkit.Object](t *Trigger[T], cfg HandlerConfig) (http.Handler, error) {
 	cfg.Type = cmp.Or(cfg.Type, opkit.Modified)
 	switch {
@@ -219,7 +136,7 @@ func NewHandler[T opkit.Object](t *Trigger[T], cfg HandlerConfig) (http.Handler,
 		return nil, errors.New("trigger: HandlerConfig.RateBurst without RateLimit would have no effect; set RateLimit too")
 	}
 	cfg.MaxDelay = cmp.Or(cfg.MaxDelay, time.Hour)
-	cfg.MaxWait, cfg.MaxWaiting = cmp.Or(cfg.MaxWait, DefaultMaxWait), cmp.Or(cfg.MaxWaiting, DefaultMaxWaiting)
+	cfg.MaxWait, cfg.MaxWaiting = cmp.Or(cfg.MaxWait, 5*time.Minute), cmp.Or(cfg.MaxWaiting, 1024)
 	if cfg.ForwardClient == nil {
 		// Waiting callers hold their forwarded request's connection: keep
 		// as many idle ones to the leader as may wait, not net/http's 2.
@@ -227,14 +144,14 @@ func NewHandler[T opkit.Object](t *Trigger[T], cfg HandlerConfig) (http.Handler,
 		tr.MaxIdleConnsPerHost = 64
 		cfg.ForwardClient = &http.Client{Transport: tr}
 	}
-	cfg.MaxBodyBytes = cmp.Or(cfg.MaxBodyBytes, DefaultMaxBodyBytes)
+	cfg.MaxBodyBytes = cmp.Or(cfg.MaxBodyBytes, defaultMaxBytes)
 	cfg.BodyTimeout = cmp.Or(cfg.BodyTimeout, 2*time.Second)
 	cfg.MaxAuthFailures = cmp.Or(cfg.MaxAuthFailures, 10)
 	cfg.AuthFailureBackoff = cmp.Or(cfg.AuthFailureBackoff, 10*time.Second)
 	cfg.APITimeout = cmp.Or(cfg.APITimeout, 5*time.Second)
 	cfg.RetryAfter = cmp.Or(cfg.RetryAfter, 5*time.Second)
 	cfg.MaxInFlight = cmp.Or(cfg.MaxInFlight, 64)
-	cfg.Metrics = cmp.Or[HandlerMetrics](cfg.Metrics, nopMetrics{})
+	cfg.Metrics = cmp.Or[Metrics](cfg.Metrics, nopMetrics{})
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	if cfg.Authenticator == nil && cfg.Reviews != nil {
 		a, err := NewKubeAuthenticator(KubeAuthConfig{Client: cfg.Reviews})
@@ -262,7 +179,7 @@ func (h *handler[T]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body := h.serve(w, r, &bodyRead)
 	if f, ok := body.(forwarded); ok {
 		maps.Copy(w.Header(), f.header)
-		w.Header().Set(ForwardedHeader, "by this replica to the one that serves it")
+		w.Header().Set(forwardedHeader, "by this replica to the one that serves it")
 		w.WriteHeader(f.code)
 		_, _ = w.Write(f.body)
 		h.cfg.Metrics.Request(f.code, "Forwarded", time.Since(start))
@@ -359,7 +276,7 @@ func (c *caller[T]) authorize(ctx context.Context, key opkit.Key) (string, error
 	if c.h.cfg.Authenticator == nil {
 		return "address " + client, nil
 	}
-	c.user, c.err = c.h.cfg.Authenticator.Authorize(ctx, AuthRequest{HTTP: c.r, Resource: c.h.trig.Resource(), Key: key})
+	c.user, c.err = c.h.cfg.Authenticator.Authorize(ctx, AuthRequest{HTTP: c.r, Resource: c.h.trig.cfg.Resource, Key: key})
 	switch {
 	case errors.Is(c.err, ErrUnauthenticated):
 		c.h.failures.update(client, time.Now().Add(c.h.cfg.AuthFailureBackoff), func(n int) int { return n + 1 })
@@ -376,7 +293,7 @@ func (c *caller[T]) authorize(ctx context.Context, key opkit.Key) (string, error
 // with a wait, the caller waits for the outcome holding no in-flight slot
 // (release gives it back).
 func (h *handler[T]) trigger(w http.ResponseWriter, r *http.Request, p Pointer, wait time.Duration, release func()) any {
-	track := NotTracked
+	track := notTracked
 	if wait > 0 {
 		if h.waiting.Add(1) > int64(h.cfg.MaxWaiting) {
 			h.waiting.Add(-1)
@@ -387,7 +304,7 @@ func (h *handler[T]) trigger(w http.ResponseWriter, r *http.Request, p Pointer, 
 	}
 	c := &caller[T]{h: h, r: r}
 	ctx, cancel := context.WithTimeout(r.Context(), h.cfg.APITimeout)
-	d, err := h.trig.Intake(ctx, p, IntakeOptions{Authorize: c.authorize, Track: track, NoForward: r.Header.Get(ForwardedHeader) != ""})
+	d, err := h.trig.Intake(ctx, p, IntakeOptions{Authorize: c.authorize, Track: track, NoForward: r.Header.Get(forwardedHeader) != ""})
 	cancel()
 	switch {
 	case err != nil:
@@ -424,7 +341,7 @@ func (h *handler[T]) await(r *http.Request, a Accepted, tk *Ticket, wait time.Du
 	defer stop()
 	out, err := tk.Wait(wctx)
 	switch {
-	case err != nil && errors.Is(context.Cause(r.Context()), ErrServerStopping):
+	case err != nil && errors.Is(context.Cause(r.Context()), errServerStopping):
 		return h.fail(http.StatusServiceUnavailable, "this replica is shutting down: the trigger was accepted, its outcome will not be reported here", &key)
 	case err != nil && r.Context().Err() != nil:
 		return h.fail(http.StatusServiceUnavailable, "the caller left before the outcome", &key)
@@ -447,8 +364,8 @@ func (h *handler[T]) lookup(w http.ResponseWriter, r *http.Request, key opkit.Ke
 	if err != nil {
 		return h.refusal(w, r, key, err, c.err)
 	}
-	out := h.trig.Lookup(key, id)
-	if out.State != Unknown || r.Header.Get(ForwardedHeader) != "" {
+	out := h.trig.tickets.lookup(key, id)
+	if out.State != Unknown || r.Header.Get(forwardedHeader) != "" {
 		return out
 	}
 	// Another replica may know it: find where the object is worked on (a
@@ -527,7 +444,7 @@ func isTimeout(err error) bool {
 func (h *handler[T]) dropped(w http.ResponseWriter, o queue.Outcome, holder string, key opkit.Key) *Status {
 	msg := "the trigger was dropped: no replica works on this object now (this one does not, or is shutting down; leadership may be changing)"
 	if holder != "" {
-		w.Header().Set(LeaderHeader, holder)
+		w.Header().Set(leaderHeader, holder)
 		msg += "; it is worked on by: " + holder
 	}
 	st := h.fail(http.StatusServiceUnavailable, msg, &key)
@@ -535,11 +452,12 @@ func (h *handler[T]) dropped(w http.ResponseWriter, o queue.Outcome, holder stri
 	return st
 }
 
-// statusReasons are the Status reasons of the handler's error codes.
+// statusReasons are the Status reasons of the handler's error codes (those
+// Kubernetes has none for are named after the code).
 var statusReasons = map[int]metav1.StatusReason{
 	http.StatusBadRequest:                  metav1.StatusReasonBadRequest,
-	http.StatusRequestTimeout:              ReasonRequestTimeout,
-	http.StatusRequestHeaderFieldsTooLarge: ReasonHeadersTooLarge,
+	http.StatusRequestTimeout:              "RequestTimeout",
+	http.StatusRequestHeaderFieldsTooLarge: "RequestHeaderFieldsTooLarge",
 	http.StatusUnauthorized:                metav1.StatusReasonUnauthorized,
 	http.StatusForbidden:                   metav1.StatusReasonForbidden,
 	http.StatusNotFound:                    metav1.StatusReasonNotFound,
@@ -547,7 +465,7 @@ var statusReasons = map[int]metav1.StatusReason{
 	http.StatusRequestEntityTooLarge:       metav1.StatusReasonRequestEntityTooLarge,
 	http.StatusUnsupportedMediaType:        metav1.StatusReasonUnsupportedMediaType,
 	http.StatusTooManyRequests:             metav1.StatusReasonTooManyRequests,
-	http.StatusBadGateway:                  ReasonBadGateway,
+	http.StatusBadGateway:                  "BadGateway",
 	http.StatusServiceUnavailable:          metav1.StatusReasonServiceUnavailable,
 	http.StatusGatewayTimeout:              metav1.StatusReasonTimeout,
 }
@@ -562,7 +480,7 @@ func failure(code int, msg string) *Status {
 func (h *handler[T]) fail(code int, msg string, key *opkit.Key) *Status {
 	st := failure(code, msg)
 	if key != nil {
-		res := h.trig.Resource()
+		res := h.trig.cfg.Resource
 		st.Details = &metav1.StatusDetails{Name: key.Name, Group: res.Group, Kind: res.Resource}
 	}
 	return st

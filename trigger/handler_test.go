@@ -212,8 +212,8 @@ func TestHandlerParsesThenAuthenticatesBeforeReading(t *testing.T) {
 	if calls != 0 {
 		t.Fatalf("authorizer called %d times for malformed requests, want 0", calls)
 	}
-	if big.n > trigger.DefaultMaxBodyBytes+1 {
-		t.Errorf("read %d bytes of an oversized body, want at most the limit (%d) and one", big.n, trigger.DefaultMaxBodyBytes)
+	if big.n > trigger.DefaultMaxBytes+1 {
+		t.Errorf("read %d bytes of an oversized body, want at most the limit (%d) and one", big.n, trigger.DefaultMaxBytes)
 	}
 	// Well formed: authenticated before the read, refused with 401.
 	for _, tc := range []struct {
@@ -387,7 +387,7 @@ func TestHandler405(t *testing.T) {
 	}
 }
 
-// Any reason CheckReason accepts fits in a body of the default size, however
+// Any reason Pointer.Check accepts fits in a body of the default size, however
 // the client escapes it (encoding/json writes < and control characters as
 // six bytes each).
 func TestHandlerAcceptsTheLongestReasonEscaped(t *testing.T) {
@@ -409,7 +409,7 @@ func TestHandlerAcceptsTheLongestReasonEscaped(t *testing.T) {
 
 func TestHandler413(t *testing.T) {
 	e := newHandlerEnv(t, nil)
-	big := `{"reason":"` + strings.Repeat("x", trigger.DefaultMaxBodyBytes) + `"}`
+	big := `{"reason":"` + strings.Repeat("x", trigger.DefaultMaxBytes) + `"}`
 	wantStatus(t, e.do(http.MethodPost, "/reconcile/ns/a", strings.NewReader(big), http.Header{"Content-Type": {"application/json"}}), 413, "RequestEntityTooLarge")
 	// Without a Content-Length (chunked) the limit still holds.
 	r := httptest.NewRequest(http.MethodPost, "/reconcile/ns/a", io.MultiReader(strings.NewReader(big)))
@@ -436,7 +436,7 @@ func TestHandler503WhenDropped(t *testing.T) {
 	e.q.Suspend()
 	w := post(e, "/reconcile/ns/a")
 	st := wantStatus(t, w, 503, "ServiceUnavailable")
-	if w.Header().Get("Retry-After") != "5" || w.Header().Get(trigger.LeaderHeader) != "replica-b" {
+	if w.Header().Get("Retry-After") != "5" || w.Header().Get("X-Opkit-Leader") != "replica-b" {
 		t.Errorf("headers = %v", w.Header())
 	}
 	if st.Leader != "replica-b" || st.Outcome != "DroppedSuspended" {
@@ -453,7 +453,7 @@ func TestHandler503WithoutKnownLeader(t *testing.T) {
 	e.q.Suspend()
 	w := post(e, "/reconcile/ns/a")
 	st := wantStatus(t, w, 503, "ServiceUnavailable")
-	if _, ok := w.Header()[trigger.LeaderHeader]; ok || st.Leader != "" {
+	if _, ok := w.Header()["X-Opkit-Leader"]; ok || st.Leader != "" {
 		t.Errorf("leader given though unknown: %v %q", w.Header(), st.Leader)
 	}
 	if w.Header().Get("Retry-After") != "2" {

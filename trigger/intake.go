@@ -19,21 +19,15 @@ import (
 	"github.com/opkit/opkit/queue"
 )
 
-// Router says where the work on an object is done: reconcile.Controller's
-// Trigger has one. The objects are split into Shards() shards by the hash
-// of their UID (opkit.ShardOf); each shard is worked on by one replica at
-// a time.
+// Router says where shard i of Shards() (at least one; by UID,
+// opkit.ShardOf) is worked on now: reconcile.Controller implements it.
 type Router[T opkit.Object] interface {
-	// Shards is the number of shards, at least 1.
 	Shards() int
-	// Place says where shard i (0 <= i < Shards()) is worked on now.
 	Place(shard int) Place[T]
 }
 
-// Place is where one shard is worked on: Queue when it is this replica
-// (its intake open), else nil, with the replica that works on it as its
-// Lease names it: Holder (its identity) and Endpoint (the base URL of its
-// trigger endpoint), each "" when not known.
+// Place is where a shard is worked on: Queue if here (its intake open),
+// else the Holder and its trigger Endpoint's URL, when known.
 type Place[T opkit.Object] struct {
 	Queue            queue.Adder[opkit.Key, opkit.Cause[T]]
 	Holder, Endpoint string
@@ -50,92 +44,62 @@ func (a alone[T]) Place(int) Place[T]   { return Place[T]{Queue: a.q} }
 func (t *Trigger[T]) shardOf(obj T) int { return opkit.ShardOf(obj.GetUID(), t.cfg.Router.Shards()) }
 
 // Pointer is what an external trigger carries: which object and why,
-// never the object itself (see the package documentation).
+// never the object itself. A zero Type means Modified; the others are as
+// for [Trigger.Submit].
 type Pointer struct {
-	// Key names the object.
-	Key opkit.Key
-	// Type is the type of the trigger, as for [Trigger.Enqueue]; zero
-	// means Modified.
-	Type opkit.Type
-	// Reason and Delay are as in [Request].
+	Key    opkit.Key
+	Type   opkit.Type
 	Reason string
 	Delay  time.Duration
 }
 
-// Tracking says whether [Trigger.Intake] tracks the trigger.
+// Tracking says whether [Trigger.Intake] gives the trigger a [Ticket]
+// (not when zero), and which outcome it gets: the first reconcile's, or
+// FinalOnly the first final one (not Failed). At most 10,000 tickets wait,
+// 64 for one key (beyond, ErrBusy).
 type Tracking uint8
 
 const (
-	// NotTracked: no ticket.
-	NotTracked Tracking = iota
-	// Tracked: the ticket's outcome is that of the first reconcile turn
-	// that serves the trigger (an HTTP caller waiting for it).
+	notTracked Tracking = iota
 	Tracked
-	// FinalOnly: the ticket's outcome is the first final one (State.Final,
-	// or Unknown when the term ends): a failed reconcile's retries serve
-	// it too (a broker acknowledging only what was reconciled).
 	FinalOnly
 )
 
-// IntakeOptions are the caller's part of [Trigger.Intake].
+// IntakeOptions are the caller's part of [Trigger.Intake]: Authorize, if
+// set, authorizes the checked key before anything is read, and names the
+// caller, who gets at most half of the budget ("" for none); Track asks
+// for a Ticket; NoForward drops a trigger that another replica's Endpoint
+// would take (a request forwarded already, a consumer).
 type IntakeOptions struct {
-	// Authorize, if set, is called with the validated key before
-	// anything is read; its error is returned as is. It names the caller
-	// (the HTTP handler: the authenticated user, or the client's address
-	// without authentication), whose share of the trigger budget a read
-	// spends: one caller, however fast, takes at most half of the budget,
-	// so that it cannot lock the others out. "" means no share.
 	Authorize func(ctx context.Context, key opkit.Key) (caller string, err error)
-	// Paid says the caller took a token of the trigger budget already
-	// ([Trigger.WaitForBudget]): Intake takes none.
-	Paid bool
-	// Track asks for a Ticket on which the outcome of the reconcile that
-	// serves a scheduled trigger arrives.
-	Track Tracking
-	// NoForward: a trigger for an object another replica works on is
-	// dropped, not answered with the replica's Endpoint (a request that
-	// was forwarded once, a consumer that cannot forward).
+	Track     Tracking
 	NoForward bool
+
+	paid bool // the consumer took a token of the budget (waitForBudget)
 }
 
-// Decision is what [Trigger.Intake] decided for a trigger that passed its
-// checks: scheduled here (Outcome Queued or Merged, with a Ticket when
-// tracked), to be forwarded to the replica that works on the object
-// (Endpoint), or dropped (Outcome DroppedSuspended or DroppedShutDown:
-// no replica can take it now).
+// Decision is what [Trigger.Intake] decided: scheduled (Outcome Queued or
+// Merged; a Ticket if tracked), to be forwarded to another replica's
+// Endpoint, or dropped; with the Object read, if any, and the Holder of
+// the object's shard, if known.
 type Decision[T opkit.Object] struct {
-	// Object is the object read; nil when none was (the trigger joined an
-	// entry waiting for its key, or goes elsewhere unread).
-	Object T
-	// Outcome is the queue's; zero when forwarded.
-	Outcome queue.Outcome
-	Ticket  *Ticket
-	// Endpoint is where to forward the trigger; Holder names the replica
-	// that works on the object, when known (also for a drop).
+	Object           T
+	Outcome          queue.Outcome
+	Ticket           *Ticket
 	Endpoint, Holder string
 }
 
-// Intake is the one path of an external trigger that names an object (the
-// HTTP handler and the consumer take it), in this order: it validates p
-// (errors wrap ErrInvalid); calls opts.Authorize, if set, and returns its
-// error as is; checks that the key is in the controller's scope
-// (ErrOutOfScope); finds the shard of the object (with one shard without
-// a read; else it reads the object to learn its UID) and where that is
-// worked on. When it is another replica, the answer is that replica's
-// Endpoint, or a drop. Here, the trigger joins the entry already waiting
-// for the key, if one is due, for free; otherwise it takes a token of the
-// trigger budget unless opts.Paid (ErrBusy when there is none, see
-// Config.Rate), and one of the caller's share of it, reads the object
-// through Config.Get (ErrNotFound when it does not exist; an API error is
-// returned wrapped, so that apierrors.IsTimeout and friends work), checks
-// its labels against Config.Selector (ErrOutOfScope) and adds it with
-// source Operator. The object read travels with the key, so the
-// controller reconciles it without reading it again when it is still the
-// latest state its watch has seen.
+// Intake is the one path of an external trigger (the handler's, the
+// consumer's): it checks p, calls opts.Authorize, checks the namespace,
+// and finds where the object is worked on (with shards, by reading it):
+// elsewhere, the trigger is for that Endpoint, or dropped. Here, it joins
+// the entry waiting for the key, if due, for free; or it takes a token of
+// the budget, reads the object (the API's errors wrapped), checks its
+// labels, and queues it.
 func (t *Trigger[T]) Intake(ctx context.Context, p Pointer, opts IntakeOptions) (Decision[T], error) {
 	var none Decision[T]
 	p.Type = cmp.Or(p.Type, opkit.Modified)
-	if err := t.check(p.Key, p.Type, p.Delay, p.Reason); err != nil {
+	if err := t.check(p); err != nil {
 		return none, t.rejected(ctx, err)
 	}
 	var caller string
@@ -221,7 +185,7 @@ func (t *Trigger[T]) elsewhere(ctx context.Context, key opkit.Key, pl Place[T], 
 // stored nothing; the tickets' lock is never held across the add.
 func (t *Trigger[T]) schedule(ctx context.Context, q queue.Adder[opkit.Key, opkit.Cause[T]], key opkit.Key, c opkit.Cause[T], delay time.Duration, mergeOnly bool, track Tracking) (Decision[T], error) {
 	var tk *Ticket
-	if track != NotTracked {
+	if track != notTracked {
 		var err error
 		if tk, err = t.tickets.reserve(key, c.Object, track == FinalOnly); err != nil {
 			return Decision[T]{}, err
@@ -270,17 +234,17 @@ func (t *Trigger[T]) read(ctx context.Context, key opkit.Key, caller string, opt
 }
 
 // pay takes a token of caller's share of the trigger budget and one of
-// the budget (none with opts.Paid or an unlimited budget), or says which
+// the budget (none when the caller paid, or the budget is unlimited), or says which
 // is spent (ErrBusy).
 func (t *Trigger[T]) pay(caller string, opts IntakeOptions) error {
-	if t.budget == nil || opts.Paid {
+	if t.budget == nil || opts.paid {
 		return nil
 	}
 	if caller != "" && !t.shares.take(caller) {
 		return fmt.Errorf("trigger: %w: this caller's share of the trigger budget (half of it) is spent", ErrBusy)
 	}
 	if !t.budget.TryAccept() {
-		return fmt.Errorf("trigger: %w: the trigger budget (%v a second, %d at once) is spent", ErrBusy, t.budget.QPS(), cmp.Or(t.cfg.Burst, DefaultBurst))
+		return fmt.Errorf("trigger: %w: the trigger budget (%v a second, %d at once) is spent", ErrBusy, t.budget.QPS(), cmp.Or(t.cfg.Burst, defaultBurst))
 	}
 	return nil
 }
@@ -317,13 +281,12 @@ func (s *shares) take(caller string) bool {
 	return b.TryAccept()
 }
 
-// WaitForBudget waits until a token of the trigger budget (Config.Rate) is
-// free and takes it; it returns ctx's error if ctx ends first. It is for
-// callers whose triggers can wait where they are, such as the consumer:
-// it takes a token before it receives a message (the broker keeps the
-// rest) and passes IntakeOptions.Paid. An HTTP request cannot wait so:
-// it would hold its in-flight slot, so Intake refuses it with ErrBusy.
-func (t *Trigger[T]) WaitForBudget(ctx context.Context) error {
+// waitForBudget waits until a token of the trigger budget is free and
+// takes it, or ctx ends. The consumer takes one before it receives a
+// message (the broker keeps the rest), and passes paid; an HTTP request
+// cannot wait so (it would hold its in-flight slot): Intake refuses it
+// with ErrBusy.
+func (t *Trigger[T]) waitForBudget(ctx context.Context) error {
 	if t.budget == nil {
 		return ctx.Err()
 	}

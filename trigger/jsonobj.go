@@ -11,15 +11,11 @@ import (
 	"strings"
 )
 
-// DefaultMaxBodyBytes is the HTTP handler's default body limit and
-// DefaultMaxMessageBytes the consumer's default message limit: room for
-// any valid reason (MaxReasonLen bytes) however a client escapes it (a
-// control character takes six bytes in JSON, and encoding/json writes <,
-// > and & as six too), with the longest namespace and name.
-const (
-	DefaultMaxBodyBytes    = 8 << 10
-	DefaultMaxMessageBytes = 8 << 10
-)
+// defaultMaxBytes is the default limit of an HTTP body and of a message:
+// room for any valid reason (MaxReasonLen bytes) however a client escapes
+// it (a control character takes six bytes in JSON, and encoding/json
+// writes <, > and & as six too), with the longest namespace and name.
+const defaultMaxBytes = 8 << 10
 
 // decodeObject decodes data, which must be one JSON object and nothing
 // after it, into the destinations of members (by member name, pointers as

@@ -68,10 +68,10 @@ func (h *handler[T]) forward(r *http.Request, holder string, p Pointer, wait tim
 	if auth := r.Header.Get("Authorization"); auth != "" {
 		req.Header.Set("Authorization", auth)
 	}
-	req.Header.Set(ForwardedHeader, "true")
+	req.Header.Set(forwardedHeader, "true")
 	resp, err := h.cfg.ForwardClient.Do(req)
 	if err != nil {
-		if errors.Is(context.Cause(r.Context()), ErrServerStopping) {
+		if errors.Is(context.Cause(r.Context()), errServerStopping) {
 			return h.fail(http.StatusServiceUnavailable, "this replica is shutting down before the forwarded answer came", &key)
 		}
 		// Most likely that replica died and its Lease has not expired yet:
@@ -85,7 +85,7 @@ func (h *handler[T]) forward(r *http.Request, holder string, p Pointer, wait tim
 		return h.fail(http.StatusBadGateway, "the forwarded answer was cut off", &key)
 	}
 	header := http.Header{}
-	for _, k := range []string{"Content-Type", "Retry-After", LeaderHeader, "WWW-Authenticate"} {
+	for _, k := range []string{"Content-Type", "Retry-After", leaderHeader, "WWW-Authenticate"} {
 		if v := resp.Header.Get(k); v != "" {
 			header.Set(k, v)
 		}
@@ -124,7 +124,7 @@ func clientHost(r *http.Request) string {
 // cleaned form, and a client following that would trigger another name
 // than it wrote.
 func (h *handler[T]) route(r *http.Request) (key opkit.Key, id string, st *Status) {
-	res := h.trig.Resource()
+	res := h.trig.cfg.Resource
 	want, scope, use := 1, "cluster-scoped", "use POST /reconcile/{name}"
 	if res.Namespaced {
 		want, scope, use = 2, "namespaced", "use POST /reconcile/{namespace}/{name}"

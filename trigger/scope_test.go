@@ -37,7 +37,7 @@ func labelled(ns, name string, l map[string]string) *corev1.ConfigMap {
 
 // newScopedTrigger returns a trigger scoped to namespace "ns" and label
 // shard=1, reading through get (nil: none).
-func newScopedTrigger(t *testing.T, get trigger.Getter[*corev1.ConfigMap]) (*trigger.Trigger[*corev1.ConfigMap], *cmQueue) {
+func newScopedTrigger(t *testing.T, get func(context.Context, opkit.Key) (*corev1.ConfigMap, error)) (*trigger.Trigger[*corev1.ConfigMap], *cmQueue) {
 	t.Helper()
 	return newCMTriggerWith(t, trigger.Config[*corev1.ConfigMap]{Get: get, Namespace: "ns", Selector: labels.SelectorFromSet(shard1)})
 }
@@ -170,13 +170,13 @@ func TestConsumerHandsBackMessagesOutsideTheScope(t *testing.T) {
 		synctest.Wait()
 		stop()
 		for id, want := range map[uint64]string{other: "Nack", unlabelled: "Nack", inScope: "Ack"} {
-			if got := ops(e.b.EventsFor(id)); !strings.HasPrefix(got, want) {
+			if got := ops(e.b.Events(id)); !strings.HasPrefix(got, want) {
 				t.Errorf("message %d settled %q, want %s", id, got, want)
 			}
 		}
-		if e.m.nacked[trigger.NackOutOfScope] < 2 || e.m.acked[trigger.AckScheduled] != 1 || q.Len() != 1 || len(e.b.DeadLetters()) != 0 {
+		if e.m.nacked["OutOfScope"] < 2 || e.m.acked["Scheduled"] != 1 || q.Len() != 1 || len(deadLetters(e.b)) != 0 {
 			t.Errorf("nacked %v, acked %v, queue len %d, dead letters %d; want the 2 out of scope handed back, 1 scheduled, none dead",
-				e.m.nacked, e.m.acked, q.Len(), len(e.b.DeadLetters()))
+				e.m.nacked, e.m.acked, q.Len(), len(deadLetters(e.b)))
 		}
 		for _, k := range read {
 			if k.Namespace != "ns" {

@@ -14,49 +14,36 @@ import (
 	"time"
 )
 
-// ErrServerStopping is the cause of a request's context once its Server
+// errServerStopping is the cause of a request's context once its Server
 // shuts down: the handler answers a caller still waiting 503 at once.
-var ErrServerStopping = errors.New("trigger: the server is shutting down")
+var errServerStopping = errors.New("trigger: the server is shutting down")
 
-// ServerConfig configures a Server. The zero value of every optional field
-// means its documented default.
+// ServerConfig configures a Server; a zero field means its default. It
+// listens on Addr (":8443" with TLS, else ":8080"); it serves Handler
+// (required: NewHandler's); with CertFile and KeyFile, a PEM certificate
+// chain and key, it speaks HTTPS only, and reloads them when a file
+// changes; the http.Server timeouts (zero: 5s, 10s, 30s and 60s), the
+// request line and headers' limit (zero: 16 KiB), the graceful shutdown's
+// (zero: 10s) and the Logger (nil: slog.Default()) are its own.
 type ServerConfig struct {
-	// Addr is the listen address for Run; "" means ":8443" with TLS and
-	// ":8080" without.
-	Addr string
-	// Handler serves the requests (required), typically from NewHandler.
-	Handler http.Handler
-	// CertFile and KeyFile are a PEM certificate (chain) and key. When both
-	// are set the server speaks only HTTPS and reloads the pair when either
-	// file's modification time or size changes (checked on each TLS
-	// handshake), so a rotated certificate (e.g. a cert-manager Secret
-	// volume) is picked up without a restart. Setting only one is an
-	// error.
-	CertFile, KeyFile string
-	// ReadHeaderTimeout (zero: 5s), ReadTimeout (zero: 10s), WriteTimeout
-	// (zero: 30s) and IdleTimeout (zero: 60s) are http.Server's.
+	Addr                                                      string
+	Handler                                                   http.Handler
+	CertFile, KeyFile                                         string
 	ReadHeaderTimeout, ReadTimeout, WriteTimeout, IdleTimeout time.Duration
-	// MaxHeaderBytes bounds the request line and headers; zero means 16
-	// KiB. A request over it gets 431 with a Status body; net/http itself
-	// cuts off headers over four times it, with a plain-text 431.
-	MaxHeaderBytes int
-	// ShutdownTimeout bounds the graceful shutdown once Run's context
-	// ends; zero means 10s.
-	ShutdownTimeout time.Duration
-	// Logger receives start, stop and certificate reload records; nil
-	// means slog.Default().
-	Logger *slog.Logger
+	MaxHeaderBytes                                            int
+	ShutdownTimeout                                           time.Duration
+	Logger                                                    *slog.Logger
 }
 
-// Server is an HTTP(S) server for the trigger endpoint with timeouts on
-// every phase of a request. Run owns the net/http goroutines.
+// Server serves the trigger endpoint, with a timeout on every phase of a
+// request.
 type Server struct {
 	cfg   ServerConfig
 	certs *certReloader // nil without TLS
 }
 
-// NewServer validates cfg (and loads the certificate, if any) and returns
-// a Server; call Run to serve.
+// NewServer validates cfg, loads the certificate if any, and returns a
+// Server.
 func NewServer(cfg ServerConfig) (*Server, error) {
 	switch {
 	case cfg.Handler == nil:
@@ -100,12 +87,11 @@ func (s *Server) Run(ctx context.Context) error {
 	return s.Serve(ctx, ln)
 }
 
-// Serve serves on ln (closing it when done) until ctx ends, then shuts
-// down gracefully within ShutdownTimeout; the requests' contexts end
-// first (ErrServerStopping), so a waiting caller is answered at once. It returns nil after a shutdown
-// caused by ctx, or the error that stopped the server.
+// Serve serves on ln (and closes it) until ctx ends, then ends the
+// requests' contexts, so that waiting callers are answered, and shuts down
+// within ShutdownTimeout. It returns nil, or the error that stopped it.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
-	// The requests' contexts end, with ErrServerStopping, when the
+	// The requests' contexts end, with errServerStopping, when the
 	// shutdown starts: a caller waiting for an outcome, or for a forwarded
 	// answer, is answered 503 at once instead of holding the shutdown up.
 	base, stopping := context.WithCancelCause(context.WithoutCancel(ctx))
@@ -132,7 +118,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		return fmt.Errorf("trigger: serve: %w", err)
 	case <-ctx.Done():
 	}
-	stopping(ErrServerStopping)
+	stopping(errServerStopping)
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ShutdownTimeout)
 	defer cancel()
 	err := srv.Shutdown(sctx)

@@ -113,16 +113,16 @@ func TestAShardsTurnAndTermConcernOnlyItsShardsTriggers(t *testing.T) {
 	// Shard 1's turn carries the higher ticket number; shard 0's trigger
 	// is not its to answer.
 	tr.Report(key, q.causes[1].Ticket, shard1, trigger.Outcome{State: trigger.Succeeded})
-	if o := tr.Lookup(key, young.ID); o.State != trigger.Succeeded {
+	if o := trigger.Lookup(tr, key, young.ID); o.State != trigger.Succeeded {
 		t.Fatalf("shard 1's trigger after its turn: %+v, want succeeded", o)
 	}
-	if o := tr.Lookup(key, old.ID); o.State != trigger.Pending {
+	if o := trigger.Lookup(tr, key, old.ID); o.State != trigger.Pending {
 		t.Fatalf("shard 0's trigger after shard 1's turn: %+v, want still pending", o)
 	}
 
 	// Shard 1's term ends: nothing of shard 0's is abandoned.
 	tr.Abandon("shard 1 was handed over", shard1)
-	if o := tr.Lookup(key, old.ID); o.State != trigger.Pending {
+	if o := trigger.Lookup(tr, key, old.ID); o.State != trigger.Pending {
 		t.Fatalf("shard 0's trigger after shard 1's term: %+v, want still pending", o)
 	}
 	tr.Abandon("shard 0 was handed over", shard0)
@@ -183,7 +183,7 @@ func TestAReplicaForwardsToTheHolderOfTheObjectsShard(t *testing.T) {
 
 		w := post(other, "/reconcile/ns/a?reason=deployed&wait=1s")
 		var a trigger.Accepted
-		if err := json.Unmarshal(w.Body.Bytes(), &a); err != nil || w.Code != http.StatusAccepted || a.ID == "" || w.Header().Get(trigger.ForwardedHeader) == "" {
+		if err := json.Unmarshal(w.Body.Bytes(), &a); err != nil || w.Code != http.StatusAccepted || a.ID == "" || w.Header().Get("X-Opkit-Forwarded") == "" {
 			t.Fatalf("through the other replica: %d %s, want the holder's 202 with an id", w.Code, w.Body)
 		}
 		if len(r.asked) != 1 || r.asked[0] != aShard {
@@ -208,7 +208,7 @@ func TestAReplicaForwardsToTheHolderOfTheObjectsShard(t *testing.T) {
 
 		// One hop: a forwarded request that reaches a replica without the
 		// shard is dropped there (503), not forwarded again.
-		wantStatus(t, other.do(http.MethodPost, "/reconcile/ns/a", nil, http.Header{trigger.ForwardedHeader: {"replica-c"}}), http.StatusServiceUnavailable, "ServiceUnavailable")
+		wantStatus(t, other.do(http.MethodPost, "/reconcile/ns/a", nil, http.Header{"X-Opkit-Forwarded": {"replica-c"}}), http.StatusServiceUnavailable, "ServiceUnavailable")
 
 		// No holder known: the replica answers itself.
 		r.endpoint = ""

@@ -14,71 +14,54 @@ import (
 	"github.com/opkit/opkit"
 )
 
-// State is what became of the reconcile that served a trigger.
+// State is what became of the reconcile that served a trigger: Pending;
+// Succeeded, or Requeued; Failed, to be retried, or Terminal; Skipped (the
+// object gone or out of scope); or Unknown here (another term's or
+// replica's, forgotten, or its term ended first).
 type State string
 
-// States of an [Outcome].
 const (
-	// Pending: the trigger is accepted; its reconcile has not finished.
-	Pending State = "pending"
-	// Succeeded: the reconcile returned no error.
+	Pending   State = "pending"
 	Succeeded State = "succeeded"
-	// Requeued: it succeeded and asked to be run again later.
-	Requeued State = "requeued"
-	// Failed: it returned an error; the controller retries it.
-	Failed State = "failed"
-	// Terminal: it failed with a terminal error, or was given up on
-	// after its retries: nothing more will be tried.
-	Terminal State = "terminal"
-	// Skipped: there was nothing to reconcile (the object is gone, or
-	// out of the controller's scope).
-	Skipped State = "skipped"
-	// Unknown: this replica does not know, or no longer knows: the trigger
-	// belongs to another leadership term or replica, it was forgotten, or
-	// the term ended before its reconcile (the next leader's full list
-	// reconciles the object, not this trigger).
-	Unknown State = "unknown"
+	Requeued  State = "requeued"
+	Failed    State = "failed"
+	Terminal  State = "terminal"
+	Skipped   State = "skipped"
+	Unknown   State = "unknown"
 )
 
-// Final reports whether s is an outcome a broker may acknowledge on:
-// the reconcile ran and nothing will retry it.
-func (s State) Final() bool {
+// final reports whether s is an outcome a broker may acknowledge on: the
+// reconcile ran and nothing will retry it.
+func (s State) final() bool {
 	return s == Succeeded || s == Requeued || s == Terminal || s == Skipped
 }
 
-// Outcome is the result of the reconcile that served a tracked trigger
-// (see [IntakeOptions].Track), as the HTTP endpoint answers it.
+// Outcome is the result of the reconcile that served a tracked trigger:
+// its State and Error, the key's Attempts in its streak (1 for a first
+// success), its Duration, and the Replica and Term that ran it.
 type Outcome struct {
-	// ID is the trigger's id, unique per leadership term of a replica.
-	ID    string `json:"id"`
-	State State  `json:"state"`
-	// Error is the reconcile's error, for Failed and Terminal.
-	Error string `json:"error,omitempty"`
-	// Attempts counts the reconciles of the key so far in its streak
-	// (1 for a first success); Duration is the reconcile's.
+	ID       string `json:"id"`
+	State    State  `json:"state"`
+	Error    string `json:"error,omitempty"`
 	Attempts int    `json:"attempts,omitempty"`
 	Duration string `json:"duration,omitempty"`
-	// Replica and Term say which replica and leadership term ran it.
-	Replica string `json:"replica,omitempty"`
-	Term    int32  `json:"term,omitempty"`
+	Replica  string `json:"replica,omitempty"`
+	Term     int32  `json:"term,omitempty"`
 }
 
-// Limits of the tickets a Trigger keeps.
+// Limits of the tickets a Trigger keeps: the tracked triggers whose
+// reconcile has not finished, in all and for one key (beyond, Intake
+// refuses to track: ErrBusy), and the finished outcomes kept for lookups
+// (the oldest are forgotten: Unknown).
 const (
-	// MaxTracked bounds the tracked triggers whose reconcile has not
-	// finished; beyond, Intake refuses to track (ErrBusy).
-	MaxTracked = 10_000
-	// MaxRemembered bounds the finished outcomes kept for lookups; the
-	// oldest are forgotten (Unknown).
-	MaxRemembered = 4096
-	// MaxTrackedPerKey bounds the tracked triggers waiting for one key's
-	// reconcile; beyond, Intake refuses to track (ErrBusy).
-	MaxTrackedPerKey = 64
+	maxTracked       = 10_000
+	maxTrackedPerKey = 64
+	maxRemembered    = 4096
 )
 
 // Ticket is a tracked trigger: its reconcile's outcome arrives on it.
+// The last 4096 outcomes stay known by ID (GET .../triggers/{id}).
 type Ticket struct {
-	// ID is the trigger's id, for [Trigger.Lookup].
 	ID string
 
 	key   opkit.Key
@@ -88,11 +71,8 @@ type Ticket struct {
 	out   chan Outcome
 }
 
-// Wait returns the outcome once the reconcile that serves the trigger has
-// finished (with a final one, for a ticket taken with FinalOnly), or
-// ctx's error if ctx ends first (the ticket stays tracked: its outcome is
-// still recorded for Lookup). An ended leadership term resolves it as
-// Unknown.
+// Wait returns the outcome, once there is one (see Tracking), or ctx's
+// error (the ticket stays tracked).
 func (tk *Ticket) Wait(ctx context.Context) (Outcome, error) {
 	select {
 	case o := <-tk.out:
@@ -134,8 +114,8 @@ func newTickets() *tickets {
 }
 
 // reserve registers the next ticket for key, of obj (nil when not read),
-// before its add: ErrBusy when MaxTracked tickets wait, or
-// MaxTrackedPerKey for key. The adds of a key may reach the queue in
+// before its add: ErrBusy when maxTracked tickets wait, or
+// maxTrackedPerKey for key. The adds of a key may reach the queue in
 // another order than their numbers: a turn that serves a higher number
 // was taken after this ticket was registered, so it reconciled a state
 // at least as new as the one this trigger asked about.
@@ -146,8 +126,8 @@ func (ts *tickets) reserve(key opkit.Key, obj opkit.Object, final bool) (*Ticket
 	}
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
-	if ts.nWait >= MaxTracked || len(ts.waiting[key]) >= MaxTrackedPerKey {
-		return nil, fmt.Errorf("trigger: %w: too many tracked triggers wait for their reconciles (%d in all, %d for one key)", ErrBusy, MaxTracked, MaxTrackedPerKey)
+	if ts.nWait >= maxTracked || len(ts.waiting[key]) >= maxTrackedPerKey {
+		return nil, fmt.Errorf("trigger: %w: too many tracked triggers wait for their reconciles (%d in all, %d for one key)", ErrBusy, maxTracked, maxTrackedPerKey)
 	}
 	ts.next++
 	tk := &Ticket{ID: fmt.Sprintf("%s-%d-%d", ts.nonce, ts.epoch, ts.next), key: key, uid: uid, n: ts.next, final: final, out: make(chan Outcome, 1)}
@@ -181,7 +161,7 @@ func (ts *tickets) report(key opkit.Key, upTo uint64, in opkit.Shards, o Outcome
 	}
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
-	ts.resolveWhere(key, o, func(tk *Ticket) bool { return tk.n <= upTo && (!tk.final || o.State.Final()) && tk.of(in) })
+	ts.resolveWhere(key, o, func(tk *Ticket) bool { return tk.n <= upTo && (!tk.final || o.State.final()) && tk.of(in) })
 }
 
 // abandon resolves as Unknown every waiting ticket of an object in (or
@@ -223,7 +203,7 @@ func (ts *tickets) resolve(tk *Ticket, o Outcome) {
 	o.ID = tk.ID
 	tk.out <- o
 	ts.nWait--
-	if len(ts.order) >= MaxRemembered {
+	if len(ts.order) >= maxRemembered {
 		delete(ts.done, ts.order[0])
 		ts.order = ts.order[1:]
 	}

@@ -25,128 +25,75 @@ import (
 	"github.com/opkit/opkit/queue"
 )
 
-// DefaultPriority is the queue priority of external triggers when
-// [Config.Priority] is zero. It outranks watch events (0) and the initial
-// list / relist (-1), so a trigger is served ahead of a relist backlog.
-const DefaultPriority = 100
+// defaultPriority is the queue priority of triggers when Config.Priority
+// is zero: above watch events (0) and relists (-1).
+const defaultPriority = 100
 
-// MaxReasonLen is the longest Reason (in bytes) a trigger may carry.
+// MaxReasonLen is the longest reason a trigger may carry, in bytes.
 const MaxReasonLen = 1024
 
-// MaxNameLen is the longest object name a trigger accepts, in bytes: the
+// maxNameLen is the longest object name a trigger accepts, in bytes: the
 // longest a DNS-1123 subdomain, which most resources' names are, may be.
-const MaxNameLen = validation.DNS1123SubdomainMaxLength
+const maxNameLen = validation.DNS1123SubdomainMaxLength
 
-// ErrInvalid is wrapped by every error that reports bad input to Enqueue,
-// Submit, Intake, the HTTP handler's parser and the consumer's message
-// decoder. Check it with errors.Is.
-var ErrInvalid = errors.New("invalid trigger")
-
-// ErrOutOfScope is wrapped by the errors of Enqueue, Submit and
-// [Trigger.Intake] for an object the trigger's controller does not
-// handle: in another namespace than Config.Namespace, or, read by Intake
-// (or carried by a Deleted trigger), with labels that Config.Selector
-// does not match. The HTTP handler answers 404; the consumer hands the
-// message back (it may be another controller's that shares the
-// subscription).
-var ErrOutOfScope = errors.New("object outside the controller's scope")
-
-// ErrNotFound is wrapped by Intake's error when the object does not
-// exist. The HTTP handler answers 404; the consumer acknowledges the
-// message.
-var ErrNotFound = errors.New("object not found")
-
-// ErrBusy is wrapped by the errors that mean "not now, try again later":
-// [Trigger.Intake] when the trigger budget (Config.Rate) is spent, and an
-// Authenticator that has too many reviews in flight. The HTTP handler
-// answers 429 with Retry-After; the consumer hands the message back after
-// DroppedDelay.
-var ErrBusy = errors.New("busy")
+// The errors of a trigger, for errors.Is: bad input, an object out of the
+// controller's scope, no such object, "not now" (the budget or the reviews
+// are spent); an Authenticator's no valid token, and not allowed.
+var (
+	ErrInvalid         = errors.New("invalid trigger")
+	ErrOutOfScope      = errors.New("object outside the controller's scope")
+	ErrNotFound        = errors.New("object not found")
+	ErrBusy            = errors.New("busy")
+	ErrUnauthenticated = errors.New("unauthenticated")
+	ErrForbidden       = errors.New("forbidden")
+)
 
 // Defaults of Config.Rate and Config.Burst.
 const (
-	DefaultRate  = 5
-	DefaultBurst = 20
+	defaultRate  = 5
+	defaultBurst = 20
 )
 
 // errNoGetter is what Intake, NewHandler and NewConsumer answer for a
 // Trigger that cannot read objects.
 var errNoGetter = errors.New("trigger: the Trigger reads objects for the HTTP handler and the consumer: set Config.Get or Config.Dynamic")
 
-// Getter re-fetches one object from the API server. It must return API
-// errors unchanged (or wrapped) so that apierrors.IsNotFound and
-// apierrors.IsTimeout work on them. An object counts as gone only when the
-// NotFound status names it (as the API server's and client-go's fake
-// clients' do): a NotFound without the object's name is the API server not
-// serving the resource (a CRD not installed yet, a version not served), and
-// the trigger is retried (consumer) or answered 502 (handler) rather than
-// dropped. The default Getter (Config.Dynamic) is a typed client.
-type Getter[T opkit.Object] func(ctx context.Context, key opkit.Key) (T, error)
-
-// Config configures a Trigger. The zero value of every optional field means
-// its documented default.
+// Config configures a Trigger; a zero field means its default.
+// reconcile.Controller builds its own.
 type Config[T opkit.Object] struct {
-	// Queue is the one queue triggers go to, for a Trigger used alone;
-	// Router, for a controller whose work may be shared over replicas
-	// (reconcile.Controller's Trigger sets it). Exactly one is required.
-	// Enqueue calls the queue's Add, which never blocks.
+	// Queue (a Trigger used alone) or Router: exactly one is required.
 	Queue  queue.Adder[opkit.Key, opkit.Cause[T]]
 	Router Router[T]
-	// Get reads an object for Intake (the HTTP handler and the consumer);
-	// reconcile's controller sets its own. If nil, a typed client over
-	// Dynamic is used; with neither, Intake fails and NewHandler and
-	// NewConsumer refuse the Trigger (Enqueue and Submit read nothing).
-	Get Getter[T]
-	// Dynamic is the client of the default Get.
+	// Get reads an object for Intake (default: a typed client over
+	// Dynamic; without either, NewHandler and NewConsumer refuse the
+	// Trigger). A NotFound that does not name the object (a CRD not
+	// installed yet) is an API failure, not a gone object.
+	Get     func(ctx context.Context, key opkit.Key) (T, error)
 	Dynamic dynamic.Interface
-	// Resource is the resource T is served as (required). Enqueue refuses
-	// objects whose kind or group says they belong to another resource, and
-	// checks the namespace against Resource.Namespaced.
+	// Resource is the resource T is served as (required).
 	Resource opkit.Resource
-	// Namespace, when set, is the one namespace the controller handles
-	// (its watch's namespace; reconcile's controller sets it): Enqueue and
-	// Submit refuse objects in other namespaces with an error wrapping
-	// ErrOutOfScope, and the HTTP handler and the consumer check the key
-	// before they read the object. Empty means every namespace; it must be
-	// empty for a cluster-scoped resource.
+	// Namespace and Selector are the scope of the controller's watch
+	// (empty: everything). Intake checks the namespace before it reads,
+	// and the labels of what it read.
 	Namespace string
-	// Selector, when set, is the label selector of the controller's watch.
-	// Intake refuses an object it read, and Submit a Deleted trigger's
-	// object, whose labels it does not match (ErrOutOfScope); any other
-	// object may be a stale or partial copy, so reconcile's controller
-	// checks the object it reconciles instead, and skips it when it does
-	// not match. nil means every object. A watch's field selector is not
-	// checked.
-	Selector labels.Selector
-	// Priority is the queue priority of triggered entries. Zero means
-	// DefaultPriority (100). Because zero means "default", a trigger cannot
-	// be configured to rank exactly with watch events; use 1 to rank just
-	// above them or a negative value to rank below. It must fit in an
-	// int32, the queue's range.
+	Selector  labels.Selector
+	// Priority is the queue priority of the entries, within int32 (zero:
+	// 100; watch events have 0).
 	Priority int
-	// Rate and Burst are the trigger budget of Intake (the HTTP handler's
-	// and the consumer's path): a trigger that joins an entry already
-	// waiting for its key is free (no read, no new reconcile); any other
-	// costs a token, then one read of the object and one reconcile. Rate
-	// tokens come per second, at most Burst at once; without a token
-	// Intake refuses with ErrBusy. So however many callers trigger, they
-	// start at most Rate reconciles a second (each costing one read plus
-	// what the reconcile sends), and the watch's reconciles keep the rest
-	// of the API client's budget: keep Rate × (1 + requests per reconcile)
-	// well below the client's QPS. Zero means DefaultRate (5) and
-	// DefaultBurst (20); a negative Rate means unlimited.
+	// Rate and Burst are Intake's trigger budget (zero: 5 and 20;
+	// negative Rate: none): a trigger that joins an entry waiting for its
+	// key is free, any other takes a token for its read and its
+	// reconcile, or gets ErrBusy. Keep Rate × (1 + requests per reconcile)
+	// well below the API client's QPS.
 	Rate  float64
 	Burst int
-	// Metrics receives counts of outcomes; nil means no metrics.
+	// Metrics (nil: none) and Logger (nil: slog.Default()).
 	Metrics Metrics
-	// Logger receives the records of dropped (Info: expected on
-	// followers) and rejected (Warn) triggers, at most one of each kind
-	// every 10s with the number left out; nil means slog.Default().
-	Logger *slog.Logger
+	Logger  *slog.Logger
 }
 
-// Trigger puts external reconcile requests into a controller's queue. It
-// holds no goroutines; its methods are safe for concurrent use.
+// Trigger puts external reconcile requests into a controller's queue. Its
+// methods are safe for concurrent use.
 type Trigger[T opkit.Object] struct {
 	cfg     Config[T]               // validated, defaults applied
 	budget  flowcontrol.RateLimiter // nil: unlimited
@@ -155,7 +102,7 @@ type Trigger[T opkit.Object] struct {
 	log     *sampler
 }
 
-// New validates cfg and returns a Trigger bound to cfg.Queue or cfg.Router.
+// New validates cfg and returns a Trigger.
 func New[T opkit.Object](cfg Config[T]) (*Trigger[T], error) {
 	resErr, nsErrs := cfg.Resource.Validate(), validation.IsDNS1123Label(cfg.Namespace)
 	switch {
@@ -175,7 +122,7 @@ func New[T opkit.Object](cfg Config[T]) (*Trigger[T], error) {
 	if cfg.Get == nil && cfg.Dynamic != nil {
 		cfg.Get = typed.New[T](cfg.Dynamic, cfg.Resource).Get
 	}
-	cfg.Priority = cmp.Or(cfg.Priority, DefaultPriority)
+	cfg.Priority = cmp.Or(cfg.Priority, defaultPriority)
 	cfg.Metrics = cmp.Or[Metrics](cfg.Metrics, nopMetrics{})
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	if cfg.Router == nil {
@@ -183,82 +130,46 @@ func New[T opkit.Object](cfg Config[T]) (*Trigger[T], error) {
 	}
 	t := &Trigger[T]{cfg: cfg, tickets: newTickets(), log: newSampler(cfg.Logger)}
 	if cfg.Rate >= 0 {
-		rate, burst := float32(cmp.Or(cfg.Rate, DefaultRate)), cmp.Or(cfg.Burst, DefaultBurst)
+		rate, burst := float32(cmp.Or(cfg.Rate, defaultRate)), cmp.Or(cfg.Burst, defaultBurst)
 		t.budget = flowcontrol.NewTokenBucketRateLimiter(rate, burst)
 		t.shares = &shares{rate: rate / 2, burst: max(burst/2, 1), of: map[string]flowcontrol.RateLimiter{}}
 	}
 	return t, nil
 }
 
-// Resource returns the resource the trigger is bound to.
-func (t *Trigger[T]) Resource() opkit.Resource { return t.cfg.Resource }
-
 // Priority returns the queue priority of triggered entries.
 func (t *Trigger[T]) Priority() int { return t.cfg.Priority }
 
-// Request is one reconcile request for [Trigger.Submit].
+// Request is what [Trigger.Submit] takes: Enqueue's arguments and a
+// Reason ([Pointer.Check]), carried into the reconcile's Reasons (logs,
+// Events).
 type Request[T opkit.Object] struct {
-	// Object is the object to reconcile (required: namespace and name per
-	// the resource's scope). Pass the state just read from the API server:
-	// the controller reconciles it as is when its resourceVersion is the
-	// latest its watch has seen, and reads the object again otherwise.
-	Object T
-	// Type is Modified for a plain "reconcile this", Added for the same
-	// with Request.Type Added, or Deleted for a teardown (see
-	// [Trigger.Enqueue]). The zero value is invalid so that a forgotten
-	// field is caught.
-	Type opkit.Type
-	// Source must be opkit.Operator: APIServer is reserved for the watch
-	// stream. The zero value is invalid.
-	Source opkit.Source
-	// Delay before the entry is due; zero means now, negative is invalid.
-	// It is an upper bound: merged with another entry for the key, the
-	// earlier due time wins (see the package documentation).
-	Delay time.Duration
-	// Retries seeds the key's retry count (>= 0): the controller's next
-	// reconcile of the key counts at least this many failures.
+	Object  T
+	Type    opkit.Type
+	Source  opkit.Source
+	Delay   time.Duration
 	Retries int
-	// Reason is an optional human-readable reason, carried into the
-	// reconcile's Reasons (logs, Kubernetes Events); at most MaxReasonLen
-	// bytes of valid UTF-8.
-	Reason string
+	Reason  string
 }
 
-// Enqueue asks for a reconcile of obj on behalf of something outside the
-// operator (source Operator: a pipeline, a message, an admin). It never
-// blocks. typ Deleted asks for a teardown: the key's next reconcile is of
-// type Deleted, with the object as it then is (if the watch's selector
-// matches it; else nothing is reconciled), or, if it is gone, with
-// the newest state known (obj, or what the watch saw since), unless a
-// delete the watch delivered for the key is reconciled in the same turn.
-// A teardown is a mark on the key's queue entry like any other cause: it
-// merges, and it is retried until its reconcile succeeds, but, like every
-// trigger, it does not outlive the leader's term.
-//
-//   - (true, nil): scheduled (queued, or merged into a pending entry).
-//   - (false, nil): dropped, because the queue's intake is suspended (this
-//     replica is not the leader, or leadership is changing) or the queue is
-//     shut down. The drop is logged and counted; use [Trigger.Submit] to
-//     learn which of the two it was.
-//   - error: bad input, wrapping [ErrInvalid] (nil object, missing or
-//     invalid name or namespace (see [CheckName]), namespace present for a
-//     cluster-scoped resource or missing for a namespaced one, negative
-//     delay, retries negative or beyond int32, invalid type or source,
-//     source APIServer, an object of another kind, one without a UID
-//     when the Router has more than one shard); an object in a
-//     namespace the controller does not handle, or a Deleted trigger whose
-//     object's labels the watch's selector does not match (wrapping
-//     [ErrOutOfScope]; other objects' labels are checked when the object
-//     is read for its reconcile); or
-//     ctx's error when ctx has already ended. Nothing was queued.
+// Enqueue asks for a reconcile of obj, as read (the controller reconciles
+// it as is while no newer state is known), from outside the operator: src
+// is Operator. typ is Modified, Added, or Deleted for a teardown: a turn
+// of type Deleted, with the object as it then is (none outside the
+// watch's selector) or, if gone, the newest state known; it merges and is
+// retried like any cause, within the term. delay (zero: now) is an upper
+// bound; retries seeds the key's count of failures. It never blocks, and
+// returns true when scheduled (queued or merged), false when dropped (this
+// replica does not work on the object now, or is shutting down), or an
+// error wrapping [ErrInvalid] (a bad object, key, type, source, delay or
+// retries, or no UID with shards), [ErrOutOfScope], or ctx's.
 func (t *Trigger[T]) Enqueue(ctx context.Context, obj T, typ opkit.Type, src opkit.Source, delay time.Duration, retries int) (bool, error) {
 	o, err := t.Submit(ctx, Request[T]{Object: obj, Type: typ, Source: src, Delay: delay, Retries: retries})
 	return o.Accepted(), err
 }
 
-// Submit is Enqueue with a reason and the queue's outcome: Queued or Merged
-// when scheduled, DroppedSuspended or DroppedShutDown when dropped (then the
-// error is nil). On error the outcome is zero and nothing was queued.
+// Submit is Enqueue with a reason, and the queue's outcome: Queued or
+// Merged, DroppedSuspended or DroppedShutDown, or zero with an error.
 func (t *Trigger[T]) Submit(ctx context.Context, req Request[T]) (queue.Outcome, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, t.rejected(ctx, fmt.Errorf("trigger: enqueue: %w", err))
@@ -270,7 +181,7 @@ func (t *Trigger[T]) Submit(ctx context.Context, req Request[T]) (queue.Outcome,
 	if pl.Queue == nil {
 		return t.dropped(ctx, opkit.KeyOf(req.Object), queue.DroppedSuspended), nil
 	}
-	d, err := t.schedule(ctx, pl.Queue, opkit.KeyOf(req.Object), t.cause(req.Object, req.Type, req.Reason, req.Retries), req.Delay, false, NotTracked)
+	d, err := t.schedule(ctx, pl.Queue, opkit.KeyOf(req.Object), t.cause(req.Object, req.Type, req.Reason, req.Retries), req.Delay, false, notTracked)
 	return d.Outcome, err
 }
 
@@ -281,27 +192,16 @@ func (t *Trigger[T]) cause(obj T, typ opkit.Type, reason string, retries int) op
 		Added: typ == opkit.Added, Teardown: typ == opkit.Deleted, Retries: retries}
 }
 
-// Report hands the outcome o of the reconcile turn of key whose entry
-// carried ticket (opkit.Cause.Ticket) to the tickets it serves: those of
-// key up to that number whose object is in shards (the zero Shards:
-// every object; a sharded controller's turn serves only its shards'
-// triggers, as the same name can be on two), or unknown (the controller
-// calls it after every turn).
+// Report hands the outcome of a turn of key whose entry carried ticket
+// (opkit.Cause.Ticket) to the tickets of key up to it, of objects in
+// shards (zero: all) or not known.
 func (t *Trigger[T]) Report(key opkit.Key, ticket uint64, shards opkit.Shards, o Outcome) {
 	t.tickets.report(key, ticket, shards, o)
 }
 
-// Abandon resolves as Unknown, with why, every ticket still waiting whose
-// object is in shards (the zero Shards: every ticket), and any whose
-// trigger joined a waiting entry without reading its object: the queue
-// that held their entries is cleared (the controller calls it at the end
-// of a leadership term, of its shard's term in a sharded controller).
-// Their ids are unknown from then on.
+// Abandon resolves as Unknown, with why, the waiting tickets of objects
+// in shards (zero: all) or not known, when a term ends.
 func (t *Trigger[T]) Abandon(why string, shards opkit.Shards) { t.tickets.abandon(why, shards) }
-
-// Lookup returns what this replica knows of the tracked trigger id of
-// key: Pending, its outcome while remembered (MaxRemembered), or Unknown.
-func (t *Trigger[T]) Lookup(key opkit.Key, id string) Outcome { return t.tickets.lookup(key, id) }
 
 // validate checks req as Submit takes it.
 func (t *Trigger[T]) validate(req Request[T]) error {
@@ -316,9 +216,11 @@ func (t *Trigger[T]) validate(req Request[T]) error {
 	// Kind and group must match when set; the version may differ (the same
 	// object served through another version). The group is set only with
 	// apiVersion: a kind alone says nothing about it.
-	switch err := t.check(key, req.Type, req.Delay, req.Reason); {
+	switch err := t.check(Pointer{Key: key, Type: req.Type, Reason: req.Reason, Delay: req.Delay}); {
 	case err != nil:
 		return err
+	case req.Type == 0:
+		return invalid("type %v is not Added, Modified or Deleted", req.Type)
 	case req.Source != opkit.Operator:
 		return invalid("source %v: external triggers use Operator (APIServer is reserved for the watch stream)", req.Source)
 	case req.Retries < 0 || req.Retries > math.MaxInt32:
@@ -341,25 +243,16 @@ func (t *Trigger[T]) validate(req Request[T]) error {
 	return nil
 }
 
-// check validates what every trigger carries besides the object: the key
-// (see [CheckName]; the namespace must be a DNS-1123 label for a
-// namespaced resource and empty for a cluster-scoped one), the type, the
-// delay and the reason ([CheckReason]). Errors wrap ErrInvalid.
-func (t *Trigger[T]) check(key opkit.Key, typ opkit.Type, delay time.Duration, reason string) error {
-	res, nsErrs := t.cfg.Resource, validation.IsDNS1123Label(key.Namespace)
-	switch {
-	case res.Namespaced && key.Namespace == "":
+// check validates what every trigger carries besides the object: p, and
+// a namespace that the resource's scope wants. Errors wrap ErrInvalid.
+func (t *Trigger[T]) check(p Pointer) error {
+	switch res := t.cfg.Resource; {
+	case res.Namespaced && p.Key.Namespace == "":
 		return invalid("%s is namespaced: a namespace is required", res.Resource)
-	case !res.Namespaced && key.Namespace != "":
-		return invalid("%s is cluster-scoped: no namespace may be given (got %q)", res.Resource, key.Namespace)
-	case key.Namespace != "" && len(nsErrs) > 0:
-		return invalid("namespace %q: %s", key.Namespace, strings.Join(nsErrs, "; "))
-	case !typ.Valid():
-		return invalid("type %v is not Added, Modified or Deleted", typ)
-	case delay < 0:
-		return invalid("negative delay %v", delay)
+	case !res.Namespaced && p.Key.Namespace != "":
+		return invalid("%s is cluster-scoped: no namespace may be given (got %q)", res.Resource, p.Key.Namespace)
 	}
-	return cmp.Or(CheckName(key.Name), CheckReason(reason))
+	return p.Check()
 }
 
 // checkNamespace returns an error wrapping ErrOutOfScope when key is in a
@@ -387,36 +280,30 @@ func (t *Trigger[T]) rejected(ctx context.Context, err error) error {
 	return err
 }
 
-// CheckName reports, with an error wrapping [ErrInvalid], whether name is
-// not one a trigger accepts: it must be non-empty, at most [MaxNameLen]
-// bytes of UTF-8 text without control characters, and a valid path
-// segment (not "." or "..", no "/" or "%": the rule the API server applies
-// to every resource's names). Stricter rules of a resource (most want a
-// DNS-1123 subdomain; RBAC roles take names such as
-// "system:aggregate-to-admin") are left to the API server, which answers
-// NotFound for a name it could not hold. A producer can check a name with
-// it before sending a trigger.
-func CheckName(name string) error {
-	errs := path.IsValidPathSegmentName(name)
+// Check returns an error wrapping [ErrInvalid] unless every trigger path
+// accepts p, but for the resource's scope: a name of at most 253 bytes of
+// UTF-8 without control characters, "/" or "%", not "." or ".."; a
+// namespace, if any, that is a DNS-1123 label; a valid type or zero; a
+// delay not negative; a reason of at most MaxReasonLen bytes of UTF-8.
+func (p Pointer) Check() error {
+	name, ns := p.Key.Name, p.Key.Namespace
+	nameErrs, nsErrs := path.IsValidPathSegmentName(name), validation.IsDNS1123Label(ns)
 	switch {
 	case name == "":
 		return invalid("a name is required")
-	case len(name) > MaxNameLen:
-		return invalid("name %.40q...: longer than %d bytes", name, MaxNameLen)
-	case len(errs) > 0:
-		return invalid("name %q: %s", name, strings.Join(errs, "; "))
+	case len(name) > maxNameLen:
+		return invalid("name %.40q...: longer than %d bytes", name, maxNameLen)
+	case len(nameErrs) > 0:
+		return invalid("name %q: %s", name, strings.Join(nameErrs, "; "))
 	case !utf8.ValidString(name) || strings.IndexFunc(name, unicode.IsControl) >= 0:
 		return invalid("name %q: must be UTF-8 text without control characters", name)
-	}
-	return nil
-}
-
-// CheckReason returns an error wrapping ErrInvalid unless reason is valid
-// UTF-8 of at most MaxReasonLen bytes: the reason every trigger path (Submit,
-// the HTTP handler, the consumer) accepts. A publisher can check with it
-// before sending what a consumer would otherwise dead-letter.
-func CheckReason(reason string) error {
-	if len(reason) > MaxReasonLen || !utf8.ValidString(reason) {
+	case ns != "" && len(nsErrs) > 0:
+		return invalid("namespace %q: %s", ns, strings.Join(nsErrs, "; "))
+	case p.Type != 0 && !p.Type.Valid():
+		return invalid("type %v is not Added, Modified or Deleted", p.Type)
+	case p.Delay < 0:
+		return invalid("negative delay %v", p.Delay)
+	case len(p.Reason) > MaxReasonLen || !utf8.ValidString(p.Reason):
 		return invalid("reason must be valid UTF-8 of at most %d bytes", MaxReasonLen)
 	}
 	return nil

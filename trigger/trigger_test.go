@@ -336,7 +336,9 @@ func TestConfiguredPriority(t *testing.T) {
 	}
 }
 
-func TestCheckReason(t *testing.T) {
+// Pointer.Check takes the reasons every trigger path takes, and the
+// pointers without a valid name, namespace, type or delay are invalid.
+func TestPointerCheck(t *testing.T) {
 	for _, tc := range []struct {
 		reason string
 		ok     bool
@@ -347,9 +349,24 @@ func TestCheckReason(t *testing.T) {
 		{strings.Repeat("r", trigger.MaxReasonLen+1), false},
 		{"\xff", false},
 	} {
-		err := trigger.CheckReason(tc.reason)
+		err := trigger.Pointer{Key: opkit.Key{Namespace: "ns", Name: "a"}, Reason: tc.reason}.Check()
 		if (err == nil) != tc.ok || err != nil && !errors.Is(err, trigger.ErrInvalid) {
-			t.Errorf("CheckReason(%.20q) = %v, want ok %v (or ErrInvalid)", tc.reason, err, tc.ok)
+			t.Errorf("Check of reason %.20q = %v, want ok %v (or ErrInvalid)", tc.reason, err, tc.ok)
 		}
+	}
+	for _, p := range []trigger.Pointer{
+		{Key: opkit.Key{Namespace: "ns"}},
+		{Key: opkit.Key{Namespace: "ns", Name: ".."}},
+		{Key: opkit.Key{Namespace: "ns", Name: strings.Repeat("a", trigger.MaxNameLen+1)}},
+		{Key: opkit.Key{Namespace: "Not_A_Label", Name: "a"}},
+		{Key: opkit.Key{Name: "a"}, Type: 9},
+		{Key: opkit.Key{Name: "a"}, Delay: -time.Second},
+	} {
+		if err := p.Check(); !errors.Is(err, trigger.ErrInvalid) {
+			t.Errorf("Check(%+v) = %v, want ErrInvalid", p, err)
+		}
+	}
+	if err := (trigger.Pointer{Key: opkit.Key{Name: "system:aggregate-to-admin"}, Type: opkit.Deleted}).Check(); err != nil {
+		t.Errorf("Check of a valid cluster-scoped pointer = %v", err)
 	}
 }

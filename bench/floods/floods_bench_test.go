@@ -52,13 +52,12 @@ const (
 	// are answered, and after the valid-trigger flood a refill later.
 	phaseLength = 8 * time.Second
 	// refill is the pause after the valid-trigger flood, which spends the
-	// trigger budget (trigger.DefaultRate 5/s, trigger.DefaultBurst 20):
+	// trigger budget (trigger.Config.Rate's defaults: 5/s, a burst of 20):
 	// the next phase starts with it full.
 	refill = 5 * time.Second
 	// pace is the well-behaved client's interval: 2 triggers a second,
-	// under its share of the trigger budget (half of
-	// trigger.DefaultRate), so that idle it is never refused; perPhase of
-	// them in a phase.
+	// under its share of the trigger budget (half of the default Rate),
+	// so that idle it is never refused; perPhase of them in a phase.
 	pace     = 500 * time.Millisecond
 	perPhase = int(phaseLength / pace)
 	// floodWorkers is the goroutines of the valid and garbage-token

@@ -49,7 +49,7 @@
 // the backlog objects), with leader election on one Lease (a new one per
 // run, default durations). The first leads; the second starts once the
 // leader has reconciled its initial list, and the rounds begin once it
-// reads the leader's endpoint from the Lease (trigger.EndpointAnnotation,
+// reads the leader's endpoint from the Lease (reconcile.EndpointAnnotation,
 // published through leader.Config's Annotations). Each serves
 // trigger.NewHandler on its own httptest server on loopback, configured
 // alike: the controller's trigger decides where a trigger goes (the
@@ -76,8 +76,8 @@
 // under the same load, at the same moments.
 //
 // Every answer must be a 200 with a succeeded Outcome run by the leader,
-// carrying trigger.ForwardedHeader when it came through the follower and
-// not otherwise; the benchmark fails when one is not, when the follower
+// carrying the X-Opkit-Forwarded header when it came through the follower
+// and not otherwise; the benchmark fails when one is not, when the follower
 // does not read the leader's endpoint within a minute, or when the backlog
 // was drained before the last round.
 //

@@ -58,7 +58,7 @@ func startReplica(b *testing.B, id, lease string, tr *tracker) (*replica, error)
 	url := "http://" + srv.Listener.Addr().String()
 	cfg := opkitConfig(withBacklog(env.client), tr)
 	cfg.Leader = &leader.Config{Client: env.kube, Namespace: namespace, Name: lease, Identity: id,
-		Annotations: map[string]string{trigger.EndpointAnnotation: url}}
+		Annotations: map[string]string{reconcile.EndpointAnnotation: url}}
 	ctrl, err := reconcile.NewController(cfg)
 	if err != nil {
 		srv.Close()
@@ -123,8 +123,8 @@ func (o *outcomeRun) trigger(b *testing.B, base string, s int) (answer, start ti
 	if err := json.Unmarshal(body, &out); err != nil || out.State != trigger.Succeeded || out.Replica != leaderID {
 		b.Fatalf("POST %s: 200 %s (%v), want a succeeded outcome by %q", url, body, err, leaderID)
 	}
-	if forwarded := resp.Header.Get(trigger.ForwardedHeader) != ""; forwarded != (base == o.follower.url) {
-		b.Fatalf("POST %s: forwarded %v (%s header %q)", url, forwarded, trigger.ForwardedHeader, resp.Header.Get(trigger.ForwardedHeader))
+	if forwarded := resp.Header.Get("X-Opkit-Forwarded") != ""; forwarded != (base == o.follower.url) {
+		b.Fatalf("POST %s: forwarded %v (X-Opkit-Forwarded %q)", url, forwarded, resp.Header.Get("X-Opkit-Forwarded"))
 	}
 	// The reconcile finished before the answer: the tracker has its start.
 	o.n++

@@ -58,9 +58,10 @@ const (
 	// backlogSize is the number of entries queued before the triggers.
 	backlogSize = 100_000
 	// workers is the reconcile concurrency of both controllers (opkit's
-	// default). opkit also runs its default reserved worker (one, which
-	// takes only trigger-priority entries and so none of the backlog).
-	workers = reconcile.DefaultConcurrency
+	// default, reconcile.Config.Concurrency's). opkit also runs its default
+	// reserved worker (one, which takes only trigger-priority entries and
+	// so none of the backlog).
+	workers = 4
 	// backlogWork is what the reconciler spends on one backlog entry: a
 	// short wait standing for a cheap reconcile's one round trip. It keeps
 	// the workers busy (about 7,000 entries/s with 4 workers, so 100,000

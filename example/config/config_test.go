@@ -410,8 +410,9 @@ func exerciseOperator(t *testing.T, rec *recorder) {
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}
-		if ev := broker.Events(); len(ev) != 1 || ev[0].Op != brokertest.OpAck {
-			t.Fatalf("consumer settled %+v, want one ack", ev)
+		// The operator acknowledges after the reconcile, replying its outcome.
+		if ev := broker.Events(); len(ev) != 2 || ev[0].Op != "Reply" || ev[1].Op != "Ack" {
+			t.Fatalf("consumer settled %+v, want the outcome replied, then one ack", ev)
 		}
 		obj := h.Get(opkit.Key{Namespace: "team-a", Name: "hello"})
 		if lt := obj.Status.LastTrigger; lt == nil || lt.Source != demov1.SourceOperator || lt.Reason != "rbac" || obj.Status.ReconciledBy != "replica-1" {
@@ -490,7 +491,7 @@ func TestABrokerOutageKeepsTheReplicaReady(t *testing.T) {
 		if got := componentReady(t, reg); got["nats-broker"] != 1 || got[ctrlName] != 1 {
 			t.Fatalf("opkit_component_ready before the outage = %v", got)
 		}
-		broker.FailReceive(&trigger.BrokerError{Kind: trigger.BrokerDisconnected, Op: "receive", Err: errors.New("connection closed")})
+		broker.Fail("receive", &trigger.BrokerError{Kind: "Disconnected", Op: "receive", Err: errors.New("connection closed")})
 		time.Sleep(5 * time.Second)
 		synctest.Wait()
 		if err := op.Group().Ready(); err != nil {

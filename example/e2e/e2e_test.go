@@ -35,7 +35,6 @@ import (
 	"github.com/opkit/opkit/example/operator"
 	"github.com/opkit/opkit/example/reconciler"
 	"github.com/opkit/opkit/reconcile/envtest"
-	"github.com/opkit/opkit/trigger"
 )
 
 // natsServer is the nats-server hack/controlplane.sh builds beside the
@@ -117,7 +116,7 @@ func (e *env) triggerHTTP(ctx context.Context, name, reason string) error {
 			case http.StatusAccepted:
 				return true, nil
 			case http.StatusServiceUnavailable:
-				last = fmt.Sprintf("503 from %s (leader %q)", r.Identity, resp.Header.Get(trigger.LeaderHeader))
+				last = fmt.Sprintf("503 from %s (leader %q)", r.Identity, resp.Header.Get("X-Opkit-Leader"))
 			case http.StatusTooManyRequests: // the trigger budget is spent: later, as a pipeline would
 				last = fmt.Sprintf("429 from %s (Retry-After %s)", r.Identity, resp.Header.Get("Retry-After"))
 			default:

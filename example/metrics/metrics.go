@@ -1,5 +1,6 @@
 // Package metrics feeds opkit's metrics interfaces (queue, watcher, leader,
-// trigger, consumer, controller) into Prometheus collectors, so the demo
+// trigger with its handler and consumer, controller) into Prometheus
+// collectors, so the demo
 // operator's /metrics shows every component. The SDK itself depends on no
 // metrics library: each package declares a small interface, and this
 // package is the adapter an operator author would write.
@@ -213,14 +214,9 @@ func (m *Metrics) Watcher() watcher.Metrics { return watcherMetrics{m} }
 // Leader returns the adapter for leader.Metrics.
 func (m *Metrics) Leader() leader.Metrics { return leaderMetrics{m} }
 
-// Trigger returns the adapter for trigger.Metrics.
+// Trigger returns the adapter for trigger.Metrics: the counts of the
+// trigger, its HTTP handler and its consumer.
 func (m *Metrics) Trigger() trigger.Metrics { return triggerMetrics{m} }
-
-// Handler returns the adapter for trigger.HandlerMetrics.
-func (m *Metrics) Handler() trigger.HandlerMetrics { return handlerMetrics{m} }
-
-// Consumer returns the adapter for trigger.ConsumerMetrics.
-func (m *Metrics) Consumer() trigger.ConsumerMetrics { return consumerMetrics{m} }
 
 // Controller returns the adapter for reconcile.Metrics.
 func (m *Metrics) Controller() reconcile.Metrics { return controllerMetrics{m} }
@@ -285,39 +281,23 @@ func (t triggerMetrics) Enqueued(o queue.Outcome) {
 	t.m.triggerEnqueued.WithLabelValues(o.String()).Inc()
 }
 func (t triggerMetrics) Rejected() { t.m.triggerRejected.Inc() }
-
-type handlerMetrics struct{ m *Metrics }
-
-func (h handlerMetrics) Request(code int, reason string, took time.Duration) {
-	h.m.httpRequests.WithLabelValues(strconv.Itoa(code), reason).Inc()
-	h.m.httpDuration.Observe(took.Seconds())
+func (t triggerMetrics) Request(code int, reason string, took time.Duration) {
+	t.m.httpRequests.WithLabelValues(strconv.Itoa(code), reason).Inc()
+	t.m.httpDuration.Observe(took.Seconds())
 }
-
-type consumerMetrics struct{ m *Metrics }
-
-func (c consumerMetrics) Received() { c.m.consReceived.Inc() }
-func (c consumerMetrics) Acked(r trigger.AckReason) {
-	c.m.consAcked.WithLabelValues(string(r)).Inc()
-}
-func (c consumerMetrics) Nacked(r trigger.NackReason) {
-	c.m.consNacked.WithLabelValues(string(r)).Inc()
-}
-func (c consumerMetrics) Terminated(r trigger.TermReason) {
-	c.m.consTerminated.WithLabelValues(string(r)).Inc()
-}
-func (c consumerMetrics) Processed(took time.Duration) { c.m.consProcessed.Observe(took.Seconds()) }
-func (c consumerMetrics) Lag(n int64)                  { c.m.consLag.Set(float64(n)) }
-func (c consumerMetrics) BrokerError(k trigger.BrokerErrorKind) {
-	c.m.consBrokerErrs.WithLabelValues(k.String()).Inc()
-}
+func (t triggerMetrics) Received()                    { t.m.consReceived.Inc() }
+func (t triggerMetrics) Acked(reason string)          { t.m.consAcked.WithLabelValues(reason).Inc() }
+func (t triggerMetrics) Nacked(reason string)         { t.m.consNacked.WithLabelValues(reason).Inc() }
+func (t triggerMetrics) Terminated(reason string)     { t.m.consTerminated.WithLabelValues(reason).Inc() }
+func (t triggerMetrics) Processed(took time.Duration) { t.m.consProcessed.Observe(took.Seconds()) }
+func (t triggerMetrics) Lag(n int64)                  { t.m.consLag.Set(float64(n)) }
+func (t triggerMetrics) BrokerError(kind string)      { t.m.consBrokerErrs.WithLabelValues(kind).Inc() }
 
 type controllerMetrics struct{ m *Metrics }
 
-func (c controllerMetrics) Reconciled(o reconcile.Outcome, took time.Duration) {
-	c.m.recReconciled.WithLabelValues(o.String()).Observe(took.Seconds())
+func (c controllerMetrics) Reconciled(outcome string, took time.Duration) {
+	c.m.recReconciled.WithLabelValues(outcome).Observe(took.Seconds())
 }
-func (c controllerMetrics) Panicked() { c.m.recPanics.Inc() }
-func (c controllerMetrics) Skipped(r reconcile.SkipReason) {
-	c.m.recSkipped.WithLabelValues(string(r)).Inc()
-}
-func (c controllerMetrics) Refetched() { c.m.recRefetched.Inc() }
+func (c controllerMetrics) Panicked()             { c.m.recPanics.Inc() }
+func (c controllerMetrics) Skipped(reason string) { c.m.recSkipped.WithLabelValues(reason).Inc() }
+func (c controllerMetrics) Refetched()            { c.m.recRefetched.Inc() }

@@ -13,8 +13,6 @@ import (
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/example/metrics"
 	"github.com/opkit/opkit/queue"
-	"github.com/opkit/opkit/reconcile"
-	"github.com/opkit/opkit/trigger"
 )
 
 func TestAdaptersFeedCollectors(t *testing.T) {
@@ -29,11 +27,11 @@ func TestAdaptersFeedCollectors(t *testing.T) {
 	m.Watcher().Event(opkit.Added, queue.Queued)
 	m.Leader().Leading(true)
 	m.Trigger().Enqueued(queue.Queued)
-	m.Handler().Request(202, "Accepted", time.Millisecond)
-	m.Consumer().Acked(trigger.AckScheduled)
-	m.Consumer().Lag(7)
-	m.Consumer().BrokerError(trigger.BrokerPermission)
-	m.Controller().Reconciled(reconcile.OutcomeDone, time.Millisecond)
+	m.Trigger().Request(202, "Accepted", time.Millisecond)
+	m.Trigger().Acked("Scheduled")
+	m.Trigger().Lag(7)
+	m.Trigger().BrokerError("Permission")
+	m.Controller().Reconciled("done", time.Millisecond)
 
 	want := `
 # HELP opkit_trigger_consumer_lag Broker backlog: messages not yet delivered or acknowledged (every replica reports the same shared backlog: aggregate with max, not sum).

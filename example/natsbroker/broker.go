@@ -55,8 +55,9 @@ const (
 const connectionCheckInterval = time.Second
 
 // ReasonMaxDeliveries is the dead-letter reason of a message nacked on its
-// last allowed delivery.
-const ReasonMaxDeliveries = string(trigger.TermMaxDeliveries)
+// last allowed delivery: the reason the consumer counts it under (the
+// trigger package's consumer table).
+const ReasonMaxDeliveries = "MaxDeliveries"
 
 // Config configures a [Broker]. The zero value of every field but URL (or
 // Conn) means its documented default.
@@ -219,12 +220,12 @@ func Open(ctx context.Context, cfg Config) (*Broker, error) {
 					b.asyncMu.Lock()
 					b.lastAsync = err
 					b.asyncMu.Unlock()
-					b.log.Warn("nats asynchronous error", "error", err, "kind", Classify(err).String())
+					b.log.Warn("nats asynchronous error", "error", err, "kind", cmp.Or(Classify(err), "Unknown"))
 				}),
 			)
 		}
 		nc, err := connect(false)
-		if err != nil && cfg.StartDisconnected && Classify(err) == trigger.BrokerDisconnected {
+		if err != nil && cfg.StartDisconnected && Classify(err) == "Disconnected" {
 			// Only an unreachable server may be waited for: refused
 			// credentials or a bad URL fail Open as they would without.
 			nc, err = connect(true)
@@ -305,7 +306,7 @@ func (b *Broker) iterator(ctx context.Context) (jetstream.MessagesContext, error
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
-		return nil, &trigger.BrokerError{Kind: trigger.BrokerDisconnected, Op: "receive", Err: errors.New("broker closed")}
+		return nil, &trigger.BrokerError{Kind: "Disconnected", Op: "receive", Err: errors.New("broker closed")}
 	}
 	if it := b.iter; it != nil {
 		b.mu.Unlock()
@@ -327,7 +328,7 @@ func (b *Broker) iterator(ctx context.Context) (jetstream.MessagesContext, error
 	it, err := cons.Messages(jetstream.PullMaxMessages(b.cfg.Prefetch), jetstream.PullExpiry(5*time.Second))
 	if err != nil {
 		kind := Classify(err)
-		if kind == trigger.BrokerNotFound {
+		if kind == "NotFound" {
 			b.mu.Lock()
 			b.cons = nil // recreate it next time
 			b.mu.Unlock()
@@ -338,7 +339,7 @@ func (b *Broker) iterator(ctx context.Context) (jetstream.MessagesContext, error
 	defer b.mu.Unlock()
 	if b.closed {
 		it.Stop()
-		return nil, &trigger.BrokerError{Kind: trigger.BrokerDisconnected, Op: "receive", Err: errors.New("broker closed")}
+		return nil, &trigger.BrokerError{Kind: "Disconnected", Op: "receive", Err: errors.New("broker closed")}
 	}
 	b.iter = it
 	return it, nil
@@ -374,7 +375,7 @@ func (b *Broker) Receive(ctx context.Context) (trigger.Message, error) {
 				b.iter = nil
 			}
 			kind := b.classify(err)
-			if kind == trigger.BrokerNotFound {
+			if kind == "NotFound" {
 				b.cons = nil
 			}
 			b.mu.Unlock()
@@ -433,7 +434,7 @@ func (b *Broker) disconnected(op string) error {
 			return &trigger.BrokerError{Kind: Classify(err), Op: op, Err: fmt.Errorf("connection closed: %w", err)}
 		}
 	}
-	return &trigger.BrokerError{Kind: trigger.BrokerDisconnected, Op: op, Err: fmt.Errorf("connection %s", b.nc.Status())}
+	return &trigger.BrokerError{Kind: "Disconnected", Op: op, Err: fmt.Errorf("connection %s", b.nc.Status())}
 }
 
 // Connected reports whether the connection to the server is up (for
@@ -515,21 +516,21 @@ func (b *Broker) closeConn() {
 
 // classify is Classify, also using the last asynchronous server error
 // (a permission violation surfaces as a timeout on the request it broke).
-func (b *Broker) classify(err error) trigger.BrokerErrorKind {
+func (b *Broker) classify(err error) string {
 	kind := Classify(err)
-	if kind != trigger.BrokerUnknown && kind != trigger.BrokerDisconnected {
+	if kind != "" && kind != "Disconnected" {
 		return kind
 	}
 	b.asyncMu.Lock()
 	last := b.lastAsync
 	b.asyncMu.Unlock()
 	if last != nil && b.nc.IsConnected() {
-		if k := Classify(last); k == trigger.BrokerPermission || k == trigger.BrokerQuota {
+		if k := Classify(last); k == "Permission" || k == "Quota" {
 			return k
 		}
 	}
 	if !b.nc.IsConnected() {
-		return trigger.BrokerDisconnected
+		return "Disconnected"
 	}
 	return kind
 }

@@ -161,7 +161,7 @@ func TestTermDeadLettersAndNeverRedelivers(t *testing.T) {
 	publish(t, b, "bad")
 	publish(t, b, "good")
 	m := receive(t, b)
-	if err := m.Term(ctx5(t), string(trigger.TermMalformed)); err != nil {
+	if err := m.Term(ctx5(t), "Malformed"); err != nil {
 		t.Fatal(err)
 	}
 	// The next message is the second one: the first is never redelivered.
@@ -278,7 +278,7 @@ func TestStartDisconnectedReceivesOnceTheServerIsUp(t *testing.T) {
 	_, err = b.Receive(ctx)
 	cancel()
 	var be *trigger.BrokerError
-	if !errors.As(err, &be) || be.Kind != trigger.BrokerDisconnected {
+	if !errors.As(err, &be) || be.Kind != "Disconnected" {
 		t.Fatalf("Receive with no server = %v, want a Disconnected broker error", err)
 	}
 
@@ -329,7 +329,7 @@ func TestStartDisconnectedStillRefusesBadCredentials(t *testing.T) {
 			b.Close()
 			t.Fatalf("StartDisconnected=%v: Open with refused credentials succeeded", startDisconnected)
 		}
-		if k := trigger.KindOf(err); k != trigger.BrokerPermission {
+		if k := kindOf(err); k != "Permission" {
 			t.Errorf("StartDisconnected=%v: Open = %v (kind %v), want a Permission error", startDisconnected, err, k)
 		}
 	}
@@ -346,7 +346,7 @@ func TestStartDisconnectedLagWorksWithoutAReceive(t *testing.T) {
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
 	b := open(t, fmt.Sprintf("nats://127.0.0.1:%d", port), func(c *natsbroker.Config) { c.StartDisconnected = true })
-	if _, err := b.Lag(ctx5(t)); trigger.KindOf(err) != trigger.BrokerDisconnected {
+	if _, err := b.Lag(ctx5(t)); kindOf(err) != "Disconnected" {
 		t.Fatalf("Lag with no server = %v, want a Disconnected error", err)
 	}
 	srv, err := natsbroker.StartEmbedded(natsbroker.EmbeddedConfig{Port: port, StoreDir: t.TempDir()})
@@ -389,7 +389,7 @@ func TestServerGoneIsDisconnected(t *testing.T) {
 		if err == nil {
 			continue
 		}
-		if k := trigger.KindOf(err); k == trigger.BrokerDisconnected {
+		if k := kindOf(err); k == "Disconnected" {
 			return
 		} else {
 			t.Logf("receive error of kind %v: %v", k, err)
@@ -461,19 +461,19 @@ func TestReleaseHandsBufferedMessagesBack(t *testing.T) {
 func TestClassify(t *testing.T) {
 	for _, tc := range []struct {
 		err  error
-		want trigger.BrokerErrorKind
+		want string
 	}{
-		{nats.ErrAuthorization, trigger.BrokerPermission},
-		{errors.New(`nats: permissions violation for subscription to "demo.reconcile"`), trigger.BrokerPermission},
-		{&jetstream.APIError{Code: 400, ErrorCode: 10047, Description: "insufficient storage resources available"}, trigger.BrokerQuota},
-		{jetstream.ErrMaximumConsumersLimit, trigger.BrokerQuota},
-		{fmt.Errorf("wrapped: %w", nats.ErrMaxPayload), trigger.BrokerQuota},
-		{jetstream.ErrConsumerNotFound, trigger.BrokerNotFound},
-		{jetstream.ErrStreamNotFound, trigger.BrokerNotFound},
-		{nats.ErrConnectionClosed, trigger.BrokerDisconnected},
-		{nats.ErrNoServers, trigger.BrokerDisconnected},
-		{jetstream.ErrNoHeartbeat, trigger.BrokerDisconnected},
-		{errors.New("something else"), trigger.BrokerUnknown},
+		{nats.ErrAuthorization, "Permission"},
+		{errors.New(`nats: permissions violation for subscription to "demo.reconcile"`), "Permission"},
+		{&jetstream.APIError{Code: 400, ErrorCode: 10047, Description: "insufficient storage resources available"}, "Quota"},
+		{jetstream.ErrMaximumConsumersLimit, "Quota"},
+		{fmt.Errorf("wrapped: %w", nats.ErrMaxPayload), "Quota"},
+		{jetstream.ErrConsumerNotFound, "NotFound"},
+		{jetstream.ErrStreamNotFound, "NotFound"},
+		{nats.ErrConnectionClosed, "Disconnected"},
+		{nats.ErrNoServers, "Disconnected"},
+		{jetstream.ErrNoHeartbeat, "Disconnected"},
+		{errors.New("something else"), ""},
 	} {
 		if got := natsbroker.Classify(tc.err); got != tc.want {
 			t.Errorf("Classify(%v) = %v, want %v", tc.err, got, tc.want)
@@ -531,6 +531,7 @@ func TestPublishRefusesWhatTheConsumerWouldRefuse(t *testing.T) {
 // sent as it is, and one of control characters (which JSON escapes to six
 // bytes whatever the encoder) still fits the consumer's limit.
 func TestPublishDoesNotInflateTheReason(t *testing.T) {
+	const limit = 8 << 10 // trigger.ConsumerConfig.MaxMessageBytes's default
 	b := open(t, startServer(t).URL(), nil)
 	for _, reason := range []string{strings.Repeat("<&>", trigger.MaxReasonLen/3), strings.Repeat("\x01", trigger.MaxReasonLen)} {
 		if _, err := natsbroker.Publish(ctx5(t), b.Conn(), "", natsbroker.Pointer{Namespace: "ns", Name: "a", Reason: reason}); err != nil {
@@ -538,7 +539,7 @@ func TestPublishDoesNotInflateTheReason(t *testing.T) {
 		}
 		m := receive(t, b)
 		var got natsbroker.Pointer
-		if err := json.Unmarshal(m.Data(), &got); err != nil || len(m.Data()) > trigger.DefaultMaxMessageBytes || got.Reason != reason {
+		if err := json.Unmarshal(m.Data(), &got); err != nil || len(m.Data()) > limit || got.Reason != reason {
 			t.Fatalf("message of %d bytes (%v), reason intact %v", len(m.Data()), err, got.Reason == reason)
 		}
 		if strings.HasPrefix(reason, "<") && len(m.Data()) > 2*len(reason) {
@@ -625,4 +626,12 @@ func TestRequestGetsTheReplyAndOnlyInboxesAreAnswered(t *testing.T) {
 	if extra, err := loop.NextMsg(200 * time.Millisecond); err == nil {
 		t.Fatalf("the refused reply was published anyway: %s", extra.Data)
 	}
+}
+
+// kindOf is the kind of err's *trigger.BrokerError, "" without one.
+func kindOf(err error) string {
+	if be, ok := errors.AsType[*trigger.BrokerError](err); ok {
+		return be.Kind
+	}
+	return ""
 }

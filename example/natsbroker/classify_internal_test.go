@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-
-	"github.com/opkit/opkit/trigger"
 )
 
 // An asynchronous permission error explains the timeouts that follow it,
@@ -30,7 +28,7 @@ func TestAnOldAsyncErrorStopsExplainingTimeoutsAfterADelivery(t *testing.T) {
 	b.asyncMu.Lock()
 	b.lastAsync = errors.New(`nats: permissions violation for subscription to "demo.reconcile"`)
 	b.asyncMu.Unlock()
-	if got := b.classify(nats.ErrTimeout); got != trigger.BrokerPermission {
+	if got := b.classify(nats.ErrTimeout); got != "Permission" {
 		t.Fatalf("timeout after a permission violation classified %v, want Permission", got)
 	}
 	if _, err := Publish(ctx, b.Conn(), "", Pointer{Namespace: "ns", Name: "a"}); err != nil {
@@ -43,7 +41,7 @@ func TestAnOldAsyncErrorStopsExplainingTimeoutsAfterADelivery(t *testing.T) {
 	if err := m.Ack(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := b.classify(nats.ErrTimeout); got == trigger.BrokerPermission {
+	if got := b.classify(nats.ErrTimeout); got == "Permission" {
 		t.Fatalf("timeout after a delivery still classified Permission")
 	}
 }

@@ -7,8 +7,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/opkit/opkit/trigger"
 )
 
 // JetStream API error codes that mean a quota or limit was hit.
@@ -22,42 +20,42 @@ var quotaCodes = map[jetstream.ErrorCode]bool{
 	10077: true, // store failed: maximum messages / bytes exceeded
 }
 
-// Classify maps a nats.go error to the trigger package's broker error
-// kinds: Permission (authorization, permission violations, expired or
-// revoked credentials), Quota (JetStream resource and stream limits, the
-// server's connection/subscription/payload limits), NotFound (stream or
-// consumer missing) and Disconnected (no connection, closed, timed out,
-// no heartbeat). Everything else is Unknown.
-func Classify(err error) trigger.BrokerErrorKind {
+// Classify maps a nats.go error to a trigger.BrokerError kind:
+// "Permission" (authorization, permission violations, expired or revoked
+// credentials), "Quota" (JetStream resource and stream limits, the
+// server's connection/subscription/payload limits), "NotFound" (stream or
+// consumer missing) and "Disconnected" (no connection, closed, timed out,
+// no heartbeat). Everything else is "" (not classified).
+func Classify(err error) string {
 	if err == nil {
-		return trigger.BrokerUnknown
+		return ""
 	}
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
 		switch {
 		case quotaCodes[apiErr.ErrorCode]:
-			return trigger.BrokerQuota
+			return "Quota"
 		case apiErr.ErrorCode == jetstream.JSErrCodeStreamNotFound,
 			apiErr.ErrorCode == jetstream.JSErrCodeConsumerNotFound,
 			apiErr.ErrorCode == jetstream.JSErrCodeConsumerDoesNotExist:
-			return trigger.BrokerNotFound
+			return "NotFound"
 		case apiErr.Code == 403 || apiErr.Code == 401:
-			return trigger.BrokerPermission
+			return "Permission"
 		}
 	}
 	switch {
 	case errors.Is(err, nats.ErrAuthorization), errors.Is(err, nats.ErrPermissionViolation),
 		errors.Is(err, nats.ErrAuthExpired), errors.Is(err, nats.ErrAuthRevoked),
 		errors.Is(err, nats.ErrAccountAuthExpired):
-		return trigger.BrokerPermission
+		return "Permission"
 	case errors.Is(err, jetstream.ErrStreamNotFound), errors.Is(err, jetstream.ErrConsumerNotFound),
 		errors.Is(err, jetstream.ErrConsumerDeleted), errors.Is(err, jetstream.ErrConsumerDoesNotExist):
-		return trigger.BrokerNotFound
+		return "NotFound"
 	case errors.Is(err, jetstream.ErrMaximumConsumersLimit), errors.Is(err, jetstream.ErrStreamMessageExceedsMaximum),
 		errors.Is(err, nats.ErrMaxPayload), errors.Is(err, nats.ErrMaxConnectionsExceeded),
 		errors.Is(err, nats.ErrMaxAccountConnectionsExceeded), errors.Is(err, nats.ErrMaxSubscriptionsExceeded),
 		errors.Is(err, nats.ErrSlowConsumer):
-		return trigger.BrokerQuota
+		return "Quota"
 	case errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, nats.ErrNoServers),
 		errors.Is(err, nats.ErrDisconnected), errors.Is(err, nats.ErrConnectionReconnecting),
 		errors.Is(err, nats.ErrConnectionDraining), errors.Is(err, nats.ErrStaleConnection),
@@ -65,18 +63,18 @@ func Classify(err error) trigger.BrokerErrorKind {
 		errors.Is(err, jetstream.ErrNoHeartbeat), errors.Is(err, nats.ErrTimeout),
 		errors.Is(err, nats.ErrNoResponders), errors.Is(err, jetstream.ErrJetStreamNotEnabled),
 		errors.Is(err, jetstream.ErrMsgIteratorClosed), errors.Is(err, context.DeadlineExceeded):
-		return trigger.BrokerDisconnected
+		return "Disconnected"
 	}
 	// Server errors that nats.go passes on as plain text.
 	msg := strings.ToLower(err.Error())
 	switch {
 	case strings.Contains(msg, "permissions violation"), strings.Contains(msg, "authorization violation"),
 		strings.Contains(msg, "authentication expired"), strings.Contains(msg, "not authorized"):
-		return trigger.BrokerPermission
+		return "Permission"
 	case strings.Contains(msg, "maximum") && (strings.Contains(msg, "exceeded") || strings.Contains(msg, "limit")),
 		strings.Contains(msg, "insufficient resources"), strings.Contains(msg, "insufficient storage"),
 		strings.Contains(msg, "quota"):
-		return trigger.BrokerQuota
+		return "Quota"
 	}
-	return trigger.BrokerUnknown
+	return ""
 }

@@ -202,28 +202,31 @@ func (m *recordingMsg) Term(ctx context.Context, reason string) error {
 // flipMetrics counts one replica's consumer outcomes.
 type flipMetrics struct {
 	mu         sync.Mutex
-	acked      map[trigger.AckReason]int
-	nacked     map[trigger.NackReason]int
-	terminated map[trigger.TermReason]int
-	brokerErrs map[trigger.BrokerErrorKind]int
+	acked      map[string]int
+	nacked     map[string]int
+	terminated map[string]int
+	brokerErrs map[string]int
 }
 
 func newFlipMetrics() *flipMetrics {
-	return &flipMetrics{acked: map[trigger.AckReason]int{}, nacked: map[trigger.NackReason]int{},
-		terminated: map[trigger.TermReason]int{}, brokerErrs: map[trigger.BrokerErrorKind]int{}}
+	return &flipMetrics{acked: map[string]int{}, nacked: map[string]int{},
+		terminated: map[string]int{}, brokerErrs: map[string]int{}}
 }
 
-func (m *flipMetrics) Received()                   {}
-func (m *flipMetrics) Processed(time.Duration)     {}
-func (m *flipMetrics) Lag(int64)                   {}
-func (m *flipMetrics) Acked(r trigger.AckReason)   { m.mu.Lock(); m.acked[r]++; m.mu.Unlock() }
-func (m *flipMetrics) Nacked(r trigger.NackReason) { m.mu.Lock(); m.nacked[r]++; m.mu.Unlock() }
-func (m *flipMetrics) Terminated(r trigger.TermReason) {
+func (m *flipMetrics) Enqueued(queue.Outcome)             {}
+func (m *flipMetrics) Rejected()                          {}
+func (m *flipMetrics) Request(int, string, time.Duration) {}
+func (m *flipMetrics) Received()                          {}
+func (m *flipMetrics) Processed(time.Duration)            {}
+func (m *flipMetrics) Lag(int64)                          {}
+func (m *flipMetrics) Acked(r string)                     { m.mu.Lock(); m.acked[r]++; m.mu.Unlock() }
+func (m *flipMetrics) Nacked(r string)                    { m.mu.Lock(); m.nacked[r]++; m.mu.Unlock() }
+func (m *flipMetrics) Terminated(r string) {
 	m.mu.Lock()
 	m.terminated[r]++
 	m.mu.Unlock()
 }
-func (m *flipMetrics) BrokerError(k trigger.BrokerErrorKind) {
+func (m *flipMetrics) BrokerError(k string) {
 	m.mu.Lock()
 	m.brokerErrs[k]++
 	m.mu.Unlock()
@@ -571,18 +574,18 @@ func testFlipOverNATS(t *testing.T, pause bool) {
 		r.metrics.mu.Lock()
 		t.Logf("replica %d: enqueues accepted %d, dropped %d; acked %v, nacked %v, terminated %v, broker errors %v",
 			r.idx, acc, drp, r.metrics.acked, r.metrics.nacked, r.metrics.terminated, r.metrics.brokerErrs)
-		if got := r.metrics.acked[trigger.AckScheduled]; got != acc {
+		if got := r.metrics.acked["Scheduled"]; got != acc {
 			t.Errorf("replica %d: acked(Scheduled) = %d, accepted enqueues = %d", r.idx, got, acc)
 		}
-		if got := r.metrics.nacked[trigger.NackDropped]; got != drp {
+		if got := r.metrics.nacked["Dropped"]; got != drp {
 			t.Errorf("replica %d: nacked(Dropped) = %d, dropped enqueues = %d", r.idx, got, drp)
 		}
-		if n := r.metrics.nacked[trigger.NackAPIError]; n != 0 {
+		if n := r.metrics.nacked["APIError"]; n != 0 {
 			t.Errorf("replica %d: %d nacks after API errors (the fake never fails)", r.idx, n)
 		}
 		dropped += drp
-		ackedScheduled += r.metrics.acked[trigger.AckScheduled]
-		ackedNotFound += r.metrics.acked[trigger.AckNotFound]
+		ackedScheduled += r.metrics.acked["Scheduled"]
+		ackedNotFound += r.metrics.acked["NotFound"]
 		for _, n := range r.metrics.terminated {
 			terminated += n
 		}
@@ -605,9 +608,9 @@ func testFlipOverNATS(t *testing.T, pause bool) {
 	for _, fm := range msgs {
 		switch fm.kind {
 		case kindMalformed:
-			want[fm.data] = string(trigger.TermMalformed)
+			want[fm.data] = "Malformed"
 		case kindInvalid:
-			want[fm.data] = string(trigger.TermInvalid)
+			want[fm.data] = "Invalid"
 		}
 	}
 	dead := readDeadLetters(t, js)

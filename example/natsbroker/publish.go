@@ -7,13 +7,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
-
-	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/trigger"
 )
 
@@ -36,11 +34,10 @@ var ErrInvalidPointer = errors.New("natsbroker: invalid trigger pointer")
 // Publish sends one trigger to subject (DefaultSubject when empty) through
 // JetStream and waits for the stream to confirm it stored the message, so a
 // nil error means the trigger will be delivered. It returns the stream
-// sequence number. A pointer the consumer would refuse is not sent: an
-// invalid name or namespace, or a reason that is not UTF-8 or longer than
-// trigger.MaxReasonLen; the error wraps ErrInvalidPointer. Any other
-// pointer fits in the consumer's default message limit
-// (trigger.DefaultMaxMessageBytes).
+// sequence number. A pointer the consumer would refuse (see
+// trigger.Pointer.Check) is not sent: the error wraps ErrInvalidPointer. Any other
+// pointer fits in the consumer's default message limit (8 KiB,
+// trigger.ConsumerConfig.MaxMessageBytes).
 func Publish(ctx context.Context, nc *nats.Conn, subject string, p Pointer) (uint64, error) {
 	return publish(ctx, nc, subject, p, "")
 }
@@ -101,16 +98,7 @@ func publish(ctx context.Context, nc *nats.Conn, subject string, p Pointer, repl
 // encodePointer checks p as the trigger consumer will and returns its JSON
 // body, without HTML escaping (which would blow "<" up to six bytes).
 func encodePointer(p Pointer) ([]byte, error) {
-	bad := func(format string, args ...any) ([]byte, error) {
-		return nil, fmt.Errorf("%w: "+format, append([]any{ErrInvalidPointer}, args...)...)
-	}
-	if err := trigger.CheckName(p.Name); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidPointer, err)
-	}
-	if errs := validation.IsDNS1123Label(p.Namespace); p.Namespace != "" && len(errs) > 0 {
-		return bad("namespace %q: %s", p.Namespace, strings.Join(errs, "; "))
-	}
-	if err := trigger.CheckReason(p.Reason); err != nil {
+	if err := (trigger.Pointer{Key: opkit.Key{Namespace: p.Namespace, Name: p.Name}, Reason: p.Reason}).Check(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidPointer, err)
 	}
 	var buf bytes.Buffer

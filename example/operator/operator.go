@@ -324,7 +324,7 @@ func Assemble(o Options, d Deps) (*Operator, error) {
 			// failed for good): a leader that dies first leaves it to the
 			// next. Each waits in a handler meanwhile, hence 16.
 			AckAfterReconcile: true, Concurrency: 16, LagInterval: 5 * time.Second,
-			Metrics: m.Consumer(), Logger: logger,
+			Metrics: m.Trigger(), Logger: logger,
 		})
 		if err != nil {
 			return nil, err
@@ -392,7 +392,7 @@ func triggerEndpoint(o Options, kube kubernetes.Interface, m *metrics.Metrics, l
 	}
 	t := &reconcile.TriggerEndpoint{
 		Server:       trigger.ServerConfig{Addr: o.TriggerBindAddress, CertFile: o.TriggerCertFile, KeyFile: o.TriggerKeyFile, Logger: logger},
-		Handler:      trigger.HandlerConfig{InsecureSkipAuth: o.InsecureSkipTriggerAuth, ForwardClient: forward, Metrics: m.Handler(), Logger: logger},
+		Handler:      trigger.HandlerConfig{InsecureSkipAuth: o.InsecureSkipTriggerAuth, ForwardClient: forward, Metrics: m.Trigger(), Logger: logger},
 		AdvertiseURL: o.TriggerAdvertiseURL,
 		NoServer:     o.TriggerBindAddress == "0",
 	}

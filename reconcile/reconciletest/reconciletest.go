@@ -1,9 +1,14 @@
 // Package reconciletest runs a [reconcile.Reconciler] synchronously against
 // client-go's fake clients, so operator authors can unit-test their
-// reconcile logic without a cluster: seed objects, call the reconciler with
-// a request, then inspect the result, the objects afterwards and the API
-// calls it made, change objects as a user would, make calls fail, and
-// check that a second call changes nothing.
+// reconcile logic without a cluster:
+//
+//	h := reconciletest.New[*Widget](t, widgets, seed) // the objects to start with
+//	r, key := newReconciler(h.Dynamic), opkit.KeyOf(seed)
+//	c := h.ReconcileKey(ctx, r, key) // c.Result, c.Err, c.Writes()
+//	w := h.Get(key)                  // the object afterwards
+//	h.AssertConverged(ctx, r, key)   // a second call writes nothing
+//
+// Change changes objects as a user would, and Fail makes API calls fail.
 //
 // A Harness has two fake clients over one store: client-go's typed fake
 // clientset (fake.NewClientset, with server-side apply) holds the objects

@@ -1,11 +1,16 @@
-// Package brokertest is an in-memory message broker implementing
-// trigger.Broker and trigger.Lag (its messages trigger.DeadLetterer), for
-// tests of trigger.Consumer and of code built on it. It records every ack,
-// nack and term so that tests can assert what happened to each message.
+// Package brokertest is an in-memory trigger.Broker for tests of a
+// trigger.Consumer and of code built on it. It records what happens to
+// each delivery, for the test to assert on:
 //
-// A Broker owns no goroutines of its own; a delayed Nack schedules the
-// redelivery with time.AfterFunc (so it follows testing/synctest's fake
-// clock inside a bubble). All methods are safe for concurrent use.
+//	b := brokertest.New()
+//	id := b.Publish([]byte(`{"namespace": "ns", "name": "a"}`))
+//	c, err := trigger.NewConsumer(trigger.ConsumerConfig[*Widget]{Broker: b, Trigger: t})
+//	// ... run c, then:
+//	evs := b.Events(id) // [{ID: 1, Op: "Ack", Delivery: 1}]
+//
+// It is a trigger.Lag; its messages are trigger.Progresser, Replier and
+// DeadLetterer. A delayed Nack redelivers with time.AfterFunc, which
+// follows testing/synctest's clock. It is safe for concurrent use.
 package brokertest
 
 import (
@@ -19,44 +24,21 @@ import (
 	"github.com/opkit/opkit/trigger"
 )
 
-// Op is what happened to a delivery.
-type Op string
-
-const (
-	// OpAck: the delivery was acknowledged.
-	OpAck Op = "Ack"
-	// OpNack: the delivery was handed back for redelivery.
-	OpNack Op = "Nack"
-	// OpTerm: the message was dead-lettered.
-	OpTerm Op = "Term"
-)
-
-// Event records the settlement of one delivery.
+// Event is one thing that happened to a delivery of message ID: its
+// settlement (Op "Ack", "Nack" with its Delay, or "Term"), or a call of
+// its InProgress or Reply (with its Data). Reason is set on the events
+// that dead-lettered the message: a Term's reason, or "MaxDeliveries" on
+// a Nack past MaxDeliver.
 type Event struct {
-	// ID is the message's id (from Publish).
-	ID uint64
-	// Op is Ack, Nack or Term.
-	Op Op
-	// Delivery is the delivery count of the settled delivery.
+	ID       uint64
+	Op       string
 	Delivery int
-	// Delay is the Nack delay.
-	Delay time.Duration
-	// Reason is the Term reason.
-	Reason string
+	Delay    time.Duration
+	Data     []byte
+	Reason   string
 }
 
-// DeadLetter is a terminated message.
-type DeadLetter struct {
-	// ID is the message's id, as Publish returned it.
-	ID uint64
-	// Data is the message body.
-	Data []byte
-	// Reason is the reason given to Term, or trigger.TermMaxDeliveries for
-	// a Nack past MaxDeliver.
-	Reason string
-}
-
-// ErrSettled is returned by a second Ack, Nack or Term of one delivery.
+// ErrSettled is a second Ack, Nack or Term's error.
 var ErrSettled = errors.New("brokertest: delivery already settled")
 
 type state uint8
@@ -73,30 +55,21 @@ type entry struct {
 	data       []byte
 	deliveries int
 	state      state
-	request    bool     // published with PublishRequest: it takes replies
-	replies    [][]byte // what Reply sent
-	progress   int      // InProgress calls
 }
 
-// Broker is an in-memory broker with at-least-once delivery. The zero value
-// is not usable; call New.
+// Broker is an in-memory broker with at-least-once delivery; New makes
+// one. Before use, set MaxDeliver to dead-letter a message on a Nack of
+// its MaxDeliver-th delivery, and AckWait to redeliver one whose
+// settlement failed after that long rather than 30s.
 type Broker struct {
-	// MaxDeliver, when positive, dead-letters a message (reason
-	// trigger.TermMaxDeliveries) when a Nack would exceed this many
-	// deliveries, and its Message reports it (trigger.DeadLetterer). Set it
-	// before use.
 	MaxDeliver int
-	// AckWait is how long a delivery whose Ack, Nack or Term failed (see
-	// FailSettle) stays in flight before it is redelivered, as a real
-	// broker's ack deadline would; zero means 30s. Set it before use.
-	AckWait time.Duration
+	AckWait    time.Duration
 
 	mu        sync.Mutex
 	wake      chan struct{} // closed and replaced when a message becomes ready
 	entries   []*entry      // every message published; ids are 1, 2, ...
 	queue     []*entry      // ready entries, oldest first
 	events    []Event
-	dead      []DeadLetter
 	recvErr   error
 	settleErr error
 	lagErr    error
@@ -164,33 +137,7 @@ func (b *Broker) count(states ...state) int {
 	return n
 }
 
-// PublishRequest is Publish of a message with a reply address: its
-// deliveries' Reply is recorded (Replies).
-func (b *Broker) PublishRequest(data []byte) uint64 {
-	id := b.Publish(data)
-	b.mu.Lock()
-	b.entries[id-1].request = true
-	b.mu.Unlock()
-	return id
-}
-
-// Replies returns what the deliveries of message id replied, in order.
-func (b *Broker) Replies(id uint64) [][]byte {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return slices.Clone(b.entries[id-1].replies)
-}
-
-// Progress returns how often the deliveries of message id called
-// InProgress.
-func (b *Broker) Progress(id uint64) int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.entries[id-1].progress
-}
-
-// Receive returns the oldest ready message, blocking until there is one or
-// ctx ends. While FailReceive holds an error, it returns that error.
+// Receive returns the oldest ready message, when there is one.
 func (b *Broker) Receive(ctx context.Context) (trigger.Message, error) {
 	for {
 		b.mu.Lock()
@@ -218,7 +165,7 @@ func (b *Broker) Receive(ctx context.Context) (trigger.Message, error) {
 	}
 }
 
-// Lag returns how many messages wait for delivery (ready or delayed).
+// Lag returns how many messages wait for a delivery.
 func (b *Broker) Lag(context.Context) (int64, error) {
 	b.mu.Lock()
 	err := b.lagErr
@@ -229,17 +176,16 @@ func (b *Broker) Lag(context.Context) (int64, error) {
 	return int64(b.count(ready, delayed)), nil
 }
 
-// FailReceive makes every Receive return err until FailReceive(nil). A
-// receiver blocked in Receive is woken up to see the error.
-func (b *Broker) FailReceive(err error) { b.fail(&b.recvErr, err) }
-
-// FailSettle makes every Ack, Nack and Term return err until
-// FailSettle(nil); the delivery is redelivered after AckWait, as a broker
-// would after its ack deadline.
-func (b *Broker) FailSettle(err error) { b.fail(&b.settleErr, err) }
-
-// FailLag makes Lag return err until FailLag(nil).
-func (b *Broker) FailLag(err error) { b.fail(&b.lagErr, err) }
+// Fail makes the calls of one kind return err until Fail(call, nil):
+// "receive" (a blocked Receive too), "settle" (Ack, Nack and Term: the
+// delivery is redelivered after AckWait) or "lag".
+func (b *Broker) Fail(call string, err error) {
+	p := map[string]*error{"receive": &b.recvErr, "settle": &b.settleErr, "lag": &b.lagErr}[call]
+	if p == nil {
+		panic("brokertest: Fail of unknown call " + call)
+	}
+	b.fail(p, err)
+}
 
 // fail sets one of the injected errors and wakes up blocked receivers.
 func (b *Broker) fail(p *error, err error) {
@@ -249,27 +195,25 @@ func (b *Broker) fail(p *error, err error) {
 	b.wakeUp()
 }
 
-// Events returns the settlements so far, in order.
-func (b *Broker) Events() []Event {
+// Events returns what happened so far, in order: to every message, or to
+// those whose ids are given.
+func (b *Broker) Events(ids ...uint64) []Event {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return slices.Clone(b.events)
+	if len(ids) == 0 {
+		return slices.Clone(b.events)
+	}
+	var evs []Event
+	for _, ev := range b.events {
+		if slices.Contains(ids, ev.ID) {
+			evs = append(evs, ev)
+		}
+	}
+	return evs
 }
 
-// EventsFor returns the settlements of message id, in order.
-func (b *Broker) EventsFor(id uint64) []Event {
-	return slices.DeleteFunc(b.Events(), func(ev Event) bool { return ev.ID != id })
-}
-
-// DeadLetters returns the terminated messages, in order.
-func (b *Broker) DeadLetters() []DeadLetter {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return slices.Clone(b.dead)
-}
-
-// Outstanding returns how many published messages are neither acked nor
-// dead-lettered (ready, delayed or in flight).
+// Outstanding returns how many messages are neither acknowledged nor
+// dead-lettered.
 func (b *Broker) Outstanding() int { return b.count(ready, delayed, inFlight) }
 
 // InFlight returns how many deliveries are received but not settled.
@@ -285,33 +229,34 @@ type message struct {
 
 func (m *message) Data() []byte { return slices.Clone(m.e.data) }
 
-// InProgress counts the call (Progress); it keeps nothing alive, as the
+// InProgress records the call as an event; it keeps nothing alive, as the
 // broker redelivers an unsettled delivery only after a failed settle.
 func (m *message) InProgress(ctx context.Context) error {
-	m.b.mu.Lock()
-	defer m.b.mu.Unlock()
-	m.e.progress++
+	m.record(Event{Op: "InProgress"})
 	return ctx.Err()
 }
 
-// Reply records data for a message published with PublishRequest, and
-// does nothing for one without a reply address.
+// Reply records data as an event: every message has a reply address.
 func (m *message) Reply(ctx context.Context, data []byte) error {
+	m.record(Event{Op: "Reply", Data: slices.Clone(data)})
+	return ctx.Err()
+}
+
+// record appends ev, of this delivery, to the events.
+func (m *message) record(ev Event) {
 	m.b.mu.Lock()
 	defer m.b.mu.Unlock()
-	if m.e.request {
-		m.e.replies = append(m.e.replies, slices.Clone(data))
-	}
-	return ctx.Err()
+	ev.ID, ev.Delivery = m.e.id, m.delivery
+	m.b.events = append(m.b.events, ev)
 }
 
 // DeadLettered reports whether Nack dead-lettered the message (MaxDeliver).
 func (m *message) DeadLettered() bool { return m.dead.Load() }
 func (m *message) Deliveries() int    { return m.delivery }
 
-// settle records ev (the delivery's settlement) and runs f under the lock
-// if the delivery is still open.
-func (m *message) settle(ctx context.Context, ev Event, f func()) error {
+// settle runs f on ev, the delivery's settlement, under the lock and
+// records it, if the delivery is still open.
+func (m *message) settle(ctx context.Context, ev Event, f func(*Event)) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -331,20 +276,20 @@ func (m *message) settle(ctx context.Context, ev Event, f func()) error {
 		return b.settleErr
 	}
 	ev.ID, ev.Delivery = m.e.id, m.delivery
+	f(&ev)
 	b.events = append(b.events, ev)
-	f()
 	return nil
 }
 
 func (m *message) Ack(ctx context.Context) error {
-	return m.settle(ctx, Event{Op: OpAck}, func() { m.e.state = done })
+	return m.settle(ctx, Event{Op: "Ack"}, func(*Event) { m.e.state = done })
 }
 
 func (m *message) Nack(ctx context.Context, delay time.Duration) error {
-	return m.settle(ctx, Event{Op: OpNack, Delay: delay}, func() {
+	return m.settle(ctx, Event{Op: "Nack", Delay: delay}, func(ev *Event) {
 		if m.b.MaxDeliver > 0 && m.e.deliveries >= m.b.MaxDeliver {
 			m.dead.Store(true)
-			m.deadLetter(string(trigger.TermMaxDeliveries))
+			m.e.state, ev.Reason = done, "MaxDeliveries"
 			return
 		}
 		m.b.redeliverAfter(m.e, delay)
@@ -352,11 +297,5 @@ func (m *message) Nack(ctx context.Context, delay time.Duration) error {
 }
 
 func (m *message) Term(ctx context.Context, reason string) error {
-	return m.settle(ctx, Event{Op: OpTerm, Reason: reason}, func() { m.deadLetter(reason) })
-}
-
-// deadLetter moves the message to the dead letters; b.mu is held.
-func (m *message) deadLetter(reason string) {
-	m.e.state = done
-	m.b.dead = append(m.b.dead, DeadLetter{ID: m.e.id, Data: slices.Clone(m.e.data), Reason: reason})
+	return m.settle(ctx, Event{Op: "Term", Reason: reason}, func(*Event) { m.e.state = done })
 }

@@ -44,13 +44,9 @@ func TestDeliveryOrderAckAndDoubleSettle(t *testing.T) {
 	if b.Outstanding() != 0 {
 		t.Errorf("outstanding = %d", b.Outstanding())
 	}
-	dl := b.DeadLetters()
-	if len(dl) != 1 || string(dl[0].Data) != "two" || dl[0].Reason != "Malformed" {
-		t.Errorf("dead letters = %+v", dl)
-	}
 	evs := b.Events()
-	if len(evs) != 2 || evs[0].Op != brokertest.OpAck || evs[1].Op != brokertest.OpTerm {
-		t.Errorf("events = %+v", evs)
+	if len(evs) != 2 || evs[0].Op != "Ack" || evs[0].ID != 1 || evs[0].Reason != "" || evs[1].Op != "Term" || evs[1].ID != 2 || evs[1].Reason != "Malformed" {
+		t.Errorf("events = %+v, want message 1 acked, and 2 (two) dead-lettered as Malformed", evs)
 	}
 }
 
@@ -80,8 +76,8 @@ func TestMaxDeliverDeadLetters(t *testing.T) {
 	ctx := context.Background()
 	_ = receive(t, b).Nack(ctx, 0)
 	_ = receive(t, b).Nack(ctx, 0)
-	if dl := b.DeadLetters(); len(dl) != 1 || dl[0].Reason != string(trigger.TermMaxDeliveries) || b.Outstanding() != 0 {
-		t.Errorf("dead letters %+v outstanding %d", dl, b.Outstanding())
+	if evs := b.Events(); len(evs) != 2 || evs[0].Reason != "" || evs[1].Op != "Nack" || evs[1].Reason != "MaxDeliveries" || b.Outstanding() != 0 {
+		t.Errorf("events %+v outstanding %d, want the second Nack to dead-letter the message", evs, b.Outstanding())
 	}
 }
 
@@ -94,20 +90,20 @@ func TestFailuresAreInjectable(t *testing.T) {
 			errc <- err
 		}()
 		synctest.Wait() // blocked: nothing published
-		boom := &trigger.BrokerError{Kind: trigger.BrokerQuota}
-		b.FailReceive(boom)
+		boom := &trigger.BrokerError{Kind: "Quota"}
+		b.Fail("receive", boom)
 		if err := <-errc; !errors.Is(err, boom) {
 			t.Fatalf("blocked Receive returned %v, want the injected error", err)
 		}
-		b.FailReceive(nil)
+		b.Fail("receive", nil)
 		b.Publish([]byte("x"))
 		m := receive(t, b)
-		b.FailSettle(boom)
+		b.Fail("settle", boom)
 		if err := m.Ack(context.Background()); !errors.Is(err, boom) {
 			t.Fatalf("Ack = %v", err)
 		}
-		b.FailSettle(nil)
-		b.FailLag(boom)
+		b.Fail("settle", nil)
+		b.Fail("lag", boom)
 		if _, err := b.Lag(context.Background()); !errors.Is(err, boom) {
 			t.Errorf("Lag = %v", err)
 		}

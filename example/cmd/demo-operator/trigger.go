@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/example/natsbroker"
 	"github.com/opkit/opkit/example/operator"
 	"github.com/opkit/opkit/queue"
@@ -101,8 +102,8 @@ Flags:
 	if errs := validation.IsDNS1123Label(o.Namespace); len(errs) > 0 {
 		return o, usageError(fs, stderr, "--namespace %q: %s", o.Namespace, strings.Join(errs, "; "))
 	}
-	if err := trigger.CheckReason(o.Reason); err != nil {
-		return o, usageError(fs, stderr, "--reason: %v", err)
+	if err := (trigger.Pointer{Key: opkit.Key{Namespace: o.Namespace, Name: o.Name}, Reason: o.Reason}).Check(); err != nil {
+		return o, usageError(fs, stderr, "--reason: %v", err) // the name and namespace passed stricter checks
 	}
 	if o.Timeout <= 0 || o.Wait < 0 || o.Wait > o.Timeout {
 		return o, usageError(fs, stderr, "--timeout must be positive, --wait within it")
