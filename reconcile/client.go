@@ -17,16 +17,12 @@ import (
 // request.
 const flowSchemaHeader = "X-Kubernetes-Pf-Flowschema-Uid"
 
-// WithClientDefaults returns a copy of cfg with opkit's client defaults
-// when cfg sets no rate limit of its own (QPS, Burst and RateLimiter
-// zero): no client-side limit once an answer of the API server shows it
-// has API Priority and Fairness (its X-Kubernetes-PF-FlowSchema-UID
-// header: the server then queues and sheds load fairly itself, as SIG API
-// Machinery advises clients to rely on), and until then, or without it, a
-// guard of 100 requests a second (burst 200). client-go
-// honours a 429's Retry-After either way. A cfg with its own QPS, Burst or
-// RateLimiter is copied as it is: that is the one place to override.
-// NewController applies it to Config.RESTConfig.
+// WithClientDefaults returns a copy of cfg that, unless cfg sets a rate
+// limit of its own (QPS, Burst or RateLimiter: the one override), has no
+// client-side limit once an answer shows the API server has Priority and
+// Fairness (which queues and sheds load fairly itself), and until then a
+// guard of 100 requests a second (burst 200). client-go honours a 429's
+// Retry-After. NewController applies it to Config.RESTConfig.
 func WithClientDefaults(cfg *rest.Config) *rest.Config {
 	cfg = rest.CopyConfig(cfg)
 	if cfg.QPS != 0 || cfg.Burst != 0 || cfg.RateLimiter != nil {

@@ -62,12 +62,10 @@ type Config[T opkit.Object] struct {
 	// Timeout bounds a reconcile (zero: 5m; negative: none),
 	// ShutdownTimeout the drain after Run's context ends (zero: 30s).
 	Timeout, ShutdownTimeout time.Duration
-	// Watch configures the watcher, but for Client, Resource, Queue and
-	// Shards (leave them zero), Logger and TriggerPriority. An empty
-	// RequestAnnotation is the default one when T's status has
-	// lastHandledReconcileAt (where Status records it handled), else none,
-	// which Run says once; "-": none. The operator's own writes through
-	// Status and Finalizer cause no reconcile.
+	// Watch configures the watcher but for Client, Resource, Queue, Shards,
+	// Logger and TriggerPriority. An empty RequestAnnotation is the
+	// default when T's status has lastHandledReconcileAt, else none (Run
+	// says so); "-": none.
 	Watch watcher.Config[T]
 	// Owns lists the resources of the children, Watches other related
 	// resources: a change of their objects joins the keys' entries
@@ -103,9 +101,8 @@ type Watch struct {
 	LabelSelector string
 }
 
-// Controller runs a [Reconciler] over one resource. A name can be on two
-// shards at once (a deleted object and a new one of the name), so two
-// replicas may reconcile both at once: act on children by owner UID.
+// Controller runs a [Reconciler] over one resource. Two objects of one
+// name (deleted, new) may be on two shards: act on children by owner UID.
 type Controller[T opkit.Object] struct {
 	cfg      Config[T]
 	log      *slog.Logger
@@ -244,9 +241,7 @@ func (c *Controller[T]) Queues() []*queue.Queue[opkit.Key, opkit.Cause[T]] {
 // Balancer returns the shards' Leases' balancer, if any.
 func (c *Controller[T]) Balancer() *leader.Balancer { return c.balancer }
 
-// QueueStats sums the stats of this replica's shards' queues (Suspended
-// while it works on none); an entry waiting for a Concurrency slot counts
-// as in flight.
+// QueueStats sums the stats of this replica's shards' queues.
 func (c *Controller[T]) QueueStats() queue.Stats {
 	sum := queue.Stats{Suspended: true, ShutDown: true}
 	for _, s := range c.shards {
@@ -261,8 +256,7 @@ func (c *Controller[T]) QueueStats() queue.Stats {
 	return sum
 }
 
-// Check is a readiness check: the health of the electors, and of the
-// watchers of this replica's shards and of the related resources.
+// Check is a readiness check: the electors', and the watchers' in use.
 func (c *Controller[T]) Check() error {
 	var errs []error
 	if c.balancer != nil {
@@ -286,9 +280,7 @@ func (c *Controller[T]) Check() error {
 	return errors.Join(errs...)
 }
 
-// AddTermWork registers r, before Run, to run beside the workers: in
-// every term of the first shard this replica works on (without Leader,
-// for the whole Run).
+// AddTermWork registers r, before Run, to run in the first shard's terms.
 func (c *Controller[T]) AddTermWork(r Runnable) error {
 	if r.Run == nil || r.Name == "" {
 		return errors.New("reconcile: term work needs a Name and a Run func")

@@ -8,10 +8,9 @@
 //		Triggers: &reconcile.TriggerEndpoint{Handler: trigger.HandlerConfig{Reviews: kube}}, HealthAddr: ":8081"})
 //	err := op.Run(ctx) // until SIGTERM: servers first, then the controller drains and releases its Lease
 //
-// T is a pointer to a plain struct that embeds metav1.TypeMeta and
-// metav1.ObjectMeta, or a built-in type such as *corev1.ConfigMap: no code
-// generation, no scheme. Helpers: [Applier], [Finalizer], [Status],
-// [Recorder], [Group]; package reconciletest tests reconcilers with fakes.
+// T points to a plain struct with metav1.TypeMeta and metav1.ObjectMeta
+// (or a built-in type). Helpers: [Applier], [Finalizer], [Status],
+// [Recorder], [Group]; reconciletest and envtest test with fakes and for real.
 //
 // A Controller works in shards (one unless Config.Shards says more), each
 // with a queue, a watcher, workers and, with Leader, a Lease. It
@@ -23,6 +22,4 @@
 //   - Every delete the watch saw is reconciled until settled, across this
 //     replica's terms (another replica never saw it: use a [Finalizer]).
 //   - A trigger never waits for a backlog reconcile (ReservedWorkers).
-//   - Shutdown stops the intake, lets reconciles finish up to a deadline,
-//     then cancels them.
 package reconcile

@@ -143,7 +143,7 @@ func (o *Operator) Group() *Group { return o.group }
 // TriggerHandler returns the controllers' trigger endpoint.
 func (o *Operator) TriggerHandler() http.Handler { return o.handler }
 
-// TriggerURL returns the URL this replica publishes, once Run bound it.
+// TriggerURL returns the URL Run published ("" before).
 func (o *Operator) TriggerURL() string {
 	if u := o.url.Load(); u != nil {
 		return *u
@@ -151,8 +151,7 @@ func (o *Operator) TriggerURL() string {
 	return ""
 }
 
-// Run runs every component until ctx ends (then it returns nil) or one
-// fails. An Operator runs once.
+// Run runs every component until ctx ends (nil) or one fails; once.
 func (o *Operator) Run(ctx context.Context) error {
 	if o.server != nil {
 		scfg := o.cfg.Triggers.Server
