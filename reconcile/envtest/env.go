@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -154,13 +153,6 @@ type Environment struct {
 	stopped    bool
 }
 
-// apiServer is one kube-apiserver slot: its port is kept across restarts.
-type apiServer struct {
-	port int
-	proc *process // nil while stopped
-	logs string
-}
-
 // New starts an environment in a fresh temp dir and returns once every API
 // server reports ready, the controller-manager (if asked) works and the
 // CRDs of Options.CRDs are served. On error nothing is left running and
@@ -199,15 +191,13 @@ func New(ctx context.Context, opts Options) (*Environment, error) {
 	}
 }
 
+// newOnce is one attempt of New, with the ports it finds free: it starts
+// everything, waits for it to be ready and, on error, stops what it started.
 func newOnce(ctx context.Context, opts Options, bins Binaries, crds []*unstructured.Unstructured) (_ *Environment, err error) {
 	// The fixed port is checked first: kube-apiserver would only say so
 	// in its log, after etcd started.
-	if p := opts.APIServerPort; p != 0 {
-		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
-		if err != nil {
-			return nil, fmt.Errorf("envtest: Options.APIServerPort: %w: 127.0.0.1:%d: %v", ErrPortInUse, p, err)
-		}
-		l.Close()
+	if err := checkPortFree(opts.APIServerPort); err != nil {
+		return nil, err
 	}
 	dir, err := os.MkdirTemp("", "opkit-envtest-")
 	if err != nil {
@@ -228,55 +218,11 @@ func newOnce(ctx context.Context, opts Options, bins Binaries, crds []*unstructu
 		opts.Logger.Warn("no watchdog for the temp dir", "err", err)
 		err = nil
 	}
-	// Held while processes start (Stop waits for it); released to wait.
-	e.mu.Lock()
-	unlock := sync.OnceFunc(e.mu.Unlock)
-	defer unlock()
-	if e.pki, err = writePKI(dir); err != nil {
-		return nil, fmt.Errorf("envtest: %w", err)
-	}
-	// etcd's client and peer ports, the API servers' and, last, the
-	// controller-manager's.
-	nPorts := 2 + opts.APIServers
-	if opts.ControllerManager {
-		nPorts++
-	}
-	ports, err := freePorts(nPorts)
+	kcmPort, err := e.startProcesses()
 	if err != nil {
 		return nil, err
 	}
-	apiPorts := ports[2 : 2+opts.APIServers]
-	if opts.APIServerPort != 0 {
-		apiPorts[0] = opts.APIServerPort
-	}
-	e.etcdURL = "http://127.0.0.1:" + strconv.Itoa(ports[0])
-	peerURL := "http://127.0.0.1:" + strconv.Itoa(ports[1])
-	e.etcd, err = startProcess("etcd", bins.Etcd, filepath.Join(dir, "etcd.log"), []string{
-		"--name=opkit",
-		"--data-dir=" + filepath.Join(dir, "etcd-data"),
-		"--listen-client-urls=" + e.etcdURL,
-		"--advertise-client-urls=" + e.etcdURL,
-		"--listen-peer-urls=" + peerURL,
-		"--initial-advertise-peer-urls=" + peerURL,
-		"--initial-cluster=opkit=" + peerURL,
-		"--unsafe-no-fsync=true", // throwaway data: durability buys nothing
-		"--log-level=warn",
-	})
-	if err != nil {
-		return nil, fmt.Errorf("envtest: %w", err)
-	}
-	e.kubeconfig = filepath.Join(dir, "kubeconfig")
-	if err := os.WriteFile(e.kubeconfig, kubeconfig(hostURL(apiPorts[0]), e.pki.caPEM, AdminUser, e.pki.adminToken), 0o600); err != nil {
-		return nil, fmt.Errorf("envtest: write kubeconfig: %w", err)
-	}
-	// Start every API server first, then wait: they come up in parallel.
-	for _, port := range apiPorts {
-		if _, err := e.startAPIServerLocked(port); err != nil {
-			return nil, err
-		}
-	}
-	unlock()
-	for i := range apiPorts {
+	for i := range opts.APIServers {
 		if err := e.waitReady(ctx, i); err != nil {
 			return nil, err
 		}
@@ -285,19 +231,83 @@ func newOnce(ctx context.Context, opts Options, bins Binaries, crds []*unstructu
 	// discovers resources when it starts and then every 30 seconds only,
 	// and it cannot collect the dependents of an owner of a resource it
 	// does not know yet.
-	if len(crds) > 0 {
-		ctx, cancel := context.WithTimeout(ctx, opts.ReadyTimeout)
-		defer cancel()
-		if err := e.InstallCRDs(ctx, crds...); err != nil {
-			return nil, err
-		}
+	if err := e.installOptionsCRDs(ctx, crds); err != nil {
+		return nil, err
 	}
 	if opts.ControllerManager {
-		if err := e.startControllerManager(ctx, ports[len(ports)-1]); err != nil {
+		if err := e.startControllerManager(ctx, kcmPort); err != nil {
 			return nil, err
 		}
 	}
 	return e, nil
+}
+
+// checkPortFree fails with ErrPortInUse when port (Options.APIServerPort)
+// is not 0 and cannot be bound on 127.0.0.1.
+func checkPortFree(port int) error {
+	if port == 0 {
+		return nil
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+	if err != nil {
+		return fmt.Errorf("envtest: Options.APIServerPort: %w: 127.0.0.1:%d: %v", ErrPortInUse, port, err)
+	}
+	l.Close()
+	return nil
+}
+
+// startProcesses writes the PKI and the kubeconfig and starts etcd and every
+// API server on free ports, without waiting for them to be ready. It holds
+// e.mu meanwhile (Stop waits for it) and returns the port it sets aside for
+// the controller-manager (0 without Options.ControllerManager).
+func (e *Environment) startProcesses() (kcmPort int, err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.pki, err = writePKI(e.dir); err != nil {
+		return 0, fmt.Errorf("envtest: %w", err)
+	}
+	// etcd's client and peer ports, the API servers' and, last, the
+	// controller-manager's.
+	nPorts := 2 + e.opts.APIServers
+	if e.opts.ControllerManager {
+		nPorts++
+	}
+	ports, err := freePorts(nPorts)
+	if err != nil {
+		return 0, err
+	}
+	apiPorts := ports[2 : 2+e.opts.APIServers]
+	if e.opts.APIServerPort != 0 {
+		apiPorts[0] = e.opts.APIServerPort
+	}
+	if err := e.startEtcd(ports[0], ports[1]); err != nil {
+		return 0, err
+	}
+	e.kubeconfig = filepath.Join(e.dir, "kubeconfig")
+	if err := os.WriteFile(e.kubeconfig, kubeconfig(hostURL(apiPorts[0]), e.pki.caPEM, AdminUser, e.pki.adminToken), 0o600); err != nil {
+		return 0, fmt.Errorf("envtest: write kubeconfig: %w", err)
+	}
+	// Start every API server first, then wait: they come up in parallel.
+	for _, port := range apiPorts {
+		if _, err := e.startAPIServerLocked(port); err != nil {
+			return 0, err
+		}
+	}
+	if e.opts.ControllerManager {
+		kcmPort = ports[len(ports)-1]
+	}
+	return kcmPort, nil
+}
+
+// installOptionsCRDs installs the CRDs of Options.CRDs, if any, and waits until
+// they are served, for at most Options.ReadyTimeout.
+func (e *Environment) installOptionsCRDs(ctx context.Context, crds []*unstructured.Unstructured) error {
+	if len(crds) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, e.opts.ReadyTimeout)
+	defer cancel()
+	return e.InstallCRDs(ctx, crds...)
 }
 
 func hostURL(port int) string { return "https://127.0.0.1:" + strconv.Itoa(port) }
@@ -320,78 +330,6 @@ func freePorts(n int) ([]int, error) {
 		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
 	return ports, nil
-}
-
-func (e *Environment) apiServerArgs(port int) []string {
-	args := []string{
-		"--etcd-servers=" + e.etcdURL,
-		"--bind-address=127.0.0.1",
-		"--advertise-address=127.0.0.1",
-		"--secure-port=" + strconv.Itoa(port),
-		"--cert-dir=" + filepath.Join(e.dir, "apiserver-certs"),
-		"--tls-cert-file=" + e.pki.certFile,
-		"--tls-private-key-file=" + e.pki.keyFile,
-		"--client-ca-file=" + e.pki.caFile,
-		"--token-auth-file=" + e.pki.tokenFile,
-		"--authorization-mode=RBAC",
-		"--service-account-issuer=" + Issuer,
-		"--service-account-key-file=" + e.pki.saPubFile,
-		"--service-account-signing-key-file=" + e.pki.saKeyFile,
-		"--api-audiences=" + Issuer,
-		"--service-cluster-ip-range=10.0.0.0/24",
-		// The endpoint reconcilers refuse loopback addresses, and nothing
-		// here routes to the kubernetes Service anyway.
-		"--endpoint-reconciler-type=none",
-		// ServiceAccount admission waits for default service accounts,
-		// which only the controller-manager creates.
-		"--disable-admission-plugins=ServiceAccount",
-		"--profiling=false",
-		"--watch-cache=" + strconv.FormatBool(!e.opts.DisableWatchCache),
-	}
-	if e.ShardedListAndWatch() {
-		// Alpha since v1.36; the binary's own version is emulated, so
-		// enabling it takes nothing else.
-		args = append(args, "--feature-gates=ShardedListAndWatch=true")
-	}
-	return append(args, e.opts.APIServerFlags...)
-}
-
-// startAPIServerLocked starts an API server on port, in the slot already
-// holding that port or in a new one. It does not wait for readiness.
-func (e *Environment) startAPIServerLocked(port int) (int, error) {
-	idx := -1
-	for i, s := range e.apiservers {
-		if s.port == port {
-			idx = i
-		}
-	}
-	if idx < 0 {
-		idx = len(e.apiservers)
-		e.apiservers = append(e.apiservers, &apiServer{
-			port: port,
-			logs: filepath.Join(e.dir, fmt.Sprintf("kube-apiserver-%d.log", idx)),
-		})
-	}
-	s := e.apiservers[idx]
-	p, err := startProcess(fmt.Sprintf("kube-apiserver %d", idx), e.bins.APIServer, s.logs, e.apiServerArgs(port))
-	if err != nil {
-		return idx, fmt.Errorf("envtest: %w", err)
-	}
-	s.proc = p
-	return idx, nil
-}
-
-// waitReady polls API server i's /readyz until it answers ok, the process
-// exits, ctx ends or ReadyTimeout passes.
-func (e *Environment) waitReady(ctx context.Context, i int) error {
-	e.mu.Lock()
-	s := e.apiservers[i]
-	proc := s.proc
-	e.mu.Unlock()
-	if proc == nil {
-		return fmt.Errorf("envtest: API server %d is stopped", i)
-	}
-	return e.waitHealthy(ctx, proc, fmt.Sprintf("API server %d", i), hostURL(s.port)+"/readyz", e.pki.adminToken)
 }
 
 // waitHealthy polls url (a health endpoint of proc, which errors call what)
@@ -572,104 +510,6 @@ func (e *Environment) mustPort(i int) int {
 	return e.apiservers[i].port
 }
 
-// APIServerPID returns the process ID of API server i, or 0 while it is
-// stopped: for benchmarks that report its CPU time.
-func (e *Environment) APIServerPID(i int) int {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if i < 0 || i >= len(e.apiservers) || e.apiservers[i].proc == nil {
-		return 0
-	}
-	return e.apiservers[i].proc.cmd.Process.Pid
-}
-
-// APIServers returns the number of API server slots (running or stopped).
-func (e *Environment) APIServers() int {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return len(e.apiservers)
-}
-
-// AddAPIServer starts another kube-apiserver on the same etcd, on a free
-// port, and returns its index once it is ready. On error the slot may exist
-// with a stopped API server.
-func (e *Environment) AddAPIServer() (int, error) {
-	ports, err := freePorts(1)
-	if err != nil {
-		return -1, err
-	}
-	e.mu.Lock()
-	if e.stopped {
-		e.mu.Unlock()
-		return -1, ErrStopped
-	}
-	i, err := e.startAPIServerLocked(ports[0])
-	e.mu.Unlock()
-	if err != nil {
-		return i, err
-	}
-	if err := e.waitReady(context.Background(), i); err != nil {
-		e.killAPIServer(i, syscall.SIGKILL, 0)
-		return i, err
-	}
-	return i, nil
-}
-
-// StopAPIServer stops API server i gracefully (SIGTERM, then SIGKILL after
-// 15s) and returns once it has exited. Its port, certificates and keys are
-// kept for StartAPIServer. Stopping a stopped API server does nothing.
-func (e *Environment) StopAPIServer(i int) error {
-	return e.killAPIServer(i, syscall.SIGTERM, 15*time.Second)
-}
-
-// KillAPIServer kills API server i with SIGKILL, like a crash.
-func (e *Environment) KillAPIServer(i int) error { return e.killAPIServer(i, syscall.SIGKILL, 0) }
-
-func (e *Environment) killAPIServer(i int, sig syscall.Signal, grace time.Duration) error {
-	e.mu.Lock()
-	if e.stopped {
-		e.mu.Unlock()
-		return ErrStopped
-	}
-	if i < 0 || i >= len(e.apiservers) {
-		e.mu.Unlock()
-		return fmt.Errorf("%w: %d", ErrNoAPIServer, i)
-	}
-	s := e.apiservers[i]
-	p := s.proc
-	s.proc = nil
-	e.mu.Unlock()
-	if p != nil {
-		p.stop(sig, grace)
-	}
-	return nil
-}
-
-// StartAPIServer starts the stopped API server i again on its port, with the
-// same certificates and keys, and returns once it is ready. Starting a
-// running API server does nothing.
-func (e *Environment) StartAPIServer(i int) error {
-	e.mu.Lock()
-	if e.stopped {
-		e.mu.Unlock()
-		return ErrStopped
-	}
-	if i < 0 || i >= len(e.apiservers) {
-		e.mu.Unlock()
-		return fmt.Errorf("%w: %d", ErrNoAPIServer, i)
-	}
-	if e.apiservers[i].proc != nil {
-		e.mu.Unlock()
-		return nil
-	}
-	_, err := e.startAPIServerLocked(e.apiservers[i].port)
-	e.mu.Unlock()
-	if err != nil {
-		return err
-	}
-	return e.waitReady(context.Background(), i)
-}
-
 // LogTail returns the last n lines of API server i's log (i >= 0) or of
 // etcd's log (i == -1).
 func (e *Environment) LogTail(i, n int) string {
@@ -682,64 +522,4 @@ func (e *Environment) LogTail(i, n int) string {
 		return fmt.Sprintf("(no API server %d)", i)
 	}
 	return tailFile(e.apiservers[i].logs, n)
-}
-
-// Compact compacts etcd's history up to its current revision and returns that
-// revision. It talks to etcd's JSON gateway, with no etcd client library.
-//
-// Afterwards etcd refuses reads and watches at older revisions, which the API
-// server reports as 410 Gone -- but only for requests that reach etcd. With
-// the watch cache on (the default) the API server keeps serving a watch or an
-// exact list from a compacted resourceVersion out of memory (observed with
-// v1.37.2); to make such a watch fail with 410, use an environment started with
-// Options.DisableWatchCache, or restart the API server after Compact (its new
-// cache starts at the current revision).
-func (e *Environment) Compact(ctx context.Context) (int64, error) {
-	var rng struct {
-		Header struct {
-			Revision json.Number `json:"revision"`
-		} `json:"header"`
-	}
-	// Any key will do: the header carries the store's current revision.
-	if err := e.etcdPost(ctx, "/v3/kv/range", map[string]any{"key": "Lw==", "limit": 1, "keys_only": true}, &rng); err != nil {
-		return 0, err
-	}
-	rev, err := strconv.ParseInt(rng.Header.Revision.String(), 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("envtest: etcd range: bad revision %q: %w", rng.Header.Revision, err)
-	}
-	if err := e.etcdPost(ctx, "/v3/kv/compaction", map[string]any{"revision": rev, "physical": true}, nil); err != nil {
-		return 0, err
-	}
-	return rev, nil
-}
-
-func (e *Environment) etcdPost(ctx context.Context, path string, in, out any) error {
-	body, err := json.Marshal(in)
-	if err != nil {
-		return err
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.etcdURL+path, bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return fmt.Errorf("envtest: etcd %s: %w", path, err)
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil {
-		return fmt.Errorf("envtest: etcd %s: %w", path, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("envtest: etcd %s: HTTP %d: %s", path, resp.StatusCode, data)
-	}
-	if out != nil {
-		if err := json.Unmarshal(data, out); err != nil {
-			return fmt.Errorf("envtest: etcd %s: decode %s: %w", path, data, err)
-		}
-	}
-	return nil
 }

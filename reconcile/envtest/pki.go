@@ -54,10 +54,48 @@ func writePKI(dir string) (*pki, error) {
 		tokenFile: filepath.Join(dir, "tokens.csv"),
 	}
 	now := time.Now()
+	caKey, caCert, err := newCA(now)
+	if err != nil {
+		return nil, err
+	}
+	p.caPEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caCert.Raw})
+	srvDER, srvKeyDER, err := newServingCert(now, caCert, caKey)
+	if err != nil {
+		return nil, err
+	}
+	saKeyDER, saPubDER, err := newServiceAccountKey()
+	if err != nil {
+		return nil, err
+	}
+	p.adminToken = randToken()
+	p.userToken = randToken()
+	p.kcmToken = randToken()
 
+	files := []struct {
+		path string
+		data []byte
+	}{
+		{p.caFile, p.caPEM},
+		{p.certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srvDER})},
+		{p.keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: srvKeyDER})},
+		{p.saKeyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: saKeyDER})},
+		{p.saPubFile, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: saPubDER})},
+		{p.tokenFile, []byte(p.tokens())},
+	}
+	for _, f := range files {
+		if err := os.WriteFile(f.path, f.data, 0o600); err != nil {
+			return nil, fmt.Errorf("write %s: %w", f.path, err)
+		}
+	}
+	return p, nil
+}
+
+// newCA generates the self-signed CA of an environment, valid from an hour
+// before now for a week, and returns its key and certificate.
+func newCA(now time.Time) (*ecdsa.PrivateKey, *x509.Certificate, error) {
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return nil, fmt.Errorf("generate CA key: %w", err)
+		return nil, nil, fmt.Errorf("generate CA key: %w", err)
 	}
 	caTmpl := &x509.Certificate{
 		SerialNumber:          randSerial(),
@@ -70,17 +108,22 @@ func writePKI(dir string) (*pki, error) {
 	}
 	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
 	if err != nil {
-		return nil, fmt.Errorf("create CA certificate: %w", err)
+		return nil, nil, fmt.Errorf("create CA certificate: %w", err)
 	}
 	caCert, err := x509.ParseCertificate(caDER)
 	if err != nil {
-		return nil, fmt.Errorf("parse CA certificate: %w", err)
+		return nil, nil, fmt.Errorf("parse CA certificate: %w", err)
 	}
-	p.caPEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
+	return caKey, caCert, nil
+}
 
+// newServingCert generates the API servers' serving key and a certificate
+// for it, for the loopback addresses and the kubernetes Service's names,
+// signed by the CA; it returns both DER-encoded.
+func newServingCert(now time.Time, caCert *x509.Certificate, caKey *ecdsa.PrivateKey) (certDER, keyDER []byte, err error) {
 	srvKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return nil, fmt.Errorf("generate serving key: %w", err)
+		return nil, nil, fmt.Errorf("generate serving key: %w", err)
 	}
 	srvTmpl := &x509.Certificate{
 		SerialNumber: randSerial(),
@@ -92,52 +135,42 @@ func writePKI(dir string) (*pki, error) {
 		DNSNames:     []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"},
 		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
 	}
-	srvDER, err := x509.CreateCertificate(rand.Reader, srvTmpl, caCert, &srvKey.PublicKey, caKey)
+	certDER, err = x509.CreateCertificate(rand.Reader, srvTmpl, caCert, &srvKey.PublicKey, caKey)
 	if err != nil {
-		return nil, fmt.Errorf("create serving certificate: %w", err)
+		return nil, nil, fmt.Errorf("create serving certificate: %w", err)
 	}
-	srvKeyDER, err := x509.MarshalECPrivateKey(srvKey)
+	keyDER, err = x509.MarshalECPrivateKey(srvKey)
 	if err != nil {
-		return nil, fmt.Errorf("marshal serving key: %w", err)
+		return nil, nil, fmt.Errorf("marshal serving key: %w", err)
 	}
+	return certDER, keyDER, nil
+}
 
+// newServiceAccountKey generates the key pair that signs and verifies
+// service-account tokens, and returns the private key and the public key
+// DER-encoded.
+func newServiceAccountKey() (keyDER, pubDER []byte, err error) {
 	saKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return nil, fmt.Errorf("generate service-account key: %w", err)
+		return nil, nil, fmt.Errorf("generate service-account key: %w", err)
 	}
-	saKeyDER, err := x509.MarshalECPrivateKey(saKey)
+	keyDER, err = x509.MarshalECPrivateKey(saKey)
 	if err != nil {
-		return nil, fmt.Errorf("marshal service-account key: %w", err)
+		return nil, nil, fmt.Errorf("marshal service-account key: %w", err)
 	}
-	saPubDER, err := x509.MarshalPKIXPublicKey(&saKey.PublicKey)
+	pubDER, err = x509.MarshalPKIXPublicKey(&saKey.PublicKey)
 	if err != nil {
-		return nil, fmt.Errorf("marshal service-account public key: %w", err)
+		return nil, nil, fmt.Errorf("marshal service-account public key: %w", err)
 	}
+	return keyDER, pubDER, nil
+}
 
-	p.adminToken = randToken()
-	p.userToken = randToken()
-	p.kcmToken = randToken()
-	tokens := fmt.Sprintf("%s,%s,%s,\"system:masters\"\n%s,%s,%s\n%s,%s,%s,\"system:masters\"\n",
+// tokens renders the static token file (token,user,uid[,groups]) of the
+// three users, AdminUser and ControllerManagerUser in system:masters.
+func (p *pki) tokens() string {
+	return fmt.Sprintf("%s,%s,%s,\"system:masters\"\n%s,%s,%s\n%s,%s,%s,\"system:masters\"\n",
 		p.adminToken, AdminUser, AdminUser, p.userToken, UnprivilegedUser, UnprivilegedUser,
 		p.kcmToken, ControllerManagerUser, ControllerManagerUser)
-
-	files := []struct {
-		path string
-		data []byte
-	}{
-		{p.caFile, p.caPEM},
-		{p.certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srvDER})},
-		{p.keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: srvKeyDER})},
-		{p.saKeyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: saKeyDER})},
-		{p.saPubFile, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: saPubDER})},
-		{p.tokenFile, []byte(tokens)},
-	}
-	for _, f := range files {
-		if err := os.WriteFile(f.path, f.data, 0o600); err != nil {
-			return nil, fmt.Errorf("write %s: %w", f.path, err)
-		}
-	}
-	return p, nil
 }
 
 func randSerial() *big.Int {

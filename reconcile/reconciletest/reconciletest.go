@@ -40,10 +40,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/watch"
 	dynfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/kubernetes/fake"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/opkit/opkit"
@@ -74,19 +72,6 @@ type Harness[T opkit.Object] struct {
 	events    []string            // the Events created through the fake, in order
 	actions   []k8stesting.Action // the calls of both clients, in order
 }
-
-// builtins maps the resources client-go's scheme knows to their kinds.
-var builtins = func() map[schema.GroupVersionResource]schema.GroupVersionKind {
-	m := map[schema.GroupVersionResource]schema.GroupVersionKind{}
-	for gvk := range clientgoscheme.Scheme.AllKnownTypes() {
-		if gvk.Version == runtime.APIVersionInternal || strings.HasSuffix(gvk.Kind, "List") {
-			continue
-		}
-		gvr, _ := meta.UnsafeGuessKindToResource(gvk)
-		m[gvr] = gvk
-	}
-	return m
-}()
 
 // New returns a harness whose fakes hold objs: objects of T's resource
 // and of any other resource (typed objects with their TypeMeta set, or
@@ -164,32 +149,6 @@ func sortSeeds[T opkit.Object](t testing.TB, res opkit.Resource, cs *fake.Client
 	return seed, listKinds
 }
 
-// watchBuiltins returns the dynamic client's watch reactor: a watch of a
-// built-in resource watches cs's store, whose objects it hands out
-// unstructured.
-func watchBuiltins(cs *fake.Clientset) k8stesting.WatchReactionFunc {
-	return func(a k8stesting.Action) (bool, watch.Interface, error) {
-		gvk, ok := builtins[a.GetResource()]
-		if !ok {
-			return false, nil, nil
-		}
-		var opts metav1.ListOptions
-		if w, ok := a.(k8stesting.WatchActionImpl); ok {
-			opts = w.ListOptions
-		}
-		w, err := cs.Tracker().Watch(a.GetResource(), a.GetNamespace(), opts)
-		if err != nil {
-			return true, nil, err
-		}
-		return true, watch.Filter(w, func(e watch.Event) (watch.Event, bool) {
-			if u, err := toUnstructured(e.Object, gvk); err == nil {
-				e.Object = u
-			}
-			return e, true
-		}), nil
-	}
-}
-
 // noteEvent is the dynamic client's reactor for creates of Events: it
 // notes every Event created, in order (the fake lists by name), and lets
 // the default reactor store it.
@@ -215,77 +174,6 @@ func (h *Harness[T]) record(a k8stesting.Action) (bool, runtime.Object, error) {
 	h.actions = append(h.actions, a.DeepCopy())
 	h.mu.Unlock()
 	return false, nil, nil
-}
-
-// builtin serves a call of the dynamic client to a built-in resource
-// from the clientset's store, converting between unstructured and typed
-// objects.
-func (h *Harness[T]) builtin(a k8stesting.Action) (bool, runtime.Object, error) {
-	gvk, ok := builtins[a.GetResource()]
-	if !ok {
-		return false, nil, nil
-	}
-	switch act := a.(type) {
-	case k8stesting.CreateActionImpl:
-		obj, err := toTyped(act.GetObject())
-		if err != nil {
-			return true, nil, err
-		}
-		act.Object = obj
-		a = act
-	case k8stesting.UpdateActionImpl:
-		obj, err := toTyped(act.GetObject())
-		if err != nil {
-			return true, nil, err
-		}
-		act.Object = obj
-		a = act
-	}
-	handled, obj, err := k8stesting.ObjectReaction(h.Clientset.Tracker())(a)
-	if err != nil || obj == nil {
-		return handled, obj, err
-	}
-	if meta.IsListType(obj) {
-		items, err := meta.ExtractList(obj)
-		if err != nil {
-			return true, nil, err
-		}
-		out := &unstructured.UnstructuredList{}
-		out.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
-		for _, item := range items {
-			u, err := toUnstructured(item, gvk)
-			if err != nil {
-				return true, nil, err
-			}
-			out.Items = append(out.Items, *u)
-		}
-		return true, out, nil
-	}
-	u, err := toUnstructured(obj, gvk)
-	return true, u, err
-}
-
-// toTyped converts an object of a built-in kind to its client-go type.
-func toTyped(obj runtime.Object) (runtime.Object, error) {
-	u, ok := obj.(*unstructured.Unstructured)
-	if !ok {
-		return obj, nil
-	}
-	out, err := clientgoscheme.Scheme.New(u.GroupVersionKind())
-	if err == nil {
-		err = runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, out)
-	}
-	return out, err
-}
-
-func toUnstructured(obj runtime.Object, gvk schema.GroupVersionKind) (*unstructured.Unstructured, error) {
-	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
-	if err != nil {
-		return nil, err
-	}
-	u := &unstructured.Unstructured{Object: m}
-	u.SetGroupVersionKind(gvk)
-	return u, nil
 }
 
 // Get returns the object stored under key, or fails the test.
@@ -358,40 +246,6 @@ func (h *Harness[T]) Reconcile(ctx context.Context, r reconcile.Reconciler[T], r
 	return c
 }
 
-// firstGenerations gives generation 1 to the objects that creates and
-// patches (an apply may create) among actions left without one: the
-// fakes do not set it.
-func (h *Harness[T]) firstGenerations(actions []k8stesting.Action) {
-	for _, a := range actions {
-		if a.GetVerb() != "create" && a.GetVerb() != "patch" || a.GetSubresource() != "" {
-			continue
-		}
-		tracker := h.Dynamic.Tracker()
-		if _, ok := builtins[a.GetResource()]; ok {
-			tracker = h.Clientset.Tracker()
-		}
-		name := ""
-		switch a := a.(type) {
-		case k8stesting.CreateAction:
-			if m, err := meta.Accessor(a.GetObject()); err == nil {
-				name = m.GetName()
-			}
-		case k8stesting.PatchAction:
-			name = a.GetName()
-		}
-		obj, err := tracker.Get(a.GetResource(), a.GetNamespace(), name)
-		if err != nil {
-			continue // created and gone, or an error the call saw
-		}
-		if m, err := meta.Accessor(obj); err == nil && m.GetGeneration() == 0 {
-			m.SetGeneration(1)
-			if err := tracker.Update(a.GetResource(), obj, a.GetNamespace()); err != nil {
-				h.t.Fatalf("reconciletest: generation of %s %s/%s: %v", a.GetResource().Resource, a.GetNamespace(), name, err)
-			}
-		}
-	}
-}
-
 // MarkDeleting sets metadata.deletionTimestamp on the stored object under
 // key, as the API server does when an object that carries finalizers is
 // deleted; it fails the test if the object has no finalizer (the server
@@ -409,23 +263,6 @@ func (h *Harness[T]) MarkDeleting(key opkit.Key) {
 	u.SetDeletionTimestamp(&now)
 	if err := h.Dynamic.Tracker().Update(h.Resource.GroupVersionResource, u, key.Namespace); err != nil {
 		h.t.Fatalf("reconciletest: mark %s deleting: %v", key, err)
-	}
-	h.takeActions()
-}
-
-// collect removes objects of the resource that are being deleted and carry
-// no finalizer any more, as the API server would; the fake does not.
-func (h *Harness[T]) collect() {
-	list, err := h.Dynamic.Resource(h.Resource.GroupVersionResource).List(context.Background(), metav1.ListOptions{})
-	if err != nil {
-		h.t.Fatalf("reconciletest: list %s: %v", h.Resource.GroupVersionResource, err)
-	}
-	for _, u := range list.Items {
-		if u.GetDeletionTimestamp() != nil && len(u.GetFinalizers()) == 0 {
-			if err := h.Dynamic.Tracker().Delete(h.Resource.GroupVersionResource, u.GetNamespace(), u.GetName()); err != nil {
-				h.t.Fatalf("reconciletest: collect %s/%s: %v", u.GetNamespace(), u.GetName(), err)
-			}
-		}
 	}
 	h.takeActions()
 }
@@ -482,35 +319,6 @@ func (h *Harness[T]) Delete(res opkit.Resource, key opkit.Key) {
 	}
 	if err := tracker.Delete(res.GroupVersionResource, key.Namespace, key.Name); err != nil {
 		h.t.Fatalf("reconciletest: delete %s %s: %v", res.Resource, key, err)
-	}
-}
-
-// Fail makes the next times calls (every call when times is negative)
-// with verb ("get", "create", "update", "patch", "delete", "list"; "*"
-// for all) on resource, through either client, fail with err, before
-// they reach the store. resource is a plural ("configmaps"), which
-// matches the resource itself and not its subresources, a plural with a
-// subresource ("websites/status"), which matches only that subresource,
-// or "*" for every resource and subresource. clear ends the failures
-// (those with a negative times included).
-func (h *Harness[T]) Fail(verb, resource string, times int, err error) (clear func()) {
-	var mu sync.Mutex
-	plural, sub, _ := strings.Cut(resource, "/")
-	fail := func(a k8stesting.Action) (bool, runtime.Object, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		if times == 0 || resource != "*" && a.GetSubresource() != sub {
-			return false, nil, nil
-		}
-		times--
-		return true, nil, err
-	}
-	h.Dynamic.PrependReactor(verb, plural, fail)
-	h.Clientset.PrependReactor(verb, plural, fail)
-	return func() {
-		mu.Lock()
-		defer mu.Unlock()
-		times = 0
 	}
 }
 
