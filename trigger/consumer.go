@@ -23,7 +23,6 @@ const (
 	ackReconciled = "Reconciled"
 
 	nackDropped    = "Dropped"
-	nackAPIError   = "APIError"
 	nackOutOfScope = "OutOfScope"
 	nackStopping   = "Stopping"
 	nackTermEnded  = "TermEnded"
@@ -359,11 +358,17 @@ func (c *Consumer[T]) handle(ctx context.Context, msg Message, start time.Time) 
 		c.nack(ctx, msg, nackDropped, c.cfg.DroppedDelay, start)
 	case err != nil:
 		// The API server failed, or returned something the trigger
-		// refuses (another kind): not the message's fault.
-		delay := backoff(c.cfg.RetryBase, c.cfg.RetryCap, msg.Deliveries())
+		// refuses (another kind): not the message's fault. What an API
+		// server's restart answers is retried soon, whatever the
+		// deliveries (hand-backs to a shard's holder among them); the rest
+		// backs off with them.
+		class, delay := apiClass(err), c.cfg.DroppedDelay
+		if class == apiError || class == apiRefused && msg.Deliveries() > queue.TransientRefusals {
+			delay = backoff(c.cfg.RetryBase, c.cfg.RetryCap, msg.Deliveries())
+		}
 		c.cfg.Logger.LogAttrs(ctx, apiLevel(err), "trigger consumer: reading the object failed; nacking for a redelivery",
-			key, slog.Any("error", err), slog.Int("deliveries", msg.Deliveries()), slog.Duration("delay", delay))
-		c.nack(ctx, msg, nackAPIError, delay, start)
+			key, slog.String("class", class), slog.Any("error", err), slog.Int("deliveries", msg.Deliveries()), slog.Duration("delay", delay))
+		c.nack(ctx, msg, class, delay, start)
 	case !o.Accepted():
 		// Never ack a dropped trigger: the broker must redeliver it, to the
 		// leader or to this replica once it leads.

@@ -4,10 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net"
+	"net/url"
+	"os"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -422,31 +426,50 @@ func TestConsumerPausedOverridesTheQueue(t *testing.T) {
 	})
 }
 
-func TestConsumerNacksAPIErrorsWithGrowingDelay(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		e := newConsumerEnv(t, func(c *trigger.ConsumerConfig[*corev1.ConfigMap]) {
-			c.RetryBase, c.RetryCap = time.Second, 5*time.Second
+// An API failure is retried soon when an API server's restart explains
+// it (5xx, refused connections; 401/403 for the first few deliveries, as
+// while its authorizer syncs), whatever the deliveries so far, and with a
+// delay growing with them otherwise; each class is counted apart.
+func TestConsumerNacksAPIErrorsByClass(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		err   error
+		want  string
+		class string
+	}{
+		{"a restart's 500", apierrors.NewInternalError(errors.New("etcd leader changed")), "Nack@1s,Nack@1s,Nack@1s,Nack@1s,Ack", "APITransient"},
+		{"a refused connection", &url.Error{Op: "Get", URL: "https://127.0.0.1:6443", Err: &net.OpError{Op: "dial", Net: "tcp",
+			Err: &os.SyscallError{Syscall: "connect", Err: syscall.ECONNREFUSED}}}, "Nack@1s,Nack@1s,Nack@1s,Nack@1s,Ack", "APITransient"},
+		{"a refusal", apierrors.NewForbidden(configMaps.GroupResource(), "a", errors.New("no")), "Nack@1s,Nack@1s,Nack@1s,Nack@5s,Ack", "APIRefused"},
+		{"a bad request", apierrors.NewBadRequest("no"), "Nack@1s,Nack@2s,Nack@4s,Nack@5s,Ack", "APIError"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				e := newConsumerEnv(t, func(c *trigger.ConsumerConfig[*corev1.ConfigMap]) {
+					c.RetryBase, c.RetryCap = time.Second, 5*time.Second
+				})
+				failures := 4
+				e.objs.fail = func(opkit.Key) error {
+					if failures > 0 {
+						failures--
+						return tc.err
+					}
+					return nil
+				}
+				id := e.b.Publish([]byte(`{"namespace":"ns","name":"a"}`))
+				stop := e.run(t)
+				defer stop()
+				time.Sleep(time.Minute)
+				synctest.Wait()
+				if got := ops(e.b.Events(id)); got != tc.want {
+					t.Errorf("settlements = %q, want %q", got, tc.want)
+				}
+				if e.m.nacked[tc.class] != 4 {
+					t.Errorf("nacked = %v, want 4 %s", e.m.nacked, tc.class)
+				}
+			})
 		})
-		failures := 4
-		e.objs.fail = func(opkit.Key) error {
-			if failures > 0 {
-				failures--
-				return apierrors.NewInternalError(errors.New("etcd leader changed"))
-			}
-			return nil
-		}
-		id := e.b.Publish([]byte(`{"namespace":"ns","name":"a"}`))
-		stop := e.run(t)
-		defer stop()
-		time.Sleep(time.Minute)
-		synctest.Wait()
-		if got := ops(e.b.Events(id)); got != "Nack@1s,Nack@2s,Nack@4s,Nack@5s,Ack" {
-			t.Errorf("settlements = %q", got)
-		}
-		if e.m.nacked["APIError"] != 4 {
-			t.Errorf("nacked = %v", e.m.nacked)
-		}
-	})
+	}
 }
 
 // A NotFound that names no object is the API server not serving the
@@ -703,8 +726,8 @@ func TestConsumerCountsADeadLetterOnNackAsTerminated(t *testing.T) {
 		if dl := deadLetters(e.b); len(dl) != 1 || dl[0].Reason != "MaxDeliveries" {
 			t.Fatalf("dead letters = %+v, want one (MaxDeliveries)", dl)
 		}
-		if e.m.nacked["APIError"] != 2 || e.m.terminated["MaxDeliveries"] != 1 {
-			t.Errorf("nacked %v, terminated %v; want 2 APIError nacks and 1 MaxDeliveries", e.m.nacked, e.m.terminated)
+		if e.m.nacked["APITransient"] != 2 || e.m.terminated["MaxDeliveries"] != 1 {
+			t.Errorf("nacked %v, terminated %v; want 2 APITransient nacks and 1 MaxDeliveries", e.m.nacked, e.m.terminated)
 		}
 	})
 }

@@ -58,7 +58,7 @@
 //	405            a method other than POST (GET for .../triggers/{id}; Allow says which)
 //	413, 415, 431  a body over MaxBodyBytes, or not application/json; headers over ServerConfig.MaxHeaderBytes
 //	429            a rate, in-flight or waiting limit, the trigger budget, the reviews in flight, or the client's failed authentications (Retry-After)
-//	502, 504       the API server failed, returned another kind or does not serve the resource, a review could not be evaluated, or the holder's endpoint is plain HTTP for a TLS request; 504: a call timed out
+//	502, 504       this replica's API server failed (a replica that does not work on the object forwards the trigger instead, with one shard: the holder checks the caller), returned another kind or does not serve the resource, a review could not be evaluated, or the holder's endpoint is plain HTTP for a TLS request; 504: a call timed out
 //	503            no replica can take the trigger now (Retry-After; X-Opkit-Leader and "leader" name the holder when known), the term ended or the server stopped while the caller waited, the holder does not answer, or the caller left
 //
 // An error body is a [Status], without internal errors (the log has them,
@@ -80,7 +80,7 @@
 //	object not found                   Ack (NotFound), logged as a warning
 //	scheduled                          Ack (Scheduled); with AckAfterReconcile, Ack (Reconciled) once the reconcile succeeded or failed for good (InProgress meanwhile, the Outcome replied), Nack (TermEnded) when the term ends first
 //	object outside the scope           Nack (OutOfScope) after DroppedDelay: another controller on the subscription may own it
-//	API server error, another kind     Nack (APIError) after RetryBase*2^(deliveries-1), at most RetryCap
+//	API failure                        Nack after DroppedDelay: APITransient (no answer, 5xx, 429), APIRefused (401/403, first 3 deliveries); else RetryBase*2^(deliveries-1), at most RetryCap (APIRefused, APIError: another kind, a 4xx)
 //	enqueue dropped, or ErrBusy        Nack (Dropped) after DroppedDelay, never Ack
 //	received while Run is stopping     Nack (Stopping) at once
 //	a Nack the broker dead-letters     counted as Term (MaxDeliveries), see [DeadLetterer]

@@ -5,10 +5,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 
 	"github.com/opkit/opkit/trigger"
@@ -158,4 +162,54 @@ func TestAForwardedTriggerCarriesTheCallersTokenAndARefusedOneIsNotForwarded(t *
 	if leader.q.Len() != 1 || follower.q.Len() != 0 {
 		t.Fatalf("queued: leader %d, follower %d; want the leader's one", leader.q.Len(), follower.q.Len())
 	}
+}
+
+// unreachableAuth fails every review as an API server that does not
+// answer does.
+type unreachableAuth struct{}
+
+func (unreachableAuth) Authorize(context.Context, trigger.AuthRequest) (string, error) {
+	return "", &url.Error{Op: "Post", URL: "https://127.0.0.1:6443/apis/authentication.k8s.io/v1/tokenreviews",
+		Err: &net.OpError{Op: "dial", Net: "tcp", Err: &os.SyscallError{Syscall: "connect", Err: syscall.ECONNREFUSED}}}
+}
+
+// A follower whose own API server does not answer cannot check the
+// caller, and forwards the trigger to the leader, which does (and
+// refuses a bad token itself); a leader in that state answers 502, and a
+// follower whose API server said no refuses.
+func TestAFollowerThatCannotCheckTheCallerForwardsToTheLeader(t *testing.T) {
+	leaderAuth := &tokenAuth{}
+	leader := newHandlerEnv(t, func(c *trigger.HandlerConfig) { c.Authenticator = leaderAuth })
+	leaderSrv := httptest.NewServer(leader.h)
+	defer leaderSrv.Close()
+	follower := newHandlerEnv(t, func(c *trigger.HandlerConfig) { c.Authenticator = unreachableAuth{} })
+	follower.route.follow(leaderSrv.URL)
+	follower.q.Suspend()
+	followerSrv := httptest.NewServer(follower.h)
+	defer followerSrv.Close()
+
+	send := func(base, token string) int {
+		req, _ := http.NewRequest(http.MethodPost, base+"/reconcile/ns/a", nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := send(followerSrv.URL, "good"); code != http.StatusAccepted || leader.q.Len() != 1 {
+		t.Fatalf("a good token through the follower that cannot check it: %d, queued on the leader %d; want the leader's 202", code, leader.q.Len())
+	}
+	if code := send(followerSrv.URL, "forged"); code != http.StatusUnauthorized {
+		t.Fatalf("a bad token through the follower that cannot check it: %d, want the leader's 401", code)
+	}
+	// The leader itself cannot check: no one can, 502.
+	unchecked := newHandlerEnv(t, func(c *trigger.HandlerConfig) { c.Authenticator = unreachableAuth{} })
+	wantStatus(t, post(unchecked, "/reconcile/ns/a"), http.StatusBadGateway, "BadGateway")
+	// A follower whose API server refused the caller does not forward.
+	refusing := newHandlerEnv(t, func(c *trigger.HandlerConfig) { c.Authenticator = &tokenAuth{} })
+	refusing.route.follow(leaderSrv.URL)
+	refusing.q.Suspend()
+	wantStatus(t, post(refusing, "/reconcile/ns/a"), http.StatusUnauthorized, "Unauthorized")
 }

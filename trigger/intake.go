@@ -106,7 +106,7 @@ func (t *Trigger[T]) Intake(ctx context.Context, p Pointer, opts IntakeOptions) 
 	if opts.Authorize != nil {
 		var err error
 		if caller, err = opts.Authorize(ctx, p.Key); err != nil {
-			return none, err
+			return t.uncheckedElsewhere(ctx, p.Key, opts, err)
 		}
 	}
 	pl, obj, err := t.locate(ctx, p.Key, caller, opts)
@@ -134,6 +134,23 @@ func (t *Trigger[T]) Intake(ctx context.Context, p Pointer, opts IntakeOptions) 
 	d, err := t.schedule(ctx, pl.Queue, p.Key, t.cause(obj, p.Type, p.Reason, 0), p.Delay, false, opts.Track)
 	d.Object = obj
 	return d, err
+}
+
+// uncheckedElsewhere is the decision for a trigger whose caller this
+// replica could not check (authErr: its API server did not answer, or
+// refused the review): forwarded when another replica works on the
+// object and its place is known without a read (one shard), since that
+// replica checks every caller itself; else authErr.
+func (t *Trigger[T]) uncheckedElsewhere(ctx context.Context, key opkit.Key, opts IntakeOptions, authErr error) (Decision[T], error) {
+	if !unchecked(authErr) || opts.NoForward || t.cfg.Router.Shards() != 1 || t.checkNamespace(key) != nil {
+		return Decision[T]{}, authErr
+	}
+	if pl := t.cfg.Router.Place(0); pl.Queue == nil && pl.Endpoint != "" {
+		t.log.Log(ctx, slog.LevelWarn, "unchecked", "trigger: this replica could not check the caller; forwarding to the replica that works on the object, which checks it",
+			slog.String("key", key.String()), slog.Any("error", authErr))
+		return Decision[T]{Endpoint: pl.Endpoint, Holder: pl.Holder}, nil
+	}
+	return Decision[T]{}, authErr
 }
 
 // locate finds where key's object is worked on: with one shard without a
