@@ -26,8 +26,8 @@ const defaultConflictRetries = 5
 type FinalizeFunc[T opkit.Object] func(ctx context.Context, obj T) error
 
 // Finalizer keeps a finalizer on a resource's objects, and finalizes them
-// when deleted (retried after a 409). Name it in the watcher's
-// OwnFinalizers, so that adding it does not reconcile the object again.
+// when deleted (retried after a 409). Adding it reconciles nothing again:
+// the controller knows the write as its own.
 type Finalizer[T opkit.Object] struct {
 	name   string
 	client *typed.Client[T]
