@@ -9,7 +9,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
+	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -166,4 +168,34 @@ func Tombstone[T opkit.Object](key opkit.Key, uid types.UID, resourceVersion str
 	obj.SetUID(uid)
 	obj.SetResourceVersion(resourceVersion)
 	return obj
+}
+
+// JSONFields returns the fields encoding/json reads of the struct t (or a
+// pointer to one), by name, with embedded structs without a name inlined;
+// nothing for another kind.
+func JSONFields(t reflect.Type) map[string]reflect.Type {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	out := map[string]reflect.Type{}
+	if t.Kind() != reflect.Struct {
+		return out
+	}
+	for f := range t.Fields() {
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		embedded := f.Type
+		for embedded.Kind() == reflect.Pointer {
+			embedded = embedded.Elem()
+		}
+		switch {
+		case name == "-" || !f.IsExported() && !f.Anonymous:
+		case f.Anonymous && name == "" && embedded.Kind() == reflect.Struct:
+			maps.Copy(out, JSONFields(embedded))
+		case name == "":
+			out[f.Name] = f.Type
+		default:
+			out[name] = f.Type
+		}
+	}
+	return out
 }

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/yaml"
 
 	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/internal/typed"
 )
 
 // CheckCRD compares the schema of version of the CustomResourceDefinition
@@ -101,7 +102,7 @@ func compare(t reflect.Type, s *schemaNode, path string, diffs *[]string) {
 // compareStruct compares the json fields of struct t with the properties
 // of s.
 func compareStruct(t reflect.Type, s *schemaNode, path string, diffs *[]string) {
-	fields := jsonFields(t)
+	fields := typed.JSONFields(t)
 	for name, ft := range fields {
 		if path == "" && slices.Contains(metaFields, name) {
 			continue
@@ -117,28 +118,6 @@ func compareStruct(t reflect.Type, s *schemaNode, path string, diffs *[]string) 
 			*diffs = append(*diffs, join(path, name)+": in the schema, not in the Go type (never read)")
 		}
 	}
-}
-
-// jsonFields returns the fields encoding/json reads of struct t, by name,
-// embedded structs without a name inlined.
-func jsonFields(t reflect.Type) map[string]reflect.Type {
-	out := map[string]reflect.Type{}
-	for f := range t.Fields() {
-		tag := f.Tag.Get("json")
-		name, _, _ := strings.Cut(tag, ",")
-		switch {
-		case name == "-" || !f.IsExported() && !f.Anonymous:
-		case f.Anonymous && name == "" && f.Type.Kind() == reflect.Struct:
-			for n, ft := range jsonFields(f.Type) {
-				out[n] = ft
-			}
-		case name == "":
-			out[f.Name] = f.Type
-		default:
-			out[name] = f.Type
-		}
-	}
-	return out
 }
 
 // marshalsItself reports whether t has a JSON form of its own (time, a
