@@ -271,11 +271,11 @@ func (c *Controller[T]) Check() error {
 		if s == nil {
 			continue
 		}
-		if err := s.check(); err != nil && len(c.shards) > 1 {
-			errs = append(errs, fmt.Errorf("shard %d: %w", s.index, err))
-		} else {
-			errs = append(errs, err)
+		err := s.check()
+		if err != nil && len(c.shards) > 1 {
+			err = fmt.Errorf("shard %d: %w", s.index, err)
 		}
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

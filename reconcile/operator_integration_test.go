@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"sync"
 	"testing"
@@ -58,12 +59,24 @@ func (s *scheduledCount) get() int {
 	return s.n
 }
 
-func startOperatorReplica(t *testing.T, dyn dynamic.Interface, kube kubernetes.Interface, ns, id string) *operatorReplica {
+// replicaOptions tell one test's replicas from another's.
+type replicaOptions struct {
+	log          *slog.Logger // nil: quiet
+	checkCallers bool         // TokenReview and SubjectAccessReview through kube; else InsecureSkipAuth
+	owns         bool         // Owns ConfigMaps: a related watcher beside the controller's own
+}
+
+// startOperatorReplica starts replica id, with clients dyn and kube, and
+// waits until its trigger endpoint is bound; the test's cleanup stops it.
+func startOperatorReplica(t *testing.T, dyn dynamic.Interface, kube kubernetes.Interface, ns, id string, o replicaOptions) *operatorReplica {
 	t.Helper()
+	log := quiet
+	if o.log != nil {
+		log = o.log.With("replica", id)
+	}
 	r := &operatorReplica{id: id, scheduled: &scheduledCount{}, done: make(chan error, 1)}
-	var err error
-	r.ctrl, err = reconcile.NewController(reconcile.Config[*Widget]{
-		Name: "test.opkit.dev/operator", Resource: widgets, Dynamic: dyn, NoEvents: true, Logger: quiet,
+	cfg := reconcile.Config[*Widget]{
+		Name: "test.opkit.dev/operator", Resource: widgets, Dynamic: dyn, NoEvents: true, Logger: log,
 		Reconciler: reconcile.Func[*Widget](func(context.Context, reconcile.Request[*Widget]) (reconcile.Result, error) {
 			return reconcile.Done(), nil
 		}),
@@ -71,17 +84,22 @@ func startOperatorReplica(t *testing.T, dyn dynamic.Interface, kube kubernetes.I
 		TriggerMetrics: r.scheduled,
 		Leader: &leader.Config{Client: kube, Namespace: ns, Name: "operator", Identity: id,
 			LeaseDuration: 6 * time.Second, RenewDeadline: 4 * time.Second, RetryPeriod: 500 * time.Millisecond},
-	})
-	if err != nil {
+	}
+	if o.owns {
+		cfg.Owns = []opkit.Resource{configMaps}
+	}
+	var err error
+	if r.ctrl, err = reconcile.NewController(cfg); err != nil {
 		t.Fatal(err)
+	}
+	handler := trigger.HandlerConfig{InsecureSkipAuth: true, Logger: log}
+	if o.checkCallers {
+		handler = trigger.HandlerConfig{Reviews: kube, Logger: log}
 	}
 	r.op, err = reconcile.NewOperator(reconcile.OperatorConfig{
 		Controllers: []reconcile.Part{r.ctrl},
-		Triggers: &reconcile.TriggerEndpoint{
-			Server:  trigger.ServerConfig{Addr: "127.0.0.1:0", Logger: quiet},
-			Handler: trigger.HandlerConfig{InsecureSkipAuth: true, Logger: quiet},
-		},
-		Logger: quiet,
+		Triggers:    &reconcile.TriggerEndpoint{Server: trigger.ServerConfig{Addr: "127.0.0.1:0", Logger: log}, Handler: handler},
+		Logger:      log,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -106,7 +124,7 @@ func startOperatorReplica(t *testing.T, dyn dynamic.Interface, kube kubernetes.I
 // other reads the leader's published endpoint.
 func leaderAndFollower(t *testing.T, dyn dynamic.Interface, kube kubernetes.Interface, ns string) (lead, follower *operatorReplica) {
 	t.Helper()
-	a, b := startOperatorReplica(t, dyn, kube, ns, "a"), startOperatorReplica(t, dyn, kube, ns, "b")
+	a, b := startOperatorReplica(t, dyn, kube, ns, "a", replicaOptions{}), startOperatorReplica(t, dyn, kube, ns, "b", replicaOptions{})
 	eventually(t, time.Minute, "a leader, and a follower that knows its endpoint", func() error {
 		for _, pair := range [][2]*operatorReplica{{a, b}, {b, a}} {
 			if pair[0].ctrl.Held() != 1 || pair[0].ctrl.Check() != nil {

@@ -22,55 +22,17 @@ import (
 
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/internal/testcluster"
-	"github.com/opkit/opkit/leader"
-	"github.com/opkit/opkit/reconcile"
 	"github.com/opkit/opkit/trigger"
-	"github.com/opkit/opkit/watcher"
 )
 
 // startOn starts a replica whose clients, the trigger's reviews among
-// them, talk to API server server of c; its logs go to logs.
+// them, talk to API server server of c, with a related watcher; its logs
+// go to logs.
 func startOn(t *testing.T, c *testcluster.Cluster, server int, ns, id string, logs *logLines) *operatorReplica {
 	t.Helper()
 	cfg := c.ConfigFor(server)
-	dyn, kube := dynamic.NewForConfigOrDie(cfg), kubernetes.NewForConfigOrDie(cfg)
-	log := slog.New(slog.NewTextHandler(logs, nil)).With("replica", id)
-	r := &operatorReplica{id: id, scheduled: &scheduledCount{}, done: make(chan error, 1)}
-	var err error
-	r.ctrl, err = reconcile.NewController(reconcile.Config[*Widget]{
-		Name: "test.opkit.dev/restarts", Resource: widgets, Dynamic: dyn, NoEvents: true, Logger: log,
-		Reconciler: reconcile.Func[*Widget](func(context.Context, reconcile.Request[*Widget]) (reconcile.Result, error) {
-			return reconcile.Done(), nil
-		}),
-		Watch:          watcher.Config[*Widget]{Namespace: ns},
-		Owns:           []opkit.Resource{configMaps},
-		TriggerMetrics: r.scheduled,
-		Leader: &leader.Config{Client: kube, Namespace: ns, Name: "restarts", Identity: id,
-			LeaseDuration: 6 * time.Second, RenewDeadline: 4 * time.Second, RetryPeriod: 500 * time.Millisecond},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.op, err = reconcile.NewOperator(reconcile.OperatorConfig{
-		Controllers: []reconcile.Part{r.ctrl},
-		Triggers: &reconcile.TriggerEndpoint{Server: trigger.ServerConfig{Addr: "127.0.0.1:0", Logger: log},
-			Handler: trigger.HandlerConfig{Reviews: kube, Logger: log}},
-		Logger: log,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	r.cancel = cancel
-	go func() { r.done <- r.op.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-r.done })
-	eventually(t, time.Minute, id+" ready", func() error {
-		if r.op.TriggerURL() == "" {
-			return errors.New("no endpoint yet")
-		}
-		return nil
-	})
-	return r
+	return startOperatorReplica(t, dynamic.NewForConfigOrDie(cfg), kubernetes.NewForConfigOrDie(cfg), ns, id,
+		replicaOptions{log: slog.New(slog.NewTextHandler(logs, nil)), checkCallers: true, owns: true})
 }
 
 // Three replicas; the API server of one follower is stopped, then started
@@ -154,7 +116,7 @@ func pipelineToken(t *testing.T, c *testcluster.Cluster, kube kubernetes.Interfa
 		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: "pipeline", Namespace: ns}}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	token, err := c.ServiceAccountToken(ctx, ns, "pipeline", "opkit-trigger")
+	token, err := c.ServiceAccountToken(ctx, ns, "pipeline", trigger.DefaultAudience)
 	if err != nil {
 		t.Fatal(err)
 	}

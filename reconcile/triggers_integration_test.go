@@ -17,8 +17,6 @@ import (
 	"testing"
 	"time"
 
-	authzv1 "k8s.io/api/authorization/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
@@ -189,28 +187,7 @@ func TestIntegrationTriggersAPipelineCanRelyOn(t *testing.T) {
 	ctx := context.Background()
 	// The pipeline may update (so trigger) widgets; the replicas run as
 	// admin.
-	if _, err := kube.RbacV1().Roles(ns).Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "trigger"},
-		Rules: []rbacv1.PolicyRule{{APIGroups: []string{widgets.Group}, Resources: []string{widgets.Resource}, Verbs: []string{"update"}}}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kube.RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "trigger"},
-		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "trigger"},
-		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: "pipeline", Namespace: ns}}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	token, err := c.ServiceAccountToken(ctx, ns, "pipeline", trigger.DefaultAudience)
-	if err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, time.Minute, "the pipeline's grant", func() error {
-		sar, err := kube.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
-			User: "system:serviceaccount:" + ns + ":pipeline", Groups: []string{"system:serviceaccounts", "system:authenticated"},
-			ResourceAttributes: &authzv1.ResourceAttributes{Namespace: ns, Verb: "update", Group: widgets.Group, Resource: widgets.Resource, Name: "ok-1"}}}, metav1.CreateOptions{})
-		if err != nil || !sar.Status.Allowed {
-			return fmt.Errorf("not allowed yet (%v)", err)
-		}
-		return nil
-	})
+	token := pipelineToken(t, c, kube, ns)
 	for _, name := range []string{"ok-1", "fail-1", "terminal-1", "slow-1"} {
 		create(t, dyn, ns, name, 1)
 	}
