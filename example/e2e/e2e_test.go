@@ -619,14 +619,16 @@ func TestThreeShardedReplicasShareTheWorkAndSurviveAKill(t *testing.T) {
 		reason := fmt.Sprintf("http %d via %s", i, via.Identity)
 		// 429 when the caller's share of the trigger budget is spent: later,
 		// as a pipeline would.
-		code := 0
+		// The time is taken before the post: the reconcile may write its
+		// status before the 202 reaches this goroutine.
+		at, code := time.Now(), 0
 		if err := harness.Poll(ctx, 90*time.Second, func() (bool, error) {
 			code = postReason(t, via.TriggerURL+"/reconcile/"+e.ns+"/"+n, e.token, reason)
 			return code != http.StatusTooManyRequests, nil
 		}); err != nil || code != http.StatusAccepted {
 			t.Fatalf("trigger of %s via %s: %d %v, want 202", n, via.Identity, code, err)
 		}
-		e.record(fired{name: n, reason: reason, via: "http", at: time.Now()})
+		e.record(fired{name: n, reason: reason, via: "http", at: at})
 	}
 	e.waitConverged(ctx, names)
 	waitReasons(t, e, ctx, names, "HTTP through every replica")
