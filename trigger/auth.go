@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	authnclient "k8s.io/client-go/kubernetes/typed/authentication/v1"
 	authzclient "k8s.io/client-go/kubernetes/typed/authorization/v1"
+	"k8s.io/client-go/util/flowcontrol"
 
 	"golang.org/x/sync/singleflight"
 
@@ -60,33 +61,39 @@ type ReviewClient interface {
 // field means its default. Client makes the reviews (required); the token
 // must be for one of Audiences (nil: DefaultAudience); the
 // SubjectAccessReview checks Verb ("": "update") on Group and Resource
-// (empty: the trigger's) and Subresource. Allows are cached PositiveTTL
-// (zero: 10s), refusals NegativeTTL (zero: 5s), in caches of MaxEntries
-// (zero: 4096). At most MaxReviews (zero: 16) run at once, half of them
-// one user's (ErrBusy beyond), each within ReviewTimeout (zero: 5s); the
-// requests that need the same review share it.
+// (empty: the trigger's) and Subresource, for the namespace, then, if
+// denied, for the object. Allows are cached PositiveTTL (zero: 10s),
+// refusals NegativeTTL (5s), up to MaxEntries (4096). A service-account
+// token is checked against its issuer's keys first (a forged one gets no
+// review); the others share TokenReviewRate reviews a second (20, burst
+// TokenReviewBurst 40); a user gets AccessReviewRate of single objects
+// (5, burst AccessReviewBurst 10); ErrBusy beyond. MaxReviews (16) run at
+// once, shared fairly, each within ReviewTimeout (5s); the requests that
+// need the same review share it.
 type KubeAuthConfig struct {
-	Client                   ReviewClient
-	Audiences                []string
-	Verb                     string
-	Group, Resource          string
-	Subresource              string
-	PositiveTTL, NegativeTTL time.Duration
-	MaxEntries               int
-	MaxReviews               int
-	ReviewTimeout            time.Duration
+	Client                              ReviewClient
+	Audiences                           []string
+	Verb                                string
+	Group, Resource                     string
+	Subresource                         string
+	PositiveTTL, NegativeTTL            time.Duration
+	MaxEntries                          int
+	TokenReviewRate, AccessReviewRate   float64
+	TokenReviewBurst, AccessReviewBurst int
+	MaxReviews                          int
+	ReviewTimeout                       time.Duration
 }
 
 // kubeAuthenticator is the Kubernetes-native Authenticator.
 type kubeAuthenticator struct {
-	cfg     KubeAuthConfig // validated, defaults applied
-	tokens  *ttlCache[tokenResult]
-	perms   *ttlCache[error] // nil: allowed; else wraps ErrForbidden
-	flights singleflight.Group
-	slots   chan struct{} // one per review in flight
-
-	mu     sync.Mutex
-	byUser map[string]int // SubjectAccessReviews in flight per user
+	cfg      KubeAuthConfig // validated, defaults applied
+	tokens   *ttlCache[tokenResult]
+	perms    *ttlCache[error] // nil: allowed; else wraps ErrForbidden
+	flights  singleflight.Group
+	slots    *fairSlots                     // the reviews in flight
+	unknown  flowcontrol.PassiveRateLimiter // TokenReviews of tokens not checked here
+	byCaller *ttlCache[flowcontrol.PassiveRateLimiter]
+	issuer   *issuerKeys // checks service-account tokens without a review
 }
 
 type tokenResult struct {
@@ -108,40 +115,38 @@ func NewKubeAuthenticator(cfg KubeAuthConfig) (Authenticator, error) {
 		return nil, errors.New("trigger: KubeAuthConfig.Audiences must not be empty")
 	case cfg.Group != "" && cfg.Resource == "":
 		return nil, fmt.Errorf("trigger: KubeAuthConfig.Group %q without Resource would be ignored (the trigger's own resource and group are checked); set Resource too", cfg.Group)
-	case cfg.PositiveTTL < 0 || cfg.NegativeTTL < 0 || cfg.MaxEntries < 0 || cfg.MaxReviews < 0 || cfg.ReviewTimeout < 0:
-		return nil, errors.New("trigger: KubeAuthConfig TTLs, timeouts and limits must not be negative")
+	case cfg.PositiveTTL < 0 || cfg.NegativeTTL < 0 || cfg.MaxEntries < 0 || cfg.MaxReviews < 0 || cfg.ReviewTimeout < 0 ||
+		!(cfg.TokenReviewRate >= 0) || !(cfg.AccessReviewRate >= 0) || cfg.TokenReviewBurst < 0 || cfg.AccessReviewBurst < 0:
+		return nil, errors.New("trigger: KubeAuthConfig TTLs, timeouts, rates and limits must not be negative")
 	}
 	cfg.Verb = cmp.Or(cfg.Verb, "update")
 	cfg.PositiveTTL = cmp.Or(cfg.PositiveTTL, 10*time.Second)
 	cfg.NegativeTTL = cmp.Or(cfg.NegativeTTL, 5*time.Second)
 	cfg.MaxEntries = cmp.Or(cfg.MaxEntries, 4096)
+	cfg.TokenReviewRate, cfg.TokenReviewBurst = cmp.Or(cfg.TokenReviewRate, 20), cmp.Or(cfg.TokenReviewBurst, 40)
+	cfg.AccessReviewRate, cfg.AccessReviewBurst = cmp.Or(cfg.AccessReviewRate, 5), cmp.Or(cfg.AccessReviewBurst, 10)
 	cfg.MaxReviews = cmp.Or(cfg.MaxReviews, 16)
 	cfg.ReviewTimeout = cmp.Or(cfg.ReviewTimeout, 5*time.Second)
 	return &kubeAuthenticator{cfg: cfg, tokens: newTTLCache[tokenResult](cfg.MaxEntries), perms: newTTLCache[error](cfg.MaxEntries),
-		slots: make(chan struct{}, cfg.MaxReviews)}, nil
+		slots:    newFairSlots(cfg.MaxReviews),
+		unknown:  flowcontrol.NewTokenBucketPassiveRateLimiter(float32(cfg.TokenReviewRate), cfg.TokenReviewBurst),
+		byCaller: newTTLCache[flowcontrol.PassiveRateLimiter](cfg.MaxEntries),
+		issuer:   newIssuerKeys(cfg.Client.AuthenticationV1().RESTClient(), cfg.Audiences)}, nil
 }
 
 // shared runs review once for the concurrent callers of the same key,
 // under ReviewTimeout rather than the first caller's context (a caller
-// that leaves stops waiting; the review goes on for the others), and at
-// most MaxReviews at once, at most half of them for one user when user
-// is set (ErrBusy beyond).
-func shared[V any](ctx context.Context, a *kubeAuthenticator, key, user string, review func(context.Context) (V, error)) (V, error) {
+// that leaves stops waiting; the review goes on for the others), in one
+// of the MaxReviews slots, waiting for who's fair turn (ErrBusy when the
+// timeout ends first).
+func shared[V any](ctx context.Context, a *kubeAuthenticator, key, who string, review func(context.Context) (V, error)) (V, error) {
 	ch := a.flights.DoChan(key, func() (any, error) {
-		if user != "" {
-			if !a.takeUserSlot(user) {
-				return *new(V), fmt.Errorf("%w: this caller has %d reviews in flight", ErrBusy, a.userShare())
-			}
-			defer a.releaseUserSlot(user)
-		}
-		select {
-		case a.slots <- struct{}{}:
-			defer func() { <-a.slots }()
-		default:
-			return *new(V), fmt.Errorf("%w: %d reviews in flight", ErrBusy, a.cfg.MaxReviews)
-		}
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.cfg.ReviewTimeout)
 		defer cancel()
+		if !a.slots.acquire(rctx, who) {
+			return *new(V), fmt.Errorf("%w: %d reviews in flight, this caller's fair share among them", ErrBusy, a.cfg.MaxReviews)
+		}
+		defer a.slots.release(who)
 		return review(rctx)
 	})
 	select {
@@ -150,30 +155,6 @@ func shared[V any](ctx context.Context, a *kubeAuthenticator, key, user string, 
 		return v, r.Err
 	case <-ctx.Done():
 		return *new(V), ctx.Err()
-	}
-}
-
-// userShare is how many reviews one user may have in flight.
-func (a *kubeAuthenticator) userShare() int { return max(1, a.cfg.MaxReviews/2) }
-
-func (a *kubeAuthenticator) takeUserSlot(user string) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.byUser[user] >= a.userShare() {
-		return false
-	}
-	if a.byUser == nil {
-		a.byUser = map[string]int{}
-	}
-	a.byUser[user]++
-	return true
-}
-
-func (a *kubeAuthenticator) releaseUserSlot(user string) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.byUser[user]--; a.byUser[user] <= 0 {
-		delete(a.byUser, user)
 	}
 }
 
@@ -200,8 +181,16 @@ func (a *kubeAuthenticator) Authorize(ctx context.Context, req AuthRequest) (str
 	tokKey := string(sum[:])
 	tr, ok := a.tokens.get(tokKey)
 	if !ok {
+		switch a.issuer.check(ctx, tok) {
+		case tokenForged:
+			return "", fmt.Errorf("%w: the bearer token claims the cluster's service-account issuer but is not signed by it, current, and for audience %q", ErrUnauthenticated, a.cfg.Audiences)
+		case tokenUnknown:
+			if !a.unknown.TryAccept() {
+				return "", fmt.Errorf("%w: the reviews of tokens other than the cluster's service-account tokens (%v a second) are spent", ErrBusy, a.cfg.TokenReviewRate)
+			}
+		}
 		var err error
-		if tr, err = shared(ctx, a, "token\x00"+tokKey, "", func(ctx context.Context) (tokenResult, error) { return a.review(ctx, tokKey, tok) }); err != nil {
+		if tr, err = shared(ctx, a, "token\x00"+tokKey, "address "+clientHost(req.HTTP), func(ctx context.Context) (tokenResult, error) { return a.review(ctx, tokKey, tok) }); err != nil {
 			return "", err
 		}
 	}
@@ -238,25 +227,52 @@ func (a *kubeAuthenticator) review(ctx context.Context, tokKey, tok string) (tok
 	return tr, nil
 }
 
-// access asks a SubjectAccessReview whether user may act on req's object
-// (cached by user and attributes): nil when allowed, an error wrapping
-// ErrForbidden when denied (cached too), any other error when the review
-// failed.
+// access asks whether user may act on req's object, at the widest scope
+// first (every object of the resource in the namespace: one review
+// answers for every name), then, if that is denied, for the object,
+// within the user's budget of such reviews. It returns nil when allowed,
+// an error wrapping ErrForbidden when denied, any other when a review
+// failed or the budget is spent (ErrBusy).
 func (a *kubeAuthenticator) access(ctx context.Context, user authnv1.UserInfo, req AuthRequest) error {
 	attrs := authzv1.ResourceAttributes{Namespace: req.Key.Namespace, Verb: a.cfg.Verb, Group: req.Resource.Group,
-		Resource: req.Resource.Resource, Subresource: a.cfg.Subresource, Name: req.Key.Name}
+		Resource: req.Resource.Resource, Subresource: a.cfg.Subresource}
 	if a.cfg.Resource != "" {
 		attrs.Group, attrs.Resource = a.cfg.Group, a.cfg.Resource
 	}
-	key := strings.Join([]string{userKey(user), attrs.Verb, attrs.Group, attrs.Resource, attrs.Subresource, attrs.Namespace, attrs.Name}, "\x00")
-	if denied, ok := a.perms.get(key); ok {
-		return denied
-	}
-	denied, err := shared(ctx, a, "access\x00"+key, user.Username+"\x00"+user.UID, func(ctx context.Context) (error, error) { return a.sar(ctx, key, user, attrs) })
-	if err != nil {
+	if denied, err := a.decide(ctx, user, attrs, false); err != nil || denied == nil {
 		return err
 	}
-	return denied
+	attrs.Name = req.Key.Name
+	denied, err := a.decide(ctx, user, attrs, true)
+	return cmp.Or(err, denied)
+}
+
+// decide returns the cached decision on user and attrs, or asks a
+// SubjectAccessReview (taking a token of the user's budget if budgeted):
+// denied is nil when allowed, else wraps ErrForbidden.
+func (a *kubeAuthenticator) decide(ctx context.Context, user authnv1.UserInfo, attrs authzv1.ResourceAttributes, budgeted bool) (denied, err error) {
+	uk := userKey(user)
+	key := strings.Join([]string{uk, attrs.Verb, attrs.Group, attrs.Resource, attrs.Subresource, attrs.Namespace, attrs.Name}, "\x00")
+	if denied, ok := a.perms.get(key); ok {
+		return denied, nil
+	}
+	if budgeted && !a.takeAccessReview(uk) {
+		return nil, fmt.Errorf("%w: user %q asked for more reviews of single objects than %v a second", ErrBusy, user.Username, a.cfg.AccessReviewRate)
+	}
+	return shared(ctx, a, "access\x00"+key, "user "+uk, func(ctx context.Context) (error, error) { return a.sar(ctx, key, user, attrs) })
+}
+
+// takeAccessReview takes a token of the user's (by userKey) budget of
+// reviews of single objects, reporting whether there was one.
+func (a *kubeAuthenticator) takeAccessReview(uk string) bool {
+	var b flowcontrol.PassiveRateLimiter
+	a.byCaller.update(uk, time.Now().Add(time.Minute), func(old flowcontrol.PassiveRateLimiter) flowcontrol.PassiveRateLimiter {
+		if b = old; b == nil {
+			b = flowcontrol.NewTokenBucketPassiveRateLimiter(float32(a.cfg.AccessReviewRate), a.cfg.AccessReviewBurst)
+		}
+		return b
+	})
+	return b.TryAccept()
 }
 
 // userKey identifies a user as a SubjectAccessReview sees them: name,

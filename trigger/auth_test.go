@@ -282,18 +282,21 @@ func TestKubeAuthCachesDecisionsBriefly(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if tr, sar := rev.calls(); tr != 1 || sar != 1 {
-			t.Fatalf("3 identical requests made %d TokenReviews and %d SARs, want 1 and 1", tr, sar)
+		// One SAR for the namespace (denied: the grant names the object),
+		// one for the object.
+		if tr, sar := rev.calls(); tr != 1 || sar != 2 {
+			t.Fatalf("3 identical requests made %d TokenReviews and %d SARs, want 1 and 2", tr, sar)
 		}
-		// Another object: the token review is cached, the SAR is not.
+		// Another object: the token review and the namespace's denial are
+		// cached, the object's SAR is not.
 		if err := ask("good-token", "b"); !errors.Is(err, trigger.ErrForbidden) {
 			t.Fatalf("ns/b: %v, want ErrForbidden", err)
 		}
 		if err := ask("good-token", "b"); !errors.Is(err, trigger.ErrForbidden) {
 			t.Fatalf("ns/b cached: %v", err)
 		}
-		if tr, sar := rev.calls(); tr != 1 || sar != 2 {
-			t.Fatalf("calls = %d TR, %d SAR; want 1, 2", tr, sar)
+		if tr, sar := rev.calls(); tr != 1 || sar != 3 {
+			t.Fatalf("calls = %d TR, %d SAR; want 1, 3", tr, sar)
 		}
 		// Negative entries expire first: the denial is re-checked and the
 		// grant added in the meantime takes effect.
@@ -318,15 +321,16 @@ func TestKubeAuthCachesDecisionsBriefly(t *testing.T) {
 		if err := ask("good-token", "a"); err != nil {
 			t.Fatal(err)
 		}
-		if tr, sar := rev.calls(); tr != 3 || sar != 4 {
-			t.Fatalf("after the positive TTL: %d TR, %d SAR; want 3, 4", tr, sar)
+		// The namespace's denial expired too (SARs 4 and 5 were b's).
+		if tr, sar := rev.calls(); tr != 3 || sar != 7 {
+			t.Fatalf("after the positive TTL: %d TR, %d SAR; want 3, 7", tr, sar)
 		}
 	})
 }
 
 func TestKubeAuthCacheIsBounded(t *testing.T) {
 	rev := newFakeReviews(t)
-	a, err := trigger.NewKubeAuthenticator(trigger.KubeAuthConfig{Client: rev, MaxEntries: 4})
+	a, err := trigger.NewKubeAuthenticator(trigger.KubeAuthConfig{Client: rev, MaxEntries: 4, TokenReviewBurst: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}

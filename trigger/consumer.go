@@ -37,8 +37,7 @@ const (
 var errNotRunning = errors.New("trigger: consumer is not running")
 
 // ErrLagUnavailable is wrapped by Check's error while only the broker's
-// Lag fails (the lag metric keeps its last value): a readiness check may
-// let it pass.
+// Lag fails: a readiness check may let it pass.
 var ErrLagUnavailable = errors.New("trigger: broker lag unavailable")
 
 // ConsumerConfig configures a Consumer; a zero field means its default.

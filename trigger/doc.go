@@ -12,25 +12,22 @@
 // # What a trigger queues
 //
 // A trigger adds its object's key to the controller's queue with an
-// [opkit.Cause] of source Operator, its reason and the object. The causes
-// of one key merge as a join, in any order: sources and reasons unite, the
-// newest object is kept, and the entry takes the earliest due time and the
-// highest priority (a delay is an upper bound). Triggers rank above watch
-// events and relists. A request or a message only points at an object:
+// [opkit.Cause] of source Operator, its reason and the object; the causes
+// of one key merge as a join (sources and reasons unite, the newest object,
+// the earliest due time and highest priority win). Triggers rank above
+// watch events. A request or a message only points at an object:
 // [Trigger.Intake] reads it. Package brokertest is a Broker for tests.
 //
 // An acknowledgement (or a 202) promises the trigger is in the queue of
-// the replica that works on the object, not that it was reconciled: if
-// that replica's term ends first, the next holder's full list reconciles
-// every object, without the trigger's reason. A tracked trigger
-// ([IntakeOptions].Track, an HTTP caller's ?wait=) learns its reconcile's
-// outcome on its [Ticket] (Unknown when the term ends first), and the
-// consumer's AckAfterReconcile acknowledges only then. The annotation
-// reconcile.opkit.dev/requestedAt (the watcher's RequestAnnotation) asks
-// for a reconcile until reconcile.Status records it in
-// status.lastHandledReconcileAt: durable across leaders and restarts, with
-// RBAC on the object as the only permission. Every API and broker call has
-// a timeout; nothing blocks on the queue.
+// the replica that works on the object, not a reconcile: if its term ends
+// first, the next holder's list reconciles every object, without the
+// reason. A tracked trigger ([IntakeOptions].Track, ?wait=) learns its
+// outcome on its [Ticket] (Unknown if the term ends first); the consumer's
+// AckAfterReconcile acknowledges only then. The annotation
+// reconcile.opkit.dev/requestedAt asks for a reconcile until
+// reconcile.Status records it in status.lastHandledReconcileAt: durable
+// across leaders and restarts. Every API and broker call has a timeout;
+// nothing blocks on the queue.
 //
 // # The HTTP endpoint
 //
@@ -57,15 +54,16 @@
 //	404            no such object or route, or an object outside the controller's scope
 //	405            a method other than POST (GET for .../triggers/{id}; Allow says which)
 //	413, 415, 431  a body over MaxBodyBytes, or not application/json; headers over ServerConfig.MaxHeaderBytes
-//	429            a rate, in-flight or waiting limit, the trigger budget, the reviews in flight, or the client's failed authentications (Retry-After)
+//	429            a rate, in-flight or waiting limit, the trigger budget, a review budget or slot, or the client's failed authentications (Retry-After)
 //	502, 504       this replica's API server failed (a replica that does not work on the object forwards the trigger instead, with one shard: the holder checks the caller), returned another kind or does not serve the resource, a review could not be evaluated, or the holder's endpoint is plain HTTP for a TLS request; 504: a call timed out
 //	503            no replica can take the trigger now (Retry-After; X-Opkit-Leader and "leader" name the holder when known), the term ended or the server stopped while the caller waited, the holder does not answer, or the caller left
 //
 // An error body is a [Status], without internal errors (the log has them,
-// at most once per code every 10s). Under floods, a trigger for a key that
-// already waits is free, the others take the budget (half of it at most
-// one caller's), a slow body holds no slot, reviews are shared and
-// bounded, and an address that keeps failing authentication gets none.
+// at most once per code every 10s). Under floods from any number of
+// callers, slots and reviews go first to the caller (its user once
+// authorized, else its address) holding the fewest, and the trigger budget
+// keeps a reserve for callers it has not refused; see [KubeAuthConfig] for
+// what a review costs; a slow body holds no slot.
 //
 // # The consumer
 //

@@ -103,11 +103,7 @@ func TestOneCallerTakesAtMostHalfTheBudget(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		anything := func(_ context.Context, k opkit.Key) (*corev1.ConfigMap, error) { return cm(k.Namespace, k.Name), nil }
 		tr, q := newCMTriggerWith(t, trigger.Config[*corev1.ConfigMap]{Get: anything, Rate: 10, Burst: 10})
-		intake := func(caller, name string) error {
-			_, _, err := intake(tr, context.Background(), trigger.Pointer{Key: opkit.Key{Namespace: "ns", Name: name}},
-				trigger.IntakeOptions{Authorize: func(context.Context, opkit.Key) (string, error) { return caller, nil }})
-			return err
-		}
+		intake := func(caller, name string) error { return intakeAs(tr, caller, name) }
 		flood := func(second int) (taken int) {
 			for i := range 100 {
 				if intake("flooder", fmt.Sprintf("f-%d-%d", second, i)) == nil {
@@ -140,6 +136,45 @@ func TestOneCallerTakesAtMostHalfTheBudget(t *testing.T) {
 	})
 }
 
+// A crowd of callers, each within its half, spends the whole budget; a
+// caller the budget has not refused still gets triggers through from the
+// reserve, which the crowd, refused and so heavy, cannot take. Once
+// heavy, the crowd gets only the budget's rate.
+func TestACrowdSpendsTheBudgetNotTheReserve(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		anything := func(_ context.Context, k opkit.Key) (*corev1.ConfigMap, error) { return cm(k.Namespace, k.Name), nil }
+		tr, _ := newCMTriggerWith(t, trigger.Config[*corev1.ConfigMap]{Get: anything, Rate: 10, Burst: 10})
+		intake := func(caller, name string) error { return intakeAs(tr, caller, name) }
+		crowd := func(second int) (taken int) {
+			for c := range 20 {
+				for i := range 10 {
+					if intake(fmt.Sprint("crowd-", c), fmt.Sprintf("c-%d-%d-%d", second, c, i)) == nil {
+						taken++
+					}
+				}
+			}
+			return taken
+		}
+		crowd(0) // the first of the crowd find the reserve; then all are refused
+		for second := 1; second <= 5; second++ {
+			time.Sleep(time.Second)
+			if n := crowd(second); n > 10 {
+				t.Fatalf("second %d: the crowd got %d triggers, want at most the budget's 10", second, n)
+			}
+			if err := intake("calm", fmt.Sprint("calm-", second)); err != nil {
+				t.Fatalf("second %d: the calm caller's trigger: %v, want it taken from the reserve", second, err)
+			}
+		}
+	})
+}
+
+// intakeAs takes a trigger of ns/name through tr's Intake for caller.
+func intakeAs(tr *trigger.Trigger[*corev1.ConfigMap], caller, name string) error {
+	_, _, err := intake(tr, context.Background(), trigger.Pointer{Key: opkit.Key{Namespace: "ns", Name: name}},
+		trigger.IntakeOptions{Authorize: func(context.Context, opkit.Key) (string, error) { return caller, nil }})
+	return err
+}
+
 // A spent budget is "try again later": 429 with Retry-After from the
 // handler, a hand-back from the consumer.
 func TestASpentBudgetIs429AndAHandBack(t *testing.T) {
@@ -170,7 +205,7 @@ func authorize(a trigger.Authenticator, ctx context.Context, tok, name string) e
 func TestReviewsAreSharedBoundedAndOutliveTheCallerThatLeft(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rev := newFakeReviews(t)
-		rev.allowed["system:serviceaccount:ci:deployer update /configmaps/ ns/a"] = true
+		rev.allowed["system:serviceaccount:ci:deployer update /configmaps/ ns/"] = true
 		rev.hold = make(chan struct{})
 		a, err := trigger.NewKubeAuthenticator(trigger.KubeAuthConfig{Client: rev, MaxReviews: 2})
 		if err != nil {
@@ -194,9 +229,10 @@ func TestReviewsAreSharedBoundedAndOutliveTheCallerThatLeft(t *testing.T) {
 		if held != 2 {
 			t.Fatalf("%d TokenReviews in flight for 10 callers of one token and 1 of another, want 2", held)
 		}
-		// Both review slots are taken: a third token is refused at once.
+		// Both review slots are taken: a third token waits for one, and is
+		// refused when the review timeout ends first.
 		if err := authorize(a, context.Background(), "garbage-2", "a"); !errors.Is(err, trigger.ErrBusy) {
-			t.Fatalf("a third review with MaxReviews 2: %v, want ErrBusy", err)
+			t.Fatalf("a third review with MaxReviews 2 held: %v, want ErrBusy", err)
 		}
 		leave()
 		synctest.Wait()
@@ -216,25 +252,24 @@ func TestReviewsAreSharedBoundedAndOutliveTheCallerThatLeft(t *testing.T) {
 	})
 }
 
-// One caller triggering many objects takes at most half of the review
-// slots for its SubjectAccessReviews: beyond, it gets ErrBusy at once,
-// while another caller's review still finds a slot.
-func TestOneCallerTakesAtMostHalfTheReviewSlots(t *testing.T) {
+// The review slots go fairly: a caller whose reviews hold every slot
+// does not make another caller's review fail; the slot given back goes
+// to the caller that holds none, ahead of the first caller's next review.
+func TestAReviewWaitsForItsFairTurn(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rev := newFakeReviews(t)
 		for _, name := range []string{"a", "b", "c"} {
 			rev.allowed["system:serviceaccount:ci:deployer update /configmaps/ ns/"+name] = true
 		}
-		rev.allowed["system:serviceaccount:ci:intruder update /configmaps/ ns/x"] = true
-		a, err := trigger.NewKubeAuthenticator(trigger.KubeAuthConfig{Client: rev, MaxReviews: 4})
+		rev.allowed["system:serviceaccount:ci:intruder update /configmaps/ ns/"] = true
+		a, err := trigger.NewKubeAuthenticator(trigger.KubeAuthConfig{Client: rev, MaxReviews: 2})
 		if err != nil {
 			t.Fatal(err)
 		}
-		// The users' tokens reviewed (and cached) first.
-		rev.allowed["system:serviceaccount:ci:deployer update /configmaps/ ns/warm"] = true
-		rev.allowed["system:serviceaccount:ci:intruder update /configmaps/ ns/warm"] = true
+		// The users' tokens reviewed (and cached) first, and the
+		// deployer's namespace denial.
 		for _, tok := range []string{"good-token", "other-token"} {
-			if err := authorize(a, context.Background(), tok, "warm"); err != nil {
+			if err := authorize(a, context.Background(), tok, "a"); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -244,25 +279,22 @@ func TestOneCallerTakesAtMostHalfTheReviewSlots(t *testing.T) {
 		defer wg.Wait()
 		defer release() // also when the test fails early
 		errs := make([]error, 3)
-		wg.Go(func() { errs[0] = authorize(a, context.Background(), "good-token", "a") })
-		wg.Go(func() { errs[1] = authorize(a, context.Background(), "good-token", "b") })
+		wg.Go(func() { errs[0] = authorize(a, context.Background(), "good-token", "b") })
+		wg.Go(func() { errs[1] = authorize(a, context.Background(), "good-token", "c") })
 		synctest.Wait()
-		if err := authorize(a, context.Background(), "good-token", "c"); !errors.Is(err, trigger.ErrBusy) {
-			t.Fatalf("the deployer's third review with MaxReviews 4: %v, want ErrBusy", err)
-		}
 		wg.Go(func() { errs[2] = authorize(a, context.Background(), "other-token", "x") })
 		synctest.Wait()
 		rev.mu.Lock()
 		held := rev.heldSAR
 		rev.mu.Unlock()
-		if held != 2+2+1 { // the two warm-ups, the deployer's two, the other caller's
-			t.Fatalf("%d SubjectAccessReviews made, want 5: the other caller's found a slot", held)
+		if held != 3+2 { // the warm-ups', the deployer's two; the intruder's waits
+			t.Fatalf("%d SubjectAccessReviews made, want 5: the intruder's waits for a slot", held)
 		}
 		release()
 		wg.Wait()
 		for i, err := range errs {
 			if err != nil {
-				t.Errorf("review %d: %v", i, err)
+				t.Errorf("review %d: %v, want it to wait for its turn and pass", i, err)
 			}
 		}
 	})
@@ -273,7 +305,7 @@ func TestOneCallerTakesAtMostHalfTheReviewSlots(t *testing.T) {
 func TestDecisionsAreCachedByUserNotByToken(t *testing.T) {
 	rev := newFakeReviews(t)
 	rev.tokens["second-token"] = rev.tokens["good-token"]
-	rev.allowed["system:serviceaccount:ci:deployer update /configmaps/ ns/a"] = true
+	rev.allowed["system:serviceaccount:ci:deployer update /configmaps/ ns/"] = true
 	a, err := trigger.NewKubeAuthenticator(trigger.KubeAuthConfig{Client: rev})
 	if err != nil {
 		t.Fatal(err)
@@ -306,13 +338,7 @@ func TestAClientThatKeepsFailingAuthenticationIsRefusedBeforeAnyReview(t *testin
 		e := newHandlerEnv(t, func(c *trigger.HandlerConfig) {
 			c.Authenticator, c.Reviews, c.MaxAuthFailures, c.AuthFailureBackoff = nil, rev, 3, 10*time.Second
 		})
-		from := func(addr, tok string) *httptest.ResponseRecorder {
-			r := httptest.NewRequest(http.MethodPost, "/reconcile/ns/a", nil)
-			r.RemoteAddr, r.Header = addr, bearer(tok)
-			w := httptest.NewRecorder()
-			e.h.ServeHTTP(w, r)
-			return w
-		}
+		from := func(addr, tok string) *httptest.ResponseRecorder { return postFrom(e, addr, tok) }
 		for i := range 3 {
 			wantStatus(t, from("10.0.0.1:1000", fmt.Sprintf("garbage-%d", i)), 401, "Unauthorized")
 		}
@@ -336,6 +362,15 @@ func TestAClientThatKeepsFailingAuthenticationIsRefusedBeforeAnyReview(t *testin
 		from("10.0.0.1:1000", "good-token")
 		wantStatus(t, from("10.0.0.1:1000", "garbage-20"), 401, "Unauthorized")
 	})
+}
+
+// postFrom posts a trigger of ns/a with token tok from addr.
+func postFrom(e *handlerEnv, addr, tok string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(http.MethodPost, "/reconcile/ns/a", nil)
+	r.RemoteAddr, r.Header = addr, bearer(tok)
+	w := httptest.NewRecorder()
+	e.h.ServeHTTP(w, r)
+	return w
 }
 
 // A flood of refusals is a few log lines: the first of each status code

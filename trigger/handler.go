@@ -43,10 +43,11 @@ const (
 // callers waiting for outcomes or forwarded answers (1024), the body (8
 // KiB) and its arrival (2s), a request's API calls together (5s), the
 // requests of all callers a second (zero: none; burst max(1,
-// ceil(RateLimit))), those being authorized, read and queued (64;
-// negative: none), and the authentications a client address may fail in
-// a row, each within AuthFailureBackoff of the last, before it gets 429
-// without a review until that has passed (10 and 10s; negative: none).
+// ceil(RateLimit))), those being authorized, read and queued (64, shared
+// fairly; negative: none), and the authentications a client address may
+// fail in a row, each within AuthFailureBackoff of the last, before it
+// (but a caller authorized before) gets 429 without a review until that
+// has passed (10 and 10s; negative: none).
 // 429 and 503 carry Retry-After (5s).
 type HandlerConfig struct {
 	Authenticator      Authenticator
@@ -104,9 +105,10 @@ type Status struct {
 type handler[T opkit.Object] struct {
 	trig     *Trigger[T]
 	cfg      HandlerConfig                  // validated, defaults applied (no Authenticator: InsecureSkipAuth)
-	inflight chan struct{}                  // nil when unlimited
+	inflight *fairSlots                     // nil when unlimited
 	rate     flowcontrol.PassiveRateLimiter // nil when unlimited
 	failures *ttlCache[int]                 // failed authentications by client address
+	known    *ttlCache[string]              // the user a token (its hash) was authorized as
 	waiting  atomic.Int64                   // callers waiting for outcomes
 	log      *sampler
 }
@@ -160,9 +162,9 @@ func NewHandler[T opkit.Object](t *Trigger[T], cfg HandlerConfig) (http.Handler,
 		}
 		cfg.Authenticator = a
 	}
-	h := &handler[T]{trig: t, cfg: cfg, failures: newTTLCache[int](4096), log: newSampler(cfg.Logger)}
+	h := &handler[T]{trig: t, cfg: cfg, failures: newTTLCache[int](4096), known: newTTLCache[string](4096), log: newSampler(cfg.Logger)}
 	if cfg.MaxInFlight > 0 {
-		h.inflight = make(chan struct{}, cfg.MaxInFlight)
+		h.inflight = newFairSlots(cfg.MaxInFlight)
 	}
 	if cfg.RateLimit > 0 {
 		burst := cmp.Or(cfg.RateBurst, max(1, int(math.Ceil(cfg.RateLimit))))
@@ -237,7 +239,8 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request, bodyRead *boo
 	if h.rate != nil && !h.rate.TryAccept() {
 		return h.fail(http.StatusTooManyRequests, "request rate limit exceeded", nil)
 	}
-	if n, _ := h.failures.get(clientHost(r)); h.cfg.MaxAuthFailures > 0 && n >= h.cfg.MaxAuthFailures {
+	who := h.callerID(r)
+	if n, _ := h.failures.get(clientHost(r)); h.cfg.MaxAuthFailures > 0 && n >= h.cfg.MaxAuthFailures && !who.known {
 		return h.fail(http.StatusTooManyRequests, "too many failed authentications from this address; try again later", nil)
 	}
 	p := Pointer{Key: key, Type: h.cfg.Type}
@@ -251,15 +254,16 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request, bodyRead *boo
 		// WriteTimeout would cut it off).
 		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(wait + 2*h.cfg.APITimeout))
 	}
-	release, st := h.slot()
+	release, st := h.slot(r, who)
 	if st != nil {
 		return st
 	}
 	defer release()
+	c := &caller[T]{h: h, r: r, id: who}
 	if id != "" {
-		return h.lookup(w, r, key, id)
+		return h.lookup(w, r, c, key, id)
 	}
-	return h.trigger(w, r, p, wait, release)
+	return h.trigger(w, r, c, p, wait, release)
 }
 
 // caller authorizes r's caller for the HTTP handler's Intake and keeps
@@ -267,6 +271,7 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request, bodyRead *boo
 type caller[T opkit.Object] struct {
 	h    *handler[T]
 	r    *http.Request
+	id   callerID
 	user string
 	err  error
 }
@@ -281,7 +286,12 @@ func (c *caller[T]) authorize(ctx context.Context, key opkit.Key) (string, error
 	case errors.Is(c.err, ErrUnauthenticated):
 		c.h.failures.update(client, time.Now().Add(c.h.cfg.AuthFailureBackoff), func(n int) int { return n + 1 })
 	case c.err == nil:
-		c.h.failures.forget(client)
+		if !c.id.known { // a known caller's success says nothing of its neighbours
+			c.h.failures.forget(client)
+		}
+		if c.id.token != "" {
+			c.h.known.put(c.id.token, c.user, time.Now().Add(knownFor))
+		}
 	}
 	if c.err != nil {
 		return "", fmt.Errorf("trigger: %w", c.err)
@@ -292,7 +302,7 @@ func (c *caller[T]) authorize(ctx context.Context, key opkit.Key) (string, error
 // trigger takes the POST of p through Intake and acts on its decision;
 // with a wait, the caller waits for the outcome holding no in-flight slot
 // (release gives it back).
-func (h *handler[T]) trigger(w http.ResponseWriter, r *http.Request, p Pointer, wait time.Duration, release func()) any {
+func (h *handler[T]) trigger(w http.ResponseWriter, r *http.Request, c *caller[T], p Pointer, wait time.Duration, release func()) any {
 	track := notTracked
 	if wait > 0 {
 		if h.waiting.Add(1) > int64(h.cfg.MaxWaiting) {
@@ -302,7 +312,6 @@ func (h *handler[T]) trigger(w http.ResponseWriter, r *http.Request, p Pointer, 
 		defer h.waiting.Add(-1)
 		track = Tracked
 	}
-	c := &caller[T]{h: h, r: r}
 	ctx, cancel := context.WithTimeout(r.Context(), h.cfg.APITimeout)
 	d, err := h.trig.Intake(ctx, p, IntakeOptions{Authorize: c.authorize, Track: track, NoForward: r.Header.Get(forwardedHeader) != ""})
 	cancel()
@@ -356,8 +365,7 @@ func (h *handler[T]) await(r *http.Request, a Accepted, tk *Ticket, wait time.Du
 // lookup answers GET .../triggers/{id}: what this replica knows of the
 // trigger, or, when it does not know it and another replica works on the
 // object, that replica's answer.
-func (h *handler[T]) lookup(w http.ResponseWriter, r *http.Request, key opkit.Key, id string) any {
-	c := &caller[T]{h: h, r: r}
+func (h *handler[T]) lookup(w http.ResponseWriter, r *http.Request, c *caller[T], key opkit.Key, id string) any {
 	ctx, cancel := context.WithTimeout(r.Context(), h.cfg.APITimeout)
 	defer cancel()
 	who, err := c.authorize(ctx, key)

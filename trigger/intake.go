@@ -53,10 +53,9 @@ type Pointer struct {
 	Delay  time.Duration
 }
 
-// Tracking says whether [Trigger.Intake] gives the trigger a [Ticket]
-// (not when zero), and which outcome it gets: the first reconcile's, or
-// FinalOnly the first final one (not Failed). At most 10,000 tickets wait,
-// 64 for one key (beyond, ErrBusy).
+// Tracking says whether [Trigger.Intake] gives a [Ticket] (not when
+// zero), with the first reconcile's outcome, or FinalOnly the first final
+// one (not Failed). At most 10,000 tickets wait, 64 per key (ErrBusy).
 type Tracking uint8
 
 const (
@@ -65,11 +64,10 @@ const (
 	FinalOnly
 )
 
-// IntakeOptions are the caller's part of [Trigger.Intake]: Authorize, if
-// set, authorizes the checked key before anything is read, and names the
-// caller, who gets at most half of the budget ("" for none); Track asks
-// for a Ticket; NoForward drops a trigger that another replica's Endpoint
-// would take (a request forwarded already, a consumer).
+// IntakeOptions are the caller's part of [Trigger.Intake]: Authorize (if
+// set) authorizes the key before any read and names the caller, for its
+// share of the budget ("" for none); Track asks for a Ticket; NoForward
+// drops what another replica would take (a forwarded request, a consumer).
 type IntakeOptions struct {
 	Authorize func(ctx context.Context, key opkit.Key) (caller string, err error)
 	Track     Tracking
@@ -78,10 +76,9 @@ type IntakeOptions struct {
 	paid bool // the consumer took a token of the budget (waitForBudget)
 }
 
-// Decision is what [Trigger.Intake] decided: scheduled (Outcome Queued or
-// Merged; a Ticket if tracked), to be forwarded to another replica's
-// Endpoint, or dropped; with the Object read, if any, and the Holder of
-// the object's shard, if known.
+// Decision is what [Trigger.Intake] decided: scheduled (Queued or Merged;
+// a Ticket if tracked), forward to Endpoint, or dropped; with the Object
+// read and the Holder of the object's shard, if known.
 type Decision[T opkit.Object] struct {
 	Object           T
 	Outcome          queue.Outcome
@@ -251,8 +248,9 @@ func (t *Trigger[T]) read(ctx context.Context, key opkit.Key, caller string, opt
 }
 
 // pay takes a token of caller's share of the trigger budget and one of
-// the budget (none when the caller paid, or the budget is unlimited), or says which
-// is spent (ErrBusy).
+// the budget, or of its reserve when caller is light (none when the
+// caller paid, or the budget is unlimited), or says which is spent
+// (ErrBusy).
 func (t *Trigger[T]) pay(caller string, opts IntakeOptions) error {
 	if t.budget == nil || opts.paid {
 		return nil
@@ -260,31 +258,40 @@ func (t *Trigger[T]) pay(caller string, opts IntakeOptions) error {
 	if caller != "" && !t.shares.take(caller) {
 		return fmt.Errorf("trigger: %w: this caller's share of the trigger budget (half of it) is spent", ErrBusy)
 	}
-	if !t.budget.TryAccept() {
-		return fmt.Errorf("trigger: %w: the trigger budget (%v a second, %d at once) is spent", ErrBusy, t.budget.QPS(), cmp.Or(t.cfg.Burst, defaultBurst))
+	if t.budget.TryAccept() || (caller != "" && t.shares.takeReserve(caller)) {
+		return nil
 	}
-	return nil
+	return fmt.Errorf("trigger: %w: the trigger budget (%v a second, %d at once) is spent", ErrBusy, t.budget.QPS(), cmp.Or(t.cfg.Burst, defaultBurst))
 }
 
 // maxShares bounds the callers whose shares of the trigger budget are
 // remembered; beyond it one is forgotten (its next trigger starts with a
-// full share).
+// full share, as a light caller).
 const maxShares = 1024
 
-// shares holds each caller's share of the trigger budget: a token bucket
-// of half its rate and burst.
+// heavyFor is how long a caller the budget refused stays heavy: without
+// the reserve.
+const heavyFor = 10 * time.Second
+
+// shares holds each caller's share of the trigger budget, a token bucket
+// of half its rate and burst, and the reserve of the callers the budget
+// has not refused in the last heavyFor (light ones).
 type shares struct {
-	rate  float32
-	burst int
-	mu    sync.Mutex
-	of    map[string]flowcontrol.RateLimiter
+	rate    float32
+	burst   int
+	reserve flowcontrol.PassiveRateLimiter
+	mu      sync.Mutex
+	of      map[string]*share
 }
 
-// take takes a token of caller's share, reporting whether there was one.
-func (s *shares) take(caller string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	b, ok := s.of[caller]
+type share struct {
+	bucket  flowcontrol.PassiveRateLimiter
+	refused time.Time // when the budget last refused the caller
+}
+
+// get returns caller's share; the caller holds mu.
+func (s *shares) get(caller string) *share {
+	sh, ok := s.of[caller]
 	if !ok {
 		if len(s.of) >= maxShares {
 			for c := range s.of {
@@ -292,10 +299,36 @@ func (s *shares) take(caller string) bool {
 				break
 			}
 		}
-		b = flowcontrol.NewTokenBucketRateLimiter(s.rate, s.burst)
-		s.of[caller] = b
+		sh = &share{bucket: flowcontrol.NewTokenBucketPassiveRateLimiter(s.rate, s.burst)}
+		s.of[caller] = sh
 	}
-	return b.TryAccept()
+	return sh
+}
+
+// take takes a token of caller's share, reporting whether there was one
+// (a caller refused is heavy).
+func (s *shares) take(caller string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sh := s.get(caller)
+	if !sh.bucket.TryAccept() {
+		sh.refused = time.Now()
+		return false
+	}
+	return true
+}
+
+// takeReserve takes a token of the reserve if caller is light and one is
+// left, reporting whether it did; a caller refused is heavy.
+func (s *shares) takeReserve(caller string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sh := s.get(caller)
+	if (sh.refused.IsZero() || time.Since(sh.refused) >= heavyFor) && s.reserve.TryAccept() {
+		return true
+	}
+	sh.refused = time.Now()
+	return false
 }
 
 // waitForBudget waits until a token of the trigger budget is free and

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -93,18 +94,44 @@ func (h *handler[T]) forward(r *http.Request, holder string, p Pointer, wait tim
 	return forwarded{code: resp.StatusCode, header: header, body: body}
 }
 
-// slot takes an in-flight slot; release gives it back (once, however
-// often it is called).
-func (h *handler[T]) slot() (release func(), st *Status) {
+// slot takes an in-flight slot for who, waiting for its fair turn up to
+// the API timeout; release gives it back (once, however often it is
+// called).
+func (h *handler[T]) slot(r *http.Request, who callerID) (release func(), st *Status) {
 	if h.inflight == nil {
 		return func() {}, nil
 	}
-	select {
-	case h.inflight <- struct{}{}:
-		return sync.OnceFunc(func() { <-h.inflight }), nil
-	default:
-		return nil, h.fail(http.StatusTooManyRequests, "too many requests in flight", nil)
+	ctx, cancel := context.WithTimeout(r.Context(), h.cfg.APITimeout)
+	defer cancel()
+	if !h.inflight.acquire(ctx, who.key) {
+		return nil, h.fail(http.StatusTooManyRequests, "too many requests in flight, this caller's among them", nil)
 	}
+	return sync.OnceFunc(func() { h.inflight.release(who.key) }), nil
+}
+
+// callerID is who sent a request, as far as the handler can tell before
+// authorizing it: the user its bearer token was last authorized as, when
+// that was in the last knownFor, else its client address.
+type callerID struct {
+	key   string // the fair slots' key
+	known bool   // by a token authorized before
+	token string // the token's SHA-256, "" without one
+}
+
+// knownFor is how long the handler remembers whom a token was authorized
+// as, for the fair slots and the address gate (not as an authorization).
+const knownFor = 10 * time.Minute
+
+func (h *handler[T]) callerID(r *http.Request) callerID {
+	id := callerID{key: "address " + clientHost(r)}
+	if tok, ok := bearerToken(r); ok {
+		sum := sha256.Sum256([]byte(tok))
+		id.token = string(sum[:])
+		if user, ok := h.known.get(id.token); ok {
+			id.key, id.known = "user "+user, true
+		}
+	}
+	return id
 }
 
 // clientHost is the host of r's remote address, the unit the failed

@@ -19,12 +19,10 @@ import (
 var errServerStopping = errors.New("trigger: the server is shutting down")
 
 // ServerConfig configures a Server; a zero field means its default. It
-// listens on Addr (":8443" with TLS, else ":8080"); it serves Handler
-// (required: NewHandler's); with CertFile and KeyFile, a PEM certificate
-// chain and key, it speaks HTTPS only, and reloads them when a file
-// changes; the http.Server timeouts (zero: 5s, 10s, 30s and 60s), the
-// request line and headers' limit (zero: 16 KiB), the graceful shutdown's
-// (zero: 10s) and the Logger (nil: slog.Default()) are its own.
+// listens on Addr (":8443" with TLS, else ":8080") and serves Handler
+// (required); with CertFile and KeyFile (PEM) it speaks HTTPS only and
+// reloads them when they change; the timeouts are 5s, 10s, 30s and 60s,
+// MaxHeaderBytes 16 KiB, ShutdownTimeout 10s, Logger slog.Default().
 type ServerConfig struct {
 	Addr                                                      string
 	Handler                                                   http.Handler
