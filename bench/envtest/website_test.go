@@ -18,6 +18,7 @@ import (
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/reconcile"
 	"github.com/opkit/opkit/reconcile/envtest"
+	"github.com/opkit/opkit/reconcile/reconciletest"
 )
 
 // Website is the custom resource of testdata/crds: a page, kept in a
@@ -125,4 +126,17 @@ func kubebuilderAssets(tb testing.TB) string {
 	}
 	tb.Setenv(envtest.AssetsEnv, dir)
 	return dir
+}
+
+// The CRD's schema has exactly the fields of Website: a field added to
+// the struct and forgotten in the schema would be pruned by the API
+// server without an error.
+func TestTheWebsiteCRDMatchesTheGoType(t *testing.T) {
+	crd, err := os.ReadFile(filepath.Join(crds, "websites.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := reconciletest.CheckCRD[*Website](crd, "v1"); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -366,12 +366,9 @@ func newController(o Options, d Deps, m *metrics.Metrics, logger *slog.Logger) (
 		// An edited or deleted ConfigMap reconciles its entity, which puts
 		// it back.
 		Owns: []opkit.Resource{reconciler.ConfigMaps},
-		Watch: watcher.Config[*demov1.DemoEntity]{
-			Namespace:      o.Namespace,
-			SkipStatusOnly: true,                       // our own status writes need no reconcile,
-			OwnFinalizers:  []string{demov1.Finalizer}, // nor our finalizer going on
-			Metrics:        m.Watcher(),
-		},
+		// Our own status and finalizer writes (through reconcile.Status
+		// and reconcile.Finalizer) cause no reconcile, without being told.
+		Watch: watcher.Config[*demov1.DemoEntity]{Namespace: o.Namespace, Metrics: m.Watcher()},
 		Metrics: m.Controller(), QueueMetrics: m.Queue(), TriggerMetrics: m.Trigger(), Logger: logger,
 	}
 	if o.LeaderElect {
