@@ -37,7 +37,7 @@
 //     11s (the handler's AuthFailureBackoff and a second) so that the
 //     address is served again;
 //   - the same four capped at 2,000 requests a second in total
-//     (floodtest.Config.Rate; -floodrate sets another cap), named
+//     (floodtest.Config.Rate; -args -floodrate=N sets another), named
 //     <flood>-capped.
 //
 // The floods run in a child process (this test binary again, with
