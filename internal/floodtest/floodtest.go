@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"context"
 	crand "crypto/rand"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -12,7 +13,10 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"golang.org/x/time/rate"
 )
 
 // Config says where a flood sends its requests, and from where.
@@ -23,13 +27,22 @@ type Config struct {
 	// go into the path: each request picks one of Names at random.
 	Namespace string
 	Names     []string
-	// Token is the bearer token of Valid and SlowBodies.
+	// Token is the bearer token of Valid, SlowBodies and RandomNames.
 	Token string
-	// Workers is the number of goroutines of Valid and GarbageTokens,
-	// each with one request at a time; zero means 64.
+	// Workers is the number of goroutines of Valid, GarbageTokens,
+	// GarbageFromAddresses and RandomNames, each with one request at a
+	// time; zero means 64.
 	Workers int
 	// LocalIP is the address the connections come from; "" means any.
 	LocalIP string
+	// Tokens are ManyIdentities' bearer tokens, one caller each.
+	Tokens []string
+	// LocalIPs are the addresses GarbageFromAddresses' requests come
+	// from, in turn (see Loopback).
+	LocalIPs []string
+	// Rate caps a flood (not SlowBodies) at that many requests a second,
+	// all its goroutines together; zero means no cap.
+	Rate float64
 }
 
 // Result counts what a flood saw: the answers by HTTP status code, and
@@ -40,15 +53,87 @@ type Result struct {
 	Errors int
 }
 
+// Answered is the number of requests answered, whatever the code.
+func (r Result) Answered() int {
+	n := 0
+	for _, c := range r.Codes {
+		n += c
+	}
+	return n
+}
+
 // Valid POSTs /reconcile/{namespace}/{name} with cfg.Token for random
 // names of cfg.Names from cfg.Workers goroutines until ctx ends.
 func Valid(ctx context.Context, cfg Config) Result {
-	return flood(ctx, cfg, func() string { return cfg.Token })
+	client := NewClient(cfg.LocalIP, workers(cfg))
+	defer client.CloseIdleConnections()
+	return flood(ctx, cfg, workers(cfg), func(int) shot { return shot{client, pick(cfg.Names), cfg.Token} })
 }
 
 // GarbageTokens is Valid with a new random bearer token on every request.
+// From a well-behaved caller's address (cfg.LocalIP), it is the neighbour
+// flood: callers behind one NAT, or on one node, share an address.
 func GarbageTokens(ctx context.Context, cfg Config) Result {
-	return flood(ctx, cfg, crand.Text)
+	client := NewClient(cfg.LocalIP, workers(cfg))
+	defer client.CloseIdleConnections()
+	return flood(ctx, cfg, workers(cfg), func(int) shot { return shot{client, pick(cfg.Names), crand.Text()} })
+}
+
+// ManyIdentities is Valid from many callers: a goroutine and a connection
+// for each of cfg.Tokens, which sends that token (cfg.Workers and
+// cfg.Token are unused).
+func ManyIdentities(ctx context.Context, cfg Config) Result {
+	clients := make([]*http.Client, len(cfg.Tokens))
+	for i := range clients {
+		clients[i] = NewClient(cfg.LocalIP, 1)
+		defer clients[i].CloseIdleConnections()
+	}
+	return flood(ctx, cfg, len(clients), func(w int) shot { return shot{clients[w], pick(cfg.Names), cfg.Tokens[w]} })
+}
+
+// GarbageFromAddresses is GarbageTokens from many addresses: the flood's
+// i-th request (of all cfg.Workers goroutines together) comes from
+// cfg.LocalIPs[i mod len], over a connection of that address's own
+// (cfg.LocalIP is unused).
+func GarbageFromAddresses(ctx context.Context, cfg Config) Result {
+	clients := make([]*http.Client, len(cfg.LocalIPs))
+	for i, ip := range cfg.LocalIPs {
+		clients[i] = NewClient(ip, 1)
+		defer clients[i].CloseIdleConnections()
+	}
+	var next atomic.Uint64
+	return flood(ctx, cfg, workers(cfg), func(int) shot {
+		return shot{clients[(next.Add(1)-1)%uint64(len(clients))], pick(cfg.Names), crand.Text()}
+	})
+}
+
+// RandomNames is Valid with a new random name on every request ("flood-"
+// and 16 hex digits), which no object has (cfg.Names is unused): one
+// caller each of whose requests needs an authorization of its own, unless
+// authorization is decided for the whole namespace.
+func RandomNames(ctx context.Context, cfg Config) Result {
+	client := NewClient(cfg.LocalIP, workers(cfg))
+	defer client.CloseIdleConnections()
+	return flood(ctx, cfg, workers(cfg), func(int) shot {
+		return shot{client, fmt.Sprintf("flood-%016x", rand.Uint64()), cfg.Token}
+	})
+}
+
+// Loopback returns n consecutive IPv4 addresses from first: with
+// Loopback("127.0.1.0", 1000), 127.0.1.0 to 127.0.4.231. Within
+// 127.0.0.0/8, which Linux routes to the loopback interface, they need
+// no setup.
+func Loopback(first string, n int) []string {
+	ip := net.ParseIP(first).To4()
+	if ip == nil {
+		panic(fmt.Sprintf("floodtest: %q is not an IPv4 address", first))
+	}
+	base := binary.BigEndian.Uint32(ip)
+	ips := make([]string, n)
+	for i := range ips {
+		ips[i] = net.IP(binary.BigEndian.AppendUint32(nil, base+uint32(i))).String()
+	}
+	return ips
 }
 
 // NewClient returns an HTTP client whose connections come from localIP
@@ -70,20 +155,38 @@ func dialer(localIP string) *net.Dialer {
 	return d
 }
 
-func flood(ctx context.Context, cfg Config, token func() string) Result {
-	workers := cmp.Or(cfg.Workers, 64)
-	client := NewClient(cfg.LocalIP, workers)
-	defer client.CloseIdleConnections()
-	return run(workers, func(count func(int)) {
-		for ctx.Err() == nil {
-			name := cfg.Names[rand.IntN(len(cfg.Names))]
-			req, err := http.NewRequestWithContext(ctx, http.MethodPost, cfg.URL+"/reconcile/"+cfg.Namespace+"/"+name, nil)
+// workers is cfg.Workers, or its default.
+func workers(cfg Config) int { return cmp.Or(cfg.Workers, 64) }
+
+func pick(names []string) string { return names[rand.IntN(len(names))] }
+
+// shot is one request of a flood: the client it goes through, the name it
+// triggers and the bearer token it sends.
+type shot struct {
+	client      *http.Client
+	name, token string
+}
+
+// flood POSTs the trigger next(w) returns from each goroutine w of n, one
+// request at a time each and at most cfg.Rate a second together, until
+// ctx ends.
+func flood(ctx context.Context, cfg Config, n int, next func(w int) shot) Result {
+	lim := rate.NewLimiter(rate.Inf, 0)
+	if cfg.Rate > 0 {
+		lim = rate.NewLimiter(rate.Limit(cfg.Rate), max(1, int(cfg.Rate/100))) // a burst of 10ms
+	}
+	var started atomic.Int64
+	return run(n, func(count func(int)) {
+		w := int(started.Add(1) - 1)
+		for lim.Wait(ctx) == nil {
+			s := next(w)
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, cfg.URL+"/reconcile/"+cfg.Namespace+"/"+s.name, nil)
 			if err != nil {
 				count(0) // a malformed URL
 				return
 			}
-			req.Header.Set("Authorization", "Bearer "+token())
-			resp, err := client.Do(req)
+			req.Header.Set("Authorization", "Bearer "+s.token)
+			resp, err := s.client.Do(req)
 			switch {
 			case err == nil:
 				_, _ = io.Copy(io.Discard, resp.Body) // so that the connection is reused
