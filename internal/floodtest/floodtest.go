@@ -16,7 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/time/rate"
+	"k8s.io/client-go/util/flowcontrol"
 )
 
 // Config says where a flood sends its requests, and from where.
@@ -171,14 +171,14 @@ type shot struct {
 // request at a time each and at most cfg.Rate a second together, until
 // ctx ends.
 func flood(ctx context.Context, cfg Config, n int, next func(w int) shot) Result {
-	lim := rate.NewLimiter(rate.Inf, 0)
+	wait := func(ctx context.Context) error { return ctx.Err() }
 	if cfg.Rate > 0 {
-		lim = rate.NewLimiter(rate.Limit(cfg.Rate), max(1, int(cfg.Rate/100))) // a burst of 10ms
+		wait = flowcontrol.NewTokenBucketRateLimiter(float32(cfg.Rate), max(1, int(cfg.Rate/100))).Wait // a burst of 10ms
 	}
 	var started atomic.Int64
 	return run(n, func(count func(int)) {
 		w := int(started.Add(1) - 1)
-		for lim.Wait(ctx) == nil {
+		for wait(ctx) == nil {
 			s := next(w)
 			req, err := http.NewRequestWithContext(ctx, http.MethodPost, cfg.URL+"/reconcile/"+cfg.Namespace+"/"+s.name, nil)
 			if err != nil {
