@@ -13,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
-	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -82,8 +81,7 @@ type pastVerdict struct {
 
 // newIssuerKeys returns the keys of the API server's service-account
 // issuer, fetched lazily through rc (GET /.well-known/openid-configuration
-// for "issuer" and "jwks_uri", then the JWKS at jwks_uri's path on the
-// same API server). A token must be for one of audiences. rc may be nil,
+// for "issuer", then GET /openid/v1/jwks). A token must be for one of audiences. rc may be nil,
 // or a typed nil *rest.RESTClient (as fake clientsets return), and
 // audiences empty: then every token is tokenUnknown.
 func newIssuerKeys(rc rest.Interface, audiences []string) *issuerKeys {
@@ -214,21 +212,21 @@ func (k *issuerKeys) keys(ctx context.Context, iss, kid string) *jwkSet {
 	return k.set
 }
 
-// fetch reads the issuer's discovery document and then its JWKS.
+// fetch reads the issuer from the discovery document, then the keys from
+// the API server's own JWKS endpoint. That is not always the document's
+// jwks_uri: with --service-account-jwks-uri (as managed clusters set it)
+// that points elsewhere, maybe out of reach, but the API server still
+// serves the same keys at /openid/v1/jwks.
 func (k *issuerKeys) fetch(ctx context.Context) (*jwkSet, error) {
-	var disc struct {
-		Issuer  string `json:"issuer"`
-		JWKSURI string `json:"jwks_uri"`
-	}
+	var disc struct{ Issuer string }
 	if err := k.get(ctx, "/.well-known/openid-configuration", &disc); err != nil {
 		return nil, err
 	}
-	u, err := url.Parse(disc.JWKSURI)
-	if err != nil || disc.Issuer == "" || u.Path == "" {
-		return nil, errors.New("service-account issuer discovery: no issuer or jwks_uri")
+	if disc.Issuer == "" {
+		return nil, errors.New("service-account issuer keys: no issuer in the discovery document")
 	}
 	var jwks struct{ Keys []jwk }
-	if err := k.get(ctx, u.Path, &jwks); err != nil {
+	if err := k.get(ctx, "/openid/v1/jwks", &jwks); err != nil {
 		return nil, err
 	}
 	set := &jwkSet{issuer: disc.Issuer, keys: map[string]jwk{}}

@@ -143,7 +143,8 @@ func (f *fakeIssuer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	switch r.URL.Path {
 	case "/.well-known/openid-configuration":
-		json.NewEncoder(w).Encode(map[string]any{"issuer": testIssuer, "jwks_uri": "https://10.0.0.1:6443/openid/v1/jwks"})
+		// jwks_uri as --service-account-jwks-uri sets it: not this server.
+		json.NewEncoder(w).Encode(map[string]any{"issuer": testIssuer, "jwks_uri": "https://oidc.example.com/keys"})
 	case "/openid/v1/jwks":
 		json.NewEncoder(w).Encode(map[string]any{"keys": keys})
 	default:
