@@ -178,8 +178,8 @@ func (k *issuerKeys) remember(sum [sha256.Size]byte, r pastVerdict) {
 // keys returns the current key set (nil: not known), fetching it first
 // when it is due: never fetched, keysRefresh old, or for keysRetry either
 // missing or lacking kid of issuer iss (not of others: their kids are not
-// for this issuer to know). Concurrent callers share one fetch; a caller
-// whose ctx ends first gets the set as it was.
+// for this issuer to know). Concurrent callers share one fetch. The caller
+// waits for it, or for its ctx, unless it only refreshes the set.
 func (k *issuerKeys) keys(ctx context.Context, iss, kid string) *jwkSet {
 	k.mu.Lock()
 	set, last := k.set, k.fetchedAt
@@ -203,6 +203,9 @@ func (k *issuerKeys) keys(ctx context.Context, iss, kid string) *jwkSet {
 		}
 		return nil, nil
 	})
+	if !lacking {
+		return set // a refresh: the keys serve on while it runs
+	}
 	select {
 	case <-done:
 	case <-ctx.Done():

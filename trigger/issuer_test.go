@@ -336,6 +336,8 @@ func TestIssuerRefreshesTheKeysEveryTenMinutes(t *testing.T) {
 		time.Sleep(keysRefresh - time.Second)
 		wantVerdict(t, k, tok, tokenSigned) // remembered
 		time.Sleep(time.Second)
+		wantVerdict(t, k, tok, tokenSigned) // the old keys serve while the refresh runs
+		synctest.Wait()
 		wantVerdict(t, k, tok, tokenForged)
 		if n := f.requests.Load(); n != 2 {
 			t.Errorf("%d fetches, want 2", n)
