@@ -35,8 +35,8 @@
 // HandlerConfig.Reviews) checks the bearer token with a TokenReview for
 // the audience [DefaultAudience], and the caller's permission (update on
 // the object) with a SubjectAccessReview. The operator needs create on
-// tokenreviews and subjectaccessreviews (system:auth-delegator) and get on
-// the resource; a caller gets a token with `kubectl create token SA
+// tokenreviews and subjectaccessreviews (system:auth-delegator), get on
+// the resource, and reads the issuer's keys (as any ServiceAccount may); a caller gets a token with `kubectl create token SA
 // --audience opkit-trigger`. Serve it over HTTPS.
 //
 // The handler checks the route, method, rate limit and the client's failed

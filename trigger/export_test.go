@@ -32,3 +32,19 @@ var (
 func Lookup[T opkit.Object](t *Trigger[T], key opkit.Key, id string) Outcome {
 	return t.tickets.lookup(key, id)
 }
+
+// For issuer_integration_test.go, which is package trigger_test (the
+// control plane it needs imports this package).
+var (
+	NewIssuerKeys = newIssuerKeys
+	IssuerCheck   = (*issuerKeys).check
+	IssuerErr     = (*issuerKeys).err
+)
+
+// The types and verdicts, for issuer_integration_test.go.
+type (
+	IssuerKeysT = issuerKeys
+	Verdict     = verdict
+)
+
+const TokenUnknown, TokenSigned, TokenForged = tokenUnknown, tokenSigned, tokenForged

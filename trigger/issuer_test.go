@@ -449,19 +449,3 @@ func flipLastSignatureByte(tok string) string {
 	sig[len(sig)-1] ^= 1
 	return tok[:i+1] + base64.RawURLEncoding.EncodeToString(sig)
 }
-
-// For issuer_integration_test.go, which is package trigger_test (the
-// control plane it needs imports this package).
-var (
-	NewIssuerKeys = newIssuerKeys
-	IssuerCheck   = (*issuerKeys).check
-	IssuerErr     = (*issuerKeys).err
-)
-
-// The types and verdicts, for issuer_integration_test.go.
-type (
-	IssuerKeysT = issuerKeys
-	Verdict     = verdict
-)
-
-const TokenUnknown, TokenSigned, TokenForged = tokenUnknown, tokenSigned, tokenForged
