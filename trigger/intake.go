@@ -6,6 +6,7 @@ package trigger
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -136,14 +137,30 @@ func (t *Trigger[T]) Intake(ctx context.Context, p Pointer, opts IntakeOptions) 
 	return d, err
 }
 
+// errCannotRoute is Intake's error (the handler's 503) for a trigger whose
+// caller a sharded replica could not check because its API server did
+// not answer: where the object is worked on takes a read, which would
+// fail too, so the caller is told to retry, and another replica, which
+// reaches its API server, may take it.
+var errCannotRoute = errors.New("this replica's API server does not answer: it can neither check the caller nor tell which replica works on the object; retry, another replica may take the trigger")
+
 // uncheckedElsewhere is the decision for a trigger whose caller this
 // replica could not check (authErr: its API server did not answer, or
 // refused the review): forwarded when another replica works on the
 // object and its place is known without a read (one shard), since that
-// replica checks every caller itself; else authErr.
+// replica checks every caller itself; with shards, errCannotRoute when
+// the API server did not answer; else authErr.
 func (t *Trigger[T]) uncheckedElsewhere(ctx context.Context, key opkit.Key, opts IntakeOptions, authErr error) (Decision[T], error) {
-	if !unchecked(authErr) || opts.NoForward || t.cfg.Router.Shards() != 1 || t.checkNamespace(key) != nil {
+	if !unchecked(authErr) || opts.NoForward || t.checkNamespace(key) != nil {
 		return Decision[T]{}, authErr
+	}
+	if t.cfg.Router.Shards() != 1 {
+		if apiClass(authErr) != apiTransient {
+			return Decision[T]{}, authErr
+		}
+		t.log.Log(ctx, slog.LevelWarn, "unroutable", "trigger: this replica's API server does not answer; the caller is told to retry (503), another replica may take the trigger",
+			slog.String("key", key.String()), slog.Any("error", authErr))
+		return Decision[T]{}, fmt.Errorf("trigger: %w: %w", errCannotRoute, authErr)
 	}
 	if pl := t.cfg.Router.Place(0); pl.Queue == nil && pl.Endpoint != "" {
 		t.log.Log(ctx, slog.LevelWarn, "unchecked", "trigger: this replica could not check the caller; forwarding to the replica that works on the object, which checks it",
