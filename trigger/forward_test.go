@@ -235,8 +235,9 @@ func (reviewRefusedAuth) Authorize(context.Context, trigger.AuthRequest) (string
 // With shards, a replica whose own API server does not answer can neither
 // check the caller nor read the object to learn its shard: it answers 503
 // with Retry-After, saying why (another replica may take the trigger),
-// reading and forwarding nothing. A review its API server refused, or a
-// request forwarded to it already, is a 502 as with one shard.
+// reading and forwarding nothing; so does one that knew the caller but
+// could not read. A review its API server refused, or a request forwarded
+// to it already, is a 502 as with one shard.
 func TestAShardedReplicaThatCannotCheckTheCallerAsksForARetry(t *testing.T) {
 	api := newFakeAPI()
 	var forwarded atomic.Int32
@@ -250,13 +251,17 @@ func TestAShardedReplicaThatCannotCheckTheCallerAsksForARetry(t *testing.T) {
 	env := &handlerEnv{tr: tr}
 	for _, tc := range []struct {
 		auth      trigger.Authenticator
+		name      string
 		forwarded bool
 		code      int
 		reason    string
 	}{
-		{unreachableAuth{}, false, http.StatusServiceUnavailable, "ServiceUnavailable"},
-		{reviewRefusedAuth{}, false, http.StatusBadGateway, "BadGateway"},
-		{unreachableAuth{}, true, http.StatusBadGateway, "BadGateway"},
+		{unreachableAuth{}, "a", false, http.StatusServiceUnavailable, "ServiceUnavailable"},
+		{reviewRefusedAuth{}, "a", false, http.StatusBadGateway, "BadGateway"},
+		{unreachableAuth{}, "a", true, http.StatusBadGateway, "BadGateway"},
+		// A caller it knows (a cached review), but the read fails.
+		{allowAll{}, "boom", false, http.StatusServiceUnavailable, "ServiceUnavailable"},
+		{allowAll{}, "boom", true, http.StatusBadGateway, "BadGateway"},
 	} {
 		if env.h, err = trigger.NewHandler(tr, trigger.HandlerConfig{Authenticator: tc.auth, RetryAfter: 2 * time.Second, Logger: discard}); err != nil {
 			t.Fatal(err)
@@ -265,14 +270,14 @@ func TestAShardedReplicaThatCannotCheckTheCallerAsksForARetry(t *testing.T) {
 		if tc.forwarded {
 			header = http.Header{"X-Opkit-Forwarded": {"true"}}
 		}
-		w := env.do(http.MethodPost, "/reconcile/ns/a", nil, header)
+		w := env.do(http.MethodPost, "/reconcile/ns/"+tc.name, nil, header)
 		retryAfter := w.Header().Get("Retry-After")
 		st := wantStatus(t, w, tc.code, tc.reason)
-		if tc.code == http.StatusServiceUnavailable && (retryAfter != "2" || !strings.Contains(st.Message, "this replica's API server does not answer") || strings.Contains(st.Message, "6443")) {
+		if tc.code == http.StatusServiceUnavailable && (retryAfter != "2" || !strings.Contains(st.Message, "cannot reach its API server") || strings.Contains(st.Message, "6443")) {
 			t.Errorf("503: Retry-After %q, message %q; want 2 and why, without the API server's address", retryAfter, st.Message)
 		}
 	}
-	if len(api.read) != 0 || forwarded.Load() != 0 {
-		t.Errorf("%d reads, %d forwards; want none", len(api.read), forwarded.Load())
+	if reads := fmt.Sprint(api.read); reads != "[ns/boom ns/boom]" || forwarded.Load() != 0 {
+		t.Errorf("reads %s, %d forwards; want the two of ns/boom, and none", reads, forwarded.Load())
 	}
 }
