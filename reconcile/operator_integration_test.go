@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"sync"
 	"testing"
@@ -39,11 +40,13 @@ type operatorReplica struct {
 	done      chan error
 }
 
-// scheduledCount counts the triggers a replica scheduled.
+// scheduledCount counts the triggers a replica scheduled, and the
+// messages its consumer handed back, by reason.
 type scheduledCount struct {
 	noTriggerMetrics
-	mu sync.Mutex
-	n  int
+	mu    sync.Mutex
+	n     int
+	nacks map[string]int
 }
 
 func (s *scheduledCount) Enqueued(o queue.Outcome) {
@@ -59,11 +62,36 @@ func (s *scheduledCount) get() int {
 	return s.n
 }
 
+func (s *scheduledCount) Nacked(reason string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.nacks == nil {
+		s.nacks = map[string]int{}
+	}
+	s.nacks[reason]++
+}
+
+// nacked returns the consumer's hand-backs so far, by reason.
+func (s *scheduledCount) nacked() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.nacks)
+}
+
 // replicaOptions tell one test's replicas from another's.
 type replicaOptions struct {
 	log          *slog.Logger // nil: quiet
 	checkCallers bool         // TokenReview and SubjectAccessReview through kube; else InsecureSkipAuth
 	owns         bool         // Owns ConfigMaps: a related watcher beside the controller's own
+	shards       int          // Config.Shards.Count (0: none)
+	// longLeases: Leases of 30s, renewed within 20s, so that a replica
+	// keeps what it holds through its API server's restart.
+	longLeases bool
+	// broker, if set, feeds a consumer (the example operator's: acknowledging
+	// after the reconcile), counted in the replica's scheduled.
+	broker trigger.Broker
+	// reconciled, if set, is told of every reconcile's request.
+	reconciled func(replica string, req reconcile.Request[*Widget])
 }
 
 // startOperatorReplica starts replica id, with clients dyn and kube, and
@@ -77,13 +105,20 @@ func startOperatorReplica(t *testing.T, dyn dynamic.Interface, kube kubernetes.I
 	r := &operatorReplica{id: id, scheduled: &scheduledCount{}, done: make(chan error, 1)}
 	cfg := reconcile.Config[*Widget]{
 		Name: "test.opkit.dev/operator", Resource: widgets, Dynamic: dyn, NoEvents: true, Logger: log,
-		Reconciler: reconcile.Func[*Widget](func(context.Context, reconcile.Request[*Widget]) (reconcile.Result, error) {
+		Reconciler: reconcile.Func[*Widget](func(_ context.Context, req reconcile.Request[*Widget]) (reconcile.Result, error) {
+			if o.reconciled != nil {
+				o.reconciled(id, req)
+			}
 			return reconcile.Done(), nil
 		}),
 		Watch:          watcher.Config[*Widget]{Namespace: ns},
 		TriggerMetrics: r.scheduled,
+		Shards:         opkit.Shards{Count: o.shards},
 		Leader: &leader.Config{Client: kube, Namespace: ns, Name: "operator", Identity: id,
 			LeaseDuration: 6 * time.Second, RenewDeadline: 4 * time.Second, RetryPeriod: 500 * time.Millisecond},
+	}
+	if o.longLeases {
+		cfg.Leader.LeaseDuration, cfg.Leader.RenewDeadline, cfg.Leader.RetryPeriod = 30*time.Second, 20*time.Second, time.Second
 	}
 	if o.owns {
 		cfg.Owns = []opkit.Resource{configMaps}
@@ -96,9 +131,19 @@ func startOperatorReplica(t *testing.T, dyn dynamic.Interface, kube kubernetes.I
 	if o.checkCallers {
 		handler = trigger.HandlerConfig{Reviews: kube, Logger: log}
 	}
+	var components []reconcile.Runnable
+	if o.broker != nil {
+		c, err := trigger.NewConsumer(trigger.ConsumerConfig[*Widget]{Broker: o.broker, Trigger: r.ctrl.Trigger(),
+			AckAfterReconcile: true, Concurrency: 16, Metrics: r.scheduled, Logger: log})
+		if err != nil {
+			t.Fatal(err)
+		}
+		components = append(components, reconcile.Runnable{Name: "consumer", Run: c.Run})
+	}
 	r.op, err = reconcile.NewOperator(reconcile.OperatorConfig{
 		Controllers: []reconcile.Part{r.ctrl},
 		Triggers:    &reconcile.TriggerEndpoint{Server: trigger.ServerConfig{Addr: "127.0.0.1:0", Logger: log}, Handler: handler},
+		Components:  components,
 		Logger:      log,
 	})
 	if err != nil {

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"slices"
@@ -30,9 +29,15 @@ import (
 // go to logs.
 func startOn(t *testing.T, c *testcluster.Cluster, server int, ns, id string, logs *logLines) *operatorReplica {
 	t.Helper()
+	return startOnWith(t, c, server, ns, id, replicaOptions{log: slog.New(slog.NewTextHandler(logs, nil)), checkCallers: true, owns: true})
+}
+
+// startOnWith starts a replica of options o whose clients talk to API
+// server server of c.
+func startOnWith(t *testing.T, c *testcluster.Cluster, server int, ns, id string, o replicaOptions) *operatorReplica {
+	t.Helper()
 	cfg := c.ConfigFor(server)
-	return startOperatorReplica(t, dynamic.NewForConfigOrDie(cfg), kubernetes.NewForConfigOrDie(cfg), ns, id,
-		replicaOptions{log: slog.New(slog.NewTextHandler(logs, nil)), checkCallers: true, owns: true})
+	return startOperatorReplica(t, dynamic.NewForConfigOrDie(cfg), kubernetes.NewForConfigOrDie(cfg), ns, id, o)
 }
 
 // Three replicas; the API server of one follower is stopped, then started
@@ -66,20 +71,13 @@ func TestIntegrationTriggersThroughAFollowerWhoseAPIServerRestarts(t *testing.T)
 	})
 
 	post := func(reason string) (int, trigger.Outcome) {
-		req, _ := http.NewRequest(http.MethodPost, follower.op.TriggerURL()+"/reconcile/"+ns+"/w?wait=30s&reason="+reason, nil)
-		req.Header.Set("Authorization", "Bearer "+token)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatalf("POST through b: %v", err)
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
+		code, _, body := postWithToken(t, follower.op.TriggerURL()+"/reconcile/"+ns+"/w?wait=30s&reason="+reason, token)
 		var out trigger.Outcome
-		_ = json.Unmarshal(body, &out)
-		if resp.StatusCode != http.StatusOK || out.State != trigger.Succeeded || out.Replica != lead.id {
-			t.Errorf("trigger %s through b: %d %s, want 200 with the leader's success", reason, resp.StatusCode, body)
+		_ = json.Unmarshal([]byte(body), &out)
+		if code != http.StatusOK || out.State != trigger.Succeeded || out.Replica != lead.id {
+			t.Errorf("trigger %s through b: %d %s, want 200 with the leader's success", reason, code, body)
 		}
-		return resp.StatusCode, out
+		return code, out
 	}
 	var resumes []time.Duration
 	for round := range 10 {

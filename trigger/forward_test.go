@@ -3,6 +3,7 @@ package trigger_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -12,9 +13,17 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/queue"
 	"github.com/opkit/opkit/trigger"
 )
 
@@ -212,4 +221,63 @@ func TestAFollowerThatCannotCheckTheCallerForwardsToTheLeader(t *testing.T) {
 	refusing.route.follow(leaderSrv.URL)
 	refusing.q.Suspend()
 	wantStatus(t, post(refusing, "/reconcile/ns/a"), http.StatusUnauthorized, "Unauthorized")
+}
+
+// reviewRefusedAuth is an Authenticator whose API server refuses the
+// review itself (the operator lacks create on tokenreviews, or the
+// server's authorizer has not synced): the caller was not judged.
+type reviewRefusedAuth struct{}
+
+func (reviewRefusedAuth) Authorize(context.Context, trigger.AuthRequest) (string, error) {
+	return "", apierrors.NewForbidden(schema.GroupResource{Group: "authentication.k8s.io", Resource: "tokenreviews"}, "", errors.New("no RBAC"))
+}
+
+// With shards, a replica whose own API server does not answer can neither
+// check the caller nor read the object to learn its shard: it answers 503
+// with Retry-After, saying why (another replica may take the trigger),
+// reading and forwarding nothing; so does one that knew the caller but
+// could not read. A review its API server refused, or a request forwarded
+// to it already, is a 502 as with one shard.
+func TestAShardedReplicaThatCannotCheckTheCallerAsksForARetry(t *testing.T) {
+	api := newFakeAPI()
+	var forwarded atomic.Int32
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { forwarded.Add(1) }))
+	defer other.Close()
+	r := &shardsRouter{n: 8, held: map[int]queue.Adder[opkit.Key, opkit.Cause[*corev1.ConfigMap]]{0: newCMQueue()}, endpoint: other.URL}
+	tr, err := trigger.New(trigger.Config[*corev1.ConfigMap]{Router: r, Resource: configMaps, Get: api.get, Logger: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := &handlerEnv{tr: tr}
+	for _, tc := range []struct {
+		auth      trigger.Authenticator
+		name      string
+		forwarded bool
+		code      int
+		reason    string
+	}{
+		{unreachableAuth{}, "a", false, http.StatusServiceUnavailable, "ServiceUnavailable"},
+		{reviewRefusedAuth{}, "a", false, http.StatusBadGateway, "BadGateway"},
+		{unreachableAuth{}, "a", true, http.StatusBadGateway, "BadGateway"},
+		// A caller it knows (a cached review), but the read fails.
+		{allowAll{}, "boom", false, http.StatusServiceUnavailable, "ServiceUnavailable"},
+		{allowAll{}, "boom", true, http.StatusBadGateway, "BadGateway"},
+	} {
+		if env.h, err = trigger.NewHandler(tr, trigger.HandlerConfig{Authenticator: tc.auth, RetryAfter: 2 * time.Second, Logger: discard}); err != nil {
+			t.Fatal(err)
+		}
+		var header http.Header
+		if tc.forwarded {
+			header = http.Header{"X-Opkit-Forwarded": {"true"}}
+		}
+		w := env.do(http.MethodPost, "/reconcile/ns/"+tc.name, nil, header)
+		retryAfter := w.Header().Get("Retry-After")
+		st := wantStatus(t, w, tc.code, tc.reason)
+		if tc.code == http.StatusServiceUnavailable && (retryAfter != "2" || !strings.Contains(st.Message, "cannot reach its API server") || strings.Contains(st.Message, "6443")) {
+			t.Errorf("503: Retry-After %q, message %q; want 2 and why, without the API server's address", retryAfter, st.Message)
+		}
+	}
+	if reads := fmt.Sprint(api.read); reads != "[ns/boom ns/boom]" || forwarded.Load() != 0 {
+		t.Errorf("reads %s, %d forwards; want the two of ns/boom, and none", reads, forwarded.Load())
+	}
 }

@@ -429,6 +429,8 @@ func (h *handler[T]) refusal(w http.ResponseWriter, r *http.Request, key opkit.K
 		return h.fail(http.StatusUnauthorized, err.Error(), &key)
 	case errors.Is(authErr, ErrForbidden):
 		return h.fail(http.StatusForbidden, err.Error(), &key)
+	case errors.Is(err, errCannotRoute):
+		return h.fail(http.StatusServiceUnavailable, errCannotRoute.Error(), &key)
 	case authErr != nil:
 		// The caller is not authenticated or not authorized yet: the API
 		// server's answer (which may describe the operator's own RBAC)
