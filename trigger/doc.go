@@ -61,9 +61,9 @@
 // An error body is a [Status], without internal errors (the log has them,
 // at most once per code every 10s). Under floods from any number of
 // callers, slots and reviews go first to the caller (its user once
-// authorized, else its address) holding the fewest, and the trigger budget
-// keeps a reserve for callers it has not refused; see [KubeAuthConfig] for
-// what a review costs; a slow body holds no slot.
+// authorized, else its address) holding the fewest, and the trigger
+// budget keeps a reserve for known callers that ask for little; see
+// [KubeAuthConfig] for what a review costs; a slow body holds no slot.
 //
 // # The consumer
 //

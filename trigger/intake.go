@@ -280,80 +280,71 @@ func (t *Trigger[T]) pay(caller string, opts IntakeOptions) error {
 	if t.budget == nil || opts.paid {
 		return nil
 	}
-	if caller != "" && !t.shares.take(caller) {
-		return fmt.Errorf("trigger: %w: this caller's share of the trigger budget (half of it) is spent", ErrBusy)
+	light := false
+	if caller != "" {
+		var ok bool
+		if light, ok = t.shares.take(caller); !ok {
+			return fmt.Errorf("trigger: %w: this caller's share of the trigger budget (half of it) is spent", ErrBusy)
+		}
 	}
-	if t.budget.TryAccept() || (caller != "" && t.shares.takeReserve(caller)) {
+	if t.budget.TryAccept() || (light && t.shares.reserve.TryAccept()) {
 		return nil
 	}
 	return fmt.Errorf("trigger: %w: the trigger budget (%v a second, %d at once) is spent", ErrBusy, t.budget.QPS(), cmp.Or(t.cfg.Burst, defaultBurst))
 }
 
 // maxShares bounds the callers whose shares of the trigger budget are
-// remembered; beyond it one is forgotten (its next trigger starts with a
-// full share, as a light caller).
+// remembered; beyond it one is forgotten (its next trigger starts anew).
 const maxShares = 1024
 
-// heavyFor is how long a caller the budget refused stays heavy: without
-// the reserve.
-const heavyFor = 10 * time.Second
+// lightAfter is how long a caller must have been known to be light.
+const lightAfter = 10 * time.Second
 
 // shares holds each caller's share of the trigger budget, a token bucket
-// of half its rate and burst, and the reserve of the callers the budget
-// has not refused in the last heavyFor (light ones).
+// of half its rate and burst, and the reserve, for light callers: known
+// for lightAfter, and whose share was full but for at most one token. A
+// crowd that spends the budget has spent its shares (or is new), and
+// cannot reach the reserve; a caller that asks for little keeps it.
 type shares struct {
-	rate    float32
+	rate    float64
 	burst   int
 	reserve flowcontrol.PassiveRateLimiter
 	mu      sync.Mutex
 	of      map[string]*share
 }
 
+// share is a caller's token bucket: its tokens as of last, and since
+// when the caller is known.
 type share struct {
-	bucket  flowcontrol.PassiveRateLimiter
-	refused time.Time // when the budget last refused the caller
+	tokens      float64
+	last, since time.Time
 }
 
-// get returns caller's share; the caller holds mu.
-func (s *shares) get(caller string) *share {
-	sh, ok := s.of[caller]
-	if !ok {
+// take takes a token of caller's share, reporting whether there was one,
+// and whether the caller was light before it.
+func (s *shares) take(caller string) (light, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	sh, known := s.of[caller]
+	if !known {
 		if len(s.of) >= maxShares {
 			for c := range s.of {
 				delete(s.of, c)
 				break
 			}
 		}
-		sh = &share{bucket: flowcontrol.NewTokenBucketPassiveRateLimiter(s.rate, s.burst)}
+		sh = &share{tokens: float64(s.burst), last: now, since: now}
 		s.of[caller] = sh
 	}
-	return sh
-}
-
-// take takes a token of caller's share, reporting whether there was one
-// (a caller refused is heavy).
-func (s *shares) take(caller string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	sh := s.get(caller)
-	if !sh.bucket.TryAccept() {
-		sh.refused = time.Now()
-		return false
+	sh.tokens = min(float64(s.burst), sh.tokens+now.Sub(sh.last).Seconds()*s.rate)
+	sh.last = now
+	light = now.Sub(sh.since) >= lightAfter && sh.tokens >= float64(s.burst)-1
+	if sh.tokens < 1 {
+		return light, false
 	}
-	return true
-}
-
-// takeReserve takes a token of the reserve if caller is light and one is
-// left, reporting whether it did; a caller refused is heavy.
-func (s *shares) takeReserve(caller string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	sh := s.get(caller)
-	if (sh.refused.IsZero() || time.Since(sh.refused) >= heavyFor) && s.reserve.TryAccept() {
-		return true
-	}
-	sh.refused = time.Now()
-	return false
+	sh.tokens--
+	return light, true
 }
 
 // waitForBudget waits until a token of the trigger budget is free and

@@ -83,9 +83,9 @@ type Config[T opkit.Object] struct {
 	// Rate and Burst are Intake's trigger budget (zero: 5 and 20;
 	// negative Rate: none): a trigger that joins an entry waiting for its
 	// key is free, any other takes a token for its read and its
-	// reconcile, or gets ErrBusy; a caller, at most half; one it has not
-	// refused in 10s, also a reserve of half its size. Keep 1.5 × Rate ×
-	// (1 + requests per reconcile) well below the API client's QPS.
+	// reconcile, or gets ErrBusy; a caller, at most half; one known for
+	// 10s that asks for little, also a reserve of half its size. Keep 1.5
+	// × Rate × (1 + requests per reconcile) well below the API's QPS.
 	Rate  float64
 	Burst int
 	// Metrics (nil: none) and Logger (nil: slog.Default()).
@@ -133,7 +133,7 @@ func New[T opkit.Object](cfg Config[T]) (*Trigger[T], error) {
 	if cfg.Rate >= 0 {
 		rate, burst := float32(cmp.Or(cfg.Rate, defaultRate)), cmp.Or(cfg.Burst, defaultBurst)
 		t.budget = flowcontrol.NewTokenBucketRateLimiter(rate, burst)
-		t.shares = &shares{rate: rate / 2, burst: max(burst/2, 1), of: map[string]*share{},
+		t.shares = &shares{rate: float64(rate) / 2, burst: max(burst/2, 1), of: map[string]*share{},
 			reserve: flowcontrol.NewTokenBucketPassiveRateLimiter(rate/2, max(burst/2, 1))}
 	}
 	return t, nil
