@@ -138,38 +138,46 @@ func TestOneCallerTakesAtMostHalfTheBudget(t *testing.T) {
 
 // A crowd of callers spends the whole budget; a caller known for 10s
 // that asks for little still gets its triggers through, from the reserve,
-// which the crowd cannot reach: new, or, once known, with its shares
-// spent. The crowd gets at most the budget's rate.
+// which the crowd cannot reach: new (or back after a pause), or, once
+// known, with its shares spent. The crowd gets at most the budget's rate.
 func TestACrowdSpendsTheBudgetNotTheReserve(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		anything := func(_ context.Context, k opkit.Key) (*corev1.ConfigMap, error) { return cm(k.Namespace, k.Name), nil }
 		tr, _ := newCMTriggerWith(t, trigger.Config[*corev1.ConfigMap]{Get: anything, Rate: 10, Burst: 10})
 		intake := func(caller, name string) error { return intakeAs(tr, caller, name) }
-		if err := intake("calm", "calm-0"); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(10 * time.Second)
-		start, taken := time.Now(), 0
-		for second := 10; second < 30; second++ {
-			for step := range 10 { // each of the crowd asks 10 times a second
-				time.Sleep(100 * time.Millisecond)
-				for c := range 20 {
-					if second == 10 && step < c%10 {
-						continue // the crowd arrives over the first second
-					}
-					if intake(fmt.Sprint("crowd-", c), fmt.Sprintf("c-%d-%d-%d", second, c, step)) == nil {
-						taken++
-					}
-				}
-			}
-			// The crowd took what the budget had: the calm caller asks now.
-			if limit := 10 + int(10*time.Since(start).Seconds()); taken > limit { // the burst, and the rate since
-				t.Fatalf("by second %d: the crowd got %d triggers, want at most the budget's %d", second, taken, limit)
-			}
+		calm := func(second int) {
+			t.Helper()
 			if err := intake("calm", fmt.Sprint("calm-", second)); err != nil {
 				t.Fatalf("second %d: the calm caller's trigger: %v, want it taken from the reserve", second, err)
 			}
 		}
+		// seconds runs the crowd from second from to to, the calm caller
+		// asking once a second, just after the crowd took what the budget had.
+		seconds := func(from, to int, crowd bool) {
+			t.Helper()
+			start, taken := time.Now(), 0
+			for second := from; second < to; second++ {
+				for step := range 10 { // each of the crowd asks 10 times a second
+					time.Sleep(100 * time.Millisecond)
+					for c := range 20 {
+						if !crowd || second == from && step < c%10 {
+							continue // the crowd arrives over its first second
+						}
+						if intake(fmt.Sprint("crowd-", c), fmt.Sprintf("c-%d-%d-%d", second, c, step)) == nil {
+							taken++
+						}
+					}
+				}
+				if limit := 10 + int(10*time.Since(start).Seconds()); taken > limit { // the burst, and the rate since
+					t.Fatalf("by second %d: the crowd got %d triggers, want at most the budget's %d", second, taken, limit)
+				}
+				calm(second)
+			}
+		}
+		seconds(0, 10, false)
+		seconds(10, 30, true)
+		seconds(30, 45, false) // the crowd pauses, and comes back with full shares
+		seconds(45, 50, true)
 	})
 }
 

@@ -297,14 +297,16 @@ func (t *Trigger[T]) pay(caller string, opts IntakeOptions) error {
 // remembered; beyond it one is forgotten (its next trigger starts anew).
 const maxShares = 1024
 
-// lightAfter is how long a caller must have been known to be light.
+// lightAfter is how long a caller must have been known, without a pause
+// as long, to be light.
 const lightAfter = 10 * time.Second
 
 // shares holds each caller's share of the trigger budget, a token bucket
 // of half its rate and burst, and the reserve, for light callers: known
-// for lightAfter, and whose share was full but for at most one token. A
-// crowd that spends the budget has spent its shares (or is new), and
-// cannot reach the reserve; a caller that asks for little keeps it.
+// for lightAfter without a pause as long, and whose share was full but
+// for at most one token. A crowd that spends the budget has spent its
+// shares (or is new, or back), and cannot reach the reserve; a caller
+// that asks for little keeps it.
 type shares struct {
 	rate    float64
 	burst   int
@@ -336,6 +338,9 @@ func (s *shares) take(caller string) (light, ok bool) {
 		}
 		sh = &share{tokens: float64(s.burst), last: now, since: now}
 		s.of[caller] = sh
+	}
+	if now.Sub(sh.last) >= lightAfter {
+		sh.since = now // back after a pause: known anew
 	}
 	sh.tokens = min(float64(s.burst), sh.tokens+now.Sub(sh.last).Seconds()*s.rate)
 	sh.last = now
