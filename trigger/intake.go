@@ -297,16 +297,17 @@ func (t *Trigger[T]) pay(caller string, opts IntakeOptions) error {
 // remembered; beyond it one is forgotten (its next trigger starts anew).
 const maxShares = 1024
 
-// lightAfter is how long a caller must have been known, without a pause
-// as long, to be light.
+// lightAfter is how long a caller must have asked for little, each
+// time it was seen, to be light.
 const lightAfter = 10 * time.Second
 
 // shares holds each caller's share of the trigger budget, a token bucket
-// of half its rate and burst, and the reserve, for light callers: known
-// for lightAfter without a pause as long, and whose share was full but
-// for at most one token. A crowd that spends the budget has spent its
-// shares (or is new, or back), and cannot reach the reserve; a caller
-// that asks for little keeps it.
+// of half its rate and burst, and the reserve, for light callers: those
+// whose share was full but for at most one token every time they were
+// seen in the last lightAfter, at least. A crowd that spends the budget
+// has spent its shares (or is new, or back from spending them), and cannot
+// reach the reserve; a caller that asks for little, however rarely,
+// keeps it.
 type shares struct {
 	rate    float64
 	burst   int
@@ -315,11 +316,11 @@ type shares struct {
 	of      map[string]*share
 }
 
-// share is a caller's token bucket: its tokens as of last, and since
-// when the caller is known.
+// share is a caller's token bucket, its tokens as of last, and since when
+// it was seen asking for little every time (zero: it was not, last time).
 type share struct {
-	tokens      float64
-	last, since time.Time
+	tokens           float64
+	last, lightSince time.Time
 }
 
 // take takes a token of caller's share, reporting whether there was one,
@@ -336,15 +337,18 @@ func (s *shares) take(caller string) (light, ok bool) {
 				break
 			}
 		}
-		sh = &share{tokens: float64(s.burst), last: now, since: now}
+		sh = &share{tokens: float64(s.burst), last: now}
 		s.of[caller] = sh
-	}
-	if now.Sub(sh.last) >= lightAfter {
-		sh.since = now // back after a pause: known anew
 	}
 	sh.tokens = min(float64(s.burst), sh.tokens+now.Sub(sh.last).Seconds()*s.rate)
 	sh.last = now
-	light = now.Sub(sh.since) >= lightAfter && sh.tokens >= float64(s.burst)-1
+	switch {
+	case sh.tokens < float64(s.burst)-1:
+		sh.lightSince = time.Time{}
+	case sh.lightSince.IsZero():
+		sh.lightSince = now
+	}
+	light = !sh.lightSince.IsZero() && now.Sub(sh.lightSince) >= lightAfter
 	if sh.tokens < 1 {
 		return light, false
 	}
