@@ -43,11 +43,18 @@
 // has another), controller-runtime builds a client with its own bucket
 // for each resource type it reads or writes and for each informer, so
 // its Widget status writes and its ConfigMap writes each get the whole
-// QPS. Two settings: limits=50-100 (client-go-like) and limits=1000-2000
-// (high enough that the API server, not the client, sets the pace); with
-// -convergence.shared also limits=50-100-shared, where every client of a
-// replica draws from one bucket (rest.Config.RateLimiter), so both SDKs
-// have exactly the same budget.
+// QPS. Four settings: limits=50-100 (client-go-like); limits=1000-2000
+// (high enough that the API server, not the client, sets the pace);
+// limits=defaults, where the benchmark sets no limit and each SDK loads
+// the control plane's kubeconfig as its docs tell a user to (opkit:
+// client-go's loading, then reconcile.WithClientDefaults, as
+// example/operator does; controller-runtime: ctrl.GetConfig with
+// --kubeconfig, which sets QPS -1 when the kubeconfig sets none); and
+// limits=off, QPS -1 on the rest.Config (no client-side limit) for both,
+// the bound the API server sets. With -convergence.shared also
+// limits=50-100-shared, where every client of a replica draws from one
+// bucket (rest.Config.RateLimiter), so both SDKs have exactly the same
+// budget.
 //
 // One run of an SDK, on its namespace:
 //
@@ -87,6 +94,8 @@
 //
 //   - create-s: from the first create to the last observedGeneration;
 //   - pass-s and obj/s: the throughput pass, and 1,000 / pass-s;
+//     apiserver-cores: the API server's CPU time (user and system, from
+//     /proc/<pid>/stat) over the pass, divided by its wall time;
 //   - b1-s, b2-s, b2-pass-s: the failovers, from the acquisition;
 //     b2/b1: b2-s / b1-s (issue 20's target: at most 0.2 for opkit);
 //     takeover-s: from the kill to the acquisition (b1's);
