@@ -13,17 +13,17 @@
 //     client.Get, which reads its informer cache (no request: its normal
 //     cost model);
 //  2. creates or updates the child ConfigMap <name>-child (data.size =
-//     spec.size, a controller owner reference to the Widget): a GET, then
-//     a CREATE when it is missing or an UPDATE when it differs. opkit
-//     does the GET through the controller's dynamic client (as
-//     example/reconciler does), so it reaches the API server;
-//     controller-runtime through the manager's client, so it reads its
-//     cache (an informer on ConfigMaps, started by the first Get);
+//     spec.size, a controller owner reference to the Widget). opkit
+//     states it and has a reconcile.Applier write it, one server-side
+//     apply with no read (as example/reconciler does; opkit keeps no
+//     cache); controller-runtime GETs it through the manager's client,
+//     which reads its cache (an informer on ConfigMaps, started by the
+//     first Get), then CREATEs it when it is missing or UPDATEs it when
+//     it differs;
 //  3. writes status.observedGeneration = metadata.generation when it
-//     differs: opkit with reconcile.Status (one JSON patch of the status
-//     subresource, no resourceVersion precondition), controller-runtime
-//     with Status().Update (a PUT of the status subresource at the
-//     resourceVersion read, as kubebuilder's scaffold writes it).
+//     differs: opkit with reconcile.Status.Update, controller-runtime with
+//     Status().Update, both a PUT of the status subresource at the
+//     resourceVersion read (as kubebuilder's scaffold writes it).
 //
 // Settings that are the same for both: workers (4, opkit's default
 // Concurrency; controller-runtime's MaxConcurrentReconciles; opkit's
@@ -119,7 +119,7 @@
 //
 // Which SDK goes first alternates from run to run (the count is kept per
 // setting in the test process), so -count interleaves them. A run of both
-// SDKs takes about 5 minutes at limits=50-100, where opkit's three
+// SDKs takes about 5 minutes at limits=50-100, where opkit's two
 // requests per reconcile in one bucket are the bound, and about 1.5 at
 // limits=1000-2000. Caveats: the control plane, both SDKs, the benchmark's
 // watch and its patching goroutines share the machine's cores, so at
