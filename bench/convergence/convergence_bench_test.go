@@ -233,9 +233,11 @@ func runSDK(b *testing.B, c *testcluster.Cluster, l limits, s sdk, seed uint64) 
 	targets = bump(b, ns, names, 1_000_000)
 	last = caughtUp(b, tr, targets, "throughput pass")
 	pass := last.Sub(t0)
-	m["apiserver-cores"] = cpu.cores(b)
+	used, cores := cpu.used(b)
+	m["apiserver-cores"], m["apiserver-ms/obj"] = cores, used*1000/objects
 	m["pass-s"], m["obj/s"] = pass.Seconds(), objects/pass.Seconds()
-	fmt.Fprintf(&summary, "\n  throughput pass: %.2fs, %.0f objects/s, API server %.2f cores", m["pass-s"], m["obj/s"], m["apiserver-cores"])
+	fmt.Fprintf(&summary, "\n  throughput pass: %.2fs, %.0f objects/s, API server %.2f cores, %.2f ms of CPU per object",
+		m["pass-s"], m["obj/s"], cores, m["apiserver-ms/obj"])
 	quiesce(b, a)
 	m["req/obj-update"], m["srv-req/obj-update"] = w.close(b, a, objects, &summary)
 	verify(b, ns)
@@ -476,14 +478,15 @@ func startCPU(b *testing.B, c *testcluster.Cluster) cpuWindow {
 	return cpuWindow{pid: pid, cpu: cpu, start: time.Now()}
 }
 
-// cores returns the API server's CPU time since the window's start over
-// the wall time since then: the cores it used.
-func (w cpuWindow) cores(b *testing.B) float64 {
+// used returns the API server's CPU time since the window's start, in
+// seconds, and that over the wall time since then: the cores it used.
+func (w cpuWindow) used(b *testing.B) (seconds, cores float64) {
 	cpu, err := stats.CPUSeconds(w.pid)
 	if err != nil {
 		b.Fatal(err)
 	}
-	return (cpu - w.cpu) / time.Since(w.start).Seconds()
+	seconds = cpu - w.cpu
+	return seconds, seconds / time.Since(w.start).Seconds()
 }
 
 // loadAverage is the 1, 5 and 15-minute load averages, for the log.

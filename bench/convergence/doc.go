@@ -96,6 +96,8 @@
 //   - pass-s and obj/s: the throughput pass, and 1,000 / pass-s;
 //     apiserver-cores: the API server's CPU time (user and system, from
 //     /proc/<pid>/stat) over the pass, divided by its wall time;
+//     apiserver-ms/obj: that CPU time per object, which the machine's
+//     other load changes far less than the pass's length;
 //   - b1-s, b2-s, b2-pass-s: the failovers, from the acquisition;
 //     b2/b1: b2-s / b1-s (issue 20's target: at most 0.2 for opkit);
 //     takeover-s: from the kill to the acquisition (b1's);
