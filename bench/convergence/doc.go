@@ -98,6 +98,9 @@
 //     /proc/<pid>/stat) over the pass, divided by its wall time;
 //     apiserver-ms/obj: that CPU time per object, which the machine's
 //     other load changes far less than the pass's length;
+//     process-ms/obj: the same of the test process (the SDK's replicas,
+//     which compete with the API server for the cores, and the
+//     benchmark's patching and watch, the same for both SDKs);
 //   - b1-s, b2-s, b2-pass-s: the failovers, from the acquisition;
 //     b2/b1: b2-s / b1-s (issue 20's target: at most 0.2 for opkit);
 //     takeover-s: from the kill to the acquisition (b1's);
