@@ -97,7 +97,7 @@
 //     apiserver-cores: the API server's CPU time (user and system, from
 //     /proc/<pid>/stat) over the pass, divided by its wall time;
 //     apiserver-ms/obj: that CPU time per object, which the machine's
-//     other load changes far less than the pass's length;
+//     other load moves less than the pass's length;
 //     process-ms/obj: the same of the test process (the SDK's replicas,
 //     which compete with the API server for the cores, and the
 //     benchmark's patching and watch, the same for both SDKs);
@@ -123,12 +123,14 @@
 // phases' length.
 //
 // Which SDK goes first alternates from run to run (the count is kept per
-// setting in the test process), so -count interleaves them. A run of both
-// SDKs takes about 5 minutes at limits=50-100, where opkit's two
-// requests per reconcile in one bucket are the bound, and about 1.5 at
-// limits=1000-2000. Caveats: the control plane, both SDKs, the benchmark's
-// watch and its patching goroutines share the machine's cores, so at
-// limits=1000-2000 the figures are the machine's as much as the SDKs'; the
+// setting in the test process), so -count interleaves them; it does not
+// interleave the settings (go test repeats one sub-benchmark's runs back
+// to back). A run of both SDKs takes about 5 minutes at limits=50-100,
+// where opkit's two requests per reconcile in one bucket are the bound,
+// and about 1.5 to 2 at limits=1000-2000, limits=defaults and limits=off.
+// Caveats: the control plane, both SDKs, the benchmark's watch and its
+// patching goroutines share the machine's cores, so without a client
+// limit the figures are the machine's as much as the SDKs'; the
 // benchmark patches while the SDK reconciles, so pass-s includes the
 // patches' own time (about the same for both).
 //
