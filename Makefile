@@ -120,7 +120,7 @@ controlplane: controlplane-bin
 bench: controlplane-bin
 	@[[ -f bench/go.mod ]] || { echo "no bench module"; exit 1; }
 	@$(call log,benchmarks -> $(BENCH_OUT))
-	cd bench && $(GO) test -run='^$$' -bench=. -benchmem -count=$(BENCH_COUNT) -timeout 60m ./... | tee $(abspath $(BENCH_OUT))
+	cd bench && $(GO) test -run='^$$' -bench=. -benchmem -count=$(BENCH_COUNT) -timeout 120m ./... | tee $(abspath $(BENCH_OUT))
 
 ## size: print the SDK's size figures (hack/size.sh)
 size:

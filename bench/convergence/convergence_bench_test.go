@@ -26,6 +26,7 @@ import (
 	crlog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/opkit/opkit/bench/internal/fixture"
+	"github.com/opkit/opkit/bench/internal/stats"
 	"github.com/opkit/opkit/bench/internal/traffic"
 	"github.com/opkit/opkit/internal/testcluster"
 )
@@ -56,20 +57,30 @@ const (
 )
 
 // limits is a client request limit both SDKs' clients are built with
-// (rest.Config QPS and Burst). Every client built from a rest.Config has
-// a token bucket of its own (controller-runtime builds one for each
-// resource type it reads or writes, and one for each informer), unless
-// shared: then every client of a replica draws from one bucket
-// (rest.Config.RateLimiter).
+// (rest.Config QPS and Burst; QPS -1 is none). Every client built from a
+// rest.Config has a token bucket of its own (controller-runtime builds one
+// for each resource type it reads or writes, and one for each informer),
+// unless shared: then every client of a replica draws from one bucket
+// (rest.Config.RateLimiter). With defaults the benchmark sets no limit:
+// each SDK loads the control plane's kubeconfig the way its docs tell a
+// user to (sdk.defaults).
 type limits struct {
-	name   string
-	qps    float32
-	burst  int
-	shared bool
+	name     string
+	qps      float32
+	burst    int
+	shared   bool
+	defaults bool
 }
 
 var (
-	settings = []limits{{name: "limits=50-100", qps: 50, burst: 100}, {name: "limits=1000-2000", qps: 1000, burst: 2000}}
+	settings = []limits{
+		{name: "limits=50-100", qps: 50, burst: 100},
+		{name: "limits=1000-2000", qps: 1000, burst: 2000},
+		// Each SDK as a user gets it, next to the same run with no
+		// client-side limit at all (the API server's bound).
+		{name: "limits=defaults", defaults: true},
+		{name: "limits=off", qps: -1},
+	}
 	// sharedSetting runs with -convergence.shared: it takes about as long
 	// as limits=50-100, so it is not in the default run.
 	sharedSetting = limits{name: "limits=50-100-shared", qps: 50, burst: 100, shared: true}
@@ -181,7 +192,7 @@ func runSDK(b *testing.B, c *testcluster.Cluster, l limits, s sdk, seed uint64) 
 		cleanup(b, ns)
 	}()
 	start := func(id string) *replica {
-		r := newReplica(b, s, c.Config(), l, ns, id)
+		r := newReplica(b, s, c, l, ns, id)
 		live = append(live, r)
 		return r
 	}
@@ -217,12 +228,16 @@ func runSDK(b *testing.B, c *testcluster.Cluster, l limits, s sdk, seed uint64) 
 
 	// Throughput: every object's spec changes at once.
 	w = openWindow(b, a)
+	cpu := startCPU(b, c)
 	t0 = time.Now()
 	targets = bump(b, ns, names, 1_000_000)
 	last = caughtUp(b, tr, targets, "throughput pass")
 	pass := last.Sub(t0)
+	server, process, cores := cpu.used(b)
+	m["apiserver-cores"], m["apiserver-ms/obj"], m["process-ms/obj"] = cores, server*1000/objects, process*1000/objects
 	m["pass-s"], m["obj/s"] = pass.Seconds(), objects/pass.Seconds()
-	fmt.Fprintf(&summary, "\n  throughput pass: %.2fs, %.0f objects/s", m["pass-s"], m["obj/s"])
+	fmt.Fprintf(&summary, "\n  throughput pass: %.2fs, %.0f objects/s, API server %.2f cores, CPU per object: API server %.2f ms, this process %.2f ms",
+		m["pass-s"], m["obj/s"], cores, m["apiserver-ms/obj"], m["process-ms/obj"])
 	quiesce(b, a)
 	m["req/obj-update"], m["srv-req/obj-update"] = w.close(b, a, objects, &summary)
 	verify(b, ns)
@@ -445,6 +460,42 @@ func cleanup(b *testing.B, ns string) {
 	if err := env.kube.CoreV1().ConfigMaps(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
 		b.Errorf("delete the ConfigMaps of %s: %v", ns, err)
 	}
+}
+
+// cpuWindow is the CPU time of the API server and of this process (the
+// SDK's replicas, and the benchmark's patching goroutines and watch) at the
+// start of a window.
+type cpuWindow struct {
+	pid             int
+	server, process float64
+	start           time.Time
+}
+
+func startCPU(b *testing.B, c *testcluster.Cluster) cpuWindow {
+	w := cpuWindow{pid: c.APIServerPID(0)}
+	w.server, w.process = cpuNow(b, w.pid)
+	w.start = time.Now()
+	return w
+}
+
+// used returns the CPU time, in seconds, the API server and this process
+// used since the window's start, and the API server's over the wall time
+// since then: the cores it used.
+func (w cpuWindow) used(b *testing.B) (server, process, serverCores float64) {
+	s, p := cpuNow(b, w.pid)
+	server, process = s-w.server, p-w.process
+	return server, process, server / time.Since(w.start).Seconds()
+}
+
+func cpuNow(b *testing.B, pid int) (server, process float64) {
+	server, err := stats.CPUSeconds(pid)
+	if err == nil {
+		process, err = stats.CPUSeconds(os.Getpid())
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	return server, process
 }
 
 // loadAverage is the 1, 5 and 15-minute load averages, for the log.

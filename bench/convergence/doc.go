@@ -13,17 +13,17 @@
 //     client.Get, which reads its informer cache (no request: its normal
 //     cost model);
 //  2. creates or updates the child ConfigMap <name>-child (data.size =
-//     spec.size, a controller owner reference to the Widget): a GET, then
-//     a CREATE when it is missing or an UPDATE when it differs. opkit
-//     does the GET through the controller's dynamic client (as
-//     example/reconciler does), so it reaches the API server;
-//     controller-runtime through the manager's client, so it reads its
-//     cache (an informer on ConfigMaps, started by the first Get);
+//     spec.size, a controller owner reference to the Widget). opkit
+//     states it and has a reconcile.Applier write it, one server-side
+//     apply with no read (as example/reconciler does; opkit keeps no
+//     cache); controller-runtime GETs it through the manager's client,
+//     which reads its cache (an informer on ConfigMaps, started by the
+//     first Get), then CREATEs it when it is missing or UPDATEs it when
+//     it differs;
 //  3. writes status.observedGeneration = metadata.generation when it
-//     differs: opkit with reconcile.Status (one JSON patch of the status
-//     subresource, no resourceVersion precondition), controller-runtime
-//     with Status().Update (a PUT of the status subresource at the
-//     resourceVersion read, as kubebuilder's scaffold writes it).
+//     differs: opkit with reconcile.Status.Update, controller-runtime with
+//     Status().Update, both a PUT of the status subresource at the
+//     resourceVersion read (as kubebuilder's scaffold writes it).
 //
 // Settings that are the same for both: workers (4, opkit's default
 // Concurrency; controller-runtime's MaxConcurrentReconciles; opkit's
@@ -43,11 +43,18 @@
 // has another), controller-runtime builds a client with its own bucket
 // for each resource type it reads or writes and for each informer, so
 // its Widget status writes and its ConfigMap writes each get the whole
-// QPS. Two settings: limits=50-100 (client-go-like) and limits=1000-2000
-// (high enough that the API server, not the client, sets the pace); with
-// -convergence.shared also limits=50-100-shared, where every client of a
-// replica draws from one bucket (rest.Config.RateLimiter), so both SDKs
-// have exactly the same budget.
+// QPS. Four settings: limits=50-100 (client-go-like); limits=1000-2000
+// (high enough that the API server, not the client, sets the pace);
+// limits=defaults, where the benchmark sets no limit and each SDK loads
+// the control plane's kubeconfig as its docs tell a user to (opkit:
+// client-go's loading, then reconcile.WithClientDefaults, as
+// example/operator does; controller-runtime: ctrl.GetConfig with
+// --kubeconfig, which sets QPS -1 when the kubeconfig sets none); and
+// limits=off, QPS -1 on the rest.Config (no client-side limit) for both,
+// the bound the API server sets. With -convergence.shared also
+// limits=50-100-shared, where every client of a replica draws from one
+// bucket (rest.Config.RateLimiter), so both SDKs have exactly the same
+// budget.
 //
 // One run of an SDK, on its namespace:
 //
@@ -87,6 +94,13 @@
 //
 //   - create-s: from the first create to the last observedGeneration;
 //   - pass-s and obj/s: the throughput pass, and 1,000 / pass-s;
+//     apiserver-cores: the API server's CPU time (user and system, from
+//     /proc/<pid>/stat) over the pass, divided by its wall time;
+//     apiserver-ms/obj: that CPU time per object, which the machine's
+//     other load moves less than the pass's length;
+//     process-ms/obj: the same of the test process (the SDK's replicas,
+//     which compete with the API server for the cores, and the
+//     benchmark's patching and watch, the same for both SDKs);
 //   - b1-s, b2-s, b2-pass-s: the failovers, from the acquisition;
 //     b2/b1: b2-s / b1-s (issue 20's target: at most 0.2 for opkit);
 //     takeover-s: from the kill to the acquisition (b1's);
@@ -109,12 +123,14 @@
 // phases' length.
 //
 // Which SDK goes first alternates from run to run (the count is kept per
-// setting in the test process), so -count interleaves them. A run of both
-// SDKs takes about 5 minutes at limits=50-100, where opkit's three
-// requests per reconcile in one bucket are the bound, and about 1.5 at
-// limits=1000-2000. Caveats: the control plane, both SDKs, the benchmark's
-// watch and its patching goroutines share the machine's cores, so at
-// limits=1000-2000 the figures are the machine's as much as the SDKs'; the
+// setting in the test process), so -count interleaves them; it does not
+// interleave the settings (go test repeats one sub-benchmark's runs back
+// to back). A run of both SDKs takes about 5 minutes at limits=50-100,
+// where opkit's two requests per reconcile in one bucket are the bound,
+// and about 1.5 to 2 at limits=1000-2000, limits=defaults and limits=off.
+// Caveats: the control plane, both SDKs, the benchmark's watch and its
+// patching goroutines share the machine's cores, so without a client
+// limit the figures are the machine's as much as the SDKs'; the
 // benchmark patches while the SDK reconciles, so pass-s includes the
 // patches' own time (about the same for both).
 //

@@ -3,6 +3,7 @@ package convergencebench
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"net/http"
 	"sync"
@@ -20,10 +21,12 @@ import (
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/util/flowcontrol"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	crcache "sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/config"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -32,6 +35,7 @@ import (
 
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/bench/internal/traffic"
+	"github.com/opkit/opkit/internal/testcluster"
 	"github.com/opkit/opkit/leader"
 	"github.com/opkit/opkit/reconcile"
 	"github.com/opkit/opkit/watcher"
@@ -41,9 +45,36 @@ import (
 type sdk struct {
 	name  string // the prefix of its metrics
 	start func(b *testing.B, r *replica, cfg *rest.Config, ns string)
+	// defaults loads a kubeconfig as the SDK's docs tell a user to: the
+	// client configuration of the setting limits=defaults.
+	defaults func(kubeconfig string) (*rest.Config, error)
 }
 
-var sdks = []sdk{{"opkit", startOpkit}, {"cr", startControllerRuntime}}
+var sdks = []sdk{{"opkit", startOpkit, opkitDefaults}, {"cr", startControllerRuntime, crDefaults}}
+
+// opkitDefaults is what opkit's README and example operator do: the
+// kubeconfig loaded by client-go (no QPS or Burst), then
+// reconcile.WithClientDefaults (no client-side limit once an answer shows
+// the API server has Priority and Fairness, 100 a second until then), one
+// rest.Config for every client.
+func opkitDefaults(kubeconfig string) (*rest.Config, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	return reconcile.WithClientDefaults(cfg), nil
+}
+
+// crDefaults is controller-runtime's ctrl.GetConfig with --kubeconfig:
+// since the kubeconfig sets no QPS, it sets QPS -1, no client-side limit
+// (v0.25.2, pkg/client/config); the manager leaves QPS and Burst as they
+// are.
+func crDefaults(kubeconfig string) (*rest.Config, error) {
+	if err := flag.Set(config.KubeconfigFlagName, kubeconfig); err != nil {
+		return nil, err
+	}
+	return config.GetConfig()
+}
 
 // replica is one running instance of an SDK's controller, with leader
 // election: every client it has is built from one rest.Config whose
@@ -61,15 +92,24 @@ type replica struct {
 
 // newReplica starts a replica of s with identity id on ns, its clients
 // limited to l.
-func newReplica(b *testing.B, s sdk, base *rest.Config, l limits, ns, id string) *replica {
+func newReplica(b *testing.B, s sdk, c *testcluster.Cluster, l limits, ns, id string) *replica {
 	r := &replica{id: id, acquired: make(chan time.Time, 1), done: make(chan error, 1)}
-	cfg := rest.CopyConfig(base)
-	cfg.QPS, cfg.Burst = l.qps, l.burst
+	cfg := c.Config()
+	if l.defaults {
+		var err error
+		if cfg, err = s.defaults(c.Kubeconfig()); err != nil {
+			b.Fatal(err)
+		}
+	} else {
+		cfg.QPS, cfg.Burst = l.qps, l.burst
+	}
 	if l.shared {
 		cfg.RateLimiter = flowcontrol.NewTokenBucketRateLimiter(l.qps, l.burst)
 	}
 	cfg.UserAgent = "convergence-bench/" + s.name + "/" + id
-	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { return r.kill.Wrap(r.requests.Wrap(rt)) }
+	// Around whatever the SDK's defaults wrapped (opkit's watch for the
+	// Priority and Fairness header).
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return r.kill.Wrap(r.requests.Wrap(rt)) })
 	s.start(b, r, cfg, ns)
 	return r
 }

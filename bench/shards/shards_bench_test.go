@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -24,6 +23,7 @@ import (
 
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/bench/internal/fixture"
+	"github.com/opkit/opkit/bench/internal/stats"
 	"github.com/opkit/opkit/bench/internal/traffic"
 	"github.com/opkit/opkit/internal/testcluster"
 	"github.com/opkit/opkit/internal/typed"
@@ -298,14 +298,9 @@ func waitFor(b *testing.B, what string, f func() error) {
 
 // cpuSeconds is the user and system CPU time of process pid so far.
 func cpuSeconds(b *testing.B, pid int) float64 {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	s, err := stats.CPUSeconds(pid)
 	if err != nil {
 		b.Fatal(err)
 	}
-	// Fields after the command name (which may hold spaces, in parens):
-	// utime and stime are the 14th and 15th fields of the line.
-	f := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+2:]))
-	ut, _ := strconv.ParseFloat(f[11], 64)
-	st, _ := strconv.ParseFloat(f[12], 64)
-	return (ut + st) / 100 // clock ticks at USER_HZ 100
+	return s
 }

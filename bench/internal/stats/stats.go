@@ -1,11 +1,17 @@
 // Package stats holds the summary statistics the bench module's
-// benchmarks report, and the live-heap measurement of the memory ones, so
-// that every package computes them the same way.
+// benchmarks report, the live-heap measurement of the memory ones and the
+// reading of a process's CPU time (the API server's), so that every
+// package computes them the same way.
 package stats
 
 import (
+	"bytes"
+	"fmt"
 	"math"
+	"os"
 	"runtime"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -29,4 +35,33 @@ func LiveHeap() uint64 {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	return ms.HeapAlloc
+}
+
+// CPUSeconds returns the user and system CPU time process pid has used so
+// far, from /proc/<pid>/stat (Linux): for the API server's CPU over a
+// benchmark's window, the difference of two readings.
+func CPUSeconds(pid int) (float64, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The fields after the command name (in parentheses, and it may hold
+	// spaces): utime and stime are the 14th and 15th fields of the line.
+	i := bytes.LastIndexByte(data, ')')
+	if i < 0 || i+2 > len(data) {
+		return 0, fmt.Errorf("/proc/%d/stat: no command name", pid)
+	}
+	f := strings.Fields(string(data[i+2:]))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields after the command name", pid, len(f))
+	}
+	ut, err := strconv.ParseFloat(f[11], 64)
+	if err != nil {
+		return 0, err
+	}
+	st, err := strconv.ParseFloat(f[12], 64)
+	if err != nil {
+		return 0, err
+	}
+	return (ut + st) / 100, nil // clock ticks at USER_HZ 100
 }

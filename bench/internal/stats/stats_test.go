@@ -1,6 +1,8 @@
 package stats
 
 import (
+	"os"
+	"runtime"
 	"testing"
 	"time"
 )
@@ -29,5 +31,18 @@ func TestPercentileIsNearestRank(t *testing.T) {
 		if got := Percentile(tc.sorted, tc.q); got != tc.want {
 			t.Errorf("%s: Percentile(q=%v) = %v, want %v", tc.name, tc.q, got, tc.want)
 		}
+	}
+}
+
+func TestCPUSecondsReadsThisProcess(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("reads /proc")
+	}
+	s, err := CPUSeconds(os.Getpid())
+	if err != nil || s < 0 {
+		t.Fatalf("CPUSeconds(self) = %v, %v", s, err)
+	}
+	if _, err := CPUSeconds(-1); err == nil {
+		t.Fatal("CPUSeconds(-1): no error")
 	}
 }
