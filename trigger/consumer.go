@@ -165,11 +165,6 @@ func (c *Consumer[T]) Run(ctx context.Context) error {
 			failures = 0
 			continue
 		}
-		// And a token of the trigger budget: with the budget spent, the
-		// messages wait in the broker, not in a loop of hand-backs.
-		if c.cfg.Trigger.waitForBudget(ctx) != nil {
-			return nil
-		}
 		msg, paused, err := c.receive(ctx, &wg)
 		if err != nil {
 			<-slots
@@ -330,7 +325,7 @@ func (c *Consumer[T]) handle(ctx context.Context, msg Message, start time.Time) 
 			track = FinalOnly
 		}
 		var d Decision[T]
-		d, err = c.cfg.Trigger.Intake(ictx, p, IntakeOptions{Track: track, NoForward: true, paid: true}) // Run took the token
+		d, err = c.cfg.Trigger.Intake(ictx, p, IntakeOptions{Track: track, NoForward: true, wait: true})
 		o, tk = d.Outcome, d.Ticket
 		cancel()
 	}

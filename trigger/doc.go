@@ -83,10 +83,10 @@
 //	received while Run is stopping     Nack (Stopping) at once
 //	a Nack the broker dead-letters     counted as Term (MaxDeliveries), see [DeadLetterer]
 //
-// Before each receive it takes a token of the trigger budget, so a backlog
-// waits in the broker. While Paused (by default: this replica works on no
-// shard) it receives nothing, and a [Releaser] hands back its buffer; a
-// replica that works on some shards hands back the others' messages.
-// Broker failures are retried with backoff and reported by [BrokerError]
-// kind.
+// A message that needs a read waits for a token of the trigger budget
+// (a backlog waits in the broker). While Paused (by default: this replica
+// works on no shard) it receives nothing, and a [Releaser] hands back its
+// buffer; a replica hands back other shards' messages (for free if it
+// read the object in the last 30s). Broker failures are retried with
+// backoff and reported by [BrokerError] kind.
 package trigger

@@ -74,7 +74,7 @@ type IntakeOptions struct {
 	Track     Tracking
 	NoForward bool
 
-	paid bool // the consumer took a token of the budget (waitForBudget)
+	wait bool // the consumer's: wait for a token of the budget; route by a recent read
 }
 
 // Decision is what [Trigger.Intake] decided: scheduled (Queued or Merged;
@@ -187,11 +187,25 @@ func (t *Trigger[T]) locate(ctx context.Context, key opkit.Key, caller string, o
 	if t.cfg.Router.Shards() == 1 {
 		return t.cfg.Router.Place(0), obj, nil
 	}
+	if uid, ok := t.uids.get(key.String()); ok && opts.wait {
+		// The consumer hands back, without a read or a token, a message
+		// for an object read lately whose shard another replica holds
+		// (an object recreated since is routed by its old UID until
+		// recentFor has passed: handed back, redelivered, never lost).
+		if pl = t.cfg.Router.Place(opkit.ShardOf(uid, t.cfg.Router.Shards())); pl.Queue == nil {
+			return pl, obj, nil
+		}
+	}
 	if obj, err = t.read(ctx, key, caller, opts); err != nil {
 		return pl, obj, err
 	}
+	t.uids.put(key.String(), obj.GetUID(), time.Now().Add(recentFor))
 	return t.cfg.Router.Place(t.shardOf(obj)), obj, nil
 }
+
+// recentFor is how long the UID of an object read stays known for the
+// consumer's routing.
+const recentFor = 30 * time.Second
 
 // checkRead checks the object Intake read: its labels against the
 // watch's selector, and what Submit checks.
@@ -259,7 +273,7 @@ func (t *Trigger[T]) dropped(ctx context.Context, key opkit.Key, o queue.Outcome
 // wrapped.
 func (t *Trigger[T]) read(ctx context.Context, key opkit.Key, caller string, opts IntakeOptions) (T, error) {
 	var none T
-	if err := t.pay(caller, opts); err != nil {
+	if err := t.pay(ctx, caller, opts); err != nil {
 		return none, err
 	}
 	obj, err := t.cfg.Get(ctx, key)
@@ -273,11 +287,17 @@ func (t *Trigger[T]) read(ctx context.Context, key opkit.Key, caller string, opt
 }
 
 // pay takes a token of caller's share of the trigger budget and one of
-// the budget, or of its reserve when caller is light (none when the
-// caller paid, or the budget is unlimited), or says which is spent
-// (ErrBusy).
-func (t *Trigger[T]) pay(caller string, opts IntakeOptions) error {
-	if t.budget == nil || opts.paid {
+// the budget, or of its reserve when caller is light (the consumer waits
+// for one of the budget; none when it is unlimited), or says which is
+// spent (ErrBusy).
+func (t *Trigger[T]) pay(ctx context.Context, caller string, opts IntakeOptions) error {
+	switch {
+	case t.budget == nil:
+		return nil
+	case opts.wait:
+		if err := t.budget.Wait(ctx); err != nil {
+			return fmt.Errorf("trigger: %w: waiting for a token of the trigger budget: %v", ErrBusy, err)
+		}
 		return nil
 	}
 	light := false
@@ -354,18 +374,6 @@ func (s *shares) take(caller string) (light, ok bool) {
 	}
 	sh.tokens--
 	return light, true
-}
-
-// waitForBudget waits until a token of the trigger budget is free and
-// takes it, or ctx ends. The consumer takes one before it receives a
-// message (the broker keeps the rest), and passes paid; an HTTP request
-// cannot wait so (it would hold its in-flight slot): Intake refuses it
-// with ErrBusy.
-func (t *Trigger[T]) waitForBudget(ctx context.Context) error {
-	if t.budget == nil {
-		return ctx.Err()
-	}
-	return t.budget.Wait(ctx)
 }
 
 // holds reports whether this replica works on any shard now (a

@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -242,5 +244,49 @@ func TestAGetThatCannotReadIsRefusedNotUnknown(t *testing.T) {
 			t.Fatalf("the first GET, forwarded: %+v, want the holder's unknown", o)
 		}
 		wantStatus(t, env.do(http.MethodGet, "/reconcile/ns/a/triggers/x-0-1", nil, nil), http.StatusTooManyRequests, "TooManyRequests")
+	})
+}
+
+// A consumer hands back a message for an object whose shard another
+// replica holds; it reads the object once to find its shard, and hands
+// back its redeliveries for 30s without a read or a token of the budget,
+// which is left for the messages it works on.
+func TestAConsumerHandsBackWhatItReadLatelyWithoutAReadOrAToken(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		_, there := uidsOnTwoShards()
+		var mu sync.Mutex
+		reads := 0
+		get := func(_ context.Context, k opkit.Key) (*corev1.ConfigMap, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			reads++
+			obj := cm(k.Namespace, k.Name)
+			obj.UID = there
+			return obj, nil
+		}
+		router := &shardsRouter{n: 2, held: map[int]queue.Adder[opkit.Key, opkit.Cause[*corev1.ConfigMap]]{0: &byUID{}}}
+		e := newConsumerEnvWith(t, func(c *trigger.Config[*corev1.ConfigMap]) {
+			c.Get, c.Queue, c.Router, c.Rate, c.Burst = get, nil, router, 0.001, 2
+		}, nil)
+		id := e.b.Publish([]byte(`{"namespace":"ns","name":"a"}`))
+		stop := e.run(t)
+		defer stop()
+		time.Sleep(10 * time.Second) // a redelivery every DroppedDelay (1s)
+		synctest.Wait()
+		nacks := strings.Count(ops(e.b.Events(id)), "Nack")
+		mu.Lock()
+		n := reads
+		mu.Unlock()
+		if nacks < 5 || n != 1 {
+			t.Fatalf("%d hand-backs with %d reads, want several with 1 (the budget has two tokens)", nacks, n)
+		}
+		time.Sleep(30 * time.Second) // the UID read is forgotten: a delivery reads again, for the second token
+		synctest.Wait()
+		mu.Lock()
+		n = reads
+		mu.Unlock()
+		if n != 2 {
+			t.Fatalf("%d reads 40s on, want 2: one more once the UID was forgotten, and none without a token", n)
+		}
 	})
 }

@@ -15,6 +15,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/validation/path"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/dynamic"
@@ -100,6 +101,7 @@ type Trigger[T opkit.Object] struct {
 	budget  flowcontrol.RateLimiter // nil: unlimited
 	shares  *shares                 // the callers' shares of budget; nil with it
 	tickets *tickets                // the tracked triggers
+	uids    *ttlCache[types.UID]    // the UIDs of objects read lately, by key: the consumer's routing
 	log     *sampler
 }
 
@@ -129,7 +131,7 @@ func New[T opkit.Object](cfg Config[T]) (*Trigger[T], error) {
 	if cfg.Router == nil {
 		cfg.Router = alone[T]{cfg.Queue}
 	}
-	t := &Trigger[T]{cfg: cfg, tickets: newTickets(), log: newSampler(cfg.Logger)}
+	t := &Trigger[T]{cfg: cfg, tickets: newTickets(), uids: newTTLCache[types.UID](4096), log: newSampler(cfg.Logger)}
 	if cfg.Rate >= 0 {
 		rate, burst := float32(cmp.Or(cfg.Rate, defaultRate)), cmp.Or(cfg.Burst, defaultBurst)
 		t.budget = flowcontrol.NewTokenBucketRateLimiter(rate, burst)
