@@ -368,7 +368,7 @@ func newController(o Options, d Deps, m *metrics.Metrics, logger *slog.Logger) (
 		Owns: []opkit.Resource{reconciler.ConfigMaps},
 		// Our own status and finalizer writes (through reconcile.Status
 		// and reconcile.Finalizer) cause no reconcile, without being told.
-		Watch: watcher.Config[*demov1.DemoEntity]{Namespace: o.Namespace, Metrics: m.Watcher()},
+		Watch:   watcher.Config[*demov1.DemoEntity]{Namespace: o.Namespace, Metrics: m.Watcher()},
 		Metrics: m.Controller(), QueueMetrics: m.Queue(), TriggerMetrics: m.Trigger(), Logger: logger,
 	}
 	if o.LeaderElect {
