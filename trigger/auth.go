@@ -66,7 +66,7 @@ type ReviewClient interface {
 // refusals NegativeTTL (5s), up to MaxEntries (4096). A service-account
 // token is checked against its issuer's keys first (a forged one gets no
 // review); the others share TokenReviewRate reviews a second (20, burst
-// TokenReviewBurst 40); a user gets AccessReviewRate of single objects
+// TokenReviewBurst 40); a user gets AccessReviewRate SubjectAccessReviews
 // (5, burst AccessReviewBurst 10); ErrBusy beyond. MaxReviews (16) run at
 // once, shared fairly, each within ReviewTimeout (5s); the requests that
 // need the same review share it.
@@ -141,12 +141,14 @@ func NewKubeAuthenticator(cfg KubeAuthConfig) (Authenticator, error) {
 // timeout ends first).
 func shared[V any](ctx context.Context, a *kubeAuthenticator, key, who string, review func(context.Context) (V, error)) (V, error) {
 	ch := a.flights.DoChan(key, func() (any, error) {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.cfg.ReviewTimeout)
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.cfg.ReviewTimeout)
 		defer cancel()
-		if !a.slots.acquire(rctx, who) {
+		if !a.slots.acquire(wctx, who) {
 			return *new(V), fmt.Errorf("%w: %d reviews in flight, this caller's fair share among them", ErrBusy, a.cfg.MaxReviews)
 		}
 		defer a.slots.release(who)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.cfg.ReviewTimeout)
+		defer cancel()
 		return review(rctx)
 	})
 	select {
@@ -230,7 +232,7 @@ func (a *kubeAuthenticator) review(ctx context.Context, tokKey, tok string) (tok
 // access asks whether user may act on req's object, at the widest scope
 // first (every object of the resource in the namespace: one review
 // answers for every name), then, if that is denied, for the object,
-// within the user's budget of such reviews. It returns nil when allowed,
+// each review within the user's budget. It returns nil when allowed,
 // an error wrapping ErrForbidden when denied, any other when a review
 // failed or the budget is spent (ErrBusy).
 func (a *kubeAuthenticator) access(ctx context.Context, user authnv1.UserInfo, req AuthRequest) error {
@@ -239,25 +241,25 @@ func (a *kubeAuthenticator) access(ctx context.Context, user authnv1.UserInfo, r
 	if a.cfg.Resource != "" {
 		attrs.Group, attrs.Resource = a.cfg.Group, a.cfg.Resource
 	}
-	if denied, err := a.decide(ctx, user, attrs, false); err != nil || denied == nil {
+	if denied, err := a.decide(ctx, user, attrs); err != nil || denied == nil {
 		return err
 	}
 	attrs.Name = req.Key.Name
-	denied, err := a.decide(ctx, user, attrs, true)
+	denied, err := a.decide(ctx, user, attrs)
 	return cmp.Or(err, denied)
 }
 
 // decide returns the cached decision on user and attrs, or asks a
-// SubjectAccessReview (taking a token of the user's budget if budgeted):
-// denied is nil when allowed, else wraps ErrForbidden.
-func (a *kubeAuthenticator) decide(ctx context.Context, user authnv1.UserInfo, attrs authzv1.ResourceAttributes, budgeted bool) (denied, err error) {
+// SubjectAccessReview for a token of the user's budget: denied is nil
+// when allowed, else wraps ErrForbidden.
+func (a *kubeAuthenticator) decide(ctx context.Context, user authnv1.UserInfo, attrs authzv1.ResourceAttributes) (denied, err error) {
 	uk := userKey(user)
 	key := strings.Join([]string{uk, attrs.Verb, attrs.Group, attrs.Resource, attrs.Subresource, attrs.Namespace, attrs.Name}, "\x00")
 	if denied, ok := a.perms.get(key); ok {
 		return denied, nil
 	}
-	if budgeted && !a.takeAccessReview(uk) {
-		return nil, fmt.Errorf("%w: user %q asked for more reviews of single objects than %v a second", ErrBusy, user.Username, a.cfg.AccessReviewRate)
+	if !a.takeAccessReview(uk) {
+		return nil, fmt.Errorf("%w: user %q asked for more authorization reviews than %v a second", ErrBusy, user.Username, a.cfg.AccessReviewRate)
 	}
 	return shared(ctx, a, "access\x00"+key, "user "+uk, func(ctx context.Context) (error, error) { return a.sar(ctx, key, user, attrs) })
 }

@@ -102,18 +102,19 @@ func (s *fairSlots) evictFor(key string) bool {
 	for _, w := range s.line {
 		count[w.key]++
 	}
-	victim := -1
-	most := count[key] + s.held[key]
-	for i, w := range s.line {
-		if n := count[w.key] + s.held[w.key]; n > most || (n == most && victim >= 0 && w.key == s.line[victim].key) {
-			victim, most = i, n
-		}
+	mine, most := count[key]+s.held[key], 0
+	for k, n := range count {
+		most = max(most, n+s.held[k])
 	}
-	if victim < 0 {
+	if most <= mine {
 		return false
 	}
-	w := s.line[victim]
-	s.line = slices.Delete(s.line, victim, victim+1)
-	w.ready <- false
-	return true
+	for i, w := range slices.Backward(s.line) {
+		if k := w.key; count[k]+s.held[k] == most {
+			s.line = slices.Delete(s.line, i, i+1)
+			w.ready <- false
+			return true
+		}
+	}
+	return false
 }

@@ -109,3 +109,29 @@ func TestAWaitEndsWithTheContextAndLeavesTheSlotsWhole(t *testing.T) {
 		}
 	})
 }
+
+// Among callers that hold and wait for as many, a newcomer that holds
+// none takes the place of the one that came last, never of the request
+// that waited longest.
+func TestAFullLineOfEqualsRefusesItsLatestNotItsHead(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := t.Context()
+		s := newFairSlots(3)
+		for _, k := range []string{"a", "b", "c"} {
+			s.acquire(ctx, k)
+		}
+		d, e, f := waitFor(ctx, s, "d"), waitFor(ctx, s, "e"), waitFor(ctx, s, "f")
+		g := waitFor(ctx, s, "g")
+		if ok := <-f; ok {
+			t.Fatal("the latest of the equals was not the one refused")
+		}
+		if !pending(d) || !pending(e) || !pending(g) {
+			t.Fatal("the head of the line, or the newcomer, left it")
+		}
+		s.release("a")
+		synctest.Wait()
+		if pending(d) {
+			t.Fatal("the request that waited longest did not get the slot given back")
+		}
+	})
+}

@@ -10,6 +10,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/trigger"
 )
 
@@ -34,9 +35,9 @@ func TestAGrantForTheNamespaceAnswersForEveryName(t *testing.T) {
 }
 
 // A caller allowed only on named objects gets AccessReviewBurst reviews
-// of single objects at once and AccessReviewRate a second after that:
-// random names cost the API server a bounded number of reviews, and
-// another caller's budget is its own.
+// at once (the namespace's among them) and AccessReviewRate a second
+// after that: random names, or namespaces, cost the API server a bounded
+// number of reviews, and another caller's budget is its own.
 func TestReviewsOfSingleObjectsAreBoundedPerCaller(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rev := newFakeReviews(t)
@@ -55,8 +56,16 @@ func TestReviewsOfSingleObjectsAreBoundedPerCaller(t *testing.T) {
 				t.Fatalf("random-%d: %v, want ErrForbidden or ErrBusy", i, err)
 			}
 		}
-		if _, sar := rev.calls(); refused != 16 || sar != 1+4 {
-			t.Fatalf("20 random names: %d refused, %d SARs; want 16 and 5 (the namespace's, then the burst)", refused, sar)
+		if _, sar := rev.calls(); refused != 17 || sar != 4 {
+			t.Fatalf("20 random names: %d refused, %d SARs; want 17 and 4 (the burst: the namespace's, then 3 names)", refused, sar)
+		}
+		r := httptest.NewRequest(http.MethodPost, "/", nil)
+		r.Header = bearer("good-token")
+		if _, err := a.Authorize(context.Background(), trigger.AuthRequest{HTTP: r, Resource: configMaps, Key: opkit.Key{Namespace: "random-ns", Name: "a"}}); !errors.Is(err, trigger.ErrBusy) {
+			t.Fatalf("another namespace with the budget spent: %v, want ErrBusy", err)
+		}
+		if _, sar := rev.calls(); sar != 4 {
+			t.Fatalf("%d SARs after a namespace refused for the budget, want still 4", sar)
 		}
 		if err := authorize(a, context.Background(), "other-token", "random-0"); err != nil {
 			t.Fatalf("another caller, allowed in the namespace: %v", err)

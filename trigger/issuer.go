@@ -130,7 +130,10 @@ func (k *issuerKeys) check(ctx context.Context, tok string) verdict {
 		return r.v
 	}
 	r = pastVerdict{tokenForged, set, now.Add(keysRetry)}
-	key := set.keys[header.Kid] // the zero jwk if unknown: it verifies nothing
+	key, known := set.keys[header.Kid] // the zero jwk if unknown: it verifies nothing
+	if !known && k.err() != nil {
+		return tokenUnknown // the keys could not be read again: maybe a new one
+	}
 	signed := []byte(tok[:strings.LastIndexByte(tok, '.')])
 	if badClaims == nil && badHeader == nil && (key.Alg == "" || key.Alg == header.Alg) &&
 		jwsVerify(header.Alg, key.pub, signed, sig) && slices.ContainsFunc(k.audiences, claims.Aud.has) {
@@ -198,7 +201,10 @@ func (k *issuerKeys) keys(ctx context.Context, iss, kid string) *jwkSet {
 			set, err := k.fetch(fctx)
 			cancel()
 			k.mu.Lock()
-			k.set, k.fetchErr, k.fetchedAt = set, err, time.Now()
+			if err == nil { // a failed fetch keeps the keys it had
+				k.set = set
+			}
+			k.fetchErr, k.fetchedAt = err, time.Now()
 			k.mu.Unlock()
 		}
 		return nil, nil
