@@ -324,10 +324,11 @@ const lightAfter = 10 * time.Second
 // shares holds each caller's share of the trigger budget, a token bucket
 // of half its rate and burst, and the reserve, for light callers: those
 // whose share was full but for at most one token every time they were
-// seen in the last lightAfter, at least. A crowd that spends the budget
-// has spent its shares (or is new, or back from spending them), and cannot
-// reach the reserve; a caller that asks for little, however rarely,
-// keeps it.
+// seen in the last lightAfter, at least. A greedy crowd has spent its
+// shares (or is new, or back from spending them), and cannot reach the
+// reserve; a caller that asks for little, however rarely, keeps it. (A
+// crowd that paces each of its callers below half the budget's rate is
+// light too, and takes the reserve first come, first served.)
 type shares struct {
 	rate    float64
 	burst   int

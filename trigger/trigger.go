@@ -135,7 +135,7 @@ func New[T opkit.Object](cfg Config[T]) (*Trigger[T], error) {
 	if cfg.Rate >= 0 {
 		rate, burst := float32(cmp.Or(cfg.Rate, defaultRate)), cmp.Or(cfg.Burst, defaultBurst)
 		t.budget = flowcontrol.NewTokenBucketRateLimiter(rate, burst)
-		t.shares = &shares{rate: float64(rate) / 2, burst: max(burst/2, 1), of: map[string]*share{},
+		t.shares = &shares{rate: float64(rate) / 2, burst: max(burst/2, 2), of: map[string]*share{},
 			reserve: flowcontrol.NewTokenBucketPassiveRateLimiter(rate/2, max(burst/2, 1))}
 	}
 	return t, nil
