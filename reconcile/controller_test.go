@@ -437,7 +437,7 @@ func TestControllerTurnsAPanicIntoARetriedError(t *testing.T) {
 			}
 			return reconcile.Done(), nil
 		}}
-		logs := &syncBuffer{}
+		logs := &logLines{}
 		e := start(t, rec, func(c *reconcile.Config[*Widget]) { c.Logger = slog.New(slog.NewTextHandler(logs, nil)) }, widget("a"))
 		time.Sleep(time.Minute)
 		synctest.Wait()

@@ -56,7 +56,7 @@ func (s *sizes) of(name string) int {
 func TestIntegrationTenAPIServerRestartsEachFollowedByAReconciledChange(t *testing.T) {
 	c, dyn, kube, ns := privateWidgets(t, testcluster.Options{})
 	ctx := context.Background()
-	logs := &syncBuffer{}
+	logs := &logLines{}
 	rec := &sizes{last: map[string]int{}}
 	ctrl := runController(t, reconcile.Config[*Widget]{
 		Name: "test.opkit.dev/restarts", Resource: widgets, Dynamic: dyn, Reconciler: rec, NoEvents: true,

@@ -1,14 +1,12 @@
 package reconcile_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -28,18 +26,6 @@ import (
 	"github.com/opkit/opkit/trigger"
 )
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
-
 func TestControllerReconcilesOnlyWhileLeading(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		// Another replica holds the Lease, renewed just now.
@@ -49,7 +35,7 @@ func TestControllerReconcilesOnlyWhileLeading(t *testing.T) {
 			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "widgets"},
 			Spec:       coordv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &dur, AcquireTime: &now, RenewTime: &now},
 		})
-		logs := &syncBuffer{}
+		logs := &logLines{}
 		rec := &recorder{}
 		e := start(t, rec, func(c *reconcile.Config[*Widget]) {
 			c.Leader = &leader.Config{Client: kube, Namespace: "ns", Name: "widgets", Identity: "me"}

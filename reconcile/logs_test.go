@@ -26,6 +26,13 @@ func (l *logLines) Write(p []byte) (int, error) {
 	return l.b.Write(p)
 }
 
+// String returns everything logged so far.
+func (l *logLines) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
 // lines returns the lines that contain every one of parts.
 func (l *logLines) lines(parts ...string) []string {
 	l.mu.Lock()
