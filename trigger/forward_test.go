@@ -143,26 +143,13 @@ func TestAForwardedTriggerCarriesTheCallersTokenAndARefusedOneIsNotForwarded(t *
 	followerSrv := httptest.NewServer(follower.h)
 	defer followerSrv.Close()
 
-	send := func(token string) int {
-		req, err := http.NewRequest(http.MethodPost, followerSrv.URL+"/reconcile/ns/a", nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("Authorization", "Bearer "+token)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		return resp.StatusCode
-	}
-	if code := send("forged"); code != http.StatusUnauthorized {
+	if code := postBearer(t, followerSrv.URL, "forged"); code != http.StatusUnauthorized {
 		t.Fatalf("a bad token through the follower: %d, want 401", code)
 	}
 	if seen := leaderAuth.shown(); len(seen) != 0 {
 		t.Fatalf("the leader was shown %q for a caller the follower refused", seen)
 	}
-	if code := send("good"); code != http.StatusAccepted {
+	if code := postBearer(t, followerSrv.URL, "good"); code != http.StatusAccepted {
 		t.Fatalf("a good token through the follower: %d, want the leader's 202", code)
 	}
 	if seen := leaderAuth.shown(); len(seen) != 1 || seen[0] != "Bearer good" {
@@ -197,20 +184,10 @@ func TestAFollowerThatCannotCheckTheCallerForwardsToTheLeader(t *testing.T) {
 	followerSrv := httptest.NewServer(follower.h)
 	defer followerSrv.Close()
 
-	send := func(base, token string) int {
-		req, _ := http.NewRequest(http.MethodPost, base+"/reconcile/ns/a", nil)
-		req.Header.Set("Authorization", "Bearer "+token)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		return resp.StatusCode
-	}
-	if code := send(followerSrv.URL, "good"); code != http.StatusAccepted || leader.q.Len() != 1 {
+	if code := postBearer(t, followerSrv.URL, "good"); code != http.StatusAccepted || leader.q.Len() != 1 {
 		t.Fatalf("a good token through the follower that cannot check it: %d, queued on the leader %d; want the leader's 202", code, leader.q.Len())
 	}
-	if code := send(followerSrv.URL, "forged"); code != http.StatusUnauthorized {
+	if code := postBearer(t, followerSrv.URL, "forged"); code != http.StatusUnauthorized {
 		t.Fatalf("a bad token through the follower that cannot check it: %d, want the leader's 401", code)
 	}
 	// The leader itself cannot check: no one can, 502.
@@ -280,4 +257,21 @@ func TestAShardedReplicaThatCannotCheckTheCallerAsksForARetry(t *testing.T) {
 	if reads := fmt.Sprint(api.read); reads != "[ns/boom ns/boom]" || forwarded.Load() != 0 {
 		t.Errorf("reads %s, %d forwards; want the two of ns/boom, and none", reads, forwarded.Load())
 	}
+}
+
+// postBearer posts a trigger of ns/a to the endpoint at base with token,
+// over the network, and returns the status code.
+func postBearer(t *testing.T, base, token string) int {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, base+"/reconcile/ns/a", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
 }
