@@ -148,16 +148,10 @@ func (e *Environment) KillAPIServer(i int) error { return e.killAPIServer(i, sys
 // killAPIServer stops API server i as process.stop does with sig and grace,
 // and returns once it has exited; a stopped one is left alone.
 func (e *Environment) killAPIServer(i int, sig syscall.Signal, grace time.Duration) error {
-	e.mu.Lock()
-	if e.stopped {
-		e.mu.Unlock()
-		return ErrStopped
+	s, err := e.lockAPIServer(i)
+	if err != nil {
+		return err
 	}
-	if i < 0 || i >= len(e.apiservers) {
-		e.mu.Unlock()
-		return fmt.Errorf("%w: %d", ErrNoAPIServer, i)
-	}
-	s := e.apiservers[i]
 	p := s.proc
 	s.proc = nil
 	e.mu.Unlock()
@@ -167,24 +161,34 @@ func (e *Environment) killAPIServer(i int, sig syscall.Signal, grace time.Durati
 	return nil
 }
 
+// lockAPIServer takes mu and returns API server i, holding mu, or, without
+// it, ErrStopped or ErrNoAPIServer.
+func (e *Environment) lockAPIServer(i int) (*apiServer, error) {
+	e.mu.Lock()
+	switch {
+	case e.stopped:
+		e.mu.Unlock()
+		return nil, ErrStopped
+	case i < 0 || i >= len(e.apiservers):
+		e.mu.Unlock()
+		return nil, fmt.Errorf("%w: %d", ErrNoAPIServer, i)
+	}
+	return e.apiservers[i], nil
+}
+
 // StartAPIServer starts the stopped API server i again on its port, with the
 // same certificates and keys, and returns once it is ready. Starting a
 // running API server does nothing.
 func (e *Environment) StartAPIServer(i int) error {
-	e.mu.Lock()
-	if e.stopped {
-		e.mu.Unlock()
-		return ErrStopped
+	s, err := e.lockAPIServer(i)
+	if err != nil {
+		return err
 	}
-	if i < 0 || i >= len(e.apiservers) {
-		e.mu.Unlock()
-		return fmt.Errorf("%w: %d", ErrNoAPIServer, i)
-	}
-	if e.apiservers[i].proc != nil {
+	if s.proc != nil {
 		e.mu.Unlock()
 		return nil
 	}
-	_, err := e.startAPIServerLocked(e.apiservers[i].port)
+	_, err = e.startAPIServerLocked(s.port)
 	e.mu.Unlock()
 	if err != nil {
 		return err
