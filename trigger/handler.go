@@ -241,7 +241,7 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request, bodyRead *boo
 		return h.fail(http.StatusTooManyRequests, "request rate limit exceeded", nil)
 	}
 	who := h.callerID(r)
-	if n, _ := h.failures.get(clientHost(r)); h.cfg.MaxAuthFailures > 0 && n >= h.cfg.MaxAuthFailures && !who.known {
+	if n, _ := h.failures.get(who.host); h.cfg.MaxAuthFailures > 0 && n >= h.cfg.MaxAuthFailures && !who.known {
 		return h.fail(http.StatusTooManyRequests, "too many failed authentications from this address; try again later", nil)
 	}
 	p := Pointer{Key: key, Type: h.cfg.Type}
@@ -278,7 +278,7 @@ type caller[T opkit.Object] struct {
 }
 
 func (c *caller[T]) authorize(ctx context.Context, key opkit.Key) (string, error) {
-	client := clientHost(c.r)
+	client := c.id.host
 	if c.h.cfg.Authenticator == nil {
 		return "address " + client, nil
 	}

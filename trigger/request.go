@@ -114,6 +114,7 @@ func (h *handler[T]) slot(r *http.Request, who callerID) (release func(), st *St
 // that was in the last knownFor, else its client address.
 type callerID struct {
 	key   string // the fair slots' key
+	host  string // the client address's host
 	known bool   // by a token authorized before
 	token string // the token's SHA-256, "" without one
 }
@@ -123,7 +124,8 @@ type callerID struct {
 const knownFor = 10 * time.Minute
 
 func (h *handler[T]) callerID(r *http.Request) callerID {
-	id := callerID{key: "address " + clientHost(r)}
+	host := clientHost(r)
+	id := callerID{key: "address " + host, host: host}
 	if tok, ok := bearerToken(r); ok {
 		sum := sha256.Sum256([]byte(tok))
 		id.token = string(sum[:])
