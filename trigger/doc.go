@@ -62,7 +62,7 @@
 // at most once per code every 10s). Under floods from any number of
 // callers, slots and reviews go first to the caller (its user once
 // authorized, else its address) holding the fewest, and the trigger
-// budget keeps a reserve for known callers that ask for little; see
+// budget goes first to the callers that ask for least; see
 // [KubeAuthConfig] for what a review costs; a slow body holds no slot.
 //
 // # The consumer

@@ -334,7 +334,7 @@ func TestFloodsAgainstTheAPIServer(t *testing.T) {
 	// meanwhile the target changes, and the change must be reconciled
 	// while the flood goes on, and the pipeline's triggers of objects
 	// nothing else asks for (each a read: no entry waits for them) are
-	// accepted, as one caller takes at most half of the trigger budget.
+	// accepted, as a caller asking for less goes first.
 	r0 := reviews.Counts()
 	w0, u0 = watchReconciles.Load(), updates.Load()
 	stopValid := startFlood(t, ctx, func(ctx context.Context) floodtest.Result { return floodtest.Valid(ctx, floodCfg) })

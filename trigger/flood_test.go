@@ -97,93 +97,151 @@ func TestTheTriggerBudgetBoundsNewReconcilesNotJoins(t *testing.T) {
 	})
 }
 
-// One caller, however fast, takes at most half of the trigger budget:
-// another caller still gets reads while it floods.
-func TestOneCallerTakesAtMostHalfTheBudget(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		anything := func(_ context.Context, k opkit.Key) (*corev1.ConfigMap, error) { return cm(k.Namespace, k.Name), nil }
-		tr, q := newCMTriggerWith(t, trigger.Config[*corev1.ConfigMap]{Get: anything, Rate: 10, Burst: 10})
-		intake := func(caller, name string) error { return intakeAs(tr, caller, name) }
-		flood := func(second int) (taken int) {
-			for i := range 100 {
-				if intake("flooder", fmt.Sprintf("f-%d-%d", second, i)) == nil {
-					taken++
+// asker is a caller of the trigger budget that asks PerSecond times a
+// second, evenly, each time for a name not waiting yet (so each needs a
+// token); Got counts what it was given.
+type asker struct {
+	Name       string
+	PerSecond  float64
+	Asked, Got int
+}
+
+// ask runs the askers for the given seconds in steps of 10ms; in each
+// step the last asker asks last (put a calm caller there: it asks after
+// the crowd took what there was), the others in turns.
+func ask(tr *trigger.Trigger[*corev1.ConfigMap], seconds int, askers ...*asker) {
+	n := len(askers) - 1
+	for step := range seconds * 100 {
+		time.Sleep(10 * time.Millisecond)
+		for i := range askers {
+			a := askers[n]
+			if i < n {
+				a = askers[(step+i)%n]
+			}
+			due := int(float64(step+1)*a.PerSecond/100) - int(float64(step)*a.PerSecond/100)
+			for range due {
+				a.Asked++
+				if intakeAs(tr, a.Name, fmt.Sprintf("%s-%d", a.Name, a.Asked)) == nil {
+					a.Got++
 				}
 			}
-			return taken
 		}
-		if n := flood(0); n != 5 {
-			t.Fatalf("the flooder got %d of a budget of burst 10, want 5 (half)", n)
+	}
+}
+
+// crowd returns n askers named prefix-i, each asking perSecond.
+func crowd(prefix string, n int, perSecond float64) []*asker {
+	var c []*asker
+	for i := range n {
+		c = append(c, &asker{Name: fmt.Sprint(prefix, "-", i), PerSecond: perSecond})
+	}
+	return c
+}
+
+// got adds up what the askers were given.
+func got(askers []*asker) (n int) {
+	for _, a := range askers {
+		n += a.Got
+	}
+	return n
+}
+
+// budgetTrigger returns a trigger whose reads always find the object,
+// with the default trigger budget (5 a second, burst 20).
+func budgetTrigger(t *testing.T) *trigger.Trigger[*corev1.ConfigMap] {
+	anything := func(_ context.Context, k opkit.Key) (*corev1.ConfigMap, error) { return cm(k.Namespace, k.Name), nil }
+	tr, _ := newCMTriggerWith(t, trigger.Config[*corev1.ConfigMap]{Get: anything})
+	return tr
+}
+
+// atMost is what the budget gives in seconds, however many ask: its rate,
+// its burst twice (the budget's, and the callers' parts'), and one token
+// for each of n callers when new.
+func atMost(seconds, n int) int { return 5*seconds + 2*20 + n }
+
+// A caller alone has the whole budget: its burst at once, then its rate.
+func TestACallerAloneHasTheWholeBudget(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := budgetTrigger(t)
+		alone := &asker{Name: "pipeline", PerSecond: 1000}
+		ask(tr, 1, alone)
+		if alone.Got < 20 || alone.Got > 27 {
+			t.Fatalf("in its first second: %d, want the burst, 20, what the rate gave in that second, and a token or two as a newcomer", alone.Got)
 		}
-		for i := range 5 {
-			if err := intake("pipeline", fmt.Sprint("p-", i)); err != nil {
-				t.Fatalf("another caller's trigger %d while the flooder is refused: %v, want it taken", i, err)
-			}
-		}
-		if err := intake("pipeline", "p-5"); !errors.Is(err, trigger.ErrBusy) {
-			t.Fatalf("the other caller past its half: %v, want ErrBusy", err)
-		}
-		time.Sleep(time.Second) // 10 tokens for the budget, 5 for each share
-		if n := flood(1); n != 5 {
-			t.Fatalf("the flooder got %d a second later, want 5", n)
-		}
-		if err := intake("pipeline", "p-6"); err != nil {
-			t.Fatalf("the other caller a second later: %v, want a token", err)
-		}
-		if q.Len() != 16 {
-			t.Fatalf("%d entries, want 16", q.Len())
+		first := alone.Got
+		ask(tr, 20, alone)
+		if n := alone.Got - first; n < 95 || n > 102 {
+			t.Fatalf("in the next 20 seconds: %d, want about the rate, 5 a second", n)
 		}
 	})
 }
 
-// A crowd of callers spends the whole budget; a caller that has asked for
-// little for 10s, often or rarely, still gets its triggers through, from
-// the reserve, which the crowd cannot reach: new, with its shares spent,
-// or back after a pause from spending them. The crowd gets at most the
-// budget's rate.
-func TestACrowdSpendsTheBudgetNotTheReserve(t *testing.T) {
+// A caller that asks for less than a crowd goes first, however the crowd
+// asks: 64 callers at full speed, or four paced just under half the
+// budget each. The crowd gets the rest, shared alike, and no more than
+// the budget.
+func TestACallerThatAsksForLessGoesFirst(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		crowd []*asker
+	}{
+		{"64 callers at full speed", crowd("flooder", 64, 100)},
+		{"4 callers at 2.5 a second", crowd("paced", 4, 2.5)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tr := budgetTrigger(t)
+				calm := &asker{Name: "calm", PerSecond: 1}
+				ask(tr, 60, append(tc.crowd, calm)...)
+				if calm.Got != calm.Asked {
+					t.Errorf("the calm caller got %d of %d", calm.Got, calm.Asked)
+				}
+				if n := got(tc.crowd); n > atMost(60, len(tc.crowd)) {
+					t.Errorf("the crowd got %d in 60s, want at most %d", n, atMost(60, len(tc.crowd)))
+				}
+				lo, hi := tc.crowd[0].Got, tc.crowd[0].Got
+				for _, a := range tc.crowd {
+					lo, hi = min(lo, a.Got), max(hi, a.Got)
+				}
+				if hi > 2*lo+10 {
+					t.Errorf("the crowd's callers got from %d to %d, want alike", lo, hi)
+				}
+			})
+		})
+	}
+}
+
+// Callers that ask alike share alike; asking for more than an equal share
+// gets a caller no more than it.
+func TestCallersThatAskAlikeShareAlike(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		anything := func(_ context.Context, k opkit.Key) (*corev1.ConfigMap, error) { return cm(k.Namespace, k.Name), nil }
-		tr, _ := newCMTriggerWith(t, trigger.Config[*corev1.ConfigMap]{Get: anything, Rate: 10, Burst: 10})
-		intake := func(caller, name string) error { return intakeAs(tr, caller, name) }
-		calm := func(second int) {
-			t.Helper()
-			if err := intake("calm", fmt.Sprint("calm-", second)); err != nil {
-				t.Fatalf("second %d: the calm caller's trigger: %v, want it taken from the reserve", second, err)
+		tr := budgetTrigger(t)
+		ten := crowd("caller", 10, 1) // 10 a second on a budget of 5
+		ask(tr, 60, ten...)
+		for _, a := range ten {
+			if a.Got < 20 || a.Got > 40 {
+				t.Errorf("%s got %d of %d, want about half", a.Name, a.Got, a.Asked)
 			}
 		}
-		// seconds runs the crowd from second from to to, the calm caller
-		// asking once a second, just after the crowd took what the budget had.
-		seconds := func(from, to int, crowd bool) {
-			t.Helper()
-			start, taken := time.Now(), 0
-			for second := from; second < to; second++ {
-				for step := range 10 { // each of the crowd asks 10 times a second
-					time.Sleep(100 * time.Millisecond)
-					for c := range 20 {
-						if !crowd || second == from && step < c%10 {
-							continue // the crowd arrives over its first second
-						}
-						if intake(fmt.Sprint("crowd-", c), fmt.Sprintf("c-%d-%d-%d", second, c, step)) == nil {
-							taken++
-						}
-					}
-				}
-				if limit := 10 + int(10*time.Since(start).Seconds()); taken > limit { // the burst, and the rate since
-					t.Fatalf("by second %d: the crowd got %d triggers, want at most the budget's %d", second, taken, limit)
-				}
-				calm(second)
-				if second == 0 || second == 25 || second == 47 { // a pipeline that deploys now and then
-					if err := intake("rare", fmt.Sprint("rare-", second)); err != nil {
-						t.Fatalf("second %d: the rare caller's trigger: %v, want it taken", second, err)
-					}
-				}
-			}
+		if n := got(ten); n > atMost(60, 10) {
+			t.Errorf("they got %d in 60s, want at most %d", n, atMost(60, 10))
 		}
-		seconds(0, 10, false)
-		seconds(10, 30, true)
-		seconds(30, 45, false) // the crowd pauses, and comes back with full shares
-		seconds(45, 50, true)
+	})
+}
+
+// A caller that asks now and then (a pipeline that deploys) gets its
+// trigger whenever it comes, a crowd spending the budget or not.
+func TestARareCallerIsServedUnderAFlood(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := budgetTrigger(t)
+		flood := crowd("flooder", 20, 10)
+		ask(tr, 5, flood...)
+		for round := range 4 {
+			if err := intakeAs(tr, "rare", fmt.Sprint("rare-", round)); err != nil {
+				t.Fatalf("the rare caller's trigger %d: %v, want it taken", round, err)
+			}
+			ask(tr, 25, flood...)
+		}
 	})
 }
 

@@ -10,10 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"time"
-
-	"k8s.io/client-go/util/flowcontrol"
 
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/internal/typed"
@@ -286,96 +283,26 @@ func (t *Trigger[T]) read(ctx context.Context, key opkit.Key, caller string, opt
 	return obj, nil
 }
 
-// pay takes a token of caller's share of the trigger budget and one of
-// the budget, or of its reserve when caller is light (the consumer waits
-// for one of the budget; none when it is unlimited), or says which is
-// spent (ErrBusy).
+// pay takes a token of the trigger budget for caller (none when it is
+// unlimited), or says it is spent (ErrBusy); the consumer waits for one.
 func (t *Trigger[T]) pay(ctx context.Context, caller string, opts IntakeOptions) error {
 	switch {
 	case t.budget == nil:
 		return nil
 	case opts.wait:
-		if err := t.budget.Wait(ctx); err != nil {
+		if err := t.budget.wait(ctx, consumerCaller); err != nil {
 			return fmt.Errorf("trigger: %w: waiting for a token of the trigger budget: %v", ErrBusy, err)
 		}
 		return nil
-	}
-	light := false
-	if caller != "" {
-		var ok bool
-		if light, ok = t.shares.take(caller); !ok {
-			return fmt.Errorf("trigger: %w: this caller's share of the trigger budget (half of it) is spent", ErrBusy)
-		}
-	}
-	if t.budget.TryAccept() || (light && t.shares.reserve.TryAccept()) {
+	case t.budget.take(caller):
 		return nil
 	}
-	return fmt.Errorf("trigger: %w: the trigger budget (%v a second, %d at once) is spent", ErrBusy, t.budget.QPS(), cmp.Or(t.cfg.Burst, defaultBurst))
+	return fmt.Errorf("trigger: %w: the trigger budget (%v a second, %v at once) is spent, for this caller: callers asking for less go first", ErrBusy, t.budget.all.rate, t.budget.all.burst)
 }
 
-// maxShares bounds the callers whose shares of the trigger budget are
-// remembered; beyond it one is forgotten (its next trigger starts anew).
-const maxShares = 1024
-
-// lightAfter is how long a caller must have asked for little, each
-// time it was seen, to be light.
-const lightAfter = 10 * time.Second
-
-// shares holds each caller's share of the trigger budget, a token bucket
-// of half its rate and burst, and the reserve, for light callers: those
-// whose share was full but for at most one token every time they were
-// seen in the last lightAfter, at least. A greedy crowd has spent its
-// shares (or is new, or back from spending them), and cannot reach the
-// reserve; a caller that asks for little, however rarely, keeps it. (A
-// crowd that paces each of its callers below half the budget's rate is
-// light too, and takes the reserve first come, first served.)
-type shares struct {
-	rate    float64
-	burst   int
-	reserve flowcontrol.PassiveRateLimiter
-	mu      sync.Mutex
-	of      map[string]*share
-}
-
-// share is a caller's token bucket, its tokens as of last, and since when
-// it was seen asking for little every time (zero: it was not, last time).
-type share struct {
-	tokens           float64
-	last, lightSince time.Time
-}
-
-// take takes a token of caller's share, reporting whether there was one,
-// and whether the caller was light before it.
-func (s *shares) take(caller string) (light, ok bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	now := time.Now()
-	sh, known := s.of[caller]
-	if !known {
-		if len(s.of) >= maxShares {
-			for c := range s.of {
-				delete(s.of, c)
-				break
-			}
-		}
-		sh = &share{tokens: float64(s.burst), last: now}
-		s.of[caller] = sh
-	}
-	sh.tokens = min(float64(s.burst), sh.tokens+now.Sub(sh.last).Seconds()*s.rate)
-	sh.last = now
-	switch {
-	case sh.tokens < float64(s.burst)-1:
-		sh.lightSince = time.Time{}
-	case sh.lightSince.IsZero():
-		sh.lightSince = now
-	}
-	light = !sh.lightSince.IsZero() && now.Sub(sh.lightSince) >= lightAfter
-	if sh.tokens < 1 {
-		return light, false
-	}
-	sh.tokens--
-	return light, true
-}
+// consumerCaller is the consumer's name among the callers of the budget
+// (no user's).
+const consumerCaller = "\x00consumer"
 
 // holds reports whether this replica works on any shard now (a
 // consumer pauses while it works on none).

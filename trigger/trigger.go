@@ -19,7 +19,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/util/flowcontrol"
 
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/internal/typed"
@@ -84,8 +83,8 @@ type Config[T opkit.Object] struct {
 	// Rate and Burst are Intake's trigger budget (zero: 5 and 20;
 	// negative Rate: none): a trigger that joins an entry waiting for its
 	// key is free, any other takes a token for its read and its
-	// reconcile, or gets ErrBusy; a caller, at most half; one known for
-	// 10s that asks for little, also a reserve of half its size. Keep 1.5
+	// reconcile, or gets ErrBusy. Callers share it smallest asker first:
+	// one asking for at most Rate / callers is always served. Keep 1.5
 	// × Rate × (1 + requests per reconcile) well below the API's QPS.
 	Rate  float64
 	Burst int
@@ -97,11 +96,10 @@ type Config[T opkit.Object] struct {
 // Trigger puts external reconcile requests into a controller's queue. Its
 // methods are safe for concurrent use.
 type Trigger[T opkit.Object] struct {
-	cfg     Config[T]               // validated, defaults applied
-	budget  flowcontrol.RateLimiter // nil: unlimited
-	shares  *shares                 // the callers' shares of budget; nil with it
-	tickets *tickets                // the tracked triggers
-	uids    *ttlCache[types.UID]    // the UIDs of objects read lately, by key: the consumer's routing
+	cfg     Config[T]            // validated, defaults applied
+	budget  *budget              // nil: unlimited
+	tickets *tickets             // the tracked triggers
+	uids    *ttlCache[types.UID] // the UIDs of objects read lately, by key: the consumer's routing
 	log     *sampler
 }
 
@@ -133,10 +131,7 @@ func New[T opkit.Object](cfg Config[T]) (*Trigger[T], error) {
 	}
 	t := &Trigger[T]{cfg: cfg, tickets: newTickets(), uids: newTTLCache[types.UID](4096), log: newSampler(cfg.Logger)}
 	if cfg.Rate >= 0 {
-		rate, burst := float32(cmp.Or(cfg.Rate, defaultRate)), cmp.Or(cfg.Burst, defaultBurst)
-		t.budget = flowcontrol.NewTokenBucketRateLimiter(rate, burst)
-		t.shares = &shares{rate: float64(rate) / 2, burst: max(burst/2, 2), of: map[string]*share{},
-			reserve: flowcontrol.NewTokenBucketPassiveRateLimiter(rate/2, max(burst/2, 1))}
+		t.budget = newBudget(cmp.Or(cfg.Rate, defaultRate), cmp.Or(cfg.Burst, defaultBurst))
 	}
 	return t, nil
 }

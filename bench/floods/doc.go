@@ -48,8 +48,8 @@
 // the many identities from 127.0.0.4, the random names from 127.0.0.5.
 // The well-behaved client, from 127.0.0.2 (the handler counts failed
 // authentications by address), with another ServiceAccount's token than
-// the floods' (one caller takes at most half of the trigger budget),
-// sends a trigger a second (under its half of the budget) throughout,
+// the floods' (a caller asking for less goes first in the trigger
+// budget), sends a trigger a second (within its fair share) throughout,
 // each from its own goroutine, so a slow answer delays no later
 // trigger. Each goes to another of 96 ConfigMaps of its own, which
 // nothing else changes or triggers, so each takes the whole path: a

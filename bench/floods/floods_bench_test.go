@@ -43,7 +43,7 @@ import (
 const (
 	namespace = "trigger-floods"
 	// The identities of the valid floods and of the well-behaved client:
-	// one caller takes at most half of the trigger budget.
+	// a caller asking for less than another goes first.
 	flooder, pipeline = "deployer", "pipeline"
 	// crowd is the number of ServiceAccounts of the many-identities
 	// flood, each allowed to trigger like the flooder.
