@@ -83,8 +83,6 @@ type Config struct {
 	Recorder *reconcile.Recorder
 	// Identity names this replica in status.reconciledBy (default "demo-operator").
 	Identity string
-	// Now returns the current time (default time.Now); tests fix it.
-	Now func() time.Time
 	// Logger receives one record per write; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -96,7 +94,6 @@ type Reconciler struct {
 	status    *reconcile.Status[*demov1.DemoEntity]
 	recorder  *reconcile.Recorder
 	identity  string
-	now       func() time.Time
 	log       *slog.Logger
 }
 
@@ -120,12 +117,9 @@ func New(cfg Config) (*Reconciler, error) {
 		return nil, err
 	}
 	r := &Reconciler{apply: apply, finalizer: fin, status: st, recorder: cfg.Recorder,
-		identity: cfg.Identity, now: cfg.Now, log: cfg.Logger}
+		identity: cfg.Identity, log: cfg.Logger}
 	if r.identity == "" {
 		r.identity = "demo-operator"
-	}
-	if r.now == nil {
-		r.now = time.Now
 	}
 	if r.log == nil {
 		r.log = slog.Default()
@@ -149,7 +143,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request[*demov
 	if applyErr != nil && !reconcile.IsTerminal(applyErr) {
 		return reconcile.Done(), applyErr
 	}
-	now := r.now()
 	_, err = r.status.Update(ctx, obj, func(o *demov1.DemoEntity) error {
 		cond := metav1.Condition{
 			Type:               demov1.ConditionReady,
@@ -169,7 +162,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request[*demov
 		if !(condChanged || triggered || o.Status.ObservedGeneration != o.Generation || o.Status.LastTrigger == nil) {
 			return nil
 		}
-		at := metav1.NewMicroTime(now)
+		at := metav1.NewMicroTime(time.Now())
 		o.Status.LastReconciled = &at
 		o.Status.ReconciledBy = r.identity
 		o.Status.LastTrigger = &demov1.LastTrigger{Source: sourceOf(req), Reason: reasonOf(req), At: at}
