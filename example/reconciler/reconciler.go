@@ -2,30 +2,23 @@
 // DemoEntity it keeps a ConfigMap "<name>-demo" that carries the entity's
 // message and replica count, and reports what it did in the entity's status.
 //
-// It is a plain [reconcile.Reconciler]: it holds no goroutines; the
-// controller calls Reconcile from its workers, never twice at once for the
-// same entity.
+// One reconcile:
 //
-// What one reconcile does:
+//   - adds the finalizer demo.opkit.dev/cleanup on first sight; once the
+//     entity is being deleted, records an Event and removes the finalizer
+//     (the garbage collector deletes the ConfigMap, which the entity
+//     controls);
+//   - applies the ConfigMap with a [reconcile.Applier]: one server-side
+//     apply creates it or brings it back to the spec. The operator's
+//     controller Owns ConfigMaps, so an edit or a delete of one reconciles
+//     its entity, which puts it back;
+//   - writes the status only when there is something to report: a new
+//     generation, a changed condition, or an external trigger (its source
+//     and reason land in status.lastTrigger). A converged entity seen
+//     again through the watch costs only the apply, which changes nothing.
 //
-//   - Deleted requests: nothing (the finalizer already cleaned up).
-//   - the finalizer demo.opkit.dev/cleanup is added on first sight; when the
-//     entity is being deleted, finalize records an Event and the finalizer
-//     is removed (the garbage collector deletes the ConfigMap, which the
-//     entity controls);
-//   - the ConfigMap is applied (server-side apply through a
-//     [reconcile.Applier]: one request creates it or brings it back to the
-//     spec), controlled by the entity; the operator's controller Owns
-//     ConfigMaps, so an edit or a delete of it reconciles the entity, which
-//     puts it back;
-//   - the status is written only when something changed: a new generation,
-//     a condition change, or an external trigger (whose source and reason
-//     land in status.lastTrigger). A watch event for an entity that is
-//     already converged writes nothing but the (unchanged) ConfigMap's
-//     apply.
-//
-// Requests to the API server: an update reconcile, two (the apply and the
-// status); a create, three (the finalizer too).
+// An update reconcile makes two requests (the apply and the status), a
+// create three (the finalizer too).
 package reconciler
 
 import (
