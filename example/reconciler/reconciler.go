@@ -2,30 +2,23 @@
 // DemoEntity it keeps a ConfigMap "<name>-demo" that carries the entity's
 // message and replica count, and reports what it did in the entity's status.
 //
-// It is a plain [reconcile.Reconciler]: it holds no goroutines; the
-// controller calls Reconcile from its workers, never twice at once for the
-// same entity.
+// One reconcile:
 //
-// What one reconcile does:
+//   - adds the finalizer demo.opkit.dev/cleanup on first sight; once the
+//     entity is being deleted, records an Event and removes the finalizer
+//     (the garbage collector deletes the ConfigMap, which the entity
+//     controls);
+//   - applies the ConfigMap with a [reconcile.Applier]: one server-side
+//     apply creates it or brings it back to the spec. The operator's
+//     controller Owns ConfigMaps, so an edit or a delete of one reconciles
+//     its entity, which puts it back;
+//   - writes the status only when there is something to report: a new
+//     generation, a changed condition, or an external trigger (its source
+//     and reason land in status.lastTrigger). A converged entity seen
+//     again through the watch costs only the apply, which changes nothing.
 //
-//   - Deleted requests: nothing (the finalizer already cleaned up).
-//   - the finalizer demo.opkit.dev/cleanup is added on first sight; when the
-//     entity is being deleted, finalize records an Event and the finalizer
-//     is removed (the garbage collector deletes the ConfigMap, which the
-//     entity controls);
-//   - the ConfigMap is applied (server-side apply through a
-//     [reconcile.Applier]: one request creates it or brings it back to the
-//     spec), controlled by the entity; the operator's controller Owns
-//     ConfigMaps, so an edit or a delete of it reconciles the entity, which
-//     puts it back;
-//   - the status is written only when something changed: a new generation,
-//     a condition change, or an external trigger (whose source and reason
-//     land in status.lastTrigger). A watch event for an entity that is
-//     already converged writes nothing but the (unchanged) ConfigMap's
-//     apply.
-//
-// Requests to the API server: an update reconcile, two (the apply and the
-// status); a create, three (the finalizer too).
+// An update reconcile makes two requests (the apply and the status), a
+// create three (the finalizer too).
 package reconciler
 
 import (
@@ -49,27 +42,15 @@ import (
 	"github.com/opkit/opkit/reconcile"
 )
 
-// Data keys of the ConfigMap.
-const (
-	KeyMessage  = "message"
-	KeyReplicas = "replicas"
-)
-
-// Condition reasons of the Ready condition.
+// Reasons of the Ready condition, and of the Event the finalizer records.
 const (
 	ReasonReconciled        = "Reconciled"
 	ReasonConfigMapConflict = "ConfigMapOwnedElsewhere"
+	EventFinalized          = "Finalized"
 )
 
-// EventFinalized is the reason of the Event the finalizer records.
-const EventFinalized = "Finalized"
-
-// FieldManager names the operator in the ConfigMaps' managed fields.
-const FieldManager = "demo.opkit.dev/demo-operator"
-
-// LabelEntity is set on every ConfigMap the operator keeps, to the
-// entity's name.
-const LabelEntity = "demo.opkit.dev/entity"
+// ConfigMaps is the resource of the entities' ConfigMaps.
+var ConfigMaps = opkit.Resource{GroupVersionResource: corev1.SchemeGroupVersion.WithResource("configmaps"), Kind: "ConfigMap", Namespaced: true}
 
 // ConfigMapName returns the name of the ConfigMap kept for entity name.
 func ConfigMapName(entity string) string { return entity + "-demo" }
@@ -83,21 +64,17 @@ type Config struct {
 	Recorder *reconcile.Recorder
 	// Identity names this replica in status.reconciledBy (default "demo-operator").
 	Identity string
-	// Now returns the current time (default time.Now); tests fix it.
-	Now func() time.Time
-	// Logger receives one record per write; nil means slog.Default().
+	// Logger receives a warning when an Event cannot be recorded; nil
+	// means slog.Default().
 	Logger *slog.Logger
 }
 
 // Reconciler implements reconcile.Reconciler[*demov1.DemoEntity].
 type Reconciler struct {
+	cfg       Config
 	apply     *reconcile.Applier
 	finalizer *reconcile.Finalizer[*demov1.DemoEntity]
 	status    *reconcile.Status[*demov1.DemoEntity]
-	recorder  *reconcile.Recorder
-	identity  string
-	now       func() time.Time
-	log       *slog.Logger
 }
 
 var _ reconcile.Reconciler[*demov1.DemoEntity] = (*Reconciler)(nil)
@@ -107,6 +84,8 @@ func New(cfg Config) (*Reconciler, error) {
 	if cfg.Dynamic == nil {
 		return nil, errors.New("reconciler: Config.Dynamic is required")
 	}
+	cfg.Identity = cmp.Or(cfg.Identity, "demo-operator")
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	fin, err := reconcile.NewFinalizer[*demov1.DemoEntity](cfg.Dynamic, demov1.Resource, demov1.Finalizer)
 	if err != nil {
 		return nil, err
@@ -115,22 +94,11 @@ func New(cfg Config) (*Reconciler, error) {
 	if err != nil {
 		return nil, err
 	}
-	apply, err := reconcile.NewApplier(reconcile.ApplyConfig{Dynamic: cfg.Dynamic, FieldManager: FieldManager, Owner: demov1.Resource})
+	apply, err := reconcile.NewApplier(reconcile.ApplyConfig{Dynamic: cfg.Dynamic, FieldManager: "demo.opkit.dev/demo-operator", Owner: demov1.Resource})
 	if err != nil {
 		return nil, err
 	}
-	r := &Reconciler{apply: apply, finalizer: fin, status: st, recorder: cfg.Recorder,
-		identity: cfg.Identity, now: cfg.Now, log: cfg.Logger}
-	if r.identity == "" {
-		r.identity = "demo-operator"
-	}
-	if r.now == nil {
-		r.now = time.Now
-	}
-	if r.log == nil {
-		r.log = slog.Default()
-	}
-	return r, nil
+	return &Reconciler{cfg: cfg, apply: apply, finalizer: fin, status: st}, nil
 }
 
 // Reconcile brings one entity's ConfigMap and status to its spec.
@@ -144,12 +112,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request[*demov
 	if err != nil || !live {
 		return reconcile.Done(), err
 	}
-	_, applyErr := r.apply.Apply(ctx, obj, ConfigMaps, corev1ac.ConfigMap(ConfigMapName(obj.Name), "").
-		WithLabels(map[string]string{LabelEntity: obj.Name}).WithData(desiredData(obj)))
+	cm := corev1ac.ConfigMap(ConfigMapName(obj.Name), "").
+		WithLabels(map[string]string{"demo.opkit.dev/entity": obj.Name}).
+		WithData(map[string]string{
+			"message":  obj.Spec.Message,
+			"replicas": strconv.Itoa(int(obj.Spec.ReplicaCount())),
+		})
+	_, applyErr := r.apply.Apply(ctx, obj, ConfigMaps, cm)
 	if applyErr != nil && !reconcile.IsTerminal(applyErr) {
 		return reconcile.Done(), applyErr
 	}
-	now := r.now()
 	_, err = r.status.Update(ctx, obj, func(o *demov1.DemoEntity) error {
 		cond := metav1.Condition{
 			Type:               demov1.ConditionReady,
@@ -169,38 +141,19 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request[*demov
 		if !(condChanged || triggered || o.Status.ObservedGeneration != o.Generation || o.Status.LastTrigger == nil) {
 			return nil
 		}
-		at := metav1.NewMicroTime(now)
+		at := metav1.NewMicroTime(time.Now())
 		o.Status.LastReconciled = &at
-		o.Status.ReconciledBy = r.identity
-		o.Status.LastTrigger = &demov1.LastTrigger{Source: sourceOf(req), Reason: reasonOf(req), At: at}
+		o.Status.ReconciledBy = r.cfg.Identity
+		// The watch (or a retry of the controller's own) records the
+		// request's type; an external trigger, the reasons it gave.
+		o.Status.LastTrigger = &demov1.LastTrigger{Source: demov1.SourceAPIServer, Reason: req.Type.String(), At: at}
+		if triggered {
+			o.Status.LastTrigger.Source = demov1.SourceOperator
+			o.Status.LastTrigger.Reason = strings.Join(req.Reasons, "; ")
+		}
 		return nil
 	})
 	return reconcile.Done(), cmp.Or(err, applyErr)
-}
-
-// sourceOf is "Operator" when a trigger asked for the reconcile, else
-// "APIServer" (the watch, or a retry of the controller's own).
-func sourceOf(req reconcile.Request[*demov1.DemoEntity]) string {
-	if req.Sources.Has(opkit.Operator) {
-		return opkit.Operator.String()
-	}
-	return opkit.APIServer.String()
-}
-
-// reasonOf is the triggers' reasons, or the request's type.
-func reasonOf(req reconcile.Request[*demov1.DemoEntity]) string {
-	if req.Sources.Has(opkit.Operator) {
-		return strings.Join(req.Reasons, "; ")
-	}
-	return req.Type.String()
-}
-
-// desiredData is the ConfigMap data for obj's spec.
-func desiredData(obj *demov1.DemoEntity) map[string]string {
-	return map[string]string{
-		KeyMessage:  obj.Spec.Message,
-		KeyReplicas: strconv.Itoa(int(obj.Spec.ReplicaCount())),
-	}
 }
 
 // finalize is where an operator releases what an entity holds outside
@@ -208,16 +161,13 @@ func desiredData(obj *demov1.DemoEntity) map[string]string {
 // Event. The ConfigMap needs nothing: its controller reference makes the
 // garbage collector delete it with the entity.
 func (r *Reconciler) finalize(ctx context.Context, obj *demov1.DemoEntity) error {
-	if err := r.recorder.Record(ctx, obj, reconcile.EventSpec{
+	if err := r.cfg.Recorder.Record(ctx, obj, reconcile.EventSpec{
 		Reason: EventFinalized,
 		Action: "Finalize",
 		Note:   fmt.Sprintf("Finalized; the garbage collector deletes ConfigMap %s with the entity", ConfigMapName(obj.Name)),
 	}); err != nil {
 		// The Event is informational: finalizing itself succeeded.
-		r.log.LogAttrs(ctx, slog.LevelWarn, "could not record event", slog.Any("error", err))
+		r.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "could not record event", slog.Any("error", err))
 	}
 	return nil
 }
-
-// ConfigMaps is the resource of the entities' ConfigMaps.
-var ConfigMaps = opkit.Resource{GroupVersionResource: corev1.SchemeGroupVersion.WithResource("configmaps"), Kind: "ConfigMap", Namespaced: true}

@@ -13,7 +13,7 @@ import (
 	"github.com/opkit/opkit/reconcile/envtest"
 )
 
-// TestWebsite is the README's integration test, as it is quoted there.
+// TestWebsite is the integration test docs/guide.md quotes, as it is here.
 func TestWebsite(t *testing.T) {
 	env := envtest.Start(t, envtest.Options{CRDs: []string{"testdata/crds"}})
 	ctrl, err := newWebsiteController(env.Config())
