@@ -60,6 +60,12 @@ func Example_minimalOperator() {
 	}
 }
 
+// reconcileWidget is the operator's reconcile: here it only logs.
+func reconcileWidget(ctx context.Context, req reconcile.Request[*Widget]) (reconcile.Result, error) {
+	slog.InfoContext(ctx, "reconcile", "key", req.Key, "type", req.Type, "sources", req.Sources)
+	return reconcile.Done(), nil
+}
+
 // A whole operator, as the README's "Using it" shows it: a controller
 // with leader election, the HTTP trigger endpoint (TokenReview and
 // SubjectAccessReview; a follower forwards to the leader on its own) and
@@ -73,11 +79,8 @@ func Example_operator() {
 	kube := kubernetes.NewForConfigOrDie(cfg)
 	ctrl, err := reconcile.NewController(reconcile.Config[*Widget]{
 		Name: "example.com/widgets", Resource: widgets, RESTConfig: cfg,
-		Reconciler: reconcile.Func[*Widget](func(ctx context.Context, req reconcile.Request[*Widget]) (reconcile.Result, error) {
-			slog.InfoContext(ctx, "reconcile", "key", req.Key, "type", req.Type, "sources", req.Sources)
-			return reconcile.Done(), nil
-		}),
-		Leader: &leader.Config{Client: kube, Namespace: "ops", Name: "widgets"},
+		Reconciler: reconcile.Func[*Widget](reconcileWidget),
+		Leader:     &leader.Config{Client: kube, Namespace: "ops", Name: "widgets"},
 	})
 	if err != nil {
 		log.Fatal(err)
