@@ -129,8 +129,8 @@ func ask(tr *trigger.Trigger[*corev1.ConfigMap], seconds int, askers ...*asker) 
 	}
 }
 
-// crowd returns n askers named prefix-i, each asking perSecond.
-func crowd(prefix string, n int, perSecond float64) []*asker {
+// askers returns n askers named prefix-i, each asking perSecond.
+func askers(prefix string, n int, perSecond float64) []*asker {
 	var c []*asker
 	for i := range n {
 		c = append(c, &asker{Name: fmt.Sprint(prefix, "-", i), PerSecond: perSecond})
@@ -185,8 +185,8 @@ func TestACallerThatAsksForLessGoesFirst(t *testing.T) {
 		name  string
 		crowd []*asker
 	}{
-		{"64 callers at full speed", crowd("flooder", 64, 100)},
-		{"4 callers at 2.5 a second", crowd("paced", 4, 2.5)},
+		{"64 callers at full speed", askers("flooder", 64, 100)},
+		{"4 callers at 2.5 a second", askers("paced", 4, 2.5)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -216,7 +216,7 @@ func TestACallerThatAsksForLessGoesFirst(t *testing.T) {
 func TestCallersThatAskAlikeShareAlike(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tr := budgetTrigger(t)
-		ten := crowd("caller", 10, 1) // 10 a second on a budget of 5
+		ten := askers("caller", 10, 1) // 10 a second on a budget of 5
 		ask(tr, 60, ten...)
 		for _, a := range ten {
 			if a.Got < 20 || a.Got > 40 {
@@ -234,7 +234,7 @@ func TestCallersThatAskAlikeShareAlike(t *testing.T) {
 func TestARareCallerIsServedUnderAFlood(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tr := budgetTrigger(t)
-		flood := crowd("flooder", 20, 10)
+		flood := askers("flooder", 20, 10)
 		ask(tr, 5, flood...)
 		for round := range 4 {
 			if err := intakeAs(tr, "rare", fmt.Sprint("rare-", round)); err != nil {
