@@ -30,7 +30,7 @@ type verdict uint8
 const (
 	tokenUnknown verdict = iota // not a JWT of the service-account issuer, or its keys are not known: a TokenReview decides (under the global budget)
 	tokenSigned                 // a JWT of the service-account issuer, signed by one of its current keys, for one of the audiences, within its validity (exp, nbf, with 1 minute of skew): a TokenReview still decides (revocation), outside the global budget
-	tokenForged                 // claims the service-account issuer (iss), but its signature, algorithm, audience or validity is wrong, or its kid is unknown even after a refresh: refused without a review
+	tokenForged                 // claims the service-account issuer (iss), but its signature, algorithm, audience or validity is wrong, or its kid is unknown to a fetch made for it: refused without a review
 )
 
 // Timing and size of the key and verdict caches.
@@ -118,7 +118,7 @@ func (k *issuerKeys) check(ctx context.Context, tok string) verdict {
 	}
 	var header struct{ Alg, Kid string }
 	badHeader := json.Unmarshal(head, &header)
-	set := k.keys(ctx, claims.Iss, header.Kid)
+	set, refetched := k.keys(ctx, claims.Iss, header.Kid)
 	if set == nil || claims.Iss != set.issuer {
 		return tokenUnknown
 	}
@@ -131,8 +131,8 @@ func (k *issuerKeys) check(ctx context.Context, tok string) verdict {
 	}
 	r = pastVerdict{tokenForged, set, now.Add(keysRetry)}
 	key, known := set.keys[header.Kid] // the zero jwk if unknown: it verifies nothing
-	if !known && k.err() != nil {
-		return tokenUnknown // the keys could not be read again: maybe a new one
+	if !known && (!refetched || k.err() != nil) {
+		return tokenUnknown // maybe a key published since the keys were read (or could not be read again)
 	}
 	signed := []byte(tok[:strings.LastIndexByte(tok, '.')])
 	if badClaims == nil && badHeader == nil && (key.Alg == "" || key.Alg == header.Alg) &&
@@ -182,15 +182,16 @@ func (k *issuerKeys) remember(sum [sha256.Size]byte, r pastVerdict) {
 // when it is due: never fetched, keysRefresh old, or for keysRetry either
 // missing or lacking kid of issuer iss (not of others: their kids are not
 // for this issuer to know). Concurrent callers share one fetch. The caller
-// waits for it, or for its ctx, unless it only refreshes the set.
-func (k *issuerKeys) keys(ctx context.Context, iss, kid string) *jwkSet {
+// waits for it, or for its ctx, unless it only refreshes the set;
+// refetched says it waited for a fetch that ended.
+func (k *issuerKeys) keys(ctx context.Context, iss, kid string) (set *jwkSet, refetched bool) {
 	k.mu.Lock()
 	set, last := k.set, k.fetchedAt
 	k.mu.Unlock()
 	age := time.Since(last)
 	lacking := set == nil || (set.issuer == iss && set.keys[kid].pub == nil)
 	if !last.IsZero() && age < keysRefresh && (!lacking || age < keysRetry) {
-		return set
+		return set, false
 	}
 	done := k.fetches.DoChan("", func() (any, error) {
 		k.mu.Lock()
@@ -210,15 +211,16 @@ func (k *issuerKeys) keys(ctx context.Context, iss, kid string) *jwkSet {
 		return nil, nil
 	})
 	if !lacking {
-		return set // a refresh: the keys serve on while it runs
+		return set, false // a refresh: the keys serve on while it runs
 	}
 	select {
 	case <-done:
+		refetched = true
 	case <-ctx.Done():
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	return k.set
+	return k.set, refetched
 }
 
 // fetch reads the issuer from the discovery document, then the keys from

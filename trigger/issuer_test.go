@@ -295,14 +295,17 @@ func TestIssuerWithoutAClientOrAudiencesLeavesEveryTokenToATokenReview(t *testin
 	})
 }
 
+// An unknown kid may be a key published since the keys were read: until
+// the keys can be read again (10s after the last fetch), a TokenReview
+// decides; once a fetch made for it lacks it too, it is forged.
 func TestIssuerRefetchesAtMostEveryTenSecondsForAnUnknownKid(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		k, f := newTestIssuer(t, es256())
 		wantVerdict(t, k, es256().sign(t, "", claims(nil)), tokenSigned)
 		unknown := testKey{"ec-9", "ES256", ecKey()}
-		wantVerdict(t, k, unknown.sign(t, "", claims(nil)), tokenForged)
+		wantVerdict(t, k, unknown.sign(t, "", claims(nil)), tokenUnknown)
 		time.Sleep(keysRetry - time.Second)
-		wantVerdict(t, k, unknown.sign(t, "", claims(map[string]any{"sub": "another"})), tokenForged)
+		wantVerdict(t, k, unknown.sign(t, "", claims(map[string]any{"sub": "another"})), tokenUnknown)
 		if n := f.requests.Load(); n != 1 {
 			t.Errorf("%d fetches within 10s, want the first only", n)
 		}
@@ -311,6 +314,20 @@ func TestIssuerRefetchesAtMostEveryTenSecondsForAnUnknownKid(t *testing.T) {
 		if n := f.requests.Load(); n != 2 {
 			t.Errorf("%d fetches after 10s, want a refetch", n)
 		}
+	})
+}
+
+// A key published just after a fetch: its tokens go to a TokenReview
+// until the keys can be read again, then are taken as signed.
+func TestIssuerTakesAKeyPublishedJustAfterAFetch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		k, f := newTestIssuer(t, es256())
+		wantVerdict(t, k, es256().sign(t, "", claims(nil)), tokenSigned)
+		time.Sleep(time.Second)
+		f.set(func(f *fakeIssuer) { f.keys = append(f.keys, rs256()) })
+		wantVerdict(t, k, rs256().sign(t, "", claims(nil)), tokenUnknown)
+		time.Sleep(keysRetry)
+		wantVerdict(t, k, rs256().sign(t, "", claims(nil)), tokenSigned)
 	})
 }
 
@@ -338,9 +355,11 @@ func TestIssuerRefreshesTheKeysEveryTenMinutes(t *testing.T) {
 		time.Sleep(time.Second)
 		wantVerdict(t, k, tok, tokenSigned) // the old keys serve while the refresh runs
 		synctest.Wait()
-		wantVerdict(t, k, tok, tokenForged)
-		if n := f.requests.Load(); n != 2 {
-			t.Errorf("%d fetches, want 2", n)
+		wantVerdict(t, k, tok, tokenUnknown) // retired, or new: a TokenReview decides
+		time.Sleep(keysRetry)
+		wantVerdict(t, k, tok, tokenForged) // a fetch for its kid lacks it
+		if n := f.requests.Load(); n != 3 {
+			t.Errorf("%d fetches, want 3", n)
 		}
 	})
 }
