@@ -66,8 +66,10 @@ type ReviewClient interface {
 // refusals NegativeTTL (5s), up to MaxEntries (4096). A service-account
 // token is checked against its issuer's keys first (a forged one gets no
 // review); the others share TokenReviewRate reviews a second (20, burst
-// TokenReviewBurst 40); a user gets AccessReviewRate SubjectAccessReviews
-// (5, burst AccessReviewBurst 10); ErrBusy beyond. MaxReviews (16) run at
+// TokenReviewBurst 40); a user gets AccessReviewRate reviews a second
+// (5, burst AccessReviewBurst 10): SubjectAccessReviews, and the
+// TokenReviews of its service-account tokens (one minting token after
+// token); ErrBusy beyond. MaxReviews (16) run at
 // once, shared fairly, each within ReviewTimeout (5s); the requests that
 // need the same review share it.
 type KubeAuthConfig struct {
@@ -183,9 +185,13 @@ func (a *kubeAuthenticator) Authorize(ctx context.Context, req AuthRequest) (str
 	tokKey := string(sum[:])
 	tr, ok := a.tokens.get(tokKey)
 	if !ok {
-		switch a.issuer.check(ctx, tok) {
+		switch v, subject := a.issuer.check(ctx, tok); v {
 		case tokenForged:
 			return "", fmt.Errorf("%w: the bearer token claims the cluster's service-account issuer but is not signed by it, current, and for audience %q", ErrUnauthenticated, a.cfg.Audiences)
+		case tokenSigned:
+			if !a.takeReview(subject) { // one service account minting token after token
+				return "", fmt.Errorf("%w: user %q asked for more reviews than %v a second", ErrBusy, subject, a.cfg.AccessReviewRate)
+			}
 		case tokenUnknown:
 			if !a.unknown.TryAccept() {
 				return "", fmt.Errorf("%w: the reviews of tokens other than the cluster's service-account tokens (%v a second) are spent", ErrBusy, a.cfg.TokenReviewRate)
@@ -258,17 +264,18 @@ func (a *kubeAuthenticator) decide(ctx context.Context, user authnv1.UserInfo, a
 	if denied, ok := a.perms.get(key); ok {
 		return denied, nil
 	}
-	if !a.takeAccessReview(uk) {
-		return nil, fmt.Errorf("%w: user %q asked for more authorization reviews than %v a second", ErrBusy, user.Username, a.cfg.AccessReviewRate)
+	if !a.takeReview(user.Username) {
+		return nil, fmt.Errorf("%w: user %q asked for more reviews than %v a second", ErrBusy, user.Username, a.cfg.AccessReviewRate)
 	}
 	return shared(ctx, a, "access\x00"+key, "user "+uk, func(ctx context.Context) (error, error) { return a.sar(ctx, key, user, attrs) })
 }
 
-// takeAccessReview takes a token of the user's (by userKey) budget of
-// reviews of single objects, reporting whether there was one.
-func (a *kubeAuthenticator) takeAccessReview(uk string) bool {
+// takeReview takes a token of user's budget of reviews (its
+// SubjectAccessReviews, and the TokenReviews of its service-account
+// tokens), reporting whether there was one.
+func (a *kubeAuthenticator) takeReview(user string) bool {
 	var b flowcontrol.PassiveRateLimiter
-	a.byCaller.update(uk, time.Now().Add(time.Minute), func(old flowcontrol.PassiveRateLimiter) flowcontrol.PassiveRateLimiter {
+	a.byCaller.update(user, time.Now().Add(time.Minute), func(old flowcontrol.PassiveRateLimiter) flowcontrol.PassiveRateLimiter {
 		if b = old; b == nil {
 			b = flowcontrol.NewTokenBucketPassiveRateLimiter(float32(a.cfg.AccessReviewRate), a.cfg.AccessReviewBurst)
 		}

@@ -1,6 +1,10 @@
 package trigger
 
-import "github.com/opkit/opkit"
+import (
+	"context"
+
+	"github.com/opkit/opkit"
+)
 
 // AuthCacheLen returns how many entries a NewKubeAuthenticator caches, for tests.
 func AuthCacheLen(auth Authenticator) int {
@@ -37,7 +41,6 @@ func Lookup[T opkit.Object](t *Trigger[T], key opkit.Key, id string) Outcome {
 // control plane it needs imports this package).
 var (
 	NewIssuerKeys = newIssuerKeys
-	IssuerCheck   = (*issuerKeys).check
 	IssuerErr     = (*issuerKeys).err
 )
 
@@ -48,3 +51,9 @@ type (
 )
 
 const TokenUnknown, TokenSigned, TokenForged = tokenUnknown, tokenSigned, tokenForged
+
+// IssuerCheck is k's verdict on tok.
+func IssuerCheck(k *issuerKeys, ctx context.Context, tok string) verdict {
+	v, _ := k.check(ctx, tok)
+	return v
+}

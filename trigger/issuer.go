@@ -71,12 +71,13 @@ type jwk struct {
 	pub                                 crypto.PublicKey // *rsa.PublicKey or *ecdsa.PublicKey
 }
 
-// pastVerdict is a verdict on one token, valid while set is the current
-// key set and until the given time.
+// pastVerdict is a verdict on one token (with its subject when signed),
+// valid while set is the current key set and until the given time.
 type pastVerdict struct {
 	v     verdict
 	set   *jwkSet
 	until time.Time
+	sub   string
 }
 
 // newIssuerKeys returns the keys of the API server's service-account
@@ -105,49 +106,49 @@ func (k *issuerKeys) err() error {
 // signature is verified once: the verdicts of the last verdictsLimit
 // tokens are remembered (by SHA-256) while the keys stay the same, a
 // tokenSigned until the token expires, a tokenForged for keysRetry only.
-// Safe for concurrent use.
-func (k *issuerKeys) check(ctx context.Context, tok string) verdict {
+// The subject (sub) comes with tokenSigned. Safe for concurrent use.
+func (k *issuerKeys) check(ctx context.Context, tok string) (v verdict, subject string) {
 	head, payload, sig, ok := splitJWT(tok)
 	if k.rc == nil || !ok {
-		return tokenUnknown
+		return tokenUnknown, ""
 	}
 	var claims jwtClaims
 	badClaims := json.Unmarshal(payload, &claims) // sets Iss even if a later claim is of the wrong type
 	if claims.Iss == "" {
-		return tokenUnknown
+		return tokenUnknown, ""
 	}
 	var header struct{ Alg, Kid string }
 	badHeader := json.Unmarshal(head, &header)
 	set, refetched := k.keys(ctx, claims.Iss, header.Kid)
 	if set == nil || claims.Iss != set.issuer {
-		return tokenUnknown
+		return tokenUnknown, ""
 	}
 	sum, now := sha256.Sum256([]byte(tok)), time.Now()
 	k.mu.Lock()
 	r, ok := k.verdicts[sum]
 	k.mu.Unlock()
 	if ok && r.set == set && now.Before(r.until) {
-		return r.v
+		return r.v, r.sub
 	}
-	r = pastVerdict{tokenForged, set, now.Add(keysRetry)}
+	r = pastVerdict{v: tokenForged, set: set, until: now.Add(keysRetry)}
 	key, known := set.keys[header.Kid] // the zero jwk if unknown: it verifies nothing
 	if !known && (!refetched || k.err() != nil) {
-		return tokenUnknown // maybe a key published since the keys were read (or could not be read again)
+		return tokenUnknown, "" // maybe a key published since the keys were read (or could not be read again)
 	}
 	signed := []byte(tok[:strings.LastIndexByte(tok, '.')])
 	if badClaims == nil && badHeader == nil && (key.Alg == "" || key.Alg == header.Alg) &&
 		jwsVerify(header.Alg, key.pub, signed, sig) && slices.ContainsFunc(k.audiences, claims.Aud.has) {
 		if exp, ok := claims.validAt(now); ok {
-			r.v, r.until = tokenSigned, exp
+			r.v, r.until, r.sub = tokenSigned, exp, claims.Sub
 		}
 	}
 	k.remember(sum, r)
-	return r.v
+	return r.v, r.sub
 }
 
 // jwtClaims are the claims check looks at; Exp is required.
 type jwtClaims struct {
-	Iss      string
+	Iss, Sub string
 	Aud      jwtAudience
 	Exp, Nbf *float64
 }

@@ -183,7 +183,7 @@ func newTestIssuer(t *testing.T, keys ...testKey) (*issuerKeys, *fakeIssuer) {
 
 func wantVerdict(t *testing.T, k *issuerKeys, tok string, want verdict) {
 	t.Helper()
-	if got := k.check(t.Context(), tok); got != want {
+	if got, _ := k.check(t.Context(), tok); got != want {
 		t.Errorf("check = %d, want %d", got, want)
 	}
 }
