@@ -67,9 +67,8 @@ type ReviewClient interface {
 // token is checked against its issuer's keys first (a forged one gets no
 // review); the others share TokenReviewRate reviews a second (20, burst
 // TokenReviewBurst 40); a user gets AccessReviewRate reviews a second
-// (5, burst AccessReviewBurst 10): SubjectAccessReviews, and the
-// TokenReviews of its service-account tokens (one minting token after
-// token); ErrBusy beyond. MaxReviews (16) run at
+// (5, burst AccessReviewBurst 10), its SubjectAccessReviews and its
+// signed tokens' TokenReviews; ErrBusy beyond. MaxReviews (16) run at
 // once, shared fairly, each within ReviewTimeout (5s); the requests that
 // need the same review share it.
 type KubeAuthConfig struct {
