@@ -83,8 +83,7 @@ type Config[T opkit.Object] struct {
 	// Rate and Burst are Intake's trigger budget (zero: 5 and 20;
 	// negative Rate: none): a trigger that joins an entry waiting for its
 	// key is free, any other takes a token for its read and its
-	// reconcile, or gets ErrBusy. Callers share it smallest asker first:
-	// one asking for at most Rate / callers is always served. Keep 1.5
+	// reconcile, or gets ErrBusy. The smallest askers go first. Keep 1.5
 	// × Rate × (1 + requests per reconcile) well below the API's QPS.
 	Rate  float64
 	Burst int
