@@ -55,8 +55,8 @@
 //	405            a method other than POST (GET for .../triggers/{id}; Allow says which)
 //	413, 415, 431  a body over MaxBodyBytes, or not application/json; headers over ServerConfig.MaxHeaderBytes
 //	429            a rate, in-flight or waiting limit, the trigger budget, a review budget or slot, or the client's failed authentications (Retry-After)
-//	502, 504       this replica's API server failed (with one shard, a replica that does not work on the object forwards the trigger instead: the holder checks the caller), returned another kind or does not serve the resource, a review could not be evaluated, or the holder's endpoint is plain HTTP for a TLS request; 504: a call timed out
-//	503            no replica can take the trigger now (Retry-After; X-Opkit-Leader and "leader" name the holder when known); with shards, this replica cannot reach its API server (it can neither find the object's shard nor check a caller it does not know: retry, another replica may take it); the term ended or the server stopped while the caller waited, the holder does not answer, or the caller left
+//	502, 504       this replica's API server answered with an error, returned another kind or does not serve the resource, a review could not be evaluated, or the holder's endpoint is plain HTTP for a TLS request; 504: a call timed out
+//	503            no replica can take the trigger now (Retry-After; X-Opkit-Leader and "leader" name the holder when known); this replica's API server does not answer or cannot serve now (with one shard, a replica that does not work on the object forwards the trigger instead: the holder checks the caller; with shards, retry: another replica may take it); the term ended or the server stopped while the caller waited, the holder does not answer, or the caller left
 //
 // An error body is a [Status], without internal errors (the log has them,
 // at most once per code every 10s). Under floods from any number of

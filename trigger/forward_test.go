@@ -171,8 +171,9 @@ func (unreachableAuth) Authorize(context.Context, trigger.AuthRequest) (string, 
 
 // A follower whose own API server does not answer cannot check the
 // caller, and forwards the trigger to the leader, which does (and
-// refuses a bad token itself); a leader in that state answers 502, and a
-// follower whose API server said no refuses.
+// refuses a bad token itself); a leader in that state answers 503 (retry:
+// its API server may be back), and a follower whose API server said no
+// refuses.
 func TestAFollowerThatCannotCheckTheCallerForwardsToTheLeader(t *testing.T) {
 	leaderAuth := &tokenAuth{}
 	leader := newHandlerEnv(t, func(c *trigger.HandlerConfig) { c.Authenticator = leaderAuth })
@@ -190,9 +191,13 @@ func TestAFollowerThatCannotCheckTheCallerForwardsToTheLeader(t *testing.T) {
 	if code := postBearer(t, followerSrv.URL, "forged"); code != http.StatusUnauthorized {
 		t.Fatalf("a bad token through the follower that cannot check it: %d, want the leader's 401", code)
 	}
-	// The leader itself cannot check: no one can, 502.
+	// The leader itself cannot check: no one can now, 503 with Retry-After.
 	unchecked := newHandlerEnv(t, func(c *trigger.HandlerConfig) { c.Authenticator = unreachableAuth{} })
-	wantStatus(t, post(unchecked, "/reconcile/ns/a"), http.StatusBadGateway, "BadGateway")
+	w := post(unchecked, "/reconcile/ns/a")
+	wantStatus(t, w, http.StatusServiceUnavailable, "ServiceUnavailable")
+	if w.Header().Get("Retry-After") == "" {
+		t.Error("503 without Retry-After")
+	}
 	// A follower whose API server refused the caller does not forward.
 	refusing := newHandlerEnv(t, func(c *trigger.HandlerConfig) { c.Authenticator = &tokenAuth{} })
 	refusing.route.follow(leaderSrv.URL)
@@ -213,8 +218,8 @@ func (reviewRefusedAuth) Authorize(context.Context, trigger.AuthRequest) (string
 // check the caller nor read the object to learn its shard: it answers 503
 // with Retry-After, saying why (another replica may take the trigger),
 // reading and forwarding nothing; so does one that knew the caller but
-// could not read. A review its API server refused, or a request forwarded
-// to it already, is a 502 as with one shard.
+// could not read. A review its API server refused is a 502, as with one
+// shard; a request forwarded to it already gets 503 too.
 func TestAShardedReplicaThatCannotCheckTheCallerAsksForARetry(t *testing.T) {
 	api := newFakeAPI()
 	var forwarded atomic.Int32
@@ -235,10 +240,10 @@ func TestAShardedReplicaThatCannotCheckTheCallerAsksForARetry(t *testing.T) {
 	}{
 		{unreachableAuth{}, "a", false, http.StatusServiceUnavailable, "ServiceUnavailable"},
 		{reviewRefusedAuth{}, "a", false, http.StatusBadGateway, "BadGateway"},
-		{unreachableAuth{}, "a", true, http.StatusBadGateway, "BadGateway"},
+		{unreachableAuth{}, "a", true, http.StatusServiceUnavailable, "ServiceUnavailable"},
 		// A caller it knows (a cached review), but the read fails.
 		{allowAll{}, "boom", false, http.StatusServiceUnavailable, "ServiceUnavailable"},
-		{allowAll{}, "boom", true, http.StatusBadGateway, "BadGateway"},
+		{allowAll{}, "boom", true, http.StatusServiceUnavailable, "ServiceUnavailable"},
 	} {
 		if env.h, err = trigger.NewHandler(tr, trigger.HandlerConfig{Authenticator: tc.auth, RetryAfter: 2 * time.Second, Logger: discard}); err != nil {
 			t.Fatal(err)
@@ -250,7 +255,7 @@ func TestAShardedReplicaThatCannotCheckTheCallerAsksForARetry(t *testing.T) {
 		w := env.do(http.MethodPost, "/reconcile/ns/"+tc.name, nil, header)
 		retryAfter := w.Header().Get("Retry-After")
 		st := wantStatus(t, w, tc.code, tc.reason)
-		if tc.code == http.StatusServiceUnavailable && (retryAfter != "2" || !strings.Contains(st.Message, "cannot reach its API server") || strings.Contains(st.Message, "6443")) {
+		if tc.code == http.StatusServiceUnavailable && (retryAfter != "2" || !strings.Contains(st.Message, "API server") || !strings.Contains(st.Message, "retry") || strings.Contains(st.Message, "6443")) {
 			t.Errorf("503: Retry-After %q, message %q; want 2 and why, without the API server's address", retryAfter, st.Message)
 		}
 	}

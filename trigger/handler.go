@@ -442,8 +442,10 @@ func (h *handler[T]) refusal(w http.ResponseWriter, r *http.Request, key opkit.K
 	return h.apiFailure(r, "read", err, key)
 }
 
-// apiFailure answers a failed API call: 504 when it timed out, else 502,
-// and 503 when the caller went away and cut it short (nothing was queued).
+// apiFailure answers a failed API call: 504 when it timed out, 503 (retry)
+// when the API server did not answer or cannot serve now (a restart), else
+// 502; and 503 when the caller went away and cut it short (nothing was
+// queued).
 // The error (which may name the API server's address, or describe the
 // operator's own RBAC) goes to the log, never into the answer.
 func (h *handler[T]) apiFailure(r *http.Request, call string, err error, key opkit.Key) *Status {
@@ -452,8 +454,11 @@ func (h *handler[T]) apiFailure(r *http.Request, call string, err error, key opk
 	}
 	h.log.Log(r.Context(), apiLevel(err), "api-"+call, "trigger: API server call failed", slog.String("call", call), slog.String("key", key.String()), slog.Any("error", err))
 	code, msg := http.StatusBadGateway, call+" failed: the API server answered with an error (details in the operator's log)"
-	if isTimeout(err) {
+	switch {
+	case isTimeout(err):
 		code, msg = http.StatusGatewayTimeout, call+" failed: the API server did not answer in time"
+	case apiClass(err) == apiTransient:
+		code, msg = http.StatusServiceUnavailable, call+" failed: this replica's API server does not answer or cannot serve now; retry later"
 	}
 	return h.fail(code, msg, &key)
 }

@@ -461,13 +461,13 @@ func TestHandler503WithoutKnownLeader(t *testing.T) {
 	}
 }
 
-func TestHandler502And504FromTheAPIServer(t *testing.T) {
+func TestHandler502503And504FromTheAPIServer(t *testing.T) {
 	for _, tc := range []struct {
 		err    error
 		code   int
 		reason string
 	}{
-		{apierrors.NewInternalError(errors.New("etcd down")), 502, "BadGateway"},
+		{apierrors.NewInternalError(errors.New("etcd down")), 503, "ServiceUnavailable"}, // retry: it may be back soon
 		{apierrors.NewForbidden(schema.GroupResource{Resource: "configmaps"}, "a", errors.New("operator lacks get")), 502, "BadGateway"},
 		{apierrors.NewTimeoutError("slow", 1), 504, "Timeout"},
 		{apierrors.NewServerTimeout(schema.GroupResource{Resource: "configmaps"}, "get", 1), 504, "Timeout"},
