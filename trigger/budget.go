@@ -12,23 +12,26 @@ import (
 )
 
 // budget is Intake's trigger budget (Config.Rate, Config.Burst), shared
-// among its callers smallest asker first. Once a second it divides the
-// rate among the callers it knows, by what each asked for (tokens a
-// second: at once when more, smoothed over about demandTime when less),
-// in bands of a factor of two: from the lowest band up, each caller gets
-// its band's top while the rate lasts; where it runs out, that band's
-// callers share the rest equally, and the bands above get nothing.
+// among its callers smallest asker first:
 //
-// A caller takes a token of its part (a token bucket of that rate, with
-// a token when the caller is first given one) and of the budget, which parts
-// may overdraw so that parts and the rest stay within the rate; without
-// one, a token the parts left in the budget. A caller new since the last
-// division first takes one of the newcomers' Burst/4 a second. Beyond
-// maxShares callers at once, the others take only what the parts left.
+//   - Once a second the rate is divided among the callers it knows, by
+//     what each asked for (tokens a second; a rise counts at once, a fall
+//     is smoothed over about demandTime). Callers are taken in bands of a
+//     factor of two, the lowest first: each gets its band's top while the
+//     rate lasts, the band where it runs out shares the rest equally, and
+//     the bands above get nothing.
+//   - A caller's part is a token bucket of that rate. A request takes a
+//     token of it (and overdraws the budget by one, so that the parts and
+//     the rest stay within the rate), else a token the parts left in the
+//     budget, else it is refused.
+//   - A caller new since the last division first takes one of the
+//     newcomers' tokens (Burst/4 a second), and its first part starts
+//     with a token: it is served before its demand is known. Beyond
+//     maxShares callers at once, the others take only what the parts left.
 //
-// So a caller asking for at most Rate / callers is always served in
-// full, and one asking for little goes before a crowd asking for more,
-// however many, paced or not.
+// So a caller asking for at most Rate / callers is always served in full,
+// and one asking for little goes before a crowd asking for more, however
+// many, paced or not.
 type budget struct {
 	mu       sync.Mutex
 	all      bucket            // the budget; it may go down to -burst
