@@ -14,8 +14,8 @@ import (
 // budget is Intake's trigger budget (Config.Rate, Config.Burst), shared
 // among its callers smallest asker first:
 //
-//   - Once a second the rate is divided among the callers it knows, by
-//     what each asked for (tokens a second; a rise counts at once, a fall
+//   - Once a second the rate is divided among the callers that asked since
+//     the last division (the others keep their tokens), by what each asked for (tokens a second; a rise counts at once, a fall
 //     is smoothed over about demandTime). Callers are taken in bands of a
 //     factor of two, the lowest first: each gets its band's top while the
 //     rate lasts, the band where it runs out shares the rest equally, and
@@ -148,11 +148,15 @@ func (b *budget) divide(now time.Time) {
 	for c, sh := range b.of {
 		asked := sh.asked / elapsed
 		sh.demand, sh.asked = max(asked, kept*sh.demand+(1-kept)*asked), 0
-		if sh.demand < forgotten {
+		switch {
+		case sh.demand < forgotten:
 			delete(b.of, c)
-			continue
+		case asked == 0: // silent: it keeps its tokens, and gets no rate
+			sh.part.fill(now)
+			sh.part.rate = 0
+		default:
+			callers = append(callers, sh)
 		}
-		callers = append(callers, sh)
 	}
 	slices.SortFunc(callers, func(x, y *share) int { return cmp.Compare(x.demand, y.demand) })
 	left := b.all.rate

@@ -229,6 +229,26 @@ func TestCallersThatAskAlikeShareAlike(t *testing.T) {
 	})
 }
 
+// Callers that stopped asking take nothing from those still asking: a
+// calm caller beside a flooder is served in full however soon after a
+// crowd of 64 went quiet.
+func TestCallersThatStoppedAskingTakeNothing(t *testing.T) {
+	for _, quiet := range []int{1, 5, 10, 15, 20, 30} {
+		t.Run(fmt.Sprint(quiet, "s after the crowd"), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tr := budgetTrigger(t)
+				ask(tr, 8, askers("crowd", 64, 50)...)
+				time.Sleep(time.Duration(quiet) * time.Second)
+				calm := &asker{Name: "calm", PerSecond: 1}
+				ask(tr, 8, &asker{Name: "flooder", PerSecond: 1000}, calm)
+				if calm.Got != calm.Asked {
+					t.Errorf("the calm caller got %d of %d", calm.Got, calm.Asked)
+				}
+			})
+		})
+	}
+}
+
 // A caller that asks now and then (a pipeline that deploys) gets its
 // trigger whenever it comes, a crowd spending the budget or not.
 func TestARareCallerIsServedUnderAFlood(t *testing.T) {
