@@ -51,6 +51,17 @@ const (
 	crowd     = 64
 	addresses = 1000
 	nameConns = 128
+	// The paced crowd of issue 33: pacedCallers of the crowd's
+	// ServiceAccounts, each pacing pacedRate triggers a second (together
+	// twice the trigger budget's 5 a second, each within its half) of
+	// pacedObjects ConfigMaps nothing else triggers, so that each trigger
+	// needs a token of the budget. The phase is measured once the crowd
+	// has kept its pace for pacedSettle, longer than the budget's memory
+	// of what a caller asked for: its steady state.
+	pacedCallers = 4
+	pacedRate    = 2.5
+	pacedObjects = 100
+	pacedSettle  = 12 * time.Second
 	// The handler's limits, set explicitly (they are its defaults) so
 	// that the garbage-token bound below refers to them.
 	floodMaxAuthFailures = 10
@@ -82,10 +93,12 @@ const (
 //   - a flood of garbage tokens leaves a well-behaved client served and
 //     costs a bounded number of TokenReviews;
 //   - bad UTF-8 in the body's reason is refused, and nothing is queued;
-//   - the crowd floods of issue 33 (valid triggers from 64 identities, one
-//     connection each; garbage tokens from 1,000 addresses; one token on
-//     128 connections triggering random names; garbage tokens from the
-//     well-behaved client's own address) leave the well-behaved client,
+//   - the crowd floods of issue 33 (4 identities each pacing 2.5 valid
+//     triggers a second of objects nothing else triggers; valid triggers
+//     from 64 identities, one connection each; garbage tokens from 1,000
+//     addresses; one token on 128 connections triggering random names;
+//     garbage tokens from the well-behaved client's own address) leave
+//     the well-behaved client,
 //     which sends a trigger a second, all its triggers answered and at
 //     least 99 % of them accepted; the garbage from many addresses costs
 //     at most the global budget of TokenReviews, and the random names at
@@ -125,10 +138,15 @@ func TestFloodsAgainstTheAPIServer(t *testing.T) {
 		own = append(own, fmt.Sprintf("own-%d", i))
 	}
 	var pipe []string // the pipeline's in the crowd floods, one each second
-	for i := range 4 * int(floodPhase/time.Second) {
+	for i := range 5 * int(floodPhase/time.Second) {
 		pipe = append(pipe, fmt.Sprintf("pipe-%02d", i))
 	}
-	for _, name := range slices.Concat(driven, own, pipe, []string{target, quiet}) {
+	var paced []string // the paced crowd's: nothing else changes or triggers them
+	for i := range pacedObjects {
+		paced = append(paced, fmt.Sprintf("paced-%03d", i))
+	}
+	objects := slices.Concat(driven, own, pipe, paced, []string{target, quiet})
+	for _, name := range objects {
 		if _, err := kube.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"v": "initial"}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -252,29 +270,6 @@ func TestFloodsAgainstTheAPIServer(t *testing.T) {
 	})
 	base := "http://" + inner.Addr().String()
 
-	// The driver: about 50 updates a second, round-robin, for the whole
-	// test.
-	var updates atomic.Int64
-	driverCtx, stopDriver := context.WithCancel(ctx)
-	driverDone := make(chan struct{})
-	go func() {
-		defer close(driverDone)
-		tick := time.NewTicker(20 * time.Millisecond)
-		defer tick.Stop()
-		for i := 0; ; i++ {
-			select {
-			case <-driverCtx.Done():
-				return
-			case <-tick.C:
-			}
-			patch := fmt.Appendf(nil, `{"data":{"v":"drive-%d"}}`, i)
-			if _, err := kube.CoreV1().ConfigMaps(ns).Patch(driverCtx, driven[i%len(driven)], types.MergePatchType, patch, metav1.PatchOptions{}); err == nil {
-				updates.Add(1)
-			}
-		}
-	}()
-	t.Cleanup(func() { stopDriver(); <-driverDone })
-
 	// The well-behaved client.
 	good := floodtest.NewClient(wellBehaved, 4)
 	t.Cleanup(good.CloseIdleConnections)
@@ -314,9 +309,39 @@ func TestFloodsAgainstTheAPIServer(t *testing.T) {
 	}
 	floodCfg := floodtest.Config{URL: base, Namespace: ns, Names: append(slices.Clone(driven), target), Token: token, Workers: floodWorkers, LocalIP: attacker}
 
-	// The initial list reconciled (about 400 GETs) has spent the
-	// client's burst: from here on the budget bounds every phase alike.
-	waitFor(t, 2*time.Minute, "the initial list reconciled", func() bool { return watchReconciles.Load() >= 208 })
+	// The initial list reconciled, all of it (its GETs spend the client's
+	// burst: from here on the budget bounds every phase alike), before
+	// the driver starts: list entries wait below the driver's watch
+	// events and would stay queued, and a trigger of an object nothing
+	// else triggers (own, pipe, paced) would join its entry for free
+	// rather than take a token of the trigger budget and read it.
+	q := ctrl.Queues()[0]
+	waitFor(t, 2*time.Minute, "the initial list reconciled", func() bool {
+		return watchReconciles.Load() >= int64(len(objects)) && q.Len() == 0
+	})
+	// The driver: about 50 updates a second, round-robin, for the whole
+	// test.
+	var updates atomic.Int64
+	driverCtx, stopDriver := context.WithCancel(ctx)
+	driverDone := make(chan struct{})
+	go func() {
+		defer close(driverDone)
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-driverCtx.Done():
+				return
+			case <-tick.C:
+			}
+			patch := fmt.Appendf(nil, `{"data":{"v":"drive-%d"}}`, i)
+			if _, err := kube.CoreV1().ConfigMaps(ns).Patch(driverCtx, driven[i%len(driven)], types.MergePatchType, patch, metav1.PatchOptions{}); err == nil {
+				updates.Add(1)
+			}
+		}
+	}()
+	t.Cleanup(func() { stopDriver(); <-driverDone })
+	waitFor(t, time.Minute, "the driver's changes queued", func() bool { return q.Len() >= 32 })
 	if code, body := send(driven[0], ""); code != http.StatusAccepted {
 		t.Fatalf("a first trigger: %d %s", code, body)
 	}
@@ -495,15 +520,16 @@ func TestFloodsAgainstTheAPIServer(t *testing.T) {
 		return resp.StatusCode, st.Message
 	}
 	next := 0
-	// crowdPhase runs flood for floodPhase beside the well-behaved
-	// client's triggers, each in its own goroutine (a slow answer delays
-	// no later one), and returns once the flood has stopped and its
-	// reviews are over: what the flood got, the reviews sent from its
-	// start, and the time until then.
-	crowdPhase := func(phase string, flood func(context.Context, floodtest.Config) floodtest.Result, cfg floodtest.Config) (floodtest.Result, floodtest.ReviewCounts, time.Duration) {
+	// crowdPhase runs flood for settle, then for floodPhase beside the
+	// well-behaved client's triggers, each in its own goroutine (a slow
+	// answer delays no later one), and returns once the flood has stopped
+	// and its reviews are over: what the flood got (settle included), the
+	// reviews sent from the phase's start, and the time until then.
+	crowdPhase := func(phase string, flood func(context.Context, floodtest.Config) floodtest.Result, cfg floodtest.Config, settle time.Duration) (floodtest.Result, floodtest.ReviewCounts, time.Duration) {
+		stop := startFlood(t, ctx, func(ctx context.Context) floodtest.Result { return flood(ctx, cfg) })
+		time.Sleep(settle)
 		r0, w0 := reviews.Counts(), watchReconciles.Load()
 		start := time.Now()
-		stop := startFlood(t, ctx, func(ctx context.Context) floodtest.Result { return flood(ctx, cfg) })
 		var wg sync.WaitGroup
 		codes, messages := make([]int, int(floodPhase/time.Second)), make([]string, int(floodPhase/time.Second))
 		for i := range codes {
@@ -541,11 +567,27 @@ func TestFloodsAgainstTheAPIServer(t *testing.T) {
 	crowdCfg := floodCfg
 	crowdCfg.Token, crowdCfg.LocalIP = "", ""
 
+	// Valid triggers from 4 identities, each paced at 2.5 a second, of
+	// objects no entry waits for: each needs a token of the trigger
+	// budget, the crowd twice its rate, each caller within half of it.
+	// The well-behaved client, asking for less than any of them, goes
+	// first. First of the crowd floods, so that its identities bring no
+	// history of the many-identities flood into the budget; it must have
+	// contended for the budget (some 429), or it tested nothing. Then
+	// the trigger budget's refill.
+	cfg := crowdCfg
+	cfg.Tokens, cfg.LocalIP, cfg.Names, cfg.Pace = crowdTokens[:pacedCallers], crowdFrom, paced, pacedRate
+	res, _, _ = crowdPhase("paced-crowd flood", floodtest.ManyIdentities, cfg, pacedSettle)
+	if res.Codes[http.StatusAccepted] == 0 || res.Codes[http.StatusTooManyRequests] == 0 {
+		t.Errorf("paced-crowd flood: the crowd got %v, want some 202s and some 429s (it asks for twice the trigger budget)", res.Codes)
+	}
+	time.Sleep(5 * time.Second) // the refill, a deliberate pause
+
 	// Valid triggers from 64 identities, one connection each; then the
 	// trigger budget's refill.
-	cfg := crowdCfg
+	cfg = crowdCfg
 	cfg.Tokens, cfg.LocalIP = crowdTokens, crowdFrom
-	crowdPhase("many-identities flood", floodtest.ManyIdentities, cfg)
+	crowdPhase("many-identities flood", floodtest.ManyIdentities, cfg, 0)
 	time.Sleep(5 * time.Second) // the refill, a deliberate pause
 
 	// Garbage tokens from 1,000 addresses, 64 goroutines: whatever the
@@ -553,7 +595,7 @@ func TestFloodsAgainstTheAPIServer(t *testing.T) {
 	// bounded by the global budget.
 	cfg = crowdCfg
 	cfg.LocalIPs = floodtest.Loopback(firstAddress, addresses)
-	_, rv, elapsed := crowdPhase("many-addresses garbage flood", floodtest.GarbageFromAddresses, cfg)
+	_, rv, elapsed := crowdPhase("many-addresses garbage flood", floodtest.GarbageFromAddresses, cfg, 0)
 	if bound := reviewBudgetBurst + int64(reviewBudgetPerSecond*elapsed.Seconds()); rv.Garbage > bound {
 		t.Errorf("the garbage flood from %d addresses cost %d TokenReviews of unknown tokens in %v (%.0f a second), want at most %d (the global budget: %d + %d a second)",
 			addresses, rv.Garbage, elapsed.Round(time.Millisecond), float64(rv.Garbage)/elapsed.Seconds(), bound, reviewBudgetBurst, reviewBudgetPerSecond)
@@ -565,7 +607,7 @@ func TestFloodsAgainstTheAPIServer(t *testing.T) {
 	// trigger budget's refill.
 	cfg = crowdCfg
 	cfg.Token, cfg.Workers, cfg.LocalIP = token, nameConns, namesFrom
-	_, rv, elapsed = crowdPhase("random-names flood", floodtest.RandomNames, cfg)
+	_, rv, elapsed = crowdPhase("random-names flood", floodtest.RandomNames, cfg, 0)
 	if bound := authzBudgetBurst + int64(authzBudgetPerSecond*elapsed.Seconds()) + int64(floodPhase/time.Second); rv.SubjectAccessReviews > bound {
 		t.Errorf("the random-names flood of one token cost %d SubjectAccessReviews in %v (%.0f a second), want at most %d (the caller's budget: %d + %d a second, and the well-behaved client's %d)",
 			rv.SubjectAccessReviews, elapsed.Round(time.Millisecond), float64(rv.SubjectAccessReviews)/elapsed.Seconds(), bound, authzBudgetBurst, authzBudgetPerSecond, int(floodPhase/time.Second))
@@ -576,7 +618,7 @@ func TestFloodsAgainstTheAPIServer(t *testing.T) {
 	// the client, with its valid token, is still served.
 	cfg = crowdCfg
 	cfg.LocalIP = wellBehaved
-	crowdPhase("neighbour flood", floodtest.GarbageTokens, cfg)
+	crowdPhase("neighbour flood", floodtest.GarbageTokens, cfg, 0)
 }
 
 // startFlood runs flood in a goroutine until stop is called (or the test

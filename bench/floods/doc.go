@@ -16,7 +16,7 @@
 // reconcile), so the queue always holds watch work. The floods trigger
 // those 198.
 //
-// A run has twelve phases of 8s each, in this order:
+// A run has thirteen phases of 8s each, in this order:
 //
 //   - idle: no flood;
 //   - valid: valid triggers (another ServiceAccount's token) from 64
@@ -26,6 +26,12 @@
 //     second (floodtest.SlowBodies);
 //   - garbage: a new garbage bearer token on every request from 64
 //     goroutines (floodtest.GarbageTokens);
+//   - paced: 4 of the identities below, one connection each, each paced
+//     at 2.5 valid triggers a second (floodtest.Config.Pace: together
+//     twice the trigger budget, each within half of it) of 100 ConfigMaps
+//     of their own, which nothing else triggers, so that each trigger
+//     needs a token of the budget; started 12s before the phase (longer
+//     than the budget's memory of a caller), then a refill;
 //   - the crowd floods of issue 33, at full rate: identities, valid
 //     triggers from 64 ServiceAccounts allowed to trigger, one connection
 //     each (floodtest.ManyIdentities), then a refill; addresses, garbage
@@ -74,7 +80,8 @@
 // SubjectAccessReviews the handler sent to the API server (counted by
 // floodtest.Reviews around its client); <phase>-cpu-cores, this process's
 // CPU time (getrusage) per second of the phase; and for a flood,
-// <phase>-flood-req/s, its requests answered per second, and
+// <phase>-flood-req/s, its requests answered per second (for paced, over
+// its settle too), and
 // <phase>-cpu-us/req, this process's CPU time above its idle phase's
 // rate per flood request answered (for the garbage floods, where every
 // request is refused, what a refusal costs: one core absorbs a million

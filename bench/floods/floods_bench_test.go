@@ -82,6 +82,16 @@ const (
 	// random-names flood.
 	addresses = 1000
 	nameConns = 128
+	// The paced crowd: pacedCallers of the crowd's ServiceAccounts, each
+	// pacing pacedRate triggers a second (floodtest.Config.Pace; together
+	// twice the trigger budget, each within half of it) of pacedObjects
+	// ConfigMaps nothing else triggers, so that each trigger needs a
+	// token of the budget; measured after settle, longer than the
+	// budget's memory of what a caller asked for.
+	pacedCallers = 4
+	pacedRate    = 2.5
+	pacedObjects = 100
+	settle       = 12 * time.Second
 	// workers is the controller's: enough that the budget, not the API
 	// server's latency on a busy machine, bounds the reconciles.
 	workers = 16
@@ -124,6 +134,7 @@ var env struct {
 	reviews *kubernetes.Clientset // the handler's TokenReviews and SubjectAccessReviews
 	driven  []string              // the driver's and the floods' ConfigMaps
 	own     []string              // the well-behaved client's
+	paced   []string              // the paced crowd's
 	token   string                // the flooder's
 	// pipelineToken is the well-behaved client's; crowdTokens, those of
 	// the many-identities flood.
@@ -170,7 +181,10 @@ func populate(ctx context.Context, c *testcluster.Cluster) error {
 	for i := range clientObjects {
 		env.own = append(env.own, fmt.Sprintf("client-%03d", i))
 	}
-	for _, name := range slices.Concat(env.driven, env.own) {
+	for i := range pacedObjects {
+		env.paced = append(env.paced, fmt.Sprintf("paced-%03d", i))
+	}
+	for _, name := range slices.Concat(env.driven, env.own, env.paced) {
 		if _, err := kube.CoreV1().ConfigMaps(namespace).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"v": "initial"}}, metav1.CreateOptions{}); err != nil {
 			return err
 		}
@@ -319,7 +333,7 @@ func start(b *testing.B, c *testcluster.Cluster) *endpoint {
 	// would stay queued, so that a trigger of one of the well-behaved
 	// client's objects would join its entry and read nothing.
 	e.await(b, "the initial list reconciled", func() bool {
-		return e.watched.Load() >= int64(driven+clientObjects) && q.Len() == 0 && ctrl.Check() == nil
+		return e.watched.Load() >= int64(driven+clientObjects+pacedObjects) && q.Len() == 0 && ctrl.Check() == nil
 	})
 	driver.Go(func() { e.drive(ctx) })
 	e.await(b, "the driver's changes queued", func() bool { return q.Len() >= 2*workers })
@@ -400,30 +414,38 @@ func send(ctx context.Context, hc *http.Client, url, name string) answer {
 // phase is one part of a run: the well-behaved client beside the flood
 // named flood (a key of floods; "": none, the idle phase), from the
 // addresses and with the tokens setup gives it and capped at capRate if
-// capped, then pause before the next phase.
+// capped, started settle before the phase, then pause before the next
+// phase.
 type phase struct {
 	name   string
 	flood  string
 	setup  func(*floodtest.Config)
 	capped bool
+	settle time.Duration
 	pause  time.Duration
 }
 
 // phases is the number of phases of a run, as runPhases lists them.
-const phases = 12
+const phases = 13
 
 // runPhases are a run's phases, in order: idle, the floods of issue 22,
-// the crowd floods of issue 33 at full rate, then capped.
+// the paced crowd, the crowd floods of issue 33 at full rate, then capped.
 func runPhases() []phase {
 	from := func(ip string) func(*floodtest.Config) { return func(c *floodtest.Config) { c.LocalIP = ip } }
 	identities := func(c *floodtest.Config) { c.Tokens, c.LocalIP = env.crowdTokens, crowdFrom }
 	many := func(c *floodtest.Config) { c.LocalIPs = floodtest.Loopback(firstAddress, addresses) }
 	names := func(c *floodtest.Config) { c.Workers, c.LocalIP = nameConns, namesFrom }
+	paced := func(c *floodtest.Config) {
+		c.Tokens, c.LocalIP, c.Names, c.Pace = env.crowdTokens[:pacedCallers], crowdFrom, env.paced, pacedRate
+	}
 	ps := []phase{
 		{name: "idle"},
 		{name: "valid", flood: "valid", setup: from(attacker), pause: refill},
 		{name: "slow", flood: "slow", setup: from(attacker)},
 		{name: "garbage", flood: "garbage", setup: from(attacker)},
+		// Before the 64 identities, so that its four bring no history of
+		// that flood into the trigger budget.
+		{name: "paced", flood: "identities", setup: paced, settle: settle, pause: refill},
 	}
 	for _, capped := range []bool{false, true} {
 		suffix := map[bool]string{true: "-capped"}[capped]
@@ -533,13 +555,15 @@ type tally struct {
 	latencies  []time.Duration // of the answered triggers
 	reconciles int64           // watch reconciles
 	elapsed    time.Duration
+	flooding   time.Duration          // the flood's, settle included
 	reviews    floodtest.ReviewCounts // sent from the phase's start to its end
 	cpu        time.Duration          // this process's (the operator's)
 	floodCPU   time.Duration          // the flood child's
-	flooded    int                    // the flood's requests answered
+	flooded    int                    // the flood's requests answered, settle included
 }
 
-// measure runs p: it starts the flood in a child process, sends perPhase
+// measure runs p: it starts the flood in a child process (settle before
+// the phase), sends perPhase
 // triggers from the well-behaved client, one every pace from the phase's
 // start, each to the next of its own ConfigMaps (*next counts them) and
 // each in its own goroutine, so that a slow answer delays no later
@@ -571,6 +595,8 @@ func measure(b *testing.B, ctx context.Context, e *endpoint, p phase, hc *http.C
 		})
 		defer stopFlood() // on a failure too
 	}
+	started := time.Now()
+	time.Sleep(p.settle)
 	begin, cpu0, r0 := time.Now(), cpuTime(), e.reviews.Counts()
 	w0, u0 := e.watched.Load(), e.updates.Load()
 	var (
@@ -613,6 +639,7 @@ func measure(b *testing.B, ctx context.Context, e *endpoint, p phase, hc *http.C
 	t.ok += ok
 	t.reconciles += reconciles
 	t.elapsed += elapsed
+	t.flooding += begin.Sub(started) + elapsed
 	t.reviews.TokenReviews += reviews.TokenReviews
 	t.reviews.Garbage += reviews.Garbage
 	t.reviews.SubjectAccessReviews += reviews.SubjectAccessReviews
@@ -686,9 +713,10 @@ func BenchmarkTriggerFloods(b *testing.B) {
 		b.ReportMetric(float64(t.reviews.SubjectAccessReviews)/secs, p.name+"-sars/s")
 		b.ReportMetric(t.cpu.Seconds()/secs, p.name+"-cpu-cores")
 		if p.flood != "" && t.flooded > 0 {
-			b.ReportMetric(float64(t.flooded)/secs, p.name+"-flood-req/s")
+			rate := float64(t.flooded) / t.flooding.Seconds() // settle included
+			b.ReportMetric(rate, p.name+"-flood-req/s")
 			if p.flood != "slow" { // its requests are connections that take seconds each
-				b.ReportMetric(1e6*(t.cpu.Seconds()-idleCPU*secs)/float64(t.flooded), p.name+"-cpu-us/req")
+				b.ReportMetric(1e6*(t.cpu.Seconds()-idleCPU*secs)/(rate*secs), p.name+"-cpu-us/req")
 			}
 		}
 	}

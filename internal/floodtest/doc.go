@@ -10,7 +10,8 @@
 // connections triggering random names no object has ([RandomNames]); and
 // the neighbour flood, [GarbageTokens] from the address a well-behaved
 // caller uses too (a NAT, a node). [Config.Rate] caps any of them but
-// SlowBodies at a total rate.
+// SlowBodies at a total rate, [Config.Pace] each of its goroutines (with
+// ManyIdentities, each caller) at a rate of its own: a paced crowd.
 //
 // The handler counts failed authentications by client address, so a flood
 // and the well-behaved client measured beside it must come from different

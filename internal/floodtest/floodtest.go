@@ -43,6 +43,11 @@ type Config struct {
 	// Rate caps a flood (not SlowBodies) at that many requests a second,
 	// all its goroutines together; zero means no cap.
 	Rate float64
+	// Pace caps each of a flood's goroutines (not SlowBodies') at that
+	// many requests a second, on its own: with ManyIdentities, each
+	// caller; zero means no cap. A goroutine still sends one request at
+	// a time, so an answer slower than 1/Pace slows it.
+	Pace float64
 }
 
 // Result counts what a flood saw: the answers by HTTP status code, and
@@ -168,16 +173,26 @@ type shot struct {
 }
 
 // flood POSTs the trigger next(w) returns from each goroutine w of n, one
-// request at a time each and at most cfg.Rate a second together, until
-// ctx ends.
+// request at a time each, at most cfg.Pace a second each and cfg.Rate a
+// second together, until ctx ends.
 func flood(ctx context.Context, cfg Config, n int, next func(w int) shot) Result {
-	wait := func(ctx context.Context) error { return ctx.Err() }
+	all := func(ctx context.Context) error { return ctx.Err() }
 	if cfg.Rate > 0 {
-		wait = flowcontrol.NewTokenBucketRateLimiter(float32(cfg.Rate), max(1, int(cfg.Rate/100))).Wait // a burst of 10ms
+		all = flowcontrol.NewTokenBucketRateLimiter(float32(cfg.Rate), max(1, int(cfg.Rate/100))).Wait // a burst of 10ms
 	}
 	var started atomic.Int64
 	return run(n, func(count func(int)) {
 		w := int(started.Add(1) - 1)
+		wait := all
+		if cfg.Pace > 0 {
+			own := flowcontrol.NewTokenBucketRateLimiter(float32(cfg.Pace), 1).Wait
+			wait = func(ctx context.Context) error {
+				if err := own(ctx); err != nil {
+					return err
+				}
+				return all(ctx)
+			}
+		}
 		for wait(ctx) == nil {
 			s := next(w)
 			req, err := http.NewRequestWithContext(ctx, http.MethodPost, cfg.URL+"/reconcile/"+cfg.Namespace+"/"+s.name, nil)

@@ -109,3 +109,20 @@ func TestRate(t *testing.T) {
 		t.Errorf("a flood capped at 200/s sent %d in %v, want 1 to %d", res.Answered(), time.Since(start), limit)
 	}
 }
+
+// TestPace counts what each caller of a paced crowd sends: at most its
+// pace times the time it ran, plus one, whatever the others send.
+func TestPace(t *testing.T) {
+	s, cfg := serve(t)
+	cfg.Tokens, cfg.Pace = []string{"t1", "t2", "t3"}, 20
+	start := time.Now()
+	res := short(cfg, ManyIdentities)
+	limit := int(20*time.Since(start).Seconds()) + 1
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, tok := range cfg.Tokens {
+		if n := s.tokens[tok]; n == 0 || n > limit {
+			t.Errorf("%s sent %d in %v paced at 20/s, want 1 to %d (answers %v)", tok, n, time.Since(start), limit, res.Codes)
+		}
+	}
+}
