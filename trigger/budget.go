@@ -3,88 +3,69 @@ package trigger
 // The trigger budget, and how its callers share it.
 
 import (
-	"cmp"
 	"context"
 	"math"
-	"slices"
 	"sync"
 	"time"
 )
 
-// budget is Intake's trigger budget (Config.Rate, Config.Burst), shared
-// among its callers smallest asker first:
+// budget is Intake's trigger budget, a token bucket (Config.Rate,
+// Config.Burst) whose tokens go first to the callers that ask least.
 //
-//   - Once a second the rate is divided among the callers that asked since
-//     the last division (the others keep their tokens), by what each asked for (tokens a second; a rise counts at once, a fall
-//     is smoothed over about demandTime). Callers are taken in bands of a
-//     factor of two, the lowest first: each gets its band's top while the
-//     rate lasts, the band where it runs out shares the rest equally, and
-//     the bands above get nothing.
-//   - A caller's part is a token bucket of that rate. A request takes a
-//     token of it (and overdraws the budget by one, so that the parts and
-//     the rest stay within the rate), else a token the parts left in the
-//     budget, else it is refused.
-//   - A caller new since the last division first takes one of the
-//     newcomers' tokens (Burst/4 a second), and its first part starts
-//     with a token: it is served before its demand is known. Beyond
-//     maxShares callers at once, the others take only what the parts left.
-//
-// So a caller asking for at most Rate / callers is always served in full,
-// and one asking for little goes before a crowd asking for more, however
-// many, paced or not.
+// Each caller has a demand: the tokens it asked for a second lately,
+// refused or not, plus those it took (each over about demandTime). To
+// take a token, a caller needs the bucket to hold more the more it
+// demands: one token when it asked for nothing lately, half the burst
+// when it demands twice the rate, nearly all of it when far more. So a greedy caller, or a
+// crowd of them, takes only what the others leave; a caller asking for
+// less than they do is served first, however many they are and however
+// they pace themselves; and of callers asking alike, the one that took
+// less goes first. A new caller counts as demanding the rate. A caller
+// alone takes about half the burst at once, then the rate. The consumer
+// (wait) takes any token.
 type budget struct {
-	mu       sync.Mutex
-	all      bucket            // the budget; it may go down to -burst
-	of       map[string]*share // the callers'
-	divided  time.Time         // when the rate was last divided
-	newcomer float64           // tokens left for newcomers until the next division
+	mu      sync.Mutex
+	tokens  float64
+	rate    float64 // tokens a second
+	burst   float64
+	last    time.Time // when tokens was last filled
+	callers map[string]*demand
+	swept   time.Time // when callers was last swept of the forgotten
 }
 
-// share is a caller's part of the budget (its rate set by the last
-// division) and what it asked for.
-type share struct {
-	part   bucket
-	asked  float64 // tokens asked for since the last division
-	demand float64 // tokens asked for a second
-	fresh  bool    // not divided for yet
-}
-
-// bucket is a token bucket: tokens as of last, rate a second, at most
-// burst.
-type bucket struct {
-	tokens, rate, burst float64
-	last                time.Time
-}
-
-// fill adds what b's rate gave since last.
-func (b *bucket) fill(now time.Time) {
-	b.tokens = min(b.burst, b.tokens+now.Sub(b.last).Seconds()*b.rate)
-	b.last = now
+// demand is what a caller asked for and took: rate tokens a second as of
+// last.
+type demand struct {
+	rate float64
+	last time.Time
 }
 
 const (
-	maxShares  = 1024            // callers known at once
-	demandTime = 5 * time.Second // how long what a caller asked for counts
-	forgotten  = 1.0 / 256       // a demand below it: the caller is forgotten
+	maxCallers = 1024            // callers remembered at once
+	demandTime = 5 * time.Second // how long an ask counts in a demand (its weight falls by e in that time)
+	forgotten  = 1.0 / 256       // a demand below it is forgotten
 )
 
 func newBudget(rate float64, burst int) *budget {
 	now := time.Now()
-	b := float64(burst)
-	return &budget{all: bucket{tokens: b, rate: rate, burst: b, last: now}, of: map[string]*share{}, divided: now, newcomer: max(1, b/4)}
+	return &budget{tokens: float64(burst), rate: rate, burst: float64(burst), last: now, callers: map[string]*demand{}, swept: now}
 }
 
 // take takes a token for caller, reporting whether there was one.
 func (b *budget) take(caller string) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.try(caller, true) == 0
+	d := b.callers[caller]
+	if d == nil {
+		d = b.newcomer(caller, time.Now())
+	}
+	return b.try(d) == 0
 }
 
-// wait takes a token for caller, waiting for one until ctx ends.
-func (b *budget) wait(ctx context.Context, caller string) error {
+// wait takes a token, waiting for one until ctx ends.
+func (b *budget) wait(ctx context.Context) error {
 	b.mu.Lock()
-	d := b.try(caller, true)
+	d := b.try(nil)
 	for d > 0 {
 		b.mu.Unlock()
 		t := time.NewTimer(d)
@@ -95,90 +76,54 @@ func (b *budget) wait(ctx context.Context, caller string) error {
 		case <-t.C:
 		}
 		b.mu.Lock()
-		d = b.try(caller, false)
+		d = b.try(nil)
 	}
 	b.mu.Unlock()
 	return nil
 }
 
-// try takes a token for caller (counted as asked for when ask), or says
-// how long until the budget has one. b.mu is held.
-func (b *budget) try(caller string, ask bool) time.Duration {
+// try takes a token for a caller of demand d (nil: any token will do),
+// or says how long until the bucket holds what it needs. b.mu is held.
+func (b *budget) try(d *demand) time.Duration {
 	now := time.Now()
-	if now.Sub(b.divided) >= time.Second {
-		b.divide(now)
+	b.tokens = min(b.burst, b.tokens+now.Sub(b.last).Seconds()*b.rate)
+	b.last = now
+	need := 1.0
+	if d != nil {
+		d.rate *= math.Exp(-now.Sub(d.last).Seconds() / demandTime.Seconds())
+		d.last = now
+		need += (b.burst - 1) * d.rate / (d.rate + 2*b.rate)
+		d.rate += 1 / demandTime.Seconds() // the ask
 	}
-	b.all.fill(now)
-	sh := b.of[caller]
-	if sh == nil && len(b.of) < maxShares {
-		sh = &share{part: bucket{last: now}, fresh: true}
-		if b.newcomer >= 1 {
-			b.newcomer--
-			sh.part.tokens, sh.part.burst = 1, 1
-		}
-		b.of[caller] = sh
+	if b.tokens < need {
+		return time.Duration(math.Ceil((need - b.tokens) / b.rate * float64(time.Second)))
 	}
-	if sh == nil { // one caller too many: what the parts left
-		sh = &share{}
-	}
-	if ask {
-		sh.asked++
-	}
-	sh.part.fill(now)
-	switch {
-	case sh.part.tokens >= 1:
-		sh.part.tokens--
-		b.all.tokens = max(-b.all.burst, b.all.tokens-1)
-	case b.all.tokens >= 1:
-		b.all.tokens--
-	default: // a token of the budget, or the next division, whichever first
-		return min(time.Second, time.Duration(math.Ceil((1-b.all.tokens)/b.all.rate*float64(time.Second))))
+	b.tokens--
+	if d != nil {
+		d.rate += 1 / demandTime.Seconds() // the token taken
 	}
 	return 0
 }
 
-// divide sets each caller's part of the rate from what it asked for,
-// smallest asker first (see budget), and forgets callers that ask for
-// nothing any longer.
-func (b *budget) divide(now time.Time) {
-	elapsed := now.Sub(b.divided).Seconds()
-	kept := math.Exp(-elapsed / demandTime.Seconds())
-	b.divided, b.newcomer = now, max(1, b.all.burst/4)
-	var callers []*share
-	for c, sh := range b.of {
-		asked := sh.asked / elapsed
-		sh.demand, sh.asked = max(asked, kept*sh.demand+(1-kept)*asked), 0
-		switch {
-		case sh.demand < forgotten:
-			delete(b.of, c)
-		case asked == 0: // silent: it keeps its tokens, and gets no rate
-			sh.part.fill(now)
-			sh.part.rate = 0
-		default:
-			callers = append(callers, sh)
-		}
-	}
-	slices.SortFunc(callers, func(x, y *share) int { return cmp.Compare(x.demand, y.demand) })
-	left := b.all.rate
-	for len(callers) > 0 {
-		top := bandTop(callers[0].demand)
-		n := 1
-		for n < len(callers) && bandTop(callers[n].demand) == top {
-			n++
-		}
-		each := min(top, left/float64(n))
-		for _, sh := range callers[:n] {
-			sh.part.fill(now)
-			sh.part.rate, sh.part.burst = each, max(1, b.all.burst*each/b.all.rate)
-			if sh.fresh && each > 0 {
-				sh.part.tokens, sh.fresh = max(sh.part.tokens, 1), false
+// newcomer remembers caller, as demanding the rate until it shows less
+// (a crowd of newcomers cannot empty the bucket before a known caller
+// asking little), if there is room for one more (after forgetting the
+// faded, at most once every demandTime); else its demand is endless: it
+// takes only from a full bucket.
+func (b *budget) newcomer(caller string, now time.Time) *demand {
+	if len(b.callers) >= maxCallers && now.Sub(b.swept) >= demandTime {
+		b.swept = now
+		for c, d := range b.callers {
+			if d.rate*math.Exp(-now.Sub(d.last).Seconds()/demandTime.Seconds()) < forgotten {
+				delete(b.callers, c)
 			}
 		}
-		left -= each * float64(n)
-		callers = callers[n:]
 	}
+	d := &demand{rate: b.rate, last: now}
+	if len(b.callers) >= maxCallers {
+		d.rate = math.Inf(1)
+	} else {
+		b.callers[caller] = d
+	}
+	return d
 }
-
-// bandTop is the top of the band of a demand d: the power of two above
-// it.
-func bandTop(d float64) float64 { return math.Exp2(math.Floor(math.Log2(d)) + 1) }

@@ -290,19 +290,15 @@ func (t *Trigger[T]) pay(ctx context.Context, caller string, opts IntakeOptions)
 	case t.budget == nil:
 		return nil
 	case opts.wait:
-		if err := t.budget.wait(ctx, consumerCaller); err != nil {
+		if err := t.budget.wait(ctx); err != nil {
 			return fmt.Errorf("trigger: %w: waiting for a token of the trigger budget: %v", ErrBusy, err)
 		}
 		return nil
 	case t.budget.take(caller):
 		return nil
 	}
-	return fmt.Errorf("trigger: %w: the trigger budget (%v a second, %v at once) is spent, for this caller: callers asking for less go first", ErrBusy, t.budget.all.rate, t.budget.all.burst)
+	return fmt.Errorf("trigger: %w: the trigger budget (%v a second, %v at once) is spent, for this caller: callers asking for less go first", ErrBusy, t.budget.rate, t.budget.burst)
 }
-
-// consumerCaller is the consumer's name among the callers of the budget
-// (no user's).
-const consumerCaller = "\x00consumer"
 
 // holds reports whether this replica works on any shard now (a
 // consumer pauses while it works on none).
