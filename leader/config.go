@@ -203,7 +203,8 @@ func DefaultIdentity() (string, error) {
 }
 
 // wholeSeconds is d rounded up to whole seconds, as a Lease stores its
-// duration.
+// duration: the promise written to a Lease is never shorter than the one
+// its holder keeps.
 func wholeSeconds(d time.Duration) int32 {
 	return int32((d + time.Second - 1) / time.Second)
 }

@@ -249,7 +249,7 @@ func (e *Elector) renew(ctx context.Context, deadline time.Time, cur *coordinati
 	for attempt := 0; ; attempt++ {
 		sent := time.Now()
 		l := cur.DeepCopy()
-		now, secs := metav1.NewMicroTime(sent), e.leaseSeconds()
+		now, secs := metav1.NewMicroTime(sent), wholeSeconds(e.cfg.LeaseDuration)
 		l.Spec.RenewTime, l.Spec.LeaseDurationSeconds = &now, &secs
 		publish(l, e.publishing()) // the current set, changed or not
 		got, err := e.leases.Update(ctx, l, metav1.UpdateOptions{})
