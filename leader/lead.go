@@ -24,7 +24,8 @@ type renewResult struct {
 }
 
 // termEnd is how a term's loop ended: why, and what the end of the term
-// still has to deal with.
+// still has to deal with. At most one of lost, workReturned and yielded
+// is set; none when Run's context ended.
 type termEnd struct {
 	lease        *coordinationv1.Lease // as this term last wrote it
 	renewing     chan renewResult      // a renew still in flight, or nil
@@ -202,7 +203,7 @@ func (e *Elector) finishTerm(ctx context.Context, term Term, end termEnd, log *s
 		return ctx.Err() != nil, nil
 	}
 	e.release(ctx, end.lease, log)
-	if end.yielded && !end.workReturned {
+	if end.yielded { // the work ended because the term did: campaign again
 		return ctx.Err() != nil, nil
 	}
 	if end.workErr != nil {
