@@ -212,12 +212,13 @@ func (e *Elector) finishTerm(ctx context.Context, term Term, end termEnd, log *s
 	return true, nil
 }
 
-// awaitWork waits for the term's work to return. Past LeaseDuration -
-// ClockSkew after the last renew, another replica may acquire the Lease:
+// awaitWork waits for the term's work to return. Past WorkDeadline
+// (LeaseDuration - ClockSkew after the last renew), another replica may
+// acquire the Lease:
 // that is reported loudly, and the wait goes on, because campaigning again
 // while the old work runs could make this replica run two terms at once.
 func (e *Elector) awaitWork(done <-chan error, log *slog.Logger) {
-	bound := e.lastRenew.Add(e.cfg.LeaseDuration - e.cfg.ClockSkew)
+	bound := e.WorkDeadline()
 	var err error
 	select {
 	case err = <-done: // returned already: no overrun, even past the bound
