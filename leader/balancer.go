@@ -206,12 +206,10 @@ func (b *Balancer) round(ctx context.Context) {
 	rctx, cancel := context.WithTimeout(ctx, b.cfg.RetryPeriod)
 	defer cancel()
 	n, own, err := b.count(rctx)
-	if err == nil {
-		if err = b.renew(rctx, own); err != nil {
-			err = fmt.Errorf("leader: renewing the member lease: %w", err)
-		}
-	} else {
+	if err != nil {
 		err = fmt.Errorf("leader: counting the group's members: %w", err)
+	} else if err = b.renew(rctx, own); err != nil {
+		err = fmt.Errorf("leader: renewing the member lease: %w", err)
 	}
 	b.mu.Lock()
 	b.lastErr = err
@@ -231,9 +229,9 @@ func (b *Balancer) round(ctx context.Context) {
 		b.log.Info("members counted", "members", n, "share", b.Share())
 	}
 	if held, share := b.Held(), b.Share(); held > share {
-		for i := len(es) - 1; i >= 0; i-- {
-			if es[i].Yield() {
-				b.log.Info("yielding a shard", "lease", es[i].cfg.Name, "held", held, "share", share)
+		for _, e := range slices.Backward(es) {
+			if e.Yield() {
+				b.log.Info("yielding a shard", "lease", e.cfg.Name, "held", held, "share", share)
 				return
 			}
 		}
