@@ -72,8 +72,8 @@ type Balancer struct {
 	// admitted holds when Admit last said yes, for acquisitions that
 	// may not show in Held yet (a RetryPeriod/2 covers one Lease write).
 	admitted []time.Time
-	// seen: per member Lease, its resourceVersion and when it was last
-	// seen to change (Run's goroutine only).
+	// seen: per member Lease the last count listed, its resourceVersion
+	// and when it was last seen to change (Run's goroutine only).
 	seen map[string]memberSeen
 }
 
@@ -106,7 +106,7 @@ func NewBalancer(cfg BalancerConfig) (*Balancer, error) {
 	name := fmt.Sprintf("%s-member-%016x", cfg.Group, h.Sum64())
 	log := cmp.Or(cfg.Logger, slog.Default())
 	return &Balancer{cfg: cfg, leases: cfg.Client.CoordinationV1().Leases(cfg.Namespace), name: name,
-		log: log.With("group", cfg.Group, "identity", cfg.Identity), seen: map[string]memberSeen{}}, nil
+		log: log.With("group", cfg.Group, "identity", cfg.Identity)}, nil
 }
 
 // Add registers electors of this replica's shards, before Run.
@@ -206,12 +206,10 @@ func (b *Balancer) round(ctx context.Context) {
 	rctx, cancel := context.WithTimeout(ctx, b.cfg.RetryPeriod)
 	defer cancel()
 	n, own, err := b.count(rctx)
-	if err == nil {
-		if err = b.renew(rctx, own); err != nil {
-			err = fmt.Errorf("leader: renewing the member lease: %w", err)
-		}
-	} else {
+	if err != nil {
 		err = fmt.Errorf("leader: counting the group's members: %w", err)
+	} else if err = b.renew(rctx, own); err != nil {
+		err = fmt.Errorf("leader: renewing the member lease: %w", err)
 	}
 	b.mu.Lock()
 	b.lastErr = err
@@ -231,9 +229,9 @@ func (b *Balancer) round(ctx context.Context) {
 		b.log.Info("members counted", "members", n, "share", b.Share())
 	}
 	if held, share := b.Held(), b.Share(); held > share {
-		for i := len(es) - 1; i >= 0; i-- {
-			if es[i].Yield() {
-				b.log.Info("yielding a shard", "lease", es[i].cfg.Name, "held", held, "share", share)
+		for _, e := range slices.Backward(es) {
+			if e.Yield() {
+				b.log.Info("yielding a shard", "lease", e.cfg.Name, "held", held, "share", share)
 				return
 			}
 		}
@@ -274,9 +272,8 @@ func (b *Balancer) count(ctx context.Context) (int, *coordinationv1.Lease, error
 	}
 	now, live := time.Now(), 1 // this replica
 	var own *coordinationv1.Lease
-	present := map[string]bool{}
+	seen := map[string]memberSeen{} // of the members listed now: the others are gone
 	for i, l := range list.Items {
-		present[l.Name] = true
 		if l.Name == b.name {
 			own = &list.Items[i]
 			continue
@@ -284,8 +281,8 @@ func (b *Balancer) count(ctx context.Context) (int, *coordinationv1.Lease, error
 		s, ok := b.seen[l.Name]
 		if !ok || s.rv != l.ResourceVersion {
 			s = memberSeen{rv: l.ResourceVersion, changed: now}
-			b.seen[l.Name] = s
 		}
+		seen[l.Name] = s
 		ttl := b.cfg.LeaseDuration
 		if l.Spec.LeaseDurationSeconds != nil {
 			ttl = max(ttl, time.Duration(*l.Spec.LeaseDurationSeconds)*time.Second)
@@ -294,17 +291,12 @@ func (b *Balancer) count(ctx context.Context) (int, *coordinationv1.Lease, error
 		case age < ttl:
 			live++
 		case age > 4*ttl:
-			rv := l.ResourceVersion
-			err := b.leases.Delete(ctx, l.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &rv}})
+			err := b.leases.Delete(ctx, l.Name, *metav1.NewRVDeletionPrecondition(l.ResourceVersion))
 			if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 				b.log.Debug("deleting a dead member lease", "lease", l.Name, "err", err)
 			}
 		}
 	}
-	for name := range b.seen {
-		if !present[name] {
-			delete(b.seen, name)
-		}
-	}
+	b.seen = seen
 	return live, own, nil
 }

@@ -266,12 +266,10 @@ func (e *Elector) acquire(ctx context.Context, observed *coordinationv1.Lease) (
 	var n int32
 	if observed != nil {
 		l = observed.DeepCopy()
-		if observed.Spec.LeaseTransitions != nil {
-			n = *observed.Spec.LeaseTransitions + 1
-		}
+		n = transitions(observed) + 1
 	}
 	sent := time.Now()
-	now, id, secs := metav1.NewMicroTime(sent), e.cfg.Identity, e.leaseSeconds()
+	now, id, secs := metav1.NewMicroTime(sent), e.cfg.Identity, wholeSeconds(e.cfg.LeaseDuration)
 	l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds, l.Spec.LeaseTransitions = &id, &secs, &n
 	l.Spec.AcquireTime, l.Spec.RenewTime = &now, &now
 	publish(l, e.publishing())

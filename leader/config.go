@@ -173,12 +173,11 @@ func (cfg Config) withDefaults() (Config, error) {
 		return invalid("negative duration")
 	case cfg.LeaseDuration < time.Second:
 		return invalid("LeaseDuration %s is less than 1s (the Lease stores whole seconds)", cfg.LeaseDuration)
-	case cfg.RenewDeadline >= cfg.LeaseDuration:
-		return invalid("RenewDeadline %s must be less than LeaseDuration %s", cfg.RenewDeadline, cfg.LeaseDuration)
 	case cfg.RetryPeriod >= cfg.RenewDeadline:
 		return invalid("RetryPeriod %s must be less than RenewDeadline %s", cfg.RetryPeriod, cfg.RenewDeadline)
 	case cfg.RenewDeadline+cfg.ClockSkew >= cfg.LeaseDuration:
-		return invalid("ClockSkew %s too large: RenewDeadline %s + ClockSkew must be less than LeaseDuration %s", cfg.ClockSkew, cfg.RenewDeadline, cfg.LeaseDuration)
+		// ClockSkew is positive here: this also keeps RenewDeadline below LeaseDuration.
+		return invalid("RenewDeadline %s + ClockSkew %s must be less than LeaseDuration %s", cfg.RenewDeadline, cfg.ClockSkew, cfg.LeaseDuration)
 	}
 	if cfg.Identity == "" {
 		id, err := DefaultIdentity()
@@ -204,7 +203,8 @@ func DefaultIdentity() (string, error) {
 }
 
 // wholeSeconds is d rounded up to whole seconds, as a Lease stores its
-// duration.
+// duration: the promise written to a Lease is never shorter than the one
+// its holder keeps.
 func wholeSeconds(d time.Duration) int32 {
 	return int32((d + time.Second - 1) / time.Second)
 }

@@ -218,10 +218,6 @@ func (e *Elector) locked(f func()) {
 	f()
 }
 
-// leaseSeconds is LeaseDuration rounded up to whole seconds, so that the
-// promise written to the Lease is never shorter than the one we keep.
-func (e *Elector) leaseSeconds() int32 { return wholeSeconds(e.cfg.LeaseDuration) }
-
 // pollPeriod is RetryPeriod shortened by up to a fifth at random (opkit's
 // one backoff helper), so that followers started together do not poll
 // together.

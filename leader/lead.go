@@ -24,7 +24,8 @@ type renewResult struct {
 }
 
 // termEnd is how a term's loop ended: why, and what the end of the term
-// still has to deal with.
+// still has to deal with. At most one of lost, workReturned and yielded
+// is set; none when Run's context ended.
 type termEnd struct {
 	lease        *coordinationv1.Lease // as this term last wrote it
 	renewing     chan renewResult      // a renew still in flight, or nil
@@ -202,7 +203,7 @@ func (e *Elector) finishTerm(ctx context.Context, term Term, end termEnd, log *s
 		return ctx.Err() != nil, nil
 	}
 	e.release(ctx, end.lease, log)
-	if end.yielded && !end.workReturned {
+	if end.yielded { // the work ended because the term did: campaign again
 		return ctx.Err() != nil, nil
 	}
 	if end.workErr != nil {
@@ -211,12 +212,13 @@ func (e *Elector) finishTerm(ctx context.Context, term Term, end termEnd, log *s
 	return true, nil
 }
 
-// awaitWork waits for the term's work to return. Past LeaseDuration -
-// ClockSkew after the last renew, another replica may acquire the Lease:
+// awaitWork waits for the term's work to return. Past WorkDeadline
+// (LeaseDuration - ClockSkew after the last renew), another replica may
+// acquire the Lease:
 // that is reported loudly, and the wait goes on, because campaigning again
 // while the old work runs could make this replica run two terms at once.
 func (e *Elector) awaitWork(done <-chan error, log *slog.Logger) {
-	bound := e.lastRenew.Add(e.cfg.LeaseDuration - e.cfg.ClockSkew)
+	bound := e.WorkDeadline()
 	var err error
 	select {
 	case err = <-done: // returned already: no overrun, even past the bound
@@ -249,7 +251,7 @@ func (e *Elector) renew(ctx context.Context, deadline time.Time, cur *coordinati
 	for attempt := 0; ; attempt++ {
 		sent := time.Now()
 		l := cur.DeepCopy()
-		now, secs := metav1.NewMicroTime(sent), e.leaseSeconds()
+		now, secs := metav1.NewMicroTime(sent), wholeSeconds(e.cfg.LeaseDuration)
 		l.Spec.RenewTime, l.Spec.LeaseDurationSeconds = &now, &secs
 		publish(l, e.publishing()) // the current set, changed or not
 		got, err := e.leases.Update(ctx, l, metav1.UpdateOptions{})
