@@ -149,7 +149,7 @@ type Environment struct {
 	mu         sync.Mutex // guards everything below
 	etcd       *process
 	apiservers []*apiServer
-	kcm        *controllerManager // nil without Options.ControllerManager
+	kcm        *process // nil without Options.ControllerManager
 	stopped    bool
 }
 
@@ -417,9 +417,8 @@ func (e *Environment) Stop() error {
 	defer unregister(e)
 	// The data is thrown away: no need for a graceful shutdown. The
 	// controller-manager, a client of the API servers, goes first.
-	if e.kcm != nil && e.kcm.proc != nil {
-		e.kcm.proc.stop(syscall.SIGKILL, 0)
-		e.kcm.proc = nil
+	if e.kcm != nil {
+		e.kcm.stop(syscall.SIGKILL, 0)
 	}
 	for _, s := range e.apiservers {
 		if s.proc != nil {

@@ -12,10 +12,10 @@ import (
 	"time"
 )
 
-// process is one running etcd or kube-apiserver. Its waiter goroutine (started
-// by startProcess, owned by the process) closes done when the process exits.
+// process is one running etcd, kube-apiserver or kube-controller-manager.
+// Its waiter goroutine (started by startProcess, owned by the process)
+// closes done when the process exits.
 type process struct {
-	name    string
 	cmd     *exec.Cmd
 	logPath string
 	done    chan struct{}
@@ -47,7 +47,7 @@ func startProcess(name, bin, logPath string, args []string) (*process, error) {
 		logFile.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
-	p := &process{name: name, cmd: cmd, logPath: logPath, done: make(chan struct{})}
+	p := &process{cmd: cmd, logPath: logPath, done: make(chan struct{})}
 	go func() {
 		p.err = cmd.Wait()
 		logFile.Close()
