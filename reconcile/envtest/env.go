@@ -206,7 +206,7 @@ func newOnce(ctx context.Context, opts Options, bins Binaries, crds []*unstructu
 	e := &Environment{opts: opts, bins: bins, dir: dir}
 	// Registered from the start, so that Main's signal handler also stops
 	// an environment that is still starting.
-	register(e)
+	live.Store(e, nil)
 	defer func() {
 		if err != nil {
 			_ = e.Stop()
@@ -412,9 +412,9 @@ func (e *Environment) Stop() error {
 		return nil
 	}
 	e.stopped = true
-	// Unregistered only when done, so that a Stop from Main's signal
+	// Removed from live only when done, so that a Stop from Main's signal
 	// handler waits for one in progress (on e.mu) before the process exits.
-	defer unregister(e)
+	defer live.Delete(e)
 	// The data is thrown away: no need for a graceful shutdown. The
 	// controller-manager, a client of the API servers, goes first.
 	if e.kcm != nil {

@@ -21,39 +21,9 @@ import (
 	"k8s.io/client-go/rest"
 )
 
-// live holds every environment New started and Stop has not stopped yet, so that
-// Main's signal handler can stop them all.
-var live struct {
-	mu   sync.Mutex
-	envs map[*Environment]struct{}
-}
-
-func register(e *Environment) {
-	live.mu.Lock()
-	defer live.mu.Unlock()
-	if live.envs == nil {
-		live.envs = make(map[*Environment]struct{})
-	}
-	live.envs[e] = struct{}{}
-}
-
-func unregister(e *Environment) {
-	live.mu.Lock()
-	defer live.mu.Unlock()
-	delete(live.envs, e)
-}
-
-func stopAll() {
-	live.mu.Lock()
-	es := make([]*Environment, 0, len(live.envs))
-	for e := range live.envs {
-		es = append(es, e)
-	}
-	live.mu.Unlock()
-	for _, e := range es {
-		_ = e.Stop()
-	}
-}
+// live holds, as keys, every *Environment New started and Stop has not
+// stopped yet, so that Main's signal handler can stop them all.
+var live sync.Map
 
 // shared is the one environment of a test binary, started by the first
 // Shared call and stopped by Main. Together with live, the package's only
@@ -103,10 +73,14 @@ func runMain(m *testing.M, opts Options) int {
 		select {
 		case s := <-sigs:
 			fmt.Fprintf(os.Stderr, "envtest: %v: stopping every control plane of this test binary\n", s)
-			// stopAll first: it does not wait for the shared environment's
-			// lock, which Shared holds while that environment starts (up
-			// to ReadyTimeout per attempt), and it stops a starting one.
-			stopAll()
+			// Every environment first: this does not wait for the shared
+			// environment's lock, which Shared holds while that
+			// environment starts (up to ReadyTimeout per attempt), and it
+			// stops a starting one.
+			live.Range(func(e, _ any) bool {
+				_ = e.(*Environment).Stop() // deletes e from live, as Range allows
+				return true
+			})
 			stopShared(false)
 			os.Exit(1)
 		case <-done:
