@@ -2,7 +2,6 @@ package envtest
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -36,35 +35,27 @@ func Run(t testing.TB, r Runner) {
 	ready := readiness(r)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	var (
-		mu       sync.Mutex
-		finished bool // the test is done with r: the goroutine reports nothing
-		reported bool // the goroutine reported an early return
-	)
+	// early says that r.Run returned before the cleanup cancelled ctx, and
+	// that the goroutine reported it. It is written before the send on done
+	// and read after the receive. Once ctx is cancelled the goroutine
+	// reports nothing: the test may be over.
+	var early bool
 	go func() { // owned by Run; the cleanup waits for it
 		err := r.Run(ctx)
-		mu.Lock()
-		if !finished && ctx.Err() == nil {
-			reported = true
+		if ctx.Err() == nil {
+			early = true
 			t.Errorf("envtest: %T.Run returned before the test ended: %v", r, err)
 		}
-		mu.Unlock()
 		done <- err
 	}()
 	t.Cleanup(func() {
 		cancel()
 		select {
 		case err := <-done:
-			mu.Lock()
-			finished = true
-			mu.Unlock()
-			if err != nil && !reported {
+			if err != nil && !early {
 				t.Errorf("envtest: %T.Run: %v", r, err)
 			}
 		case <-time.After(Timeout):
-			mu.Lock()
-			finished = true
-			mu.Unlock()
 			t.Errorf("envtest: %T.Run did not return within %v of its context's end", r, Timeout)
 		}
 	})
