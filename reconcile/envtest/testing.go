@@ -105,9 +105,7 @@ func stopShared(showLogs bool) {
 		return
 	}
 	if showLogs {
-		for _, l := range shared.e.logTails(20) {
-			fmt.Fprintf(os.Stderr, "--- tail of shared %s log:\n%s\n", l.of, l.tail)
-		}
+		fmt.Fprint(os.Stderr, "envtest: the shared control plane's logs:\n", shared.e.logTails(20))
 	}
 	if err := shared.e.Stop(); err != nil {
 		fmt.Fprintf(os.Stderr, "envtest: stop shared control plane: %v\n", err)
@@ -169,9 +167,7 @@ func Start(t testing.TB, opts Options) *Environment {
 	t.Logf("envtest: control plane ready in %v (%s)", e.StartupDuration().Round(time.Millisecond), e.Dir())
 	t.Cleanup(func() {
 		if t.Failed() {
-			for _, l := range e.logTails(20) {
-				t.Logf("tail of %s log:\n%s", l.of, l.tail)
-			}
+			t.Log(e.logTails(20))
 		}
 		if err := e.Stop(); err != nil {
 			t.Errorf("envtest: %v", err)
@@ -188,21 +184,18 @@ func testDeadline(t testing.TB) (time.Time, bool) {
 	return time.Time{}, false
 }
 
-// logTail is the end of one process's log.
-type logTail struct{ of, tail string }
-
 // logTails returns the last n lines of the log of every API server, of etcd
-// and of the controller-manager, if any.
-func (e *Environment) logTails(n int) []logTail {
-	var tails []logTail
+// and of the controller-manager, if any, each under a heading.
+func (e *Environment) logTails(n int) string {
+	var b strings.Builder
 	for i := range e.APIServers() {
-		tails = append(tails, logTail{fmt.Sprintf("kube-apiserver %d", i), e.LogTail(i, n)})
+		fmt.Fprintf(&b, "--- tail of kube-apiserver %d log:\n%s\n", i, e.LogTail(i, n))
 	}
-	tails = append(tails, logTail{"etcd", e.LogTail(-1, n)})
+	fmt.Fprintf(&b, "--- tail of etcd log:\n%s\n", e.LogTail(-1, n))
 	if e.HasControllerManager() {
-		tails = append(tails, logTail{"kube-controller-manager", e.ControllerManagerLogTail(n)})
+		fmt.Fprintf(&b, "--- tail of kube-controller-manager log:\n%s\n", e.ControllerManagerLogTail(n))
 	}
-	return tails
+	return b.String()
 }
 
 // firstRunning returns the index of the first running API server, or 0.
