@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/dynamic"
 )
@@ -144,58 +145,59 @@ func (e *Environment) InstallCRDs(ctx context.Context, crds ...*unstructured.Uns
 	if len(servers) == 0 {
 		return errors.New("envtest: install CRDs: no API server is running")
 	}
-	d, err := e.unthrottled(servers[0])
-	if err != nil {
-		return err
+	clients := make([]*dynamic.DynamicClient, len(servers))
+	for j, i := range servers {
+		var err error
+		if clients[j], err = e.unthrottled(i); err != nil {
+			return err
+		}
 	}
 	for _, crd := range crds {
-		if _, err := d.Resource(crdResource).Apply(ctx, crd.GetName(), crd,
+		if _, err := clients[0].Resource(crdResource).Apply(ctx, crd.GetName(), crd,
 			metav1.ApplyOptions{FieldManager: "opkit-envtest", Force: true}); err != nil {
 			return fmt.Errorf("envtest: install CRD %s: %w", crd.GetName(), err)
 		}
 	}
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
 	for _, crd := range crds {
-		name := crd.GetName()
-		var last string
-		for {
-			got, err := d.Resource(crdResource).Get(ctx, name, metav1.GetOptions{})
-			if err == nil && condition(got, "Established") == "True" {
-				break
-			}
-			if err != nil {
-				last = err.Error()
-			} else {
-				last = "conditions " + conditions(got)
-			}
-			select {
-			case <-ctx.Done():
-				return fmt.Errorf("envtest: CRD %s not established: %w (last saw %s)", name, ctx.Err(), last)
-			case <-tick.C:
-			}
-		}
-		for _, gvr := range served(crd) {
-			for _, i := range servers {
-				si, err := e.unthrottled(i)
-				if err != nil {
-					return err
-				}
-				for {
-					_, err := si.Resource(gvr).List(ctx, metav1.ListOptions{Limit: 1})
-					if err == nil {
-						break
-					}
-					select {
-					case <-ctx.Done():
-						return fmt.Errorf("envtest: %s not served by API server %d: %w (last error: %v)", gvr, i, ctx.Err(), err)
-					case <-tick.C:
-					}
-				}
-			}
+		var saw string
+		err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+			saw = crdUnready(ctx, crd, servers, clients)
+			return saw == "", nil
+		})
+		if err != nil {
+			return fmt.Errorf("envtest: CRD %s not ready: %w (last saw %s)", crd.GetName(), err, saw)
 		}
 	}
 	return nil
+}
+
+// crdUnready returns what shows that crd is not ready yet, or "" once it
+// is Established and each of its served versions answers a list on every
+// API server of servers, through clients (one for each of them).
+func crdUnready(ctx context.Context, crd *unstructured.Unstructured, servers []int, clients []*dynamic.DynamicClient) string {
+	got, err := clients[0].Resource(crdResource).Get(ctx, crd.GetName(), metav1.GetOptions{})
+	if err != nil {
+		return err.Error()
+	}
+	conds, _, _ := unstructured.NestedSlice(got.Object, "status", "conditions")
+	established := false
+	var seen []string
+	for _, c := range conds {
+		m, _ := c.(map[string]any)
+		established = established || m["type"] == "Established" && m["status"] == "True"
+		seen = append(seen, fmt.Sprintf("%v=%v (%v)", m["type"], m["status"], m["message"]))
+	}
+	if !established {
+		return "conditions [" + strings.Join(seen, ", ") + "]"
+	}
+	for _, gvr := range served(crd) {
+		for j, c := range clients {
+			if _, err := c.Resource(gvr).List(ctx, metav1.ListOptions{Limit: 1}); err != nil {
+				return fmt.Sprintf("%s not served by API server %d: %v", gvr, servers[j], err)
+			}
+		}
+	}
+	return ""
 }
 
 // served returns the resources of a CRD's served versions.
@@ -211,34 +213,6 @@ func served(crd *unstructured.Unstructured) []schema.GroupVersionResource {
 		}
 	}
 	return gvrs
-}
-
-// condition returns the status of the object's condition of type typ, or
-// "".
-func condition(u *unstructured.Unstructured, typ string) string {
-	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
-	for _, c := range conds {
-		if m, ok := c.(map[string]any); ok && m["type"] == typ {
-			s, _ := m["status"].(string)
-			return s
-		}
-	}
-	return ""
-}
-
-// conditions renders the object's conditions for an error.
-func conditions(u *unstructured.Unstructured) string {
-	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
-	var parts []string
-	for _, c := range conds {
-		if m, ok := c.(map[string]any); ok {
-			parts = append(parts, fmt.Sprintf("%v=%v (%v)", m["type"], m["status"], m["message"]))
-		}
-	}
-	if len(parts) == 0 {
-		return "none yet"
-	}
-	return strings.Join(parts, ", ")
 }
 
 // unthrottled returns an admin dynamic client for API server i without
