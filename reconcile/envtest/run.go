@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
+
 	"github.com/opkit/opkit/reconcile"
 )
 
@@ -102,23 +104,15 @@ func readiness(r Runner) func() error {
 // context ends with the wait.
 func Eventually(t testing.TB, what string, cond func(ctx context.Context) error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
-	defer cancel()
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
 	var last error
-	for {
+	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, Timeout, true, func(ctx context.Context) (bool, error) {
 		err := cond(ctx)
-		if err == nil {
-			return
-		}
 		if last == nil || ctx.Err() == nil {
 			last = err // not the error of a call the deadline cut short
 		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("envtest: %s: not within %v: %v", what, Timeout, last)
-		case <-tick.C:
-		}
+		return err == nil, nil
+	})
+	if err != nil {
+		t.Fatalf("envtest: %s: not within %v: %v", what, Timeout, last)
 	}
 }
