@@ -92,6 +92,27 @@ func (e *Environment) waitReady(ctx context.Context, i int) error {
 	return e.waitHealthy(ctx, proc, fmt.Sprintf("API server %d", i), hostURL(s.port)+"/readyz", e.pki.adminToken)
 }
 
+// running returns the indexes of the running API servers.
+func (e *Environment) running() []int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var idx []int
+	for i, s := range e.apiservers {
+		if s.proc != nil {
+			idx = append(idx, i)
+		}
+	}
+	return idx
+}
+
+// firstRunning returns the index of the first running API server, or 0.
+func (e *Environment) firstRunning() int {
+	if running := e.running(); len(running) > 0 {
+		return running[0]
+	}
+	return 0
+}
+
 // APIServerPID returns the process ID of API server i, or 0 while it is
 // stopped: for benchmarks that report its CPU time.
 func (e *Environment) APIServerPID(i int) int {

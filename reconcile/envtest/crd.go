@@ -222,16 +222,3 @@ func (e *Environment) unthrottled(i int) (*dynamic.DynamicClient, error) {
 	cfg.QPS, cfg.Burst = -1, 0
 	return dynamic.NewForConfig(cfg)
 }
-
-// running returns the indexes of the running API servers.
-func (e *Environment) running() []int {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	var idx []int
-	for i, s := range e.apiservers {
-		if s.proc != nil {
-			idx = append(idx, i)
-		}
-	}
-	return idx
-}

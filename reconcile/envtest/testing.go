@@ -198,18 +198,6 @@ func (e *Environment) logTails(n int) string {
 	return b.String()
 }
 
-// firstRunning returns the index of the first running API server, or 0.
-func (e *Environment) firstRunning() int {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	for i, s := range e.apiservers {
-		if s.proc != nil {
-			return i
-		}
-	}
-	return 0
-}
-
 // Namespace creates a namespace with a fresh name derived from t's name and
 // returns the name. At cleanup it deletes the namespace; without a
 // controller-manager (Options.ControllerManager) it stays Terminating, which
