@@ -289,7 +289,7 @@ func (e *Environment) startProcesses() (kcmPort int, err error) {
 	}
 	// Start every API server first, then wait: they come up in parallel.
 	for _, port := range apiPorts {
-		if _, err := e.startAPIServerLocked(port); err != nil {
+		if _, err := e.addAPIServerLocked(port); err != nil {
 			return 0, err
 		}
 	}
