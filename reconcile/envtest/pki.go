@@ -14,7 +14,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 )
 
@@ -172,8 +171,7 @@ func randToken() string {
 // kubeconfig renders a kubeconfig for server in which user authenticates
 // with token.
 func kubeconfig(server string, caPEM []byte, user, token string) []byte {
-	var b strings.Builder
-	fmt.Fprintf(&b, `apiVersion: v1
+	return []byte(fmt.Sprintf(`apiVersion: v1
 kind: Config
 clusters:
 - name: opkit
@@ -190,6 +188,5 @@ contexts:
     cluster: opkit
     user: %s
 current-context: opkit
-`, server, base64.StdEncoding.EncodeToString(caPEM), user, token, user)
-	return []byte(b.String())
+`, server, base64.StdEncoding.EncodeToString(caPEM), user, token, user))
 }
