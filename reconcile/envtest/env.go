@@ -353,7 +353,8 @@ func (e *Environment) waitHealthy(ctx context.Context, proc *process, what, url,
 		if resp.StatusCode == http.StatusOK && strings.TrimSpace(string(body)) == "ok" {
 			return true, ""
 		}
-		return false, fmt.Sprintf("%s: HTTP %d: %s", url, resp.StatusCode, lastLines(string(body), 8))
+		tail := strings.ReplaceAll(lastLines(string(body), 8), "\n", " | ")
+		return false, fmt.Sprintf("%s: HTTP %d: %s", url, resp.StatusCode, tail)
 	})
 }
 
@@ -384,14 +385,6 @@ func (e *Environment) waitFor(ctx context.Context, proc *process, what string, c
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-}
-
-func lastLines(s string, n int) string {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, " | ")
 }
 
 func (e *Environment) httpClient() *http.Client {

@@ -1,7 +1,6 @@
 package envtest
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -107,11 +106,16 @@ func tailFile(path string, n int) string {
 	if err != nil {
 		return fmt.Sprintf("(log unreadable: %v)", err)
 	}
-	lines := bytes.Split(bytes.TrimRight(data, "\n"), []byte("\n"))
+	return lastLines(string(data), n)
+}
+
+// lastLines returns the last n lines of s, without its final newline.
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]
 	}
-	return string(bytes.Join(lines, []byte("\n")))
+	return strings.Join(lines, "\n")
 }
 
 // errProcessExited is wrapped by errors of a process that exited during start.
