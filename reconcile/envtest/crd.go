@@ -110,24 +110,10 @@ func readCRDFile(path string) ([]*unstructured.Unstructured, error) {
 	}
 }
 
-// InstallCRDFiles reads the CustomResourceDefinitions in paths (see
-// [ReadCRDs]) and installs them with [Environment.InstallCRDs]. It
-// returns their names.
-func (e *Environment) InstallCRDFiles(ctx context.Context, paths ...string) ([]string, error) {
-	crds, err := ReadCRDs(paths...)
-	if err != nil {
-		return nil, err
-	}
-	names := make([]string, len(crds))
-	for i, c := range crds {
-		names[i] = c.GetName()
-	}
-	return names, e.InstallCRDs(ctx, crds...)
-}
-
-// InstallCRDs applies the CustomResourceDefinitions (server-side, field
-// manager "opkit-envtest", so installing one again updates it) through the
-// first running API server and waits until each is Established and every
+// InstallCRDs applies the CustomResourceDefinitions ([ReadCRDs] reads them
+// from files) server-side, with field manager "opkit-envtest" so that
+// installing one again updates it, through the first running API server,
+// and waits until each is Established and every
 // version it serves answers a list on every running API server (each
 // kube-apiserver starts serving a new CRD on its own, a moment after
 // Established). It polls until ctx ends or, without a deadline on ctx, for

@@ -50,7 +50,7 @@ type Options struct {
 	// API servers are ready, waiting until each is established and
 	// served; see ReadCRDs. They are read before anything starts, so a
 	// file that does not parse costs no start-up. Give them here rather
-	// than to InstallCRDFiles later when the garbage collector matters:
+	// than to InstallCRDs later when the garbage collector matters:
 	// it knows these from its start, a later one only after its next
 	// discovery, up to 30 seconds on.
 	CRDs []string
@@ -453,9 +453,6 @@ func (e *Environment) StartupDuration() time.Duration { return e.startup }
 // Kubeconfig returns the path of an admin kubeconfig for API server 0,
 // written in the temp dir.
 func (e *Environment) Kubeconfig() string { return e.kubeconfig }
-
-// CAData returns the PEM CA certificate that signed the serving certificate.
-func (e *Environment) CAData() []byte { return bytes.Clone(e.pki.caPEM) }
 
 // EtcdURL returns etcd's client URL (plain HTTP on loopback).
 func (e *Environment) EtcdURL() string { return e.etcdURL }
