@@ -230,9 +230,13 @@ func newOnce(ctx context.Context, opts Options, bins Binaries, crds []*unstructu
 	// The CRDs go first: the controller-manager's garbage collector
 	// discovers resources when it starts and then every 30 seconds only,
 	// and it cannot collect the dependents of an owner of a resource it
-	// does not know yet.
-	if err := e.installOptionsCRDs(ctx, crds); err != nil {
-		return nil, err
+	// does not know yet. They have ReadyTimeout too.
+	if len(crds) > 0 {
+		ctx, cancel := context.WithTimeout(ctx, opts.ReadyTimeout)
+		defer cancel()
+		if err := e.InstallCRDs(ctx, crds...); err != nil {
+			return nil, err
+		}
 	}
 	if opts.ControllerManager {
 		if err := e.startControllerManager(ctx, kcmPort); err != nil {
@@ -297,17 +301,6 @@ func (e *Environment) startProcesses() (kcmPort int, err error) {
 		kcmPort = ports[len(ports)-1]
 	}
 	return kcmPort, nil
-}
-
-// installOptionsCRDs installs the CRDs of Options.CRDs, if any, and waits until
-// they are served, for at most Options.ReadyTimeout.
-func (e *Environment) installOptionsCRDs(ctx context.Context, crds []*unstructured.Unstructured) error {
-	if len(crds) == 0 {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(ctx, e.opts.ReadyTimeout)
-	defer cancel()
-	return e.InstallCRDs(ctx, crds...)
 }
 
 func hostURL(port int) string { return "https://127.0.0.1:" + strconv.Itoa(port) }
