@@ -263,24 +263,20 @@ func checkPortFree(port int) error {
 // startProcesses writes the PKI and the kubeconfig and starts etcd and every
 // API server on free ports, without waiting for them to be ready. It holds
 // e.mu meanwhile (Stop waits for it) and returns the port it sets aside for
-// the controller-manager (0 without Options.ControllerManager).
+// the controller-manager, which Options.ControllerManager starts later.
 func (e *Environment) startProcesses() (kcmPort int, err error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.pki, err = writePKI(e.dir); err != nil {
 		return 0, fmt.Errorf("envtest: %w", err)
 	}
-	// etcd's client and peer ports, the API servers' and, last, the
-	// controller-manager's.
-	nPorts := 2 + e.opts.APIServers
-	if e.opts.ControllerManager {
-		nPorts++
-	}
-	ports, err := freePorts(nPorts)
+	// etcd's client and peer ports, the controller-manager's (used only if
+	// it is asked for), then the API servers'.
+	ports, err := freePorts(3 + e.opts.APIServers)
 	if err != nil {
 		return 0, err
 	}
-	apiPorts := ports[2 : 2+e.opts.APIServers]
+	apiPorts := ports[3:]
 	if e.opts.APIServerPort != 0 {
 		apiPorts[0] = e.opts.APIServerPort
 	}
@@ -297,10 +293,7 @@ func (e *Environment) startProcesses() (kcmPort int, err error) {
 			return 0, err
 		}
 	}
-	if e.opts.ControllerManager {
-		kcmPort = ports[len(ports)-1]
-	}
-	return kcmPort, nil
+	return ports[2], nil
 }
 
 func hostURL(port int) string { return "https://127.0.0.1:" + strconv.Itoa(port) }
