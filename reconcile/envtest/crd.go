@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"time"
 
@@ -66,7 +65,7 @@ func crdFiles(p string) ([]string, error) {
 		return nil, fmt.Errorf("envtest: read CRDs: %w", err)
 	}
 	var files []string
-	for _, e := range entries {
+	for _, e := range entries { // sorted by name
 		switch strings.ToLower(filepath.Ext(e.Name())) {
 		case ".yaml", ".yml", ".json":
 			if !e.IsDir() {
@@ -74,7 +73,6 @@ func crdFiles(p string) ([]string, error) {
 			}
 		}
 	}
-	slices.Sort(files)
 	return files, nil
 }
 
