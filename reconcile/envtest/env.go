@@ -3,8 +3,6 @@ package envtest
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -321,14 +319,18 @@ func freePorts(n int) ([]int, error) {
 // waitHealthy polls url (a health endpoint of proc, which errors call what)
 // with token, if any, until it answers ok; see waitFor.
 func (e *Environment) waitHealthy(ctx context.Context, proc *process, what, url, token string) error {
-	client := e.httpClient()
+	client, err := rest.HTTPClientFor(&rest.Config{
+		BearerToken:     token,
+		TLSClientConfig: rest.TLSClientConfig{CAData: e.pki.caPEM},
+		Timeout:         5 * time.Second,
+	})
+	if err != nil {
+		return fmt.Errorf("envtest: HTTP client: %w", err)
+	}
 	return e.waitFor(ctx, proc, what, func(ctx context.Context) (bool, string) {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		if err != nil {
 			return false, err.Error()
-		}
-		if token != "" {
-			req.Header.Set("Authorization", "Bearer "+token)
 		}
 		resp, err := client.Do(req)
 		if err != nil {
@@ -370,15 +372,6 @@ func (e *Environment) waitFor(ctx context.Context, proc *process, what string, c
 				what, e.opts.ReadyTimeout, last, ctx.Err(), proc.tail(30))
 		case <-time.After(100 * time.Millisecond):
 		}
-	}
-}
-
-func (e *Environment) httpClient() *http.Client {
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(e.pki.caPEM)
-	return &http.Client{
-		Timeout:   5 * time.Second,
-		Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}},
 	}
 }
 
