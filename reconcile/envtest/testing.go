@@ -2,11 +2,10 @@ package envtest
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"os"
 	"os/signal"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -241,31 +240,16 @@ func (e *Environment) Namespace(t testing.TB) string {
 // namespaceName turns a test name into a unique DNS label: lower case
 // letters, digits and dashes, at most 63 characters.
 func namespaceName(testName string) string {
-	var b strings.Builder
-	dash := true // no leading dash
-	for _, r := range strings.ToLower(testName) {
-		switch {
-		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
-			b.WriteRune(r)
-			dash = false
-		case !dash:
-			b.WriteByte('-')
-			dash = true
-		}
-		if b.Len() >= 48 {
-			break
-		}
-	}
-	base := strings.TrimRight(b.String(), "-")
+	base := strings.Trim(notDNSLabel.ReplaceAllString(strings.ToLower(testName), "-"), "-")
+	base = strings.TrimRight(base[:min(len(base), 48)], "-")
 	if base == "" {
 		base = "test"
 	}
-	suffix := make([]byte, 4)
-	if _, err := rand.Read(suffix); err != nil {
-		panic("envtest: crypto/rand failed: " + err.Error())
-	}
-	return base + "-" + hex.EncodeToString(suffix)
+	return base + "-" + randToken()[:8]
 }
+
+// notDNSLabel matches the runs of characters a DNS label cannot hold.
+var notDNSLabel = regexp.MustCompile(`[^a-z0-9]+`)
 
 // ServiceAccountToken returns a token for ServiceAccount ns/name bound to
 // audience, creating the ServiceAccount if it is missing: with an audience
