@@ -402,10 +402,8 @@ func (e *Environment) Stop() error {
 		e.etcd.stop(syscall.SIGKILL, 0)
 	}
 	var err error
-	if e.dir != "" {
-		if rmErr := os.RemoveAll(e.dir); rmErr != nil {
-			err = fmt.Errorf("envtest: remove %s: %w", e.dir, rmErr)
-		}
+	if rmErr := os.RemoveAll(e.dir); rmErr != nil {
+		err = fmt.Errorf("envtest: remove %s: %w", e.dir, rmErr)
 	}
 	if e.watchdog != nil {
 		e.watchdog.stop() // it removes what RemoveAll could not, if anything
