@@ -69,18 +69,12 @@ func (p *process) exited() bool {
 // exit, then kills the group. It returns once the process has exited.
 func (p *process) stop(sig syscall.Signal, grace time.Duration) {
 	pgid := p.cmd.Process.Pid // Setpgid: the group id is the leader's pid
-	if p.exited() {
-		// The leader is gone, but a child might survive in the group.
-		_ = syscall.Kill(-pgid, syscall.SIGKILL)
-		return
-	}
 	_ = syscall.Kill(-pgid, sig)
-	if sig != syscall.SIGKILL {
-		select {
-		case <-p.done:
-		case <-time.After(grace):
-		}
+	select {
+	case <-p.done:
+	case <-time.After(grace):
 	}
+	// The whole group, even if the leader is gone: a child might survive it.
 	_ = syscall.Kill(-pgid, syscall.SIGKILL)
 	<-p.done
 }
