@@ -54,29 +54,27 @@ func (e *Environment) apiServerArgs(port int) []string {
 	return append(args, e.opts.APIServerFlags...)
 }
 
-// startAPIServerLocked starts an API server on port, in the slot already
-// holding that port or in a new one. It does not wait for readiness.
-func (e *Environment) startAPIServerLocked(port int) (int, error) {
-	idx := -1
-	for i, s := range e.apiservers {
-		if s.port == port {
-			idx = i
-		}
-	}
-	if idx < 0 {
-		idx = len(e.apiservers)
-		e.apiservers = append(e.apiservers, &apiServer{
-			port: port,
-			logs: filepath.Join(e.dir, fmt.Sprintf("kube-apiserver-%d.log", idx)),
-		})
-	}
-	s := e.apiservers[idx]
-	p, err := startProcess(fmt.Sprintf("kube-apiserver %d", idx), e.bins.APIServer, s.logs, e.apiServerArgs(port))
+// addAPIServerLocked adds a slot for an API server on port, starts it and
+// returns its index. It does not wait for readiness.
+func (e *Environment) addAPIServerLocked(port int) (int, error) {
+	i := len(e.apiservers)
+	e.apiservers = append(e.apiservers, &apiServer{
+		port: port,
+		logs: filepath.Join(e.dir, fmt.Sprintf("kube-apiserver-%d.log", i)),
+	})
+	return i, e.startAPIServerLocked(i)
+}
+
+// startAPIServerLocked starts API server i on its port. It does not wait
+// for readiness.
+func (e *Environment) startAPIServerLocked(i int) error {
+	s := e.apiservers[i]
+	p, err := startProcess(fmt.Sprintf("kube-apiserver %d", i), e.bins.APIServer, s.logs, e.apiServerArgs(s.port))
 	if err != nil {
-		return idx, fmt.Errorf("envtest: %w", err)
+		return fmt.Errorf("envtest: %w", err)
 	}
 	s.proc = p
-	return idx, nil
+	return nil
 }
 
 // waitReady polls API server i's /readyz until it answers ok, the process
@@ -90,6 +88,27 @@ func (e *Environment) waitReady(ctx context.Context, i int) error {
 		return fmt.Errorf("envtest: API server %d is stopped", i)
 	}
 	return e.waitHealthy(ctx, proc, fmt.Sprintf("API server %d", i), hostURL(s.port)+"/readyz", e.pki.adminToken)
+}
+
+// running returns the indexes of the running API servers.
+func (e *Environment) running() []int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var idx []int
+	for i, s := range e.apiservers {
+		if s.proc != nil {
+			idx = append(idx, i)
+		}
+	}
+	return idx
+}
+
+// firstRunning returns the index of the first running API server, or 0.
+func (e *Environment) firstRunning() int {
+	if running := e.running(); len(running) > 0 {
+		return running[0]
+	}
+	return 0
 }
 
 // APIServerPID returns the process ID of API server i, or 0 while it is
@@ -123,7 +142,7 @@ func (e *Environment) AddAPIServer() (int, error) {
 		e.mu.Unlock()
 		return -1, ErrStopped
 	}
-	i, err := e.startAPIServerLocked(ports[0])
+	i, err := e.addAPIServerLocked(ports[0])
 	e.mu.Unlock()
 	if err != nil {
 		return i, err
@@ -188,7 +207,7 @@ func (e *Environment) StartAPIServer(i int) error {
 		e.mu.Unlock()
 		return nil
 	}
-	_, err = e.startAPIServerLocked(s.port)
+	err = e.startAPIServerLocked(i)
 	e.mu.Unlock()
 	if err != nil {
 		return err

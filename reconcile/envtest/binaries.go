@@ -64,18 +64,12 @@ func DefaultBinDir() string {
 	if d := os.Getenv(BinDirEnv); d != "" {
 		return d
 	}
-	return cacheBinDir(KubernetesVersion, EtcdVersion)
-}
-
-// cacheBinDir is the cache directory of the binaries of the given
-// versions, or "" without a user cache dir.
-func cacheBinDir(kubernetes, etcd string) string {
 	cache, err := os.UserCacheDir()
 	if err != nil {
 		return ""
 	}
 	return filepath.Join(cache, "opkit",
-		fmt.Sprintf("k8s-%s_etcd-%s_nats-%s", kubernetes, etcd, cacheNATSVersion), "bin")
+		fmt.Sprintf("k8s-%s_etcd-%s_nats-%s", KubernetesVersion, EtcdVersion, cacheNATSVersion), "bin")
 }
 
 // FindBinaries finds kube-apiserver and etcd, and kube-controller-manager

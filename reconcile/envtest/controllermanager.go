@@ -25,13 +25,6 @@ var controllerManagerControllers = []string{
 	"serviceaccount-token-controller",
 }
 
-// controllerManager is an environment's kube-controller-manager.
-type controllerManager struct {
-	port int
-	logs string
-	proc *process // nil once stopped
-}
-
 // startControllerManager starts the kube-controller-manager, serving HTTPS on
 // port, and returns once it is healthy and its garbage collector works.
 func (e *Environment) startControllerManager(ctx context.Context, port int) error {
@@ -44,14 +37,13 @@ func (e *Environment) startControllerManager(ctx context.Context, port int) erro
 		e.mu.Unlock()
 		return ErrStopped
 	}
-	e.kcm = &controllerManager{port: port, logs: filepath.Join(e.dir, "kube-controller-manager.log")}
 	p, err := startProcess("kube-controller-manager", e.bins.ControllerManager,
-		e.kcm.logs, e.controllerManagerArgs(port, kubeconfigPath))
+		filepath.Join(e.dir, "kube-controller-manager.log"), e.controllerManagerArgs(port, kubeconfigPath))
 	if err != nil {
 		e.mu.Unlock()
 		return fmt.Errorf("envtest: %w", err)
 	}
-	e.kcm.proc = p
+	e.kcm = p
 	e.mu.Unlock()
 	// /healthz is served to anyone (--authorization-always-allow-paths).
 	if err := e.waitHealthy(ctx, p, "kube-controller-manager", hostURL(port)+"/healthz", ""); err != nil {
@@ -140,7 +132,7 @@ func (e *Environment) ControllerManagerLogTail(n int) string {
 	if e.kcm == nil {
 		return "(no kube-controller-manager)"
 	}
-	return tailFile(e.kcm.logs, n)
+	return e.kcm.tail(n)
 }
 
 var configMapGVR = schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}

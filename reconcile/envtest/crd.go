@@ -7,13 +7,13 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/dynamic"
 )
@@ -65,7 +65,7 @@ func crdFiles(p string) ([]string, error) {
 		return nil, fmt.Errorf("envtest: read CRDs: %w", err)
 	}
 	var files []string
-	for _, e := range entries {
+	for _, e := range entries { // sorted by name
 		switch strings.ToLower(filepath.Ext(e.Name())) {
 		case ".yaml", ".yml", ".json":
 			if !e.IsDir() {
@@ -73,7 +73,6 @@ func crdFiles(p string) ([]string, error) {
 			}
 		}
 	}
-	slices.Sort(files)
 	return files, nil
 }
 
@@ -109,24 +108,10 @@ func readCRDFile(path string) ([]*unstructured.Unstructured, error) {
 	}
 }
 
-// InstallCRDFiles reads the CustomResourceDefinitions in paths (see
-// [ReadCRDs]) and installs them with [Environment.InstallCRDs]. It
-// returns their names.
-func (e *Environment) InstallCRDFiles(ctx context.Context, paths ...string) ([]string, error) {
-	crds, err := ReadCRDs(paths...)
-	if err != nil {
-		return nil, err
-	}
-	names := make([]string, len(crds))
-	for i, c := range crds {
-		names[i] = c.GetName()
-	}
-	return names, e.InstallCRDs(ctx, crds...)
-}
-
-// InstallCRDs applies the CustomResourceDefinitions (server-side, field
-// manager "opkit-envtest", so installing one again updates it) through the
-// first running API server and waits until each is Established and every
+// InstallCRDs applies the CustomResourceDefinitions ([ReadCRDs] reads them
+// from files) server-side, with field manager "opkit-envtest" so that
+// installing one again updates it, through the first running API server,
+// and waits until each is Established and every
 // version it serves answers a list on every running API server (each
 // kube-apiserver starts serving a new CRD on its own, a moment after
 // Established). It polls until ctx ends or, without a deadline on ctx, for
@@ -144,58 +129,59 @@ func (e *Environment) InstallCRDs(ctx context.Context, crds ...*unstructured.Uns
 	if len(servers) == 0 {
 		return errors.New("envtest: install CRDs: no API server is running")
 	}
-	d, err := e.unthrottled(servers[0])
-	if err != nil {
-		return err
+	clients := make([]*dynamic.DynamicClient, len(servers))
+	for j, i := range servers {
+		var err error
+		if clients[j], err = e.unthrottled(i); err != nil {
+			return err
+		}
 	}
 	for _, crd := range crds {
-		if _, err := d.Resource(crdResource).Apply(ctx, crd.GetName(), crd,
+		if _, err := clients[0].Resource(crdResource).Apply(ctx, crd.GetName(), crd,
 			metav1.ApplyOptions{FieldManager: "opkit-envtest", Force: true}); err != nil {
 			return fmt.Errorf("envtest: install CRD %s: %w", crd.GetName(), err)
 		}
 	}
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
 	for _, crd := range crds {
-		name := crd.GetName()
-		var last string
-		for {
-			got, err := d.Resource(crdResource).Get(ctx, name, metav1.GetOptions{})
-			if err == nil && condition(got, "Established") == "True" {
-				break
-			}
-			if err != nil {
-				last = err.Error()
-			} else {
-				last = "conditions " + conditions(got)
-			}
-			select {
-			case <-ctx.Done():
-				return fmt.Errorf("envtest: CRD %s not established: %w (last saw %s)", name, ctx.Err(), last)
-			case <-tick.C:
-			}
-		}
-		for _, gvr := range served(crd) {
-			for _, i := range servers {
-				si, err := e.unthrottled(i)
-				if err != nil {
-					return err
-				}
-				for {
-					_, err := si.Resource(gvr).List(ctx, metav1.ListOptions{Limit: 1})
-					if err == nil {
-						break
-					}
-					select {
-					case <-ctx.Done():
-						return fmt.Errorf("envtest: %s not served by API server %d: %w (last error: %v)", gvr, i, ctx.Err(), err)
-					case <-tick.C:
-					}
-				}
-			}
+		var saw string
+		err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+			saw = crdUnready(ctx, crd, servers, clients)
+			return saw == "", nil
+		})
+		if err != nil {
+			return fmt.Errorf("envtest: CRD %s not ready: %w (last saw %s)", crd.GetName(), err, saw)
 		}
 	}
 	return nil
+}
+
+// crdUnready returns what shows that crd is not ready yet, or "" once it
+// is Established and each of its served versions answers a list on every
+// API server of servers, through clients (one for each of them).
+func crdUnready(ctx context.Context, crd *unstructured.Unstructured, servers []int, clients []*dynamic.DynamicClient) string {
+	got, err := clients[0].Resource(crdResource).Get(ctx, crd.GetName(), metav1.GetOptions{})
+	if err != nil {
+		return err.Error()
+	}
+	conds, _, _ := unstructured.NestedSlice(got.Object, "status", "conditions")
+	established := false
+	var seen []string
+	for _, c := range conds {
+		m, _ := c.(map[string]any)
+		established = established || m["type"] == "Established" && m["status"] == "True"
+		seen = append(seen, fmt.Sprintf("%v=%v (%v)", m["type"], m["status"], m["message"]))
+	}
+	if !established {
+		return "conditions [" + strings.Join(seen, ", ") + "]"
+	}
+	for _, gvr := range served(crd) {
+		for j, c := range clients {
+			if _, err := c.Resource(gvr).List(ctx, metav1.ListOptions{Limit: 1}); err != nil {
+				return fmt.Sprintf("%s not served by API server %d: %v", gvr, servers[j], err)
+			}
+		}
+	}
+	return ""
 }
 
 // served returns the resources of a CRD's served versions.
@@ -213,51 +199,10 @@ func served(crd *unstructured.Unstructured) []schema.GroupVersionResource {
 	return gvrs
 }
 
-// condition returns the status of the object's condition of type typ, or
-// "".
-func condition(u *unstructured.Unstructured, typ string) string {
-	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
-	for _, c := range conds {
-		if m, ok := c.(map[string]any); ok && m["type"] == typ {
-			s, _ := m["status"].(string)
-			return s
-		}
-	}
-	return ""
-}
-
-// conditions renders the object's conditions for an error.
-func conditions(u *unstructured.Unstructured) string {
-	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
-	var parts []string
-	for _, c := range conds {
-		if m, ok := c.(map[string]any); ok {
-			parts = append(parts, fmt.Sprintf("%v=%v (%v)", m["type"], m["status"], m["message"]))
-		}
-	}
-	if len(parts) == 0 {
-		return "none yet"
-	}
-	return strings.Join(parts, ", ")
-}
-
 // unthrottled returns an admin dynamic client for API server i without
 // client-side rate limiting.
 func (e *Environment) unthrottled(i int) (*dynamic.DynamicClient, error) {
 	cfg := e.ConfigFor(i)
 	cfg.QPS, cfg.Burst = -1, 0
 	return dynamic.NewForConfig(cfg)
-}
-
-// running returns the indexes of the running API servers.
-func (e *Environment) running() []int {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	var idx []int
-	for i, s := range e.apiservers {
-		if s.proc != nil {
-			idx = append(idx, i)
-		}
-	}
-	return idx
 }

@@ -3,8 +3,6 @@ package envtest
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -50,7 +48,7 @@ type Options struct {
 	// API servers are ready, waiting until each is established and
 	// served; see ReadCRDs. They are read before anything starts, so a
 	// file that does not parse costs no start-up. Give them here rather
-	// than to InstallCRDFiles later when the garbage collector matters:
+	// than to InstallCRDs later when the garbage collector matters:
 	// it knows these from its start, a later one only after its next
 	// discovery, up to 30 seconds on.
 	CRDs []string
@@ -149,7 +147,7 @@ type Environment struct {
 	mu         sync.Mutex // guards everything below
 	etcd       *process
 	apiservers []*apiServer
-	kcm        *controllerManager // nil without Options.ControllerManager
+	kcm        *process // nil without Options.ControllerManager
 	stopped    bool
 }
 
@@ -206,7 +204,7 @@ func newOnce(ctx context.Context, opts Options, bins Binaries, crds []*unstructu
 	e := &Environment{opts: opts, bins: bins, dir: dir}
 	// Registered from the start, so that Main's signal handler also stops
 	// an environment that is still starting.
-	register(e)
+	live.Store(e, nil)
 	defer func() {
 		if err != nil {
 			_ = e.Stop()
@@ -230,9 +228,13 @@ func newOnce(ctx context.Context, opts Options, bins Binaries, crds []*unstructu
 	// The CRDs go first: the controller-manager's garbage collector
 	// discovers resources when it starts and then every 30 seconds only,
 	// and it cannot collect the dependents of an owner of a resource it
-	// does not know yet.
-	if err := e.installOptionsCRDs(ctx, crds); err != nil {
-		return nil, err
+	// does not know yet. They have ReadyTimeout too.
+	if len(crds) > 0 {
+		ctx, cancel := context.WithTimeout(ctx, opts.ReadyTimeout)
+		defer cancel()
+		if err := e.InstallCRDs(ctx, crds...); err != nil {
+			return nil, err
+		}
 	}
 	if opts.ControllerManager {
 		if err := e.startControllerManager(ctx, kcmPort); err != nil {
@@ -259,24 +261,20 @@ func checkPortFree(port int) error {
 // startProcesses writes the PKI and the kubeconfig and starts etcd and every
 // API server on free ports, without waiting for them to be ready. It holds
 // e.mu meanwhile (Stop waits for it) and returns the port it sets aside for
-// the controller-manager (0 without Options.ControllerManager).
+// the controller-manager, which Options.ControllerManager starts later.
 func (e *Environment) startProcesses() (kcmPort int, err error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.pki, err = writePKI(e.dir); err != nil {
 		return 0, fmt.Errorf("envtest: %w", err)
 	}
-	// etcd's client and peer ports, the API servers' and, last, the
-	// controller-manager's.
-	nPorts := 2 + e.opts.APIServers
-	if e.opts.ControllerManager {
-		nPorts++
-	}
-	ports, err := freePorts(nPorts)
+	// etcd's client and peer ports, the controller-manager's (used only if
+	// it is asked for), then the API servers'.
+	ports, err := freePorts(3 + e.opts.APIServers)
 	if err != nil {
 		return 0, err
 	}
-	apiPorts := ports[2 : 2+e.opts.APIServers]
+	apiPorts := ports[3:]
 	if e.opts.APIServerPort != 0 {
 		apiPorts[0] = e.opts.APIServerPort
 	}
@@ -289,25 +287,11 @@ func (e *Environment) startProcesses() (kcmPort int, err error) {
 	}
 	// Start every API server first, then wait: they come up in parallel.
 	for _, port := range apiPorts {
-		if _, err := e.startAPIServerLocked(port); err != nil {
+		if _, err := e.addAPIServerLocked(port); err != nil {
 			return 0, err
 		}
 	}
-	if e.opts.ControllerManager {
-		kcmPort = ports[len(ports)-1]
-	}
-	return kcmPort, nil
-}
-
-// installOptionsCRDs installs the CRDs of Options.CRDs, if any, and waits until
-// they are served, for at most Options.ReadyTimeout.
-func (e *Environment) installOptionsCRDs(ctx context.Context, crds []*unstructured.Unstructured) error {
-	if len(crds) == 0 {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(ctx, e.opts.ReadyTimeout)
-	defer cancel()
-	return e.InstallCRDs(ctx, crds...)
+	return ports[2], nil
 }
 
 func hostURL(port int) string { return "https://127.0.0.1:" + strconv.Itoa(port) }
@@ -335,14 +319,18 @@ func freePorts(n int) ([]int, error) {
 // waitHealthy polls url (a health endpoint of proc, which errors call what)
 // with token, if any, until it answers ok; see waitFor.
 func (e *Environment) waitHealthy(ctx context.Context, proc *process, what, url, token string) error {
-	client := e.httpClient()
+	client, err := rest.HTTPClientFor(&rest.Config{
+		BearerToken:     token,
+		TLSClientConfig: rest.TLSClientConfig{CAData: e.pki.caPEM},
+		Timeout:         5 * time.Second,
+	})
+	if err != nil {
+		return fmt.Errorf("envtest: HTTP client: %w", err)
+	}
 	return e.waitFor(ctx, proc, what, func(ctx context.Context) (bool, string) {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		if err != nil {
 			return false, err.Error()
-		}
-		if token != "" {
-			req.Header.Set("Authorization", "Bearer "+token)
 		}
 		resp, err := client.Do(req)
 		if err != nil {
@@ -353,7 +341,8 @@ func (e *Environment) waitHealthy(ctx context.Context, proc *process, what, url,
 		if resp.StatusCode == http.StatusOK && strings.TrimSpace(string(body)) == "ok" {
 			return true, ""
 		}
-		return false, fmt.Sprintf("%s: HTTP %d: %s", url, resp.StatusCode, lastLines(string(body), 8))
+		tail := strings.ReplaceAll(lastLines(string(body), 8), "\n", " | ")
+		return false, fmt.Sprintf("%s: HTTP %d: %s", url, resp.StatusCode, tail)
 	})
 }
 
@@ -386,23 +375,6 @@ func (e *Environment) waitFor(ctx context.Context, proc *process, what string, c
 	}
 }
 
-func lastLines(s string, n int) string {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, " | ")
-}
-
-func (e *Environment) httpClient() *http.Client {
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(e.pki.caPEM)
-	return &http.Client{
-		Timeout:   5 * time.Second,
-		Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}},
-	}
-}
-
 // Stop kills every process of the environment, waits for them to exit and
 // removes the temp dir. It is idempotent and safe to call concurrently.
 func (e *Environment) Stop() error {
@@ -412,14 +384,13 @@ func (e *Environment) Stop() error {
 		return nil
 	}
 	e.stopped = true
-	// Unregistered only when done, so that a Stop from Main's signal
+	// Removed from live only when done, so that a Stop from Main's signal
 	// handler waits for one in progress (on e.mu) before the process exits.
-	defer unregister(e)
+	defer live.Delete(e)
 	// The data is thrown away: no need for a graceful shutdown. The
 	// controller-manager, a client of the API servers, goes first.
-	if e.kcm != nil && e.kcm.proc != nil {
-		e.kcm.proc.stop(syscall.SIGKILL, 0)
-		e.kcm.proc = nil
+	if e.kcm != nil {
+		e.kcm.stop(syscall.SIGKILL, 0)
 	}
 	for _, s := range e.apiservers {
 		if s.proc != nil {
@@ -431,10 +402,8 @@ func (e *Environment) Stop() error {
 		e.etcd.stop(syscall.SIGKILL, 0)
 	}
 	var err error
-	if e.dir != "" {
-		if rmErr := os.RemoveAll(e.dir); rmErr != nil {
-			err = fmt.Errorf("envtest: remove %s: %w", e.dir, rmErr)
-		}
+	if rmErr := os.RemoveAll(e.dir); rmErr != nil {
+		err = fmt.Errorf("envtest: remove %s: %w", e.dir, rmErr)
 	}
 	if e.watchdog != nil {
 		e.watchdog.stop() // it removes what RemoveAll could not, if anything
@@ -461,9 +430,6 @@ func (e *Environment) StartupDuration() time.Duration { return e.startup }
 // Kubeconfig returns the path of an admin kubeconfig for API server 0,
 // written in the temp dir.
 func (e *Environment) Kubeconfig() string { return e.kubeconfig }
-
-// CAData returns the PEM CA certificate that signed the serving certificate.
-func (e *Environment) CAData() []byte { return bytes.Clone(e.pki.caPEM) }
 
 // EtcdURL returns etcd's client URL (plain HTTP on loopback).
 func (e *Environment) EtcdURL() string { return e.etcdURL }

@@ -14,7 +14,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 )
 
@@ -46,40 +45,54 @@ type pki struct {
 // a service-account key pair and a static token file in dir.
 func writePKI(dir string) (*pki, error) {
 	p := &pki{
-		caFile:    filepath.Join(dir, "ca.crt"),
-		certFile:  filepath.Join(dir, "apiserver.crt"),
-		keyFile:   filepath.Join(dir, "apiserver.key"),
-		saPubFile: filepath.Join(dir, "sa.pub"),
-		saKeyFile: filepath.Join(dir, "sa.key"),
-		tokenFile: filepath.Join(dir, "tokens.csv"),
+		adminToken: randToken(),
+		userToken:  randToken(),
+		kcmToken:   randToken(),
+		caFile:     filepath.Join(dir, "ca.crt"),
+		certFile:   filepath.Join(dir, "apiserver.crt"),
+		keyFile:    filepath.Join(dir, "apiserver.key"),
+		saPubFile:  filepath.Join(dir, "sa.pub"),
+		saKeyFile:  filepath.Join(dir, "sa.key"),
+		tokenFile:  filepath.Join(dir, "tokens.csv"),
 	}
-	now := time.Now()
-	caKey, caCert, err := newCA(now)
+	caKey, ca, err := newCert(&x509.Certificate{
+		Subject:               pkix.Name{CommonName: "opkit-envtest-ca"},
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature | x509.KeyUsageCRLSign,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}, nil, nil)
 	if err != nil {
 		return nil, err
 	}
-	p.caPEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caCert.Raw})
-	srvDER, srvKeyDER, err := newServingCert(now, caCert, caKey)
+	p.caPEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Raw})
+	// For the loopback addresses and the kubernetes Service's names.
+	srvKey, srv, err := newCert(&x509.Certificate{
+		Subject:     pkix.Name{CommonName: "kube-apiserver"},
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		DNSNames:    []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"},
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
+	}, ca, caKey)
 	if err != nil {
 		return nil, err
 	}
-	saKeyDER, saPubDER, err := newServiceAccountKey()
+	srvKeyDER, err := x509.MarshalECPrivateKey(srvKey)
+	if err != nil {
+		return nil, fmt.Errorf("marshal serving key: %w", err)
+	}
+	saKeyPEM, saPubPEM, err := newServiceAccountKey()
 	if err != nil {
 		return nil, err
 	}
-	p.adminToken = randToken()
-	p.userToken = randToken()
-	p.kcmToken = randToken()
-
 	files := []struct {
 		path string
 		data []byte
 	}{
 		{p.caFile, p.caPEM},
-		{p.certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srvDER})},
+		{p.certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Raw})},
 		{p.keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: srvKeyDER})},
-		{p.saKeyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: saKeyDER})},
-		{p.saPubFile, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: saPubDER})},
+		{p.saKeyFile, saKeyPEM},
+		{p.saPubFile, saPubPEM},
 		{p.tokenFile, []byte(p.tokens())},
 	}
 	for _, f := range files {
@@ -90,79 +103,53 @@ func writePKI(dir string) (*pki, error) {
 	return p, nil
 }
 
-// newCA generates the self-signed CA of an environment, valid from an hour
-// before now for a week, and returns its key and certificate.
-func newCA(now time.Time) (*ecdsa.PrivateKey, *x509.Certificate, error) {
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+// newCert generates a P-256 key and a certificate for it from tmpl, valid
+// from an hour ago until a week from now, signed by parentKey as parent,
+// or self-signed when parent is nil. It returns the key and the
+// certificate.
+func newCert(tmpl, parent *x509.Certificate, parentKey *ecdsa.PrivateKey) (*ecdsa.PrivateKey, *x509.Certificate, error) {
+	name := tmpl.Subject.CommonName
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return nil, nil, fmt.Errorf("generate CA key: %w", err)
+		return nil, nil, fmt.Errorf("generate %s key: %w", name, err)
 	}
-	caTmpl := &x509.Certificate{
-		SerialNumber:          randSerial(),
-		Subject:               pkix.Name{CommonName: "opkit-envtest-ca"},
-		NotBefore:             now.Add(-time.Hour),
-		NotAfter:              now.Add(7 * 24 * time.Hour),
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature | x509.KeyUsageCRLSign,
-		BasicConstraintsValid: true,
-		IsCA:                  true,
+	if tmpl.SerialNumber, err = rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120)); err != nil {
+		return nil, nil, fmt.Errorf("%s serial number: %w", name, err)
 	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	now := time.Now()
+	tmpl.NotBefore = now.Add(-time.Hour)
+	tmpl.NotAfter = now.Add(7 * 24 * time.Hour)
+	if parent == nil {
+		parent, parentKey = tmpl, key
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, &key.PublicKey, parentKey)
 	if err != nil {
-		return nil, nil, fmt.Errorf("create CA certificate: %w", err)
+		return nil, nil, fmt.Errorf("create %s certificate: %w", name, err)
 	}
-	caCert, err := x509.ParseCertificate(caDER)
+	cert, err := x509.ParseCertificate(der)
 	if err != nil {
-		return nil, nil, fmt.Errorf("parse CA certificate: %w", err)
+		return nil, nil, fmt.Errorf("parse %s certificate: %w", name, err)
 	}
-	return caKey, caCert, nil
-}
-
-// newServingCert generates the API servers' serving key and a certificate
-// for it, for the loopback addresses and the kubernetes Service's names,
-// signed by the CA; it returns both DER-encoded.
-func newServingCert(now time.Time, caCert *x509.Certificate, caKey *ecdsa.PrivateKey) (certDER, keyDER []byte, err error) {
-	srvKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, nil, fmt.Errorf("generate serving key: %w", err)
-	}
-	srvTmpl := &x509.Certificate{
-		SerialNumber: randSerial(),
-		Subject:      pkix.Name{CommonName: "kube-apiserver"},
-		NotBefore:    now.Add(-time.Hour),
-		NotAfter:     now.Add(7 * 24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		DNSNames:     []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"},
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
-	}
-	certDER, err = x509.CreateCertificate(rand.Reader, srvTmpl, caCert, &srvKey.PublicKey, caKey)
-	if err != nil {
-		return nil, nil, fmt.Errorf("create serving certificate: %w", err)
-	}
-	keyDER, err = x509.MarshalECPrivateKey(srvKey)
-	if err != nil {
-		return nil, nil, fmt.Errorf("marshal serving key: %w", err)
-	}
-	return certDER, keyDER, nil
+	return key, cert, nil
 }
 
 // newServiceAccountKey generates the key pair that signs and verifies
-// service-account tokens, and returns the private key and the public key
-// DER-encoded.
-func newServiceAccountKey() (keyDER, pubDER []byte, err error) {
-	saKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+// service-account tokens, and returns both keys PEM-encoded.
+func newServiceAccountKey() (keyPEM, pubPEM []byte, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, nil, fmt.Errorf("generate service-account key: %w", err)
 	}
-	keyDER, err = x509.MarshalECPrivateKey(saKey)
+	keyDER, err := x509.MarshalECPrivateKey(key)
 	if err != nil {
 		return nil, nil, fmt.Errorf("marshal service-account key: %w", err)
 	}
-	pubDER, err = x509.MarshalPKIXPublicKey(&saKey.PublicKey)
+	pubDER, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
 	if err != nil {
 		return nil, nil, fmt.Errorf("marshal service-account public key: %w", err)
 	}
-	return keyDER, pubDER, nil
+	return pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
+		pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pubDER}), nil
 }
 
 // tokens renders the static token file (token,user,uid[,groups]) of the
@@ -173,27 +160,17 @@ func (p *pki) tokens() string {
 		p.kcmToken, ControllerManagerUser, ControllerManagerUser)
 }
 
-func randSerial() *big.Int {
-	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
-	if err != nil {
-		panic("envtest: crypto/rand failed: " + err.Error())
-	}
-	return n
-}
-
+// randToken returns 24 random bytes as 48 hex digits.
 func randToken() string {
 	b := make([]byte, 24)
-	if _, err := rand.Read(b); err != nil {
-		panic("envtest: crypto/rand failed: " + err.Error())
-	}
+	_, _ = rand.Read(b) // it never fails
 	return hex.EncodeToString(b)
 }
 
 // kubeconfig renders a kubeconfig for server in which user authenticates
 // with token.
 func kubeconfig(server string, caPEM []byte, user, token string) []byte {
-	var b strings.Builder
-	fmt.Fprintf(&b, `apiVersion: v1
+	return []byte(fmt.Sprintf(`apiVersion: v1
 kind: Config
 clusters:
 - name: opkit
@@ -210,6 +187,5 @@ contexts:
     cluster: opkit
     user: %s
 current-context: opkit
-`, server, base64.StdEncoding.EncodeToString(caPEM), user, token, user)
-	return []byte(b.String())
+`, server, base64.StdEncoding.EncodeToString(caPEM), user, token, user))
 }

@@ -1,7 +1,6 @@
 package envtest
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -12,10 +11,10 @@ import (
 	"time"
 )
 
-// process is one running etcd or kube-apiserver. Its waiter goroutine (started
-// by startProcess, owned by the process) closes done when the process exits.
+// process is one running etcd, kube-apiserver or kube-controller-manager.
+// Its waiter goroutine (started by startProcess, owned by the process)
+// closes done when the process exits.
 type process struct {
-	name    string
 	cmd     *exec.Cmd
 	logPath string
 	done    chan struct{}
@@ -47,7 +46,7 @@ func startProcess(name, bin, logPath string, args []string) (*process, error) {
 		logFile.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
-	p := &process{name: name, cmd: cmd, logPath: logPath, done: make(chan struct{})}
+	p := &process{cmd: cmd, logPath: logPath, done: make(chan struct{})}
 	go func() {
 		p.err = cmd.Wait()
 		logFile.Close()
@@ -70,18 +69,12 @@ func (p *process) exited() bool {
 // exit, then kills the group. It returns once the process has exited.
 func (p *process) stop(sig syscall.Signal, grace time.Duration) {
 	pgid := p.cmd.Process.Pid // Setpgid: the group id is the leader's pid
-	if p.exited() {
-		// The leader is gone, but a child might survive in the group.
-		_ = syscall.Kill(-pgid, syscall.SIGKILL)
-		return
-	}
 	_ = syscall.Kill(-pgid, sig)
-	if sig != syscall.SIGKILL {
-		select {
-		case <-p.done:
-		case <-time.After(grace):
-		}
+	select {
+	case <-p.done:
+	case <-time.After(grace):
 	}
+	// The whole group, even if the leader is gone: a child might survive it.
 	_ = syscall.Kill(-pgid, syscall.SIGKILL)
 	<-p.done
 }
@@ -107,11 +100,16 @@ func tailFile(path string, n int) string {
 	if err != nil {
 		return fmt.Sprintf("(log unreadable: %v)", err)
 	}
-	lines := bytes.Split(bytes.TrimRight(data, "\n"), []byte("\n"))
+	return lastLines(string(data), n)
+}
+
+// lastLines returns the last n lines of s, without its final newline.
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]
 	}
-	return string(bytes.Join(lines, []byte("\n")))
+	return strings.Join(lines, "\n")
 }
 
 // errProcessExited is wrapped by errors of a process that exited during start.

@@ -2,9 +2,10 @@ package envtest
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/opkit/opkit/reconcile"
 )
@@ -36,35 +37,27 @@ func Run(t testing.TB, r Runner) {
 	ready := readiness(r)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	var (
-		mu       sync.Mutex
-		finished bool // the test is done with r: the goroutine reports nothing
-		reported bool // the goroutine reported an early return
-	)
+	// early says that r.Run returned before the cleanup cancelled ctx, and
+	// that the goroutine reported it. It is written before the send on done
+	// and read after the receive. Once ctx is cancelled the goroutine
+	// reports nothing: the test may be over.
+	var early bool
 	go func() { // owned by Run; the cleanup waits for it
 		err := r.Run(ctx)
-		mu.Lock()
-		if !finished && ctx.Err() == nil {
-			reported = true
+		if ctx.Err() == nil {
+			early = true
 			t.Errorf("envtest: %T.Run returned before the test ended: %v", r, err)
 		}
-		mu.Unlock()
 		done <- err
 	}()
 	t.Cleanup(func() {
 		cancel()
 		select {
 		case err := <-done:
-			mu.Lock()
-			finished = true
-			mu.Unlock()
-			if err != nil && !reported {
+			if err != nil && !early {
 				t.Errorf("envtest: %T.Run: %v", r, err)
 			}
 		case <-time.After(Timeout):
-			mu.Lock()
-			finished = true
-			mu.Unlock()
 			t.Errorf("envtest: %T.Run did not return within %v of its context's end", r, Timeout)
 		}
 	})
@@ -111,23 +104,15 @@ func readiness(r Runner) func() error {
 // context ends with the wait.
 func Eventually(t testing.TB, what string, cond func(ctx context.Context) error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
-	defer cancel()
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
 	var last error
-	for {
+	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, Timeout, true, func(ctx context.Context) (bool, error) {
 		err := cond(ctx)
-		if err == nil {
-			return
-		}
 		if last == nil || ctx.Err() == nil {
 			last = err // not the error of a call the deadline cut short
 		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("envtest: %s: not within %v: %v", what, Timeout, last)
-		case <-tick.C:
-		}
+		return err == nil, nil
+	})
+	if err != nil {
+		t.Fatalf("envtest: %s: not within %v: %v", what, Timeout, last)
 	}
 }

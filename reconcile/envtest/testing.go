@@ -2,11 +2,10 @@ package envtest
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"os"
 	"os/signal"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -21,39 +20,9 @@ import (
 	"k8s.io/client-go/rest"
 )
 
-// live holds every environment New started and Stop has not stopped yet, so that
-// Main's signal handler can stop them all.
-var live struct {
-	mu   sync.Mutex
-	envs map[*Environment]struct{}
-}
-
-func register(e *Environment) {
-	live.mu.Lock()
-	defer live.mu.Unlock()
-	if live.envs == nil {
-		live.envs = make(map[*Environment]struct{})
-	}
-	live.envs[e] = struct{}{}
-}
-
-func unregister(e *Environment) {
-	live.mu.Lock()
-	defer live.mu.Unlock()
-	delete(live.envs, e)
-}
-
-func stopAll() {
-	live.mu.Lock()
-	es := make([]*Environment, 0, len(live.envs))
-	for e := range live.envs {
-		es = append(es, e)
-	}
-	live.mu.Unlock()
-	for _, e := range es {
-		_ = e.Stop()
-	}
-}
+// live holds, as keys, every *Environment New started and Stop has not
+// stopped yet, so that Main's signal handler can stop them all.
+var live sync.Map
 
 // shared is the one environment of a test binary, started by the first
 // Shared call and stopped by Main. Together with live, the package's only
@@ -103,10 +72,14 @@ func runMain(m *testing.M, opts Options) int {
 		select {
 		case s := <-sigs:
 			fmt.Fprintf(os.Stderr, "envtest: %v: stopping every control plane of this test binary\n", s)
-			// stopAll first: it does not wait for the shared environment's
-			// lock, which Shared holds while that environment starts (up
-			// to ReadyTimeout per attempt), and it stops a starting one.
-			stopAll()
+			// Every environment first: this does not wait for the shared
+			// environment's lock, which Shared holds while that
+			// environment starts (up to ReadyTimeout per attempt), and it
+			// stops a starting one.
+			live.Range(func(e, _ any) bool {
+				_ = e.(*Environment).Stop() // deletes e from live, as Range allows
+				return true
+			})
 			stopShared(false)
 			os.Exit(1)
 		case <-done:
@@ -131,9 +104,7 @@ func stopShared(showLogs bool) {
 		return
 	}
 	if showLogs {
-		for _, l := range shared.e.logTails(20) {
-			fmt.Fprintf(os.Stderr, "--- tail of shared %s log:\n%s\n", l.of, l.tail)
-		}
+		fmt.Fprint(os.Stderr, "envtest: the shared control plane's logs:\n", shared.e.logTails(20))
 	}
 	if err := shared.e.Stop(); err != nil {
 		fmt.Fprintf(os.Stderr, "envtest: stop shared control plane: %v\n", err)
@@ -195,9 +166,7 @@ func Start(t testing.TB, opts Options) *Environment {
 	t.Logf("envtest: control plane ready in %v (%s)", e.StartupDuration().Round(time.Millisecond), e.Dir())
 	t.Cleanup(func() {
 		if t.Failed() {
-			for _, l := range e.logTails(20) {
-				t.Logf("tail of %s log:\n%s", l.of, l.tail)
-			}
+			t.Log(e.logTails(20))
 		}
 		if err := e.Stop(); err != nil {
 			t.Errorf("envtest: %v", err)
@@ -214,33 +183,18 @@ func testDeadline(t testing.TB) (time.Time, bool) {
 	return time.Time{}, false
 }
 
-// logTail is the end of one process's log.
-type logTail struct{ of, tail string }
-
 // logTails returns the last n lines of the log of every API server, of etcd
-// and of the controller-manager, if any.
-func (e *Environment) logTails(n int) []logTail {
-	var tails []logTail
+// and of the controller-manager, if any, each under a heading.
+func (e *Environment) logTails(n int) string {
+	var b strings.Builder
 	for i := range e.APIServers() {
-		tails = append(tails, logTail{fmt.Sprintf("kube-apiserver %d", i), e.LogTail(i, n)})
+		fmt.Fprintf(&b, "--- tail of kube-apiserver %d log:\n%s\n", i, e.LogTail(i, n))
 	}
-	tails = append(tails, logTail{"etcd", e.LogTail(-1, n)})
+	fmt.Fprintf(&b, "--- tail of etcd log:\n%s\n", e.LogTail(-1, n))
 	if e.HasControllerManager() {
-		tails = append(tails, logTail{"kube-controller-manager", e.ControllerManagerLogTail(n)})
+		fmt.Fprintf(&b, "--- tail of kube-controller-manager log:\n%s\n", e.ControllerManagerLogTail(n))
 	}
-	return tails
-}
-
-// firstRunning returns the index of the first running API server, or 0.
-func (e *Environment) firstRunning() int {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	for i, s := range e.apiservers {
-		if s.proc != nil {
-			return i
-		}
-	}
-	return 0
+	return b.String()
 }
 
 // Namespace creates a namespace with a fresh name derived from t's name and
@@ -286,31 +240,16 @@ func (e *Environment) Namespace(t testing.TB) string {
 // namespaceName turns a test name into a unique DNS label: lower case
 // letters, digits and dashes, at most 63 characters.
 func namespaceName(testName string) string {
-	var b strings.Builder
-	dash := true // no leading dash
-	for _, r := range strings.ToLower(testName) {
-		switch {
-		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
-			b.WriteRune(r)
-			dash = false
-		case !dash:
-			b.WriteByte('-')
-			dash = true
-		}
-		if b.Len() >= 48 {
-			break
-		}
-	}
-	base := strings.TrimRight(b.String(), "-")
+	base := strings.Trim(notDNSLabel.ReplaceAllString(strings.ToLower(testName), "-"), "-")
+	base = strings.TrimRight(base[:min(len(base), 48)], "-")
 	if base == "" {
 		base = "test"
 	}
-	suffix := make([]byte, 4)
-	if _, err := rand.Read(suffix); err != nil {
-		panic("envtest: crypto/rand failed: " + err.Error())
-	}
-	return base + "-" + hex.EncodeToString(suffix)
+	return base + "-" + randToken()[:8]
 }
+
+// notDNSLabel matches the runs of characters a DNS label cannot hold.
+var notDNSLabel = regexp.MustCompile(`[^a-z0-9]+`)
 
 // ServiceAccountToken returns a token for ServiceAccount ns/name bound to
 // audience, creating the ServiceAccount if it is missing: with an audience

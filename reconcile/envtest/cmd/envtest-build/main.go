@@ -171,18 +171,14 @@ func (b *builder) run() error {
 			return fmt.Errorf("lock %s: %w", lock.Name(), err)
 		}
 	}
-	if slices.Contains(b.binaries, "etcd") {
+	if slices.Contains(b.binaries, "etcd") && !b.cached("etcd", b.etcd) {
 		if err := b.buildEtcd(); err != nil {
 			return err
 		}
 	}
 	k8sModReady := false
 	for _, name := range []string{"kube-apiserver", "kube-controller-manager"} {
-		if !slices.Contains(b.binaries, name) {
-			continue
-		}
-		if b.present(name) {
-			logf("%s %s: cached at %s", name, b.kubernetes, filepath.Join(b.out, name))
+		if !slices.Contains(b.binaries, name) || b.cached(name, b.kubernetes) {
 			continue
 		}
 		if !k8sModReady {
@@ -191,16 +187,23 @@ func (b *builder) run() error {
 			}
 			k8sModReady = true
 		}
-		if err := b.buildKubernetes(name); err != nil {
+		if err := b.compile(b.k8sMod(), name, kubernetesLDFlags(b.kubernetes), "k8s.io/kubernetes/cmd/"+name); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func (b *builder) present(name string) bool {
-	st, err := os.Stat(filepath.Join(b.out, name))
-	return err == nil && !st.IsDir() && st.Mode()&0o111 != 0
+// cached reports whether the binary name (of version) is already in the
+// output directory, and if so says so.
+func (b *builder) cached(name, version string) bool {
+	bin := filepath.Join(b.out, name)
+	st, err := os.Stat(bin)
+	if err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
+		return false
+	}
+	logf("%s %s: cached at %s", name, version, bin)
+	return true
 }
 
 // goCmd runs go with args in dir; extra adds to the environment. Its
@@ -222,43 +225,56 @@ func goCmd(dir string, quiet bool, extra []string, args ...string) ([]byte, erro
 	return stdout.Bytes(), nil
 }
 
-// install moves dir/name.tmp to dir/name: an interrupted build leaves no
-// file that looks like a built binary.
-func install(out, name string) error {
-	return os.Rename(filepath.Join(out, name+".tmp"), filepath.Join(out, name))
+// writeModule creates the build module dir, without the go.sum of an
+// earlier run, and writes files (name: content) into it.
+func writeModule(dir string, files map[string]string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	_ = os.Remove(filepath.Join(dir, "go.sum"))
+	for name, data := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// buildTimes say how long each build takes, for the log.
+var buildTimes = map[string]string{
+	"etcd":                    "under a minute",
+	"kube-apiserver":          "about 5 minutes cold on 2 cores",
+	"kube-controller-manager": "about 4 minutes on 2 cores after kube-apiserver",
+}
+
+// compile builds pkg of the build module in dir into the output directory
+// as name, linked with ldflags. It writes name.tmp and renames it: an
+// interrupted build leaves no file that looks like a built binary.
+func (b *builder) compile(dir, name, ldflags, pkg string) error {
+	logf("%s: compiling (%s)", name, buildTimes[name])
+	start := time.Now()
+	bin := filepath.Join(b.out, name)
+	if _, err := goCmd(dir, false, []string{"CGO_ENABLED=0"}, "build", "-trimpath", "-ldflags", ldflags,
+		"-o", bin+".tmp", pkg); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	if err := os.Rename(bin+".tmp", bin); err != nil {
+		return err
+	}
+	logf("%s: built %s in %v", name, bin, time.Since(start).Round(time.Second))
+	return nil
 }
 
 func (b *builder) buildEtcd() error {
-	if b.present("etcd") {
-		logf("etcd %s: cached at %s", b.etcd, filepath.Join(b.out, "etcd"))
-		return nil
-	}
 	mod := filepath.Join(b.work, "etcd-"+b.etcd)
 	logf("etcd %s: preparing build module in %s", b.etcd, mod)
-	if err := os.MkdirAll(mod, 0o755); err != nil {
-		return err
-	}
-	_ = os.Remove(filepath.Join(mod, "go.sum"))
-	if err := os.WriteFile(filepath.Join(mod, "go.mod"), []byte(etcdGoMod(b.etcd)), 0o644); err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(mod, "main.go"), []byte(etcdMain), 0o644); err != nil {
+	if err := writeModule(mod, map[string]string{"go.mod": etcdGoMod(b.etcd), "main.go": etcdMain}); err != nil {
 		return err
 	}
 	if _, err := goCmd(mod, true, []string{"GOFLAGS=-mod=mod"}, "mod", "tidy"); err != nil {
 		return fmt.Errorf("etcd: %w", err)
 	}
-	logf("etcd: compiling")
-	start := time.Now()
-	if _, err := goCmd(mod, false, []string{"CGO_ENABLED=0"}, "build", "-trimpath", "-ldflags", "-s -w",
-		"-o", filepath.Join(b.out, "etcd.tmp"), "."); err != nil {
-		return fmt.Errorf("etcd: %w", err)
-	}
-	if err := install(b.out, "etcd"); err != nil {
-		return err
-	}
-	logf("etcd: built %s in %v", filepath.Join(b.out, "etcd"), time.Since(start).Round(time.Second))
-	return nil
+	return b.compile(mod, "etcd", "-s -w", ".")
 }
 
 func etcdGoMod(version string) string {
@@ -285,12 +301,8 @@ func (b *builder) k8sMod() string { return filepath.Join(b.work, "kubernetes-"+b
 func (b *builder) prepareKubernetes() error {
 	mod := b.k8sMod()
 	logf("kubernetes %s: preparing build module in %s", b.kubernetes, mod)
-	if err := os.MkdirAll(mod, 0o755); err != nil {
-		return err
-	}
-	_ = os.Remove(filepath.Join(mod, "go.sum"))
 	_ = os.Remove(filepath.Join(mod, "tools.go"))
-	if err := os.WriteFile(filepath.Join(mod, "go.mod"), []byte("module opkit.local/controlplane/kubernetes\n\ngo 1.26\n"), 0o644); err != nil {
+	if err := writeModule(mod, map[string]string{"go.mod": "module opkit.local/controlplane/kubernetes\n\ngo 1.26\n"}); err != nil {
 		return err
 	}
 	logf("kubernetes: fetching k8s.io/kubernetes@%s go.mod", b.kubernetes)
@@ -310,13 +322,10 @@ func (b *builder) prepareKubernetes() error {
 	if len(staged) == 0 {
 		return fmt.Errorf("found no staging replace directives in %s", info.GoMod)
 	}
-	if err := os.WriteFile(filepath.Join(mod, "go.mod"), []byte(kubernetesGoMod(b.kubernetes, staged)), 0o644); err != nil {
+	if err := writeModule(mod, map[string]string{"go.mod": kubernetesGoMod(b.kubernetes, staged), "tools.go": kubernetesTools}); err != nil {
 		return err
 	}
 	logf("kubernetes: replaced %d staging modules with %s; resolving module graph", len(staged), stagingVersion(b.kubernetes))
-	if err := os.WriteFile(filepath.Join(mod, "tools.go"), []byte(kubernetesTools), 0o644); err != nil {
-		return err
-	}
 	if _, err := goCmd(mod, true, []string{"GOFLAGS=-mod=mod"}, "mod", "tidy"); err != nil {
 		return fmt.Errorf("kubernetes: %w", err)
 	}
@@ -371,23 +380,4 @@ func kubernetesLDFlags(kubernetes string) string {
 	minor := kubernetesVersion.FindStringSubmatch(kubernetes)[1]
 	return fmt.Sprintf("-s -w -X %[1]s.gitVersion=%[2]s -X %[1]s.gitMajor=1 -X %[1]s.gitMinor=%[3]s -X %[1]s.gitTreeState=clean",
 		pkg, kubernetes, minor)
-}
-
-func (b *builder) buildKubernetes(name string) error {
-	how := map[string]string{
-		"kube-apiserver":          "about 5 minutes cold on 2 cores",
-		"kube-controller-manager": "about 4 minutes on 2 cores after kube-apiserver",
-	}[name]
-	logf("%s %s: compiling (%s)", name, b.kubernetes, how)
-	start := time.Now()
-	if _, err := goCmd(b.k8sMod(), false, []string{"CGO_ENABLED=0"}, "build", "-trimpath",
-		"-ldflags", kubernetesLDFlags(b.kubernetes), "-o", filepath.Join(b.out, name+".tmp"),
-		"k8s.io/kubernetes/cmd/"+name); err != nil {
-		return fmt.Errorf("%s: %w", name, err)
-	}
-	if err := install(b.out, name); err != nil {
-		return err
-	}
-	logf("%s: built %s in %v", name, filepath.Join(b.out, name), time.Since(start).Round(time.Second))
-	return nil
 }
