@@ -53,8 +53,8 @@ func (q *Queue[K, V]) passOn() {
 	if len(q.waiters) == 0 {
 		return
 	}
-	if p, ok := q.topReady(); ok {
-		q.wakeFor(p)
+	if l := q.first(); l != nil {
+		q.wakeFor(l.prio)
 	}
 }
 
