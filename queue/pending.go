@@ -35,8 +35,10 @@ func (q *Queue[K, V]) pushReady(i int32, s *slot[K, V]) {
 func (q *Queue[K, V]) pushDelayed(i int32, s *slot[K, V]) {
 	s.setState(stDelayed)
 	q.delay.push(mkDelem(s.due, i))
+	// Stale elements are dropped once they outnumber the valid ones.
 	if q.delayStale > 64 && q.delayStale > q.nDelayed {
-		q.compactDelay()
+		q.delay.filter(q.validDelayed)
+		q.delayStale = 0
 	}
 }
 
@@ -105,11 +107,6 @@ func (q *Queue[K, V]) compactReady() {
 		}
 	}
 	q.readyStale = 0
-}
-
-func (q *Queue[K, V]) compactDelay() {
-	q.delay.filter(q.validDelayed)
-	q.delayStale = 0
 }
 
 // promote moves the delayed entries due at now (at the shutdown time,
