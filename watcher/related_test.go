@@ -2,6 +2,7 @@ package watcher_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -188,4 +189,37 @@ func TestAMappingCanNameSeveralKeys(t *testing.T) {
 			t.Fatalf("added %v, want %v, each once", got, want)
 		}
 	})
+}
+
+// NewRelated refuses a config without Map, Client, Queue, a version or a
+// resource name, or with a Namespace for a cluster-scoped resource; a
+// Kind is not needed.
+func TestNewRelatedValidatesItsConfig(t *testing.T) {
+	valid := func() watcher.RelatedConfig[*Widget] {
+		r := configMaps
+		r.Kind = ""
+		return watcher.RelatedConfig[*Widget]{Client: newRelatedFake(), Resource: r, Map: watcher.OwnedBy(widgets), Queue: &adds{}}
+	}
+	if _, err := watcher.NewRelated(valid()); err != nil {
+		t.Fatalf("NewRelated of a valid config without Kind: %v", err)
+	}
+	for _, tc := range []struct {
+		name string
+		bad  func(*watcher.RelatedConfig[*Widget])
+		want string
+	}{
+		{"no Map", func(c *watcher.RelatedConfig[*Widget]) { c.Map = nil }, "Map"},
+		{"no Client", func(c *watcher.RelatedConfig[*Widget]) { c.Client = nil }, "Client"},
+		{"no Queue", func(c *watcher.RelatedConfig[*Widget]) { c.Queue = nil }, "Queue"},
+		{"no version", func(c *watcher.RelatedConfig[*Widget]) { c.Resource.Version = "" }, "version"},
+		{"no resource", func(c *watcher.RelatedConfig[*Widget]) { c.Resource.Resource = "" }, "resource"},
+		{"cluster-scoped", func(c *watcher.RelatedConfig[*Widget]) { c.Resource.Namespaced, c.Namespace = false, "ns" }, "cluster-scoped"},
+	} {
+		cfg := valid()
+		tc.bad(&cfg)
+		_, err := watcher.NewRelated(cfg)
+		if !errors.Is(err, watcher.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: NewRelated = %v, want ErrInvalidConfig mentioning %q", tc.name, err, tc.want)
+		}
+	}
 }
