@@ -67,7 +67,7 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 			s.key, s.next = key, none
 		}
 		s.val, s.due, s.prio = value, dueAt(now, opts.Delay), prio
-		if q.stamps {
+		if q.metrics != nil {
 			*q.enq(i) = now
 		}
 		q.schedule(i, s, now)
@@ -142,7 +142,7 @@ func (q *Queue[K, V]) park(hs *slot[K, V], key K, value V, delay time.Duration, 
 	i := q.alloc() // slots never move: hs stays valid
 	s := q.sl(i)
 	s.key, s.val, s.due, s.prio, s.next = key, value, dueAt(now, delay), prio, none
-	if q.stamps {
+	if q.metrics != nil {
 		*q.enq(i) = now
 	}
 	s.setState(stParked)

@@ -34,7 +34,6 @@ type Queue[K comparable, V any] struct {
 	mu      sync.Mutex
 	merge   func(held *V, incoming V)
 	metrics Metrics
-	stamps  bool // with Metrics: adds read the clock, for the queue latency
 	epoch   time.Time
 
 	ix     keyIndex // key -> its entry (the one in flight, if any)
@@ -78,7 +77,6 @@ func New[K comparable, V any](cfg Config[V]) *Queue[K, V] {
 	return &Queue[K, V]{
 		merge:   cfg.Merge,
 		metrics: cfg.Metrics,
-		stamps:  cfg.Metrics != nil,
 		epoch:   time.Now(),
 		ix:      newKeyIndex(),
 	}
@@ -132,7 +130,7 @@ func (q *Queue[K, V]) at(r *reading) int64 {
 // than now (so an entry due now is due) and keeps due times in order; it
 // is never reported.
 func (q *Queue[K, V]) addTime(r *reading) int64 {
-	if r.read || q.stamps {
+	if r.read || q.metrics != nil {
 		return q.at(r)
 	}
 	return q.lastNow
