@@ -195,31 +195,26 @@ func TestAMappingCanNameSeveralKeys(t *testing.T) {
 // resource name, or with a Namespace for a cluster-scoped resource; a
 // Kind is not needed.
 func TestNewRelatedValidatesItsConfig(t *testing.T) {
-	valid := func() watcher.RelatedConfig[*Widget] {
-		r := configMaps
-		r.Kind = ""
-		return watcher.RelatedConfig[*Widget]{Client: newRelatedFake(), Resource: r, Map: watcher.OwnedBy(widgets), Queue: &adds{}}
-	}
-	if _, err := watcher.NewRelated(valid()); err != nil {
+	c, q, m := newRelatedFake(), &adds{}, watcher.OwnedBy(widgets)
+	r := configMaps
+	r.Kind = ""
+	if _, err := watcher.NewRelated(watcher.RelatedConfig[*Widget]{Client: c, Resource: r, Map: m, Queue: q}); err != nil {
 		t.Fatalf("NewRelated of a valid config without Kind: %v", err)
 	}
-	for _, tc := range []struct {
-		name string
-		bad  func(*watcher.RelatedConfig[*Widget])
-		want string
-	}{
-		{"no Map", func(c *watcher.RelatedConfig[*Widget]) { c.Map = nil }, "Map"},
-		{"no Client", func(c *watcher.RelatedConfig[*Widget]) { c.Client = nil }, "Client"},
-		{"no Queue", func(c *watcher.RelatedConfig[*Widget]) { c.Queue = nil }, "Queue"},
-		{"no version", func(c *watcher.RelatedConfig[*Widget]) { c.Resource.Version = "" }, "version"},
-		{"no resource", func(c *watcher.RelatedConfig[*Widget]) { c.Resource.Resource = "" }, "resource"},
-		{"cluster-scoped", func(c *watcher.RelatedConfig[*Widget]) { c.Resource.Namespaced, c.Namespace = false, "ns" }, "cluster-scoped"},
+	noVersion, noName, cluster := r, r, r
+	noVersion.Version, noName.Resource, cluster.Namespaced = "", "", false
+	// Each config lacks what its error must mention (or, cluster-scoped,
+	// has a Namespace).
+	for want, cfg := range map[string]watcher.RelatedConfig[*Widget]{
+		"Map":            {Client: c, Resource: r, Queue: q},
+		"Client":         {Resource: r, Map: m, Queue: q},
+		"Queue":          {Client: c, Resource: r, Map: m},
+		"version":        {Client: c, Resource: noVersion, Map: m, Queue: q},
+		"name":           {Client: c, Resource: noName, Map: m, Queue: q},
+		"cluster-scoped": {Client: c, Resource: cluster, Namespace: "ns", Map: m, Queue: q},
 	} {
-		cfg := valid()
-		tc.bad(&cfg)
-		_, err := watcher.NewRelated(cfg)
-		if !errors.Is(err, watcher.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s: NewRelated = %v, want ErrInvalidConfig mentioning %q", tc.name, err, tc.want)
+		if _, err := watcher.NewRelated(cfg); !errors.Is(err, watcher.ErrInvalidConfig) || !strings.Contains(err.Error(), want) {
+			t.Errorf("NewRelated = %v, want ErrInvalidConfig mentioning %q", err, want)
 		}
 	}
 }
