@@ -26,39 +26,33 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 	// The clock is read only when needed: a merge into a due entry, the
 	// common case of a burst of events for one object, needs no time, and
 	// without Metrics neither does a new entry due now (see addTime).
-	var now int64
-	haveNow := false
+	var r reading
 	if opts.Delay > 0 {
 		// Another goroutine may have read a later time meanwhile: the
 		// queue's clock never goes back.
-		now, haveNow = max(early, q.lastNow), true
-		q.lastNow = now
+		r = reading{now: max(early, q.lastNow), read: true}
+		q.lastNow = r.now
 	}
 	prio := clamp32(opts.Priority)
 
 	head, pos := q.find(key, h)
 	hs, at := q.held(head)
-	if opts.MergeOnly {
-		var fits bool
-		if now, haveNow, fits = q.mergeOnlyFits(at, opts.Delay, now, haveNow); !fits {
-			q.mu.Unlock()
-			return NotHeld
-		}
+	if opts.MergeOnly && !q.mergeOnlyFits(at, opts.Delay, &r) {
+		q.mu.Unlock()
+		return NotHeld
 	}
 	if q.nDelayed > 0 && q.touchesReady(at, hs, opts.Delay, prio) {
-		now, haveNow = q.catchUp(now, haveNow), true
+		q.catchUp(&r)
 	}
 	out := Merged
 	switch {
 	case at != none:
-		q.mergeInto(at, value, opts.Delay, prio, now, haveNow, opts.MergeOnly)
+		q.mergeInto(at, value, opts.Delay, prio, &r, opts.MergeOnly)
 	case hs != nil && hs.state() == stInFlight:
-		q.park(hs, key, value, opts.Delay, prio, now, haveNow)
+		q.park(hs, key, value, opts.Delay, prio, q.addTime(&r))
 	default:
 		out = Queued
-		if !haveNow {
-			now = q.addTime()
-		}
+		now := q.addTime(&r)
 		var s *slot[K, V]
 		i := head
 		if hs != nil {
@@ -73,7 +67,7 @@ func (q *Queue[K, V]) Add(key K, value V, opts AddOptions) Outcome {
 			s.key, s.next = key, none
 		}
 		s.val, s.due, s.prio = value, dueAt(now, opts.Delay), prio
-		if q.stamps {
+		if q.metrics != nil {
 			*q.enq(i) = now
 		}
 		q.schedule(i, s, now)
@@ -123,48 +117,32 @@ func (q *Queue[K, V]) held(head int32) (hs *slot[K, V], at int32) {
 // entry at (none: nothing held): only if at is due no later than the add
 // itself (now+delay), as a merge that would make an entry earlier stores
 // nothing. A ready entry, or one due by the last clock reading, needs no
-// clock; otherwise it is read, and returned with haveNow like Add keeps
-// them.
-func (q *Queue[K, V]) mergeOnlyFits(at int32, delay time.Duration, now int64, haveNow bool) (int64, bool, bool) {
+// clock reading.
+func (q *Queue[K, V]) mergeOnlyFits(at int32, delay time.Duration, r *reading) bool {
 	if at == none {
-		return now, haveNow, false
+		return false
 	}
-	if s := q.sl(at); s.state() != stReady && s.due > q.lastNow {
-		if !haveNow {
-			now, haveNow = q.clock(), true
-		}
-		if s.due > dueAt(now, delay) {
-			return now, haveNow, false
-		}
-	}
-	return now, haveNow, true
+	s := q.sl(at)
+	return s.state() == stReady || s.due <= q.lastNow || s.due <= dueAt(q.at(r), delay)
 }
 
 // catchUp makes the delayed entries that fell due since the last Get
 // ready, before an add changes the ready entries: first come first served
-// counts from when an entry fell due, not from when a Get noticed. It
-// returns the clock: now if haveNow, else a new reading.
-func (q *Queue[K, V]) catchUp(now int64, haveNow bool) int64 {
-	if !haveNow {
-		now = q.clock()
-	}
-	if q.promote(now) {
+// counts from when an entry fell due, not from when a Get noticed.
+func (q *Queue[K, V]) catchUp(r *reading) {
+	if q.promote(q.at(r)) {
 		q.passOn()
 	}
-	return now
 }
 
 // park stores the first add for a key while it is in flight (its head
-// slot is hs): a parked entry behind it, which becomes pending at Done.
-// now is the clock if haveNow.
-func (q *Queue[K, V]) park(hs *slot[K, V], key K, value V, delay time.Duration, prio int32, now int64, haveNow bool) {
-	if !haveNow {
-		now = q.addTime()
-	}
+// slot is hs), added at now: a parked entry behind it, which becomes
+// pending at Done.
+func (q *Queue[K, V]) park(hs *slot[K, V], key K, value V, delay time.Duration, prio int32, now int64) {
 	i := q.alloc() // slots never move: hs stays valid
 	s := q.sl(i)
 	s.key, s.val, s.due, s.prio, s.next = key, value, dueAt(now, delay), prio, none
-	if q.stamps {
+	if q.metrics != nil {
 		*q.enq(i) = now
 	}
 	s.setState(stParked)
@@ -193,23 +171,19 @@ func (q *Queue[K, V]) touchesReady(at int32, hs *slot[K, V], delay time.Duration
 
 // mergeInto merges an add into the held (pending or parked) entry t;
 // keepDue (a MergeOnly add, which Add let through only if t is due no
-// later than itself) leaves its due time alone. now is the clock if
-// haveNow, else it is read only when the merge needs it.
-func (q *Queue[K, V]) mergeInto(t int32, value V, delay time.Duration, prio int32, now int64, haveNow, keepDue bool) {
+// later than itself) leaves its due time alone. The clock is read (into
+// r) only when the merge needs it.
+func (q *Queue[K, V]) mergeInto(t int32, value V, delay time.Duration, prio int32, r *reading, keepDue bool) {
 	s := q.sl(t)
 	if q.merge != nil {
 		q.merge(&s.val, value)
 	}
 	// The incoming due time is now+delay. It matters only if it may be
-	// earlier than the held one, which an entry already due never is.
-	var due int64
+	// earlier than the held one, which an entry already due never is;
+	// when it is earlier, r has been read.
+	due := s.due
 	if !keepDue && s.state() != stReady && (delay > 0 || s.due > q.lastNow) {
-		if !haveNow {
-			now = q.clock()
-		}
-		due = dueAt(now, delay)
-	} else {
-		due = s.due
+		due = dueAt(q.at(r), delay)
 	}
 	// A ready entry keeps its due time.
 	if prio <= s.prio && (due >= s.due || s.state() == stReady) {
@@ -236,14 +210,14 @@ func (q *Queue[K, V]) mergeInto(t int32, value V, delay time.Duration, prio int3
 		if due < s.due {
 			s.due = due
 			q.delayStale++
-			if due <= now {
+			if due <= r.now {
 				q.nDelayed--
 				q.nReady++
 				q.pushReady(t, s)
 				q.wakeFor(s.prio)
 			} else {
 				q.pushDelayed(t, s)
-				q.rearm(now)
+				q.rearm(r.now)
 			}
 		}
 	}

@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"cmp"
 	"math/rand/v2"
 	"time"
 )
@@ -46,19 +47,14 @@ func (b Backoff) Delay(retries int) time.Duration {
 	if retries < 1 {
 		return 0
 	}
-	base, capd, jitter := b.Base, b.Cap, b.Jitter
+	base, capd := b.Base, b.Cap
 	if base <= 0 {
 		base = DefaultBackoffBase
 	}
 	if capd <= 0 {
 		capd = DefaultBackoffCap
 	}
-	if jitter == 0 {
-		jitter = DefaultBackoffJitter
-	}
-	if jitter > 1 {
-		jitter = 1
-	}
+	jitter := min(cmp.Or(b.Jitter, DefaultBackoffJitter), 1) // a negative one stays: no jitter
 	d := capd
 	if shift := retries - 1; shift < 62 && base <= capd>>shift {
 		d = base << shift

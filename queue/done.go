@@ -105,6 +105,6 @@ func (q *Queue[K, V]) evictIdle() {
 			q.release(i)
 		}
 	}
-	q.rebuildIndex(len(q.ix.tbl))
+	q.rebuildIndex()
 	q.nIdle = 0
 }

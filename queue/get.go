@@ -67,9 +67,9 @@ func (q *Queue[K, V]) get(ctx context.Context, min int32) (Item[K, V], error) {
 			}
 		}
 		if q.nReady > 0 {
-			// A plain Get takes whatever is first; a GetAtLeast looks at
-			// the first entry's priority before.
-			if min == anyPriority || q.readyAtLeast(min) {
+			// A plain Get takes whatever is first (every priority is at
+			// least anyPriority); a GetAtLeast only an entry at min or above.
+			if q.first().prio >= min {
 				var it Item[K, V]
 				q.take(now, &it)
 				if w != nil {
@@ -128,25 +128,15 @@ func (q *Queue[K, V]) get(ctx context.Context, min int32) (Item[K, V], error) {
 // take hands out the first ready entry of the highest priority. The caller
 // made sure nReady > 0.
 func (q *Queue[K, V]) take(now int64, it *Item[K, V]) {
-	for _, l := range q.levels {
-		for l.ring.n > 0 {
-			e := l.ring.pop()
-			s := q.sl(e.idx)
-			if s.meta != e.meta { // stale
-				q.readyStale--
-				continue
-			}
-			it.Key, it.Value, it.Priority = s.key, s.val, int(s.prio)
-			q.nReady--
-			s.setState(stInFlight)
-			q.inflight = append(q.inflight, flight[K]{s.key, e.idx})
-			if m := q.metrics; m != nil {
-				m.Depth(int(s.prio), -1)
-				m.Waited(int(s.prio), time.Duration(now-*q.enq(e.idx)))
-				s.due = now
-			}
-			return
-		}
+	e := q.first().ring.pop()
+	s := q.sl(e.idx)
+	it.Key, it.Value, it.Priority = s.key, s.val, int(s.prio)
+	q.nReady--
+	s.setState(stInFlight)
+	q.inflight = append(q.inflight, flight[K]{s.key, e.idx})
+	if m := q.metrics; m != nil {
+		m.Depth(int(s.prio), -1)
+		m.Waited(int(s.prio), time.Duration(now-*q.enq(e.idx)))
+		s.due = now
 	}
-	panic("queue: internal error: no ready entry")
 }

@@ -49,16 +49,18 @@ func (q *Queue[K, V]) insertAt(p int, h uint32, i int32) {
 	q.ix.tbl[p] = uint64(h)<<32 | uint64(uint32(i+1))
 	q.ix.n++
 	if q.ix.n*5 > len(q.ix.tbl)*4 {
-		q.ix.grow()
+		q.ix.resize(2 * len(q.ix.tbl))
 	}
 }
 
-// grow doubles the table. Between operations every word maps a slot in
-// use (Done remaps a key before it frees a slot; evictions and Clear
-// rebuild the table after freeing), so growing is a pass over the words
-// alone: it reads no slot and hashes no key.
-func (ix *keyIndex) grow() {
-	t := make([]uint64, 2*len(ix.tbl))
+// resize moves every word to a new table of the given size (a power of
+// two, with room for them all): insertAt doubles the table, rebuildIndex
+// shrinks it. Every word maps a slot in use (Done remaps a key before it
+// frees a slot; evictions and Clear drop the words of the slots they
+// free first), so resizing is a pass over the words alone: it reads no
+// slot and hashes no key.
+func (ix *keyIndex) resize(size int) {
+	t := make([]uint64, size)
 	for _, w := range ix.tbl {
 		if w != 0 {
 			place(t, w)
@@ -84,14 +86,15 @@ func (q *Queue[K, V]) setAt(p int, i int32) {
 }
 
 // rebuildIndex drops the words of freed slots and re-places the others,
-// into a table of the given size or smaller. The table keeps room for as
+// into a table of the same size or smaller. The table keeps room for as
 // many finished keys as the queue may keep before its next eviction
 // (max(minIdle, live entries) beside the keys it keeps): shrinking below
 // that would only grow it back, an allocation at each doubling, before
-// the next eviction. (It never needs to grow: it held these keys before.) At an unchanged size the table is rebuilt in
-// place, without allocating.
-func (q *Queue[K, V]) rebuildIndex(size int) {
+// the next eviction. (It never needs to grow: it held these keys before.)
+// At an unchanged size the table is rebuilt in place, without allocating.
+func (q *Queue[K, V]) rebuildIndex() {
 	t := q.ix.tbl
+	size := len(t)
 	n, idle, e := 0, 0, -1
 	for p, w := range t {
 		if w == 0 {
@@ -117,13 +120,7 @@ func (q *Queue[K, V]) rebuildIndex(size int) {
 	if size == len(t) && e >= 0 {
 		rehashInPlace(t, e)
 	} else {
-		nt := make([]uint64, size)
-		for _, w := range t {
-			if w != 0 {
-				place(nt, w)
-			}
-		}
-		q.ix.tbl = nt
+		q.ix.resize(size)
 	}
 	q.ix.n = n
 }

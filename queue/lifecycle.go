@@ -66,7 +66,7 @@ func (q *Queue[K, V]) Clear() int {
 		q.release(i)
 		n++
 	}
-	q.rebuildIndex(len(q.ix.tbl)) // drops the keys whose entries were freed
+	q.rebuildIndex() // drops the keys whose entries were freed
 	for _, l := range q.levels {
 		l.ring.reset()
 	}

@@ -35,8 +35,10 @@ func (q *Queue[K, V]) pushReady(i int32, s *slot[K, V]) {
 func (q *Queue[K, V]) pushDelayed(i int32, s *slot[K, V]) {
 	s.setState(stDelayed)
 	q.delay.push(mkDelem(s.due, i))
+	// Stale elements are dropped once they outnumber the valid ones.
 	if q.delayStale > 64 && q.delayStale > q.nDelayed {
-		q.compactDelay()
+		q.delay.filter(q.validDelayed)
+		q.delayStale = 0
 	}
 }
 
@@ -107,11 +109,6 @@ func (q *Queue[K, V]) compactReady() {
 	q.readyStale = 0
 }
 
-func (q *Queue[K, V]) compactDelay() {
-	q.delay.filter(q.validDelayed)
-	q.delayStale = 0
-}
-
 // promote moves the delayed entries due at now (at the shutdown time,
 // after ShutDown) to the ready rings, in due order, and reports whether it
 // moved any.
@@ -147,28 +144,22 @@ func (q *Queue[K, V]) earliest() (int64, bool) {
 	return 0, false
 }
 
-// topReady returns the priority of the first ready entry, dropping stale
-// ring heads on the way; ok is false if no entry is ready.
-func (q *Queue[K, V]) topReady() (prio int32, ok bool) {
+// first returns the level whose ring starts with the first ready entry
+// (the highest priority's), dropping stale ring heads on the way; nil if
+// no entry is ready.
+func (q *Queue[K, V]) first() *level {
 	if q.nReady == 0 {
-		return 0, false
+		return nil
 	}
 	for _, l := range q.levels {
 		for l.ring.n > 0 {
 			e := l.ring.buf[l.ring.head]
 			if q.valid(e.idx, e.meta) {
-				return l.prio, true
+				return l
 			}
 			l.ring.pop()
 			q.readyStale--
 		}
 	}
-	return 0, false
-}
-
-// readyAtLeast reports whether the first ready entry has priority min or
-// higher.
-func (q *Queue[K, V]) readyAtLeast(min int32) bool {
-	top, ok := q.topReady()
-	return ok && top >= min
+	return nil
 }

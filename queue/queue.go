@@ -34,7 +34,6 @@ type Queue[K comparable, V any] struct {
 	mu      sync.Mutex
 	merge   func(held *V, incoming V)
 	metrics Metrics
-	stamps  bool // with Metrics: adds read the clock, for the queue latency
 	epoch   time.Time
 
 	ix     keyIndex // key -> its entry (the one in flight, if any)
@@ -78,7 +77,6 @@ func New[K comparable, V any](cfg Config[V]) *Queue[K, V] {
 	return &Queue[K, V]{
 		merge:   cfg.Merge,
 		metrics: cfg.Metrics,
-		stamps:  cfg.Metrics != nil,
 		epoch:   time.Now(),
 		ix:      newKeyIndex(),
 	}
@@ -112,12 +110,28 @@ func dueAt(now int64, delay time.Duration) int64 {
 	return math.MaxInt64
 }
 
-// addTime is the add time of an entry due now: the clock with Metrics,
-// else the last clock reading, which is no later than now (so the entry
-// is due) and keeps due times in order; it is never reported.
-func (q *Queue[K, V]) addTime() int64 {
-	if q.stamps {
-		return q.clock()
+// reading is the clock as an add has read it, if it has (read): an add
+// reads the clock at most once, and only when it needs the time.
+type reading struct {
+	now  int64
+	read bool
+}
+
+// at returns r's time, reading the clock if r has not been read yet.
+func (q *Queue[K, V]) at(r *reading) int64 {
+	if !r.read {
+		r.now, r.read = q.clock(), true
+	}
+	return r.now
+}
+
+// addTime is the add time of a new entry: r's time if it was read, else
+// the clock with Metrics, else the last clock reading, which is no later
+// than now (so an entry due now is due) and keeps due times in order; it
+// is never reported.
+func (q *Queue[K, V]) addTime(r *reading) int64 {
+	if r.read || q.metrics != nil {
+		return q.at(r)
 	}
 	return q.lastNow
 }

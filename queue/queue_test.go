@@ -817,6 +817,12 @@ func TestBackoffDelay(t *testing.T) {
 			t.Errorf("zero Backoff.Delay(%d) = %v, want in [%v, %v]", r, got, lo, full)
 		}
 	}
+	// A Jitter above 1 counts as 1: the delay is shortened at most to zero.
+	for range 100 {
+		if got := (queue.Backoff{Base: time.Second, Cap: time.Second, Jitter: 5}).Delay(1); got < 0 || got > time.Second {
+			t.Fatalf("Backoff with Jitter 5: Delay(1) = %v, want in [0, 1s]", got)
+		}
+	}
 }
 
 // Semantics 8: observability.

@@ -78,7 +78,7 @@ func (q *Queue[K, V]) alloc() int32 {
 	}
 	if int(q.nslots) == len(q.pages)*pageSize {
 		q.pages = append(q.pages, make([]slot[K, V], pageSize))
-		if q.stamps {
+		if q.metrics != nil {
 			q.enqs = append(q.enqs, make([]int64, pageSize))
 		}
 	}

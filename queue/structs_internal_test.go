@@ -21,7 +21,7 @@ func TestDelayHeap(t *testing.T) {
 		if h.len() != n {
 			t.Fatalf("n=%d: len %d after pushes", n, h.len())
 		}
-		// drop the odd indices, as compactDelay drops stale elements
+		// drop the odd indices, as pushDelayed drops stale elements
 		h.filter(func(e delem) bool { return e.idx%2 == 0 })
 		kept := want[:0:0]
 		for i, d := range want {

@@ -4,6 +4,7 @@ package queue
 
 import (
 	"math"
+	"slices"
 	"time"
 )
 
@@ -34,9 +35,7 @@ func (q *Queue[K, V]) wakeFor(prio int32) {
 // wakeAt removes waiter i from the blocked Gets and wakes it.
 func (q *Queue[K, V]) wakeAt(i int) {
 	w := q.waiters[i]
-	copy(q.waiters[i:], q.waiters[i+1:])
-	q.waiters[len(q.waiters)-1] = nil
-	q.waiters = q.waiters[:len(q.waiters)-1]
+	q.waiters = slices.Delete(q.waiters, i, i+1)
 	select {
 	case w.ch <- struct{}{}:
 	default:
@@ -53,8 +52,8 @@ func (q *Queue[K, V]) passOn() {
 	if len(q.waiters) == 0 {
 		return
 	}
-	if p, ok := q.topReady(); ok {
-		q.wakeFor(p)
+	if l := q.first(); l != nil {
+		q.wakeFor(l.prio)
 	}
 }
 
@@ -82,13 +81,8 @@ func (q *Queue[K, V]) rearm(now int64) {
 // leave unregisters w after it woke up, for whatever reason. It reports
 // whether w had been sent a wake-up.
 func (q *Queue[K, V]) leave(w *waiter) (signalled bool) {
-	for i, x := range q.waiters {
-		if x == w {
-			copy(q.waiters[i:], q.waiters[i+1:])
-			q.waiters[len(q.waiters)-1] = nil
-			q.waiters = q.waiters[:len(q.waiters)-1]
-			break
-		}
+	if i := slices.Index(q.waiters, w); i >= 0 {
+		q.waiters = slices.Delete(q.waiters, i, i+1)
 	}
 	if q.owner == w {
 		q.owner = nil

@@ -302,22 +302,17 @@ func classify(err error) Reason {
 func (l *loop) delay(reason Reason, err error) time.Duration {
 	b := l.cfg.backoff
 	d := queue.Backoff{Base: b.Base, Cap: b.Cap, Jitter: 0.5}.Delay(max(l.failures, 1))
-	slow := queue.Backoff{Base: b.Slow, Cap: b.Slow, Jitter: 0.5}.Delay(1)
-	switch reason {
-	case ReasonUnreachable, ReasonError, ReasonClosed:
-		d = min(d, b.Transient)
-	case ReasonForbidden:
-		if l.refusals > queue.TransientRefusals {
-			d = max(d, slow)
-		} else {
-			d = min(d, b.Transient)
-		}
-	case ReasonNotFound:
-		d = max(d, slow)
-	case ReasonThrottled:
+	switch {
+	case reason == ReasonThrottled:
 		if secs, ok := apierrors.SuggestsClientDelay(err); ok {
 			d = max(d, time.Duration(secs)*time.Second)
 		}
+	case reason == ReasonNotFound, reason == ReasonForbidden && l.refusals > queue.TransientRefusals:
+		d = max(d, queue.Backoff{Base: b.Slow, Cap: b.Slow, Jitter: 0.5}.Delay(1))
+	default:
+		// What an API server's restart causes: unreachable, another
+		// error, a watch closed early, one of the first refusals.
+		d = min(d, b.Transient)
 	}
 	return d
 }

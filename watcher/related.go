@@ -112,25 +112,18 @@ type relatedObject struct {
 
 // NewRelated validates cfg and returns a Related. It starts nothing.
 func NewRelated[T opkit.Object](cfg RelatedConfig[T]) (*Related[T], error) {
-	bad := func(format string, args ...any) (*Related[T], error) {
-		return nil, fmt.Errorf("%w: related %s: "+format, append([]any{ErrInvalidConfig, cfg.Resource.GroupResource()}, args...)...)
+	if cfg.Map == nil {
+		return nil, fmt.Errorf("%w: related %s: Map is nil", ErrInvalidConfig, cfg.Resource.GroupResource())
 	}
-	switch {
-	case cfg.Client == nil || cfg.Queue == nil || cfg.Map == nil:
-		return bad("Client, Queue and Map are required")
-	case cfg.Resource.Version == "" || cfg.Resource.Resource == "":
-		return bad("Resource needs a version and a resource name")
-	case !cfg.Resource.Namespaced && cfg.Namespace != "":
-		return bad("cluster-scoped, but Namespace is %q", cfg.Namespace)
-	}
-	// The loop's settings take Config's defaults and validation.
+	// The rest takes Config's validation and defaults (a Kind is not
+	// needed: the related objects are never decoded).
 	c, err := Config[T]{Client: cfg.Client, Queue: cfg.Queue,
 		Resource:  opkit.Resource{GroupVersionResource: cfg.Resource.GroupVersionResource, Kind: cmp.Or(cfg.Resource.Kind, "Related"), Namespaced: cfg.Resource.Namespaced},
 		Namespace: cfg.Namespace, LabelSelector: cfg.LabelSelector, FieldSelector: cfg.FieldSelector,
 		PageSize: cfg.PageSize, IdleTimeout: cfg.IdleTimeout, Backoff: cfg.Backoff, Metrics: cfg.Metrics, Logger: cfg.Logger,
 	}.withDefaults()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("related %s: %w", cfg.Resource.GroupResource(), err)
 	}
 	cfg.Metrics = c.Metrics
 	return &Related[T]{cfg: cfg, loop: newLoop(c.loopConfig()), related: []string{cfg.Resource.GroupResource().String()},

@@ -2,6 +2,7 @@ package watcher_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -188,4 +189,32 @@ func TestAMappingCanNameSeveralKeys(t *testing.T) {
 			t.Fatalf("added %v, want %v, each once", got, want)
 		}
 	})
+}
+
+// NewRelated refuses a config without Map, Client, Queue, a version or a
+// resource name, or with a Namespace for a cluster-scoped resource; a
+// Kind is not needed.
+func TestNewRelatedValidatesItsConfig(t *testing.T) {
+	c, q, m := newRelatedFake(), &adds{}, watcher.OwnedBy(widgets)
+	r := configMaps
+	r.Kind = ""
+	if _, err := watcher.NewRelated(watcher.RelatedConfig[*Widget]{Client: c, Resource: r, Map: m, Queue: q}); err != nil {
+		t.Fatalf("NewRelated of a valid config without Kind: %v", err)
+	}
+	noVersion, noName, cluster := r, r, r
+	noVersion.Version, noName.Resource, cluster.Namespaced = "", "", false
+	// Each config lacks what its error must mention (or, cluster-scoped,
+	// has a Namespace).
+	for want, cfg := range map[string]watcher.RelatedConfig[*Widget]{
+		"Map":            {Client: c, Resource: r, Queue: q},
+		"Client":         {Resource: r, Map: m, Queue: q},
+		"Queue":          {Client: c, Resource: r, Map: m},
+		"version":        {Client: c, Resource: noVersion, Map: m, Queue: q},
+		"name":           {Client: c, Resource: noName, Map: m, Queue: q},
+		"cluster-scoped": {Client: c, Resource: cluster, Namespace: "ns", Map: m, Queue: q},
+	} {
+		if _, err := watcher.NewRelated(cfg); !errors.Is(err, watcher.ErrInvalidConfig) || !strings.Contains(err.Error(), want) {
+			t.Errorf("NewRelated = %v, want ErrInvalidConfig mentioning %q", err, want)
+		}
+	}
 }
