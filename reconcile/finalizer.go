@@ -109,9 +109,7 @@ func (f *Finalizer[T]) remove(ctx context.Context, obj T) (T, error) {
 // update writes the finalizer list change computes from the object's
 // current state, re-reading the object after a conflict.
 func (f *Finalizer[T]) update(ctx context.Context, obj T, change func(T) ([]string, bool)) (T, error) {
-	key := opkit.KeyOf(obj)
-	cur := obj
-	for attempt := 0; ; attempt++ {
+	return writeRetrying(ctx, f.client, obj, defaultConflictRetries, "finalizer "+f.name, func(cur T) (T, error) {
 		fins, ok := change(cur)
 		if !ok {
 			return cur, nil
@@ -120,18 +118,32 @@ func (f *Finalizer[T]) update(ctx context.Context, obj T, change func(T) ([]stri
 		if err != nil {
 			return cur, err
 		}
-		switch out, err := f.client.Patch(ctx, key, types.MergePatchType, patch); {
-		case err == nil:
-			noteWrite(ctx, out)
-			return out, nil
-		case !apierrors.IsConflict(err) || attempt >= defaultConflictRetries:
-			return cur, fmt.Errorf("reconcile: finalizer %s on %s: %w", f.name, key, err)
+		out, err := f.client.Patch(ctx, opkit.KeyOf(obj), types.MergePatchType, patch)
+		if err != nil {
+			return cur, fmt.Errorf("reconcile: finalizer %s on %s: %w", f.name, opkit.KeyOf(obj), err)
 		}
-		if cur, err = f.client.Get(ctx, key); err != nil {
-			return obj, fmt.Errorf("reconcile: finalizer %s: re-read %s: %w", f.name, key, err)
+		noteWrite(ctx, out)
+		return out, nil
+	})
+}
+
+// writeRetrying is the optimistic concurrency of the Status and Finalizer
+// helpers: it returns write(obj) and, after a 409 Conflict, up to retries
+// times, write of the object read again, as long as that is still obj
+// (sameObject). what names the helper in errors.
+func writeRetrying[T opkit.Object](ctx context.Context, c *typed.Client[T], obj T, retries int, what string, write func(cur T) (T, error)) (T, error) {
+	key := opkit.KeyOf(obj)
+	cur := obj
+	for attempt := 0; ; attempt++ {
+		out, err := write(cur)
+		if !apierrors.IsConflict(err) || attempt >= retries {
+			return out, err
 		}
-		if err := sameObject(f.client.Resource(), obj, cur); err != nil {
-			return obj, fmt.Errorf("reconcile: finalizer %s: %w", f.name, err)
+		if cur, err = c.Get(ctx, key); err != nil {
+			return obj, fmt.Errorf("reconcile: %s: re-read %s: %w", what, key, err)
+		}
+		if err := sameObject(c.Resource(), obj, cur); err != nil {
+			return obj, fmt.Errorf("reconcile: %s: %w", what, err)
 		}
 	}
 }
