@@ -163,9 +163,6 @@ func sameObject(res opkit.Resource, obj, cur opkit.Object) error {
 // finalizerPatch is a merge patch that replaces metadata.finalizers with fins
 // if, and only if, the object is still at resourceVersion rv.
 func finalizerPatch(rv string, fins []string) ([]byte, error) {
-	if fins == nil {
-		fins = []string{} // [], not null
-	}
 	meta := map[string]any{"finalizers": fins}
 	if rv != "" {
 		meta["resourceVersion"] = rv
