@@ -363,15 +363,12 @@ func (c *Controller[T]) Run(ctx context.Context) error {
 			return nil
 		})
 	}
-	first := true
 	for _, s := range c.shards {
 		if s == nil {
 			continue
 		}
-		w := []Runnable(nil)
-		if first {
-			w, first = work, false
-		}
+		w := work
+		work = nil // the term work runs in the first shard's terms only
 		g.Go(func() error { return s.runTerms(ctx, gctx, w) })
 	}
 	return g.Wait()

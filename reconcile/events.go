@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"time"
-	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
@@ -97,13 +97,10 @@ func (r *Recorder) build(obj opkit.Object, spec EventSpec, now time.Time) *event
 	}
 	note := spec.Note
 	if len(note) > 1024 {
-		// Cut on a character boundary: a cut character would be sent as
-		// U+FFFD (3 bytes) and take the note over the API server's limit.
-		n := 1021
-		for n > 0 && !utf8.RuneStart(note[n]) {
-			n--
-		}
-		note = note[:n] + "..."
+		// Cut on a character boundary (ToValidUTF8 drops the bytes of a
+		// cut character): a cut character would be sent as U+FFFD (3
+		// bytes) and take the note over the API server's limit.
+		note = strings.ToValidUTF8(note[:1021], "") + "..."
 	}
 	return &eventsv1.Event{
 		ObjectMeta: metav1.ObjectMeta{

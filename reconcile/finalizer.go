@@ -57,14 +57,14 @@ func (f *Finalizer[T]) Handle(ctx context.Context, obj T, finalize FinalizeFunc[
 		return obj, false, errors.New("reconcile: finalizer: nil object")
 	}
 	if obj.GetDeletionTimestamp() == nil {
-		switch out, err := f.add(ctx, obj); {
+		switch out, err := f.set(ctx, obj, true); {
 		case typed.Gone(err, obj.GetName()):
 			return obj, false, nil
 		case err != nil:
 			return obj, false, err
 		case out.GetDeletionTimestamp() == nil:
 			return out, true, nil
-		default: // it started deleting while Add retried
+		default: // it started deleting while set retried after a conflict
 			obj = out
 		}
 	}
@@ -76,62 +76,57 @@ func (f *Finalizer[T]) Handle(ctx context.Context, obj T, finalize FinalizeFunc[
 			return obj, false, fmt.Errorf("finalize %s: %w", opkit.KeyOf(obj), err)
 		}
 	}
-	out, err = f.remove(ctx, obj)
+	out, err = f.set(ctx, obj, false)
 	if typed.Gone(err, obj.GetName()) {
 		return obj, false, nil
 	}
 	return out, false, err
 }
 
-// add puts the finalizer on obj unless it is there or obj is being
-// deleted, and returns the object as written (or obj).
-func (f *Finalizer[T]) add(ctx context.Context, obj T) (T, error) {
-	return f.update(ctx, obj, func(o T) ([]string, bool) {
-		fins := o.GetFinalizers()
-		if o.GetDeletionTimestamp() != nil || slices.Contains(fins, f.name) {
-			return nil, false
-		}
-		return append(slices.Clone(fins), f.name), true
-	})
-}
-
-// remove takes the finalizer off obj if it is there, keeping the others.
-func (f *Finalizer[T]) remove(ctx context.Context, obj T) (T, error) {
-	return f.update(ctx, obj, func(o T) ([]string, bool) {
-		fins := o.GetFinalizers()
-		if !slices.Contains(fins, f.name) {
-			return nil, false
-		}
-		return slices.DeleteFunc(slices.Clone(fins), func(s string) bool { return s == f.name }), true
-	})
-}
-
-// update writes the finalizer list change computes from the object's
-// current state, re-reading the object after a conflict.
-func (f *Finalizer[T]) update(ctx context.Context, obj T, change func(T) ([]string, bool)) (T, error) {
-	key := opkit.KeyOf(obj)
-	cur := obj
-	for attempt := 0; ; attempt++ {
-		fins, ok := change(cur)
-		if !ok {
+// set puts the finalizer on obj (on) or takes it off, keeping the
+// others, and returns the object as written, or as it is when there is
+// nothing to change (the finalizer already so, or, to put it on, obj being
+// deleted). After a conflict it decides again on the object read again.
+func (f *Finalizer[T]) set(ctx context.Context, obj T, on bool) (T, error) {
+	return writeRetrying(ctx, f.client, obj, defaultConflictRetries, "finalizer "+f.name, func(cur T) (T, error) {
+		fins := cur.GetFinalizers()
+		if slices.Contains(fins, f.name) == on || on && cur.GetDeletionTimestamp() != nil {
 			return cur, nil
+		}
+		fins = slices.DeleteFunc(slices.Clone(fins), func(s string) bool { return s == f.name })
+		if on {
+			fins = append(fins, f.name)
 		}
 		patch, err := finalizerPatch(cur.GetResourceVersion(), fins)
 		if err != nil {
 			return cur, err
 		}
-		switch out, err := f.client.Patch(ctx, key, types.MergePatchType, patch); {
-		case err == nil:
-			noteWrite(ctx, out)
-			return out, nil
-		case !apierrors.IsConflict(err) || attempt >= defaultConflictRetries:
-			return cur, fmt.Errorf("reconcile: finalizer %s on %s: %w", f.name, key, err)
+		out, err := f.client.Patch(ctx, opkit.KeyOf(obj), types.MergePatchType, patch)
+		if err != nil {
+			return cur, fmt.Errorf("reconcile: finalizer %s on %s: %w", f.name, opkit.KeyOf(obj), err)
 		}
-		if cur, err = f.client.Get(ctx, key); err != nil {
-			return obj, fmt.Errorf("reconcile: finalizer %s: re-read %s: %w", f.name, key, err)
+		noteWrite(ctx, out)
+		return out, nil
+	})
+}
+
+// writeRetrying is the optimistic concurrency of the Status and Finalizer
+// helpers: it returns write(obj) and, after a 409 Conflict, up to retries
+// times, write of the object read again, as long as that is still obj
+// (sameObject). what names the helper in errors.
+func writeRetrying[T opkit.Object](ctx context.Context, c *typed.Client[T], obj T, retries int, what string, write func(cur T) (T, error)) (T, error) {
+	key := opkit.KeyOf(obj)
+	cur := obj
+	for attempt := 0; ; attempt++ {
+		out, err := write(cur)
+		if !apierrors.IsConflict(err) || attempt >= retries {
+			return out, err
 		}
-		if err := sameObject(f.client.Resource(), obj, cur); err != nil {
-			return obj, fmt.Errorf("reconcile: finalizer %s: %w", f.name, err)
+		if cur, err = c.Get(ctx, key); err != nil {
+			return obj, fmt.Errorf("reconcile: %s: re-read %s: %w", what, key, err)
+		}
+		if err := sameObject(c.Resource(), obj, cur); err != nil {
+			return obj, fmt.Errorf("reconcile: %s: %w", what, err)
 		}
 	}
 }
@@ -151,9 +146,6 @@ func sameObject(res opkit.Resource, obj, cur opkit.Object) error {
 // finalizerPatch is a merge patch that replaces metadata.finalizers with fins
 // if, and only if, the object is still at resourceVersion rv.
 func finalizerPatch(rv string, fins []string) ([]byte, error) {
-	if fins == nil {
-		fins = []string{} // [], not null
-	}
 	meta := map[string]any{"finalizers": fins}
 	if rv != "" {
 		meta["resourceVersion"] = rv

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"slices"
 	"strings"
@@ -223,12 +222,8 @@ func (g *Group) HealthServer(addr string) Runnable {
 		mux.Handle("GET /healthz", g.HealthzHandler())
 		mux.Handle("GET /readyz", g.ReadyzHandler())
 		srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second, ErrorLog: slog.NewLogLogger(g.log.Handler(), slog.LevelWarn)}
-		ln, err := net.Listen("tcp", addr)
-		if err != nil {
-			return fmt.Errorf("health server: %w", err)
-		}
 		served := make(chan error, 1)
-		go func() { served <- srv.Serve(ln) }()
+		go func() { served <- srv.ListenAndServe() }()
 		select {
 		case err := <-served:
 			return fmt.Errorf("health server: %w", err)

@@ -143,13 +143,13 @@ func (s *shard[T]) identity() string {
 // check is the shard's readiness: its elector's health, and while this
 // replica works on it its watcher's.
 func (s *shard[T]) check() error {
-	var errs []error
-	if s.elector != nil {
-		if errs = append(errs, s.elector.Check()); !s.elector.IsLeader() {
-			return errs[0]
-		}
+	switch {
+	case s.elector == nil:
+		return s.watch.Check()
+	case !s.elector.IsLeader():
+		return s.elector.Check()
 	}
-	return errors.Join(append(errs, s.watch.Check())...)
+	return errors.Join(s.elector.Check(), s.watch.Check())
 }
 
 // runTerms works on the shard until ctx ends: in every term of its Lease with

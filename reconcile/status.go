@@ -7,7 +7,6 @@ import (
 	"fmt"
 
 	"k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
 
@@ -58,9 +57,7 @@ func (s *Status[T]) Update(ctx context.Context, obj T, mutate func(obj T) error)
 	if isNil(obj) {
 		return obj, errors.New("reconcile: status: nil object")
 	}
-	key := opkit.KeyOf(obj)
-	cur := obj
-	for attempt := 0; ; attempt++ {
+	return writeRetrying(ctx, s.client, obj, s.cfg.ConflictRetries, "status", func(cur T) (T, error) {
 		before, err := statusOf(cur)
 		if err != nil {
 			return obj, err
@@ -74,12 +71,12 @@ func (s *Status[T]) Update(ctx context.Context, obj T, mutate func(obj T) error)
 		}
 		if !s.cfg.SkipObservedGeneration {
 			if err := unstructured.SetNestedField(u.Object, cur.GetGeneration(), "status", "observedGeneration"); err != nil {
-				return obj, fmt.Errorf("reconcile: status of %s: %w", key, err)
+				return obj, fmt.Errorf("reconcile: status of %s: %w", opkit.KeyOf(obj), err)
 			}
 		}
 		if at := cur.GetAnnotations()[s.cfg.RequestAnnotation]; at != "" && s.cfg.RequestAnnotation != "-" {
 			if err := unstructured.SetNestedField(u.Object, at, "status", "lastHandledReconcileAt"); err != nil {
-				return obj, fmt.Errorf("reconcile: status of %s: %w", key, err)
+				return obj, fmt.Errorf("reconcile: status of %s: %w", opkit.KeyOf(obj), err)
 			}
 		}
 		// Round-trip through T: a field T does not declare (observedGeneration
@@ -95,20 +92,13 @@ func (s *Status[T]) Update(ctx context.Context, obj T, mutate func(obj T) error)
 		if equality.Semantic.DeepEqual(before, after) {
 			return cur, nil
 		}
-		switch out, err := s.client.UpdateStatus(ctx, next); {
-		case err == nil:
-			noteWrite(ctx, out)
-			return out, nil
-		case !apierrors.IsConflict(err) || attempt >= s.cfg.ConflictRetries:
-			return obj, fmt.Errorf("reconcile: update status of %s: %w", key, err)
+		out, err := s.client.UpdateStatus(ctx, next)
+		if err != nil {
+			return obj, fmt.Errorf("reconcile: update status of %s: %w", opkit.KeyOf(obj), err)
 		}
-		if cur, err = s.client.Get(ctx, key); err != nil {
-			return obj, fmt.Errorf("reconcile: status: re-read %s: %w", key, err)
-		}
-		if err := sameObject(s.client.Resource(), obj, cur); err != nil {
-			return obj, fmt.Errorf("reconcile: status: %w", err)
-		}
-	}
+		noteWrite(ctx, out)
+		return out, nil
+	})
 }
 
 // statusOf returns a deep copy of obj's status in unstructured form.

@@ -31,7 +31,8 @@ type turn[T opkit.Object] struct {
 	interrupted bool          // the term or the drain ended
 	again       opkit.Cause[T]
 	// What the turn's triggers learn (trigger.Outcome): the worst state
-	// of its requests, the error of the one that set it.
+	// of its requests (Skipped when none ran), the error of the one that
+	// set it.
 	state trigger.State
 	err   string
 }
@@ -53,7 +54,7 @@ func (c *shard[T]) runTurn(ctx context.Context, item queue.Item[opkit.Key, opkit
 	key, cause := item.Key, item.Value
 	term, _ := leader.TermFrom(ctx)
 	base := Request[T]{Key: key, Sources: cause.Sources, Reasons: cause.Reasons, Related: cause.Related, Retries: c.retries.count(key, cause.Retries), Term: term.Number}
-	t := &turn[T]{log: log.With("key", key.String())}
+	t := &turn[T]{log: log.With("key", key.String()), state: trigger.Skipped}
 	began := time.Now()
 	ctx = context.WithValue(ctx, turnWritesKey{}, &turnWrites{key: key, into: &c.written})
 	deletes := c.watch.Deletes(key)
@@ -72,9 +73,6 @@ func (c *shard[T]) runTurn(ctx context.Context, item queue.Item[opkit.Key, opkit
 		// The next term (or process) starts with a full list, and the
 		// ledger brings back what was not settled.
 		return
-	}
-	if t.state == "" {
-		t.state = trigger.Skipped
 	}
 	c.trig.Report(key, cause.Ticket, c.scope, trigger.Outcome{State: t.state, Error: t.err, Attempts: base.Retries + 1,
 		Duration: time.Since(began).Round(time.Microsecond).String(), Replica: c.identity(), Term: term.Number})

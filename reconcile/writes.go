@@ -3,6 +3,7 @@ package reconcile
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 
 	"github.com/opkit/opkit"
 )
@@ -16,42 +17,31 @@ import (
 
 type turnWritesKey struct{}
 
-// turnWrites is what a turn's helpers wrote: the newest resourceVersion
-// of the turn's object, noted at once in its shard's writtenKeys too (an
-// event of the write may come before the write's answer).
+// turnWrites is what a turn's helpers wrote: whether they wrote its
+// object, each write noted at once in its shard's writtenKeys (an event
+// of the write may come before the write's answer).
 type turnWrites struct {
-	mu   sync.Mutex
-	rv   string
-	key  opkit.Key
-	into *writtenKeys
+	key   opkit.Key
+	into  *writtenKeys
+	wrote atomic.Bool
 }
 
 // noteWrite notes, in a turn's context, that obj was written and is now
 // at its resourceVersion. Outside a turn it does nothing.
 func noteWrite(ctx context.Context, obj opkit.Object) {
 	tw, ok := ctx.Value(turnWritesKey{}).(*turnWrites)
-	if !ok || isNil(obj) {
+	if !ok || isNil(obj) || obj.GetResourceVersion() == "" {
 		return
 	}
-	tw.mu.Lock()
-	defer tw.mu.Unlock()
-	if rv := obj.GetResourceVersion(); opkit.NewerResourceVersion(rv, tw.rv) {
-		tw.rv = rv
-		tw.into.set(tw.key, rv)
-	}
+	tw.wrote.Store(true)
+	tw.into.set(tw.key, obj.GetResourceVersion())
 }
 
 // writesOf reports whether the turn of ctx wrote its object (a status
 // or finalizer change) so far.
 func writesOf(ctx context.Context) bool {
 	tw, ok := ctx.Value(turnWritesKey{}).(*turnWrites)
-	return ok && tw.get() != ""
-}
-
-func (tw *turnWrites) get() string {
-	tw.mu.Lock()
-	defer tw.mu.Unlock()
-	return tw.rv
+	return ok && tw.wrote.Load()
 }
 
 // maxWritten bounds the keys whose last write the controller remembers;
@@ -60,7 +50,7 @@ func (tw *turnWrites) get() string {
 const maxWritten = 10_000
 
 // writtenKeys remembers, per key, the resourceVersion of the operator's
-// last write of its object, until the key's next turn.
+// last (newest) write of its object, until the key's next turn.
 type writtenKeys struct {
 	mu sync.Mutex
 	rv map[opkit.Key]string
@@ -72,7 +62,9 @@ func (w *writtenKeys) set(key opkit.Key, rv string) {
 	if w.rv == nil || len(w.rv) >= maxWritten {
 		w.rv = map[opkit.Key]string{}
 	}
-	w.rv[key] = rv
+	if opkit.NewerResourceVersion(rv, w.rv[key]) {
+		w.rv[key] = rv
+	}
 }
 
 // take returns and forgets the last write of key's object.

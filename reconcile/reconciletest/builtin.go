@@ -63,21 +63,17 @@ func (h *Harness[T]) builtin(a k8stesting.Action) (bool, runtime.Object, error) 
 	if !ok {
 		return false, nil, nil
 	}
+	var err error
 	switch act := a.(type) {
 	case k8stesting.CreateActionImpl:
-		obj, err := toTyped(act.GetObject())
-		if err != nil {
-			return true, nil, err
-		}
-		act.Object = obj
+		act.Object, err = toTyped(act.Object)
 		a = act
 	case k8stesting.UpdateActionImpl:
-		obj, err := toTyped(act.GetObject())
-		if err != nil {
-			return true, nil, err
-		}
-		act.Object = obj
+		act.Object, err = toTyped(act.Object)
 		a = act
+	}
+	if err != nil {
+		return true, nil, err
 	}
 	handled, obj, err := k8stesting.ObjectReaction(h.Clientset.Tracker())(a)
 	if err != nil || obj == nil {

@@ -50,19 +50,8 @@ func (h *Harness[T]) firstGenerations(actions []k8stesting.Action) {
 		if a.GetVerb() != "create" && a.GetVerb() != "patch" || a.GetSubresource() != "" {
 			continue
 		}
-		tracker := h.Dynamic.Tracker()
-		if _, ok := builtins[a.GetResource()]; ok {
-			tracker = h.Clientset.Tracker()
-		}
-		name := ""
-		switch a := a.(type) {
-		case k8stesting.CreateAction:
-			if m, err := meta.Accessor(a.GetObject()); err == nil {
-				name = m.GetName()
-			}
-		case k8stesting.PatchAction:
-			name = a.GetName()
-		}
+		tracker := h.tracker(a.GetResource())
+		name := actionName(a)
 		obj, err := tracker.Get(a.GetResource(), a.GetNamespace(), name)
 		if err != nil {
 			continue // created and gone, or an error the call saw

@@ -225,7 +225,8 @@ func (c Call) Writes() []string {
 			continue
 		}
 		res := path.Join(a.GetResource().Resource, a.GetSubresource())
-		out = append(out, strings.TrimSpace(fmt.Sprintf("%s %s %s", a.GetVerb(), res, actionKey(a))))
+		key := opkit.Key{Namespace: a.GetNamespace(), Name: actionName(a)}
+		out = append(out, strings.TrimSpace(fmt.Sprintf("%s %s %s", a.GetVerb(), res, key)))
 	}
 	return out
 }
@@ -313,11 +314,7 @@ func (h *Harness[T]) Change(obj opkit.Object) {
 // there is no such object.
 func (h *Harness[T]) Delete(res opkit.Resource, key opkit.Key) {
 	h.t.Helper()
-	tracker := h.Dynamic.Tracker()
-	if _, ok := builtins[res.GroupVersionResource]; ok {
-		tracker = h.Clientset.Tracker()
-	}
-	if err := tracker.Delete(res.GroupVersionResource, key.Namespace, key.Name); err != nil {
+	if err := h.tracker(res.GroupVersionResource).Delete(res.GroupVersionResource, key.Namespace, key.Name); err != nil {
 		h.t.Fatalf("reconciletest: delete %s %s: %v", res.Resource, key, err)
 	}
 }
@@ -330,6 +327,15 @@ func (h *Harness[T]) resourceOf(u *unstructured.Unstructured) schema.GroupVersio
 	}
 	gvr, _ := meta.UnsafeGuessKindToResource(u.GroupVersionKind())
 	return gvr
+}
+
+// tracker returns the store that holds the objects of gvr: the
+// clientset's for a built-in resource, else the dynamic fake's.
+func (h *Harness[T]) tracker(gvr schema.GroupVersionResource) k8stesting.ObjectTracker {
+	if _, ok := builtins[gvr]; ok {
+		return h.Clientset.Tracker()
+	}
+	return h.Dynamic.Tracker()
 }
 
 // store writes u into the store that holds its resource.
@@ -432,15 +438,16 @@ func (h *Harness[T]) Events() []string {
 
 var writeVerbs = []string{"create", "update", "patch", "delete", "deletecollection"}
 
-func actionKey(a k8stesting.Action) string {
-	name := ""
+// actionName returns the name of the object a call is about ("" for a
+// list).
+func actionName(a k8stesting.Action) string {
 	switch a := a.(type) {
 	case interface{ GetName() string }: // get, patch, delete
-		name = a.GetName()
+		return a.GetName()
 	case interface{ GetObject() runtime.Object }: // create, update
 		if o, err := meta.Accessor(a.GetObject()); err == nil {
-			name = o.GetName()
+			return o.GetName()
 		}
 	}
-	return opkit.Key{Namespace: a.GetNamespace(), Name: name}.String()
+	return ""
 }
