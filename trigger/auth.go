@@ -161,30 +161,30 @@ func shared[V any](ctx context.Context, a *kubeAuthenticator, key, who string, r
 	}
 }
 
-// bearerToken returns the token of an "Authorization: Bearer ..." header.
-func bearerToken(r *http.Request) (string, bool) {
+// bearerToken returns the token of an "Authorization: Bearer ..." header
+// and its SHA-256, the key the caches know it by (they never keep a
+// token).
+func bearerToken(r *http.Request) (tok, sum string, ok bool) {
 	h := r.Header.Values("Authorization")
 	if len(h) != 1 {
-		return "", false
+		return "", "", false
 	}
 	scheme, tok, ok := strings.Cut(h[0], " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		return "", false
+	if tok = strings.TrimSpace(tok); !ok || !strings.EqualFold(scheme, "Bearer") || tok == "" {
+		return "", "", false
 	}
-	tok = strings.TrimSpace(tok)
-	return tok, tok != ""
+	hash := sha256.Sum256([]byte(tok))
+	return tok, string(hash[:]), true
 }
 
 func (a *kubeAuthenticator) Authorize(ctx context.Context, req AuthRequest) (string, error) {
-	tok, ok := bearerToken(req.HTTP)
+	tok, tokKey, ok := bearerToken(req.HTTP)
 	if !ok {
 		return "", fmt.Errorf("%w: a bearer token (Authorization: Bearer ...) for audience %q is required", ErrUnauthenticated, a.cfg.Audiences[0])
 	}
-	sum := sha256.Sum256([]byte(tok))
-	tokKey := string(sum[:])
 	tr, ok := a.tokens.get(tokKey)
 	if !ok {
-		switch v, subject := a.issuer.check(ctx, tok); v {
+		switch v, subject := a.issuer.check(ctx, tok, tokKey); v {
 		case tokenForged:
 			return "", fmt.Errorf("%w: the bearer token claims the cluster's service-account issuer but is not signed by it, current, and for audience %q", ErrUnauthenticated, a.cfg.Audiences)
 		case tokenSigned:

@@ -422,7 +422,7 @@ func (h *handler[T]) refusal(w http.ResponseWriter, r *http.Request, key opkit.K
 	case errors.Is(authErr, ErrUnauthenticated):
 		// RFC 6750: an error code only when a token was presented.
 		challenge := `Bearer realm="opkit-trigger"`
-		if _, ok := bearerToken(r); ok {
+		if _, _, ok := bearerToken(r); ok {
 			challenge += `, error="invalid_token"`
 		}
 		w.Header().Set("WWW-Authenticate", challenge)

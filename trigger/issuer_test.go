@@ -183,7 +183,7 @@ func newTestIssuer(t *testing.T, keys ...testKey) (*issuerKeys, *fakeIssuer) {
 
 func wantVerdict(t *testing.T, k *issuerKeys, tok string, want verdict) {
 	t.Helper()
-	if got, _ := k.check(t.Context(), tok); got != want {
+	if got, _ := k.check(t.Context(), tok, tokenSum(tok)); got != want {
 		t.Errorf("check = %d, want %d", got, want)
 	}
 }
@@ -411,13 +411,11 @@ func TestIssuerVerifiesATokenOnceUntilItExpires(t *testing.T) {
 		k, _ := newTestIssuer(t, es256())
 		tok := es256().sign(t, "", claims(nil))
 		wantVerdict(t, k, tok, tokenSigned)
-		sum := sha256.Sum256([]byte(tok))
-		r := k.verdicts[sum]
-		r.v = tokenForged // a marker: only a remembered verdict says so now
-		k.verdicts[sum] = r
+		r := k.verdicts.items[tokenSum(tok)].Value.(*cacheEntry[pastVerdict])
+		r.val.v = tokenForged // a marker: only a remembered verdict says so now
 		wantVerdict(t, k, tok, tokenForged)
-		if want := time.Now().Add(time.Hour + jwtSkew); !r.until.Equal(want) {
-			t.Errorf("remembered until %v, want exp+skew %v", r.until, want)
+		if want := time.Now().Add(time.Hour + jwtSkew); !r.expires.Equal(want) {
+			t.Errorf("remembered until %v, want exp+skew %v", r.expires, want)
 		}
 	})
 }
@@ -428,8 +426,8 @@ func TestIssuerRemembersABoundedNumberOfVerdicts(t *testing.T) {
 		for i := range verdictsLimit + 10 {
 			wantVerdict(t, k, unsigned("none", "ec-1", claims(map[string]any{"sub": fmt.Sprint(i)}))+"AA", tokenForged)
 		}
-		if len(k.verdicts) != verdictsLimit || len(k.order) != verdictsLimit {
-			t.Errorf("%d verdicts in a ring of %d, want %d", len(k.verdicts), len(k.order), verdictsLimit)
+		if len(k.verdicts.items) != verdictsLimit || k.verdicts.order.Len() != verdictsLimit {
+			t.Errorf("%d verdicts in a list of %d, want %d", len(k.verdicts.items), k.verdicts.order.Len(), verdictsLimit)
 		}
 	})
 }

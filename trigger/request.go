@@ -7,7 +7,6 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -126,9 +125,8 @@ const knownFor = 10 * time.Minute
 func (h *handler[T]) callerID(r *http.Request) callerID {
 	host := clientHost(r)
 	id := callerID{key: "address " + host, host: host}
-	if tok, ok := bearerToken(r); ok {
-		sum := sha256.Sum256([]byte(tok))
-		id.token = string(sum[:])
+	if _, sum, ok := bearerToken(r); ok {
+		id.token = sum
 		if user, ok := h.known.get(id.token); ok {
 			id.key, id.known = "user "+user, true
 		}
