@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"net/http"
 	"slices"
@@ -106,6 +107,13 @@ type tokenResult struct {
 // Authenticator (see the package documentation). It keeps tokens only as
 // SHA-256 hashes, and logs nothing.
 func NewKubeAuthenticator(cfg KubeAuthConfig) (Authenticator, error) {
+	return newKubeAuthenticator(cfg, nil)
+}
+
+// newKubeAuthenticator is NewKubeAuthenticator with a log for the one
+// thing an operator must hear of (nil: none): the service-account
+// issuer's keys cannot be read, so every token costs a TokenReview.
+func newKubeAuthenticator(cfg KubeAuthConfig, log *slog.Logger) (Authenticator, error) {
 	if cfg.Audiences == nil {
 		cfg.Audiences = []string{DefaultAudience}
 	}
@@ -132,7 +140,7 @@ func NewKubeAuthenticator(cfg KubeAuthConfig) (Authenticator, error) {
 		slots:    newFairSlots(cfg.MaxReviews),
 		unknown:  flowcontrol.NewTokenBucketPassiveRateLimiter(float32(cfg.TokenReviewRate), cfg.TokenReviewBurst),
 		byCaller: newTTLCache[flowcontrol.PassiveRateLimiter](cfg.MaxEntries),
-		issuer:   newIssuerKeys(cfg.Client.AuthenticationV1().RESTClient(), cfg.Audiences)}, nil
+		issuer:   newIssuerKeys(cfg.Client.AuthenticationV1().RESTClient(), cfg.Audiences, log)}, nil
 }
 
 // shared runs review once for the concurrent callers of the same key,

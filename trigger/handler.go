@@ -111,7 +111,6 @@ type handler[T opkit.Object] struct {
 	known    *ttlCache[string]              // the user a token (its hash) was authorized as
 	waiting  atomic.Int64                   // callers waiting for outcomes
 	log      *sampler
-	unkeyed  atomic.Bool // the issuer's keys could not be read, and that was logged
 }
 
 // NewHandler validates cfg and returns the HTTP trigger endpoint of t:
@@ -157,7 +156,7 @@ func NewHandler[T opkit.Object](t *Trigger[T], cfg HandlerConfig) (http.Handler,
 	cfg.Metrics = cmp.Or[Metrics](cfg.Metrics, nopMetrics{})
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	if cfg.Authenticator == nil && cfg.Reviews != nil {
-		a, err := NewKubeAuthenticator(KubeAuthConfig{Client: cfg.Reviews})
+		a, err := newKubeAuthenticator(KubeAuthConfig{Client: cfg.Reviews}, cfg.Logger)
 		if err != nil {
 			return nil, err
 		}
@@ -283,7 +282,6 @@ func (c *caller[T]) authorize(ctx context.Context, key opkit.Key) (string, error
 		return "address " + client, nil
 	}
 	c.user, c.err = c.h.cfg.Authenticator.Authorize(ctx, AuthRequest{HTTP: c.r, Resource: c.h.trig.cfg.Resource, Key: key})
-	c.h.sayIfUnkeyed(ctx)
 	switch {
 	case errors.Is(c.err, ErrUnauthenticated):
 		c.h.failures.update(client, time.Now().Add(c.h.cfg.AuthFailureBackoff), func(n int) int { return n + 1 })
@@ -299,22 +297,6 @@ func (c *caller[T]) authorize(ctx context.Context, key opkit.Key) (string, error
 		return "", fmt.Errorf("trigger: %w", c.err)
 	}
 	return "user " + c.user, nil
-}
-
-// sayIfUnkeyed logs, once each time it starts, that the Kubernetes-native
-// authenticator cannot read the service-account issuer's keys: every
-// token then costs a TokenReview, under the budget of unchecked ones.
-func (h *handler[T]) sayIfUnkeyed(ctx context.Context) {
-	ka, ok := h.cfg.Authenticator.(*kubeAuthenticator)
-	if !ok {
-		return
-	}
-	err := ka.issuer.err()
-	if err == nil {
-		h.unkeyed.Store(false)
-	} else if !h.unkeyed.Swap(true) {
-		h.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "trigger: the service-account issuer's keys cannot be read, so every token costs a TokenReview, under the budget of tokens not checked here (grant get on /.well-known/openid-configuration and /openid/v1/jwks: ClusterRole system:service-account-issuer-discovery)", slog.Any("error", err))
-	}
 }
 
 // trigger takes the POST of p through Intake and acts on its decision;

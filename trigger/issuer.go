@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/big"
 	"slices"
 	"strings"
@@ -47,6 +48,7 @@ const (
 type issuerKeys struct {
 	rc        rest.Interface // nil: every token is tokenUnknown
 	audiences []string
+	log       *slog.Logger // warned when the keys cannot be read (nil: nothing)
 	fetches   singleflight.Group
 
 	verdicts *ttlCache[pastVerdict] // by the tokens' SHA-256
@@ -81,12 +83,13 @@ type pastVerdict struct {
 // issuer, fetched lazily through rc (GET /.well-known/openid-configuration
 // for "issuer", then GET /openid/v1/jwks). A token must be for one of audiences. rc may be nil,
 // or a typed nil *rest.RESTClient (as fake clientsets return), and
-// audiences empty: then every token is tokenUnknown.
-func newIssuerKeys(rc rest.Interface, audiences []string) *issuerKeys {
+// audiences empty: then every token is tokenUnknown. log, if not nil,
+// gets a warning each time the keys cannot be read after they could.
+func newIssuerKeys(rc rest.Interface, audiences []string, log *slog.Logger) *issuerKeys {
 	if c, ok := rc.(*rest.RESTClient); (ok && c == nil) || len(audiences) == 0 {
 		rc = nil
 	}
-	return &issuerKeys{rc: rc, audiences: slices.Clone(audiences), verdicts: newTTLCache[pastVerdict](verdictsLimit)}
+	return &issuerKeys{rc: rc, audiences: slices.Clone(audiences), log: log, verdicts: newTTLCache[pastVerdict](verdictsLimit)}
 }
 
 // err returns why the last fetch of the keys failed; nil when the keys
@@ -186,8 +189,12 @@ func (k *issuerKeys) keys(ctx context.Context, iss, kid string) (set *jwkSet, re
 			if err == nil { // a failed fetch keeps the keys it had
 				k.set = set
 			}
+			failing := err != nil && k.fetchErr == nil // the first failure in a row
 			k.fetchErr, k.fetchedAt = err, time.Now()
 			k.mu.Unlock()
+			if failing && k.log != nil {
+				k.log.LogAttrs(ctx, slog.LevelWarn, "trigger: the service-account issuer's keys cannot be read, so every token costs a TokenReview, under the budget of tokens not checked here (grant get on /.well-known/openid-configuration and /openid/v1/jwks: ClusterRole system:service-account-issuer-discovery)", slog.Any("error", err))
+			}
 		}
 		return nil, nil
 	})

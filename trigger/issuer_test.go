@@ -178,7 +178,7 @@ func newTestIssuer(t *testing.T, keys ...testKey) (*issuerKeys, *fakeIssuer) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return newIssuerKeys(rc, []string{"other", testAudience}), f
+	return newIssuerKeys(rc, []string{"other", testAudience}, nil), f
 }
 
 func wantVerdict(t *testing.T, k *issuerKeys, tok string, want verdict) {
@@ -285,12 +285,12 @@ func TestIssuerLeavesOtherTokensToATokenReview(t *testing.T) {
 func TestIssuerWithoutAClientOrAudiencesLeavesEveryTokenToATokenReview(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		for _, rc := range []rest.Interface{nil, (*rest.RESTClient)(nil)} {
-			k := newIssuerKeys(rc, []string{testAudience})
+			k := newIssuerKeys(rc, []string{testAudience}, nil)
 			wantVerdict(t, k, es256().sign(t, "", claims(nil)), tokenUnknown)
 			wantVerdict(t, k, "garbage", tokenUnknown)
 		}
 		k, _ := newTestIssuer(t, es256())
-		k = newIssuerKeys(k.rc, nil) // and without audiences
+		k = newIssuerKeys(k.rc, nil, nil) // and without audiences
 		wantVerdict(t, k, es256().sign(t, "", claims(nil)), tokenUnknown)
 	})
 }
