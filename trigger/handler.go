@@ -392,11 +392,9 @@ func (h *handler[T]) lookup(w http.ResponseWriter, r *http.Request, c *caller[T]
 }
 
 // refusal is the answer to a request Intake or the authorization refused
-// (err, and authErr the authorization's), or nil when neither did.
+// (err, and authErr the authorization's).
 func (h *handler[T]) refusal(w http.ResponseWriter, r *http.Request, key opkit.Key, err, authErr error) *Status {
 	switch {
-	case err == nil:
-		return nil
 	case errors.Is(err, ErrInvalid):
 		return h.fail(http.StatusBadRequest, err.Error(), nil)
 	case errors.Is(err, ErrBusy):
@@ -467,27 +465,19 @@ func (h *handler[T]) dropped(w http.ResponseWriter, o queue.Outcome, holder stri
 	return st
 }
 
-// statusReasons are the Status reasons of the handler's error codes (those
-// Kubernetes has none for are named after the code).
-var statusReasons = map[int]metav1.StatusReason{
-	http.StatusBadRequest:                  metav1.StatusReasonBadRequest,
-	http.StatusRequestTimeout:              "RequestTimeout",
-	http.StatusRequestHeaderFieldsTooLarge: "RequestHeaderFieldsTooLarge",
-	http.StatusUnauthorized:                metav1.StatusReasonUnauthorized,
-	http.StatusForbidden:                   metav1.StatusReasonForbidden,
-	http.StatusNotFound:                    metav1.StatusReasonNotFound,
-	http.StatusMethodNotAllowed:            metav1.StatusReasonMethodNotAllowed,
-	http.StatusRequestEntityTooLarge:       metav1.StatusReasonRequestEntityTooLarge,
-	http.StatusUnsupportedMediaType:        metav1.StatusReasonUnsupportedMediaType,
-	http.StatusTooManyRequests:             metav1.StatusReasonTooManyRequests,
-	http.StatusBadGateway:                  "BadGateway",
-	http.StatusServiceUnavailable:          metav1.StatusReasonServiceUnavailable,
-	http.StatusGatewayTimeout:              metav1.StatusReasonTimeout,
+// statusReason is the Status reason of an error code: Kubernetes' reasons
+// are the codes' names without spaces ("TooManyRequests"), but 504's
+// (Timeout); the others are named the same way ("BadGateway").
+func statusReason(code int) metav1.StatusReason {
+	if code == http.StatusGatewayTimeout {
+		return metav1.StatusReasonTimeout
+	}
+	return metav1.StatusReason(strings.ReplaceAll(http.StatusText(code), " ", ""))
 }
 
 // failure returns the Status of an error answer.
 func failure(code int, msg string) *Status {
-	return &Status{Kind: "Status", APIVersion: "v1", Status: metav1.StatusFailure, Message: msg, Reason: statusReasons[code], Code: code}
+	return &Status{Kind: "Status", APIVersion: "v1", Status: metav1.StatusFailure, Message: msg, Reason: statusReason(code), Code: code}
 }
 
 // fail returns the Status of an error answer; key, once the request named
