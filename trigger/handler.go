@@ -320,7 +320,7 @@ func (h *handler[T]) trigger(w http.ResponseWriter, r *http.Request, c *caller[T
 		return h.refusal(w, r, p.Key, err, c.err)
 	case d.Endpoint != "":
 		release() // the replica that works on the object does the work
-		return h.forward(r, d.Endpoint, p, wait, p.Key, wait > 0)
+		return h.forward(r, d.Endpoint, p, wait)
 	case !d.Outcome.Accepted():
 		return h.dropped(w, d.Outcome, d.Holder, p.Key)
 	}
@@ -386,7 +386,7 @@ func (h *handler[T]) lookup(w http.ResponseWriter, r *http.Request, c *caller[T]
 		return h.refusal(w, r, key, err, nil)
 	case pl.Queue == nil && pl.Endpoint != "":
 		cancel()
-		return h.forward(r, pl.Endpoint, Pointer{}, 0, key, false)
+		return h.forward(r, pl.Endpoint, Pointer{Key: key}, 0)
 	}
 	return out
 }

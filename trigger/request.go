@@ -37,19 +37,20 @@ type forwarded struct {
 // endpoint with the caller's credentials, and returns the leader's answer
 // (or 503 when there is none: the leader is likely gone; 502 when it
 // would take credentials from TLS to plain HTTP). It takes a place among
-// MaxWaiting unless the request holds one already (waiting).
-func (h *handler[T]) forward(r *http.Request, holder string, p Pointer, wait time.Duration, key opkit.Key, waiting bool) any {
+// MaxWaiting unless the caller waits for an outcome (wait > 0), which
+// holds one already.
+func (h *handler[T]) forward(r *http.Request, holder string, p Pointer, wait time.Duration) any {
 	u, err := url.Parse(holder)
 	switch {
 	case err != nil || u.Host == "" || u.Scheme != "http" && u.Scheme != "https":
-		return h.fail(http.StatusBadGateway, "the replica that works on the object publishes no usable endpoint", &key)
+		return h.fail(http.StatusBadGateway, "the replica that works on the object publishes no usable endpoint", &p.Key)
 	case r.TLS != nil && u.Scheme != "https":
-		return h.fail(http.StatusBadGateway, "the endpoint of the replica that works on the object is not HTTPS: the caller's credentials stay here", &key)
+		return h.fail(http.StatusBadGateway, "the endpoint of the replica that works on the object is not HTTPS: the caller's credentials stay here", &p.Key)
 	}
-	if !waiting {
+	if wait == 0 {
 		if h.waiting.Add(1) > int64(h.cfg.MaxWaiting) {
 			h.waiting.Add(-1)
-			return h.fail(http.StatusTooManyRequests, fmt.Sprintf("%d forwarded or waiting requests already", h.cfg.MaxWaiting), &key)
+			return h.fail(http.StatusTooManyRequests, fmt.Sprintf("%d forwarded or waiting requests already", h.cfg.MaxWaiting), &p.Key)
 		}
 		defer h.waiting.Add(-1)
 	}
@@ -63,7 +64,7 @@ func (h *handler[T]) forward(r *http.Request, holder string, p Pointer, wait tim
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, r.Method, u.String(), nil)
 	if err != nil {
-		return h.fail(http.StatusBadGateway, "the endpoint of the replica that works on the object cannot be addressed", &key)
+		return h.fail(http.StatusBadGateway, "the endpoint of the replica that works on the object cannot be addressed", &p.Key)
 	}
 	if auth := r.Header.Get("Authorization"); auth != "" {
 		req.Header.Set("Authorization", auth)
@@ -72,17 +73,17 @@ func (h *handler[T]) forward(r *http.Request, holder string, p Pointer, wait tim
 	resp, err := h.cfg.ForwardClient.Do(req)
 	if err != nil {
 		if errors.Is(context.Cause(r.Context()), errServerStopping) {
-			return h.fail(http.StatusServiceUnavailable, "this replica is shutting down before the forwarded answer came", &key)
+			return h.fail(http.StatusServiceUnavailable, "this replica is shutting down before the forwarded answer came", &p.Key)
 		}
 		// Most likely that replica died and its Lease has not expired yet:
 		// for the caller, no replica works on the object right now.
 		h.log.Log(r.Context(), slog.LevelWarn, "forward", "trigger: forwarding to the replica that works on the object failed", slog.String("endpoint", holder), slog.Any("error", err))
-		return h.fail(http.StatusServiceUnavailable, "the endpoint of the replica that works on the object does not answer: its Lease is likely changing hands", &key)
+		return h.fail(http.StatusServiceUnavailable, "the endpoint of the replica that works on the object does not answer: its Lease is likely changing hands", &p.Key)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
-		return h.fail(http.StatusBadGateway, "the forwarded answer was cut off", &key)
+		return h.fail(http.StatusBadGateway, "the forwarded answer was cut off", &p.Key)
 	}
 	header := http.Header{}
 	for _, k := range []string{"Content-Type", "Retry-After", leaderHeader, "WWW-Authenticate"} {
