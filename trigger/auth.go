@@ -5,13 +5,12 @@ import (
 	"container/list"
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -292,24 +291,12 @@ func (a *kubeAuthenticator) takeReview(user string) bool {
 }
 
 // userKey identifies a user as a SubjectAccessReview sees them: name,
-// UID, groups and extra, hashed.
+// UID, groups and extra, hashed. Their JSON tells any two users apart
+// (encoding/json sorts the extra's keys).
 func userKey(u authnv1.UserInfo) string {
-	h := sha256.New()
-	field := func(s string) { fmt.Fprintf(h, "%d:%s", len(s), s) } // length-prefixed: no two users share a key
-	field(u.Username)
-	field(u.UID)
-	field(strconv.Itoa(len(u.Groups)))
-	for _, g := range u.Groups {
-		field(g)
-	}
-	for _, k := range slices.Sorted(maps.Keys(u.Extra)) {
-		field(k)
-		field(strconv.Itoa(len(u.Extra[k])))
-		for _, v := range u.Extra[k] {
-			field(v)
-		}
-	}
-	return string(h.Sum(nil))
+	data, _ := json.Marshal(u) // strings, slices and maps of them: it cannot fail
+	sum := sha256.Sum256(data)
+	return string(sum[:])
 }
 
 // sar makes the SubjectAccessReview of access and caches its decision
