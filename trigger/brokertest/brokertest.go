@@ -180,17 +180,12 @@ func (b *Broker) Lag(context.Context) (int64, error) {
 // "receive" (a blocked Receive too), "settle" (Ack, Nack and Term: the
 // delivery is redelivered after AckWait) or "lag".
 func (b *Broker) Fail(call string, err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	p := map[string]*error{"receive": &b.recvErr, "settle": &b.settleErr, "lag": &b.lagErr}[call]
 	if p == nil {
 		panic("brokertest: Fail of unknown call " + call)
 	}
-	b.fail(p, err)
-}
-
-// fail sets one of the injected errors and wakes up blocked receivers.
-func (b *Broker) fail(p *error, err error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	*p = err
 	b.wakeUp()
 }
