@@ -179,23 +179,22 @@ func (h *handler[T]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	bodyRead := false
 	body := h.serve(w, r, &bodyRead)
-	if f, ok := body.(forwarded); ok {
-		maps.Copy(w.Header(), f.header)
-		w.Header().Set(forwardedHeader, "by this replica to the one that serves it")
-		w.WriteHeader(f.code)
-		_, _ = w.Write(f.body)
-		h.cfg.Metrics.Request(f.code, "Forwarded", time.Since(start))
-		return
-	}
 	code, reason := http.StatusAccepted, "Accepted"
-	if _, ok := body.(Outcome); ok {
+	switch b := body.(type) {
+	case forwarded:
+		maps.Copy(w.Header(), b.header)
+		w.Header().Set(forwardedHeader, "by this replica to the one that serves it")
+		w.WriteHeader(b.code)
+		_, _ = w.Write(b.body)
+		h.cfg.Metrics.Request(b.code, "Forwarded", time.Since(start))
+		return
+	case Outcome:
 		code, reason = http.StatusOK, "OK"
-	}
-	if st, ok := body.(*Status); ok {
-		code, reason = st.Code, string(st.Reason)
+	case *Status:
+		code, reason = b.Code, string(b.Reason)
 		if (code >= 500 || code == http.StatusUnauthorized || code == http.StatusForbidden || code == http.StatusTooManyRequests) && r.Context().Err() == nil {
 			h.log.Log(r.Context(), slog.LevelWarn, strconv.Itoa(code), "trigger: request refused", slog.Int("code", code),
-				slog.String("reason", reason), slog.String("message", st.Message), slog.String("path", r.URL.Path))
+				slog.String("reason", reason), slog.String("message", b.Message), slog.String("path", r.URL.Path))
 		}
 		if code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable {
 			w.Header().Set("Retry-After", strconv.FormatInt(max(1, int64(math.Ceil(h.cfg.RetryAfter.Seconds()))), 10))
