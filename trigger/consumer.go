@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/internal/typed"
 	"github.com/opkit/opkit/queue"
 )
 
@@ -356,8 +357,8 @@ func (c *Consumer[T]) handle(ctx context.Context, msg Message, start time.Time) 
 		// server's restart answers is retried soon, whatever the
 		// deliveries (hand-backs to a shard's holder among them); the rest
 		// backs off with them.
-		class, delay := apiClass(err), c.cfg.DroppedDelay
-		if class == apiError || class == apiRefused && msg.Deliveries() > queue.TransientRefusals {
+		class, delay := typed.Class(err), c.cfg.DroppedDelay
+		if class == typed.Failed || class == typed.Refused && msg.Deliveries() > queue.TransientRefusals {
 			delay = backoff(c.cfg.RetryBase, c.cfg.RetryCap, msg.Deliveries())
 		}
 		c.cfg.Logger.LogAttrs(ctx, apiLevel(err), "trigger consumer: reading the object failed; nacking for a redelivery",

@@ -15,11 +15,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/flowcontrol"
 
 	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/internal/typed"
 	"github.com/opkit/opkit/queue"
 )
 
@@ -434,21 +434,12 @@ func (h *handler[T]) apiFailure(r *http.Request, call string, err error, key opk
 	h.log.Log(r.Context(), apiLevel(err), "api-"+call, "trigger: API server call failed", slog.String("call", call), slog.String("key", key.String()), slog.Any("error", err))
 	code, msg := http.StatusBadGateway, call+" failed: the API server answered with an error (details in the operator's log)"
 	switch {
-	case isTimeout(err):
+	case typed.Timeout(err):
 		code, msg = http.StatusGatewayTimeout, call+" failed: the API server did not answer in time"
-	case apiClass(err) == apiTransient:
+	case typed.Class(err) == typed.Transient:
 		code, msg = http.StatusServiceUnavailable, call+" failed: this replica's API server does not answer or cannot serve now; retry later"
 	}
 	return h.fail(code, msg, &key)
-}
-
-// isTimeout reports whether err says an API call ran out of time: the
-// context's deadline, the API server's timeout statuses, or client-go's
-// client-side rate limiter refusing to wait past the deadline (its error,
-// from golang.org/x/time/rate, wraps nothing: only its text says so).
-func isTimeout(err error) bool {
-	return errors.Is(err, context.DeadlineExceeded) || apierrors.IsTimeout(err) || apierrors.IsServerTimeout(err) ||
-		strings.Contains(err.Error(), "would exceed context deadline")
 }
 
 // dropped answers a trigger no replica can take now: 503, naming the
