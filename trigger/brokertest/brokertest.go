@@ -9,7 +9,7 @@
 //	evs := b.Events(id) // [{ID: 1, Op: "Ack", Delivery: 1}]
 //
 // It is a trigger.Lag; its messages are trigger.Progresser, Replier and
-// DeadLetterer. A delayed Nack redelivers with time.AfterFunc, which
+// DeadLetterer, and a second Ack, Nack or Term of one fails. A delayed Nack redelivers with time.AfterFunc, which
 // follows testing/synctest's clock. It is safe for concurrent use.
 package brokertest
 
@@ -38,8 +38,8 @@ type Event struct {
 	Reason   string
 }
 
-// ErrSettled is a second Ack, Nack or Term's error.
-var ErrSettled = errors.New("brokertest: delivery already settled")
+// errSettled is a second Ack, Nack or Term's error.
+var errSettled = errors.New("brokertest: delivery already settled")
 
 type state uint8
 
@@ -259,7 +259,7 @@ func (m *message) settle(ctx context.Context, ev Event, f func(*Event)) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if m.settled {
-		return ErrSettled
+		return errSettled
 	}
 	m.settled = true
 	if b.settleErr != nil {
