@@ -238,8 +238,8 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request, bodyRead *boo
 	if h.rate != nil && !h.rate.TryAccept() {
 		return h.fail(http.StatusTooManyRequests, "request rate limit exceeded", nil)
 	}
-	who := h.callerID(r)
-	if n, _ := h.failures.get(who.host); h.cfg.MaxAuthFailures > 0 && n >= h.cfg.MaxAuthFailures && !who.known {
+	c := h.identify(r)
+	if n, _ := h.failures.get(c.host); h.cfg.MaxAuthFailures > 0 && n >= h.cfg.MaxAuthFailures && !c.known {
 		return h.fail(http.StatusTooManyRequests, "too many failed authentications from this address; try again later", nil)
 	}
 	p := Pointer{Key: key, Type: h.cfg.Type}
@@ -253,43 +253,32 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request, bodyRead *boo
 		// WriteTimeout would cut it off).
 		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(wait + 2*h.cfg.APITimeout))
 	}
-	release, st := h.slot(r, who)
+	release, st := h.slot(r, c.key)
 	if st != nil {
 		return st
 	}
 	defer release()
-	c := &caller[T]{h: h, r: r, id: who}
 	if id != "" {
 		return h.lookup(w, r, c, key, id)
 	}
 	return h.trigger(w, r, c, p, wait, release)
 }
 
-// caller authorizes r's caller for the HTTP handler's Intake and keeps
-// the authorization's error, which decides the status of a refusal.
-type caller[T opkit.Object] struct {
-	h    *handler[T]
-	r    *http.Request
-	id   callerID
-	user string
-	err  error
-}
-
+// authorize is Intake's IntakeOptions.Authorize for the caller.
 func (c *caller[T]) authorize(ctx context.Context, key opkit.Key) (string, error) {
-	client := c.id.host
 	if c.h.cfg.Authenticator == nil {
-		return "address " + client, nil
+		return "address " + c.host, nil
 	}
 	c.user, c.err = c.h.cfg.Authenticator.Authorize(ctx, AuthRequest{HTTP: c.r, Resource: c.h.trig.cfg.Resource, Key: key})
 	switch {
 	case errors.Is(c.err, ErrUnauthenticated):
-		c.h.failures.update(client, time.Now().Add(c.h.cfg.AuthFailureBackoff), func(n int) int { return n + 1 })
+		c.h.failures.update(c.host, time.Now().Add(c.h.cfg.AuthFailureBackoff), func(n int) int { return n + 1 })
 	case c.err == nil:
-		if !c.id.known { // a known caller's success says nothing of its neighbours
-			c.h.failures.forget(client)
+		if !c.known { // a known caller's success says nothing of its neighbours
+			c.h.failures.forget(c.host)
 		}
-		if c.id.token != "" {
-			c.h.known.put(c.id.token, c.user, time.Now().Add(knownFor))
+		if c.token != "" {
+			c.h.known.put(c.token, c.user, time.Now().Add(knownFor))
 		}
 	}
 	if c.err != nil {

@@ -94,45 +94,52 @@ func (h *handler[T]) forward(r *http.Request, holder string, p Pointer, wait tim
 	return forwarded{code: resp.StatusCode, header: header, body: body}
 }
 
-// slot takes an in-flight slot for who, waiting for its fair turn up to
-// the API timeout; release gives it back (once, however often it is
-// called).
-func (h *handler[T]) slot(r *http.Request, who callerID) (release func(), st *Status) {
+// slot takes an in-flight slot for the caller whose key is who, waiting
+// for its fair turn up to the API timeout; release gives it back (once,
+// however often it is called).
+func (h *handler[T]) slot(r *http.Request, who string) (release func(), st *Status) {
 	if h.inflight == nil {
 		return func() {}, nil
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), h.cfg.APITimeout)
 	defer cancel()
-	if !h.inflight.acquire(ctx, who.key) {
+	if !h.inflight.acquire(ctx, who) {
 		return nil, h.fail(http.StatusTooManyRequests, "too many requests in flight, this caller's among them", nil)
 	}
-	return sync.OnceFunc(func() { h.inflight.release(who.key) }), nil
+	return sync.OnceFunc(func() { h.inflight.release(who) }), nil
 }
 
-// callerID is who sent a request, as far as the handler can tell before
+// caller is who sent a request, as far as the handler can tell before
 // authorizing it: the user its bearer token was last authorized as, when
-// that was in the last knownFor, else its client address.
-type callerID struct {
+// that was in the last knownFor, else its client address. It authorizes
+// the caller for Intake and keeps the authorization's error, which
+// decides the status of a refusal.
+type caller[T opkit.Object] struct {
+	h     *handler[T]
+	r     *http.Request
 	key   string // the fair slots' key
 	host  string // the client address's host
 	known bool   // by a token authorized before
 	token string // the token's SHA-256, "" without one
+	user  string // as authorized
+	err   error  // the authorization's
 }
 
 // knownFor is how long the handler remembers whom a token was authorized
 // as, for the fair slots and the address gate (not as an authorization).
 const knownFor = 10 * time.Minute
 
-func (h *handler[T]) callerID(r *http.Request) callerID {
+// identify returns the caller of r.
+func (h *handler[T]) identify(r *http.Request) *caller[T] {
 	host := clientHost(r)
-	id := callerID{key: "address " + host, host: host}
+	c := &caller[T]{h: h, r: r, key: "address " + host, host: host}
 	if _, sum, ok := bearerToken(r); ok {
-		id.token = sum
-		if user, ok := h.known.get(id.token); ok {
-			id.key, id.known = "user "+user, true
+		c.token = sum
+		if user, ok := h.known.get(sum); ok {
+			c.key, c.known = "user "+user, true
 		}
 	}
-	return id
+	return c
 }
 
 // clientHost is the host of r's remote address, the unit the failed
