@@ -385,15 +385,6 @@ func (c *ttlCache[V]) put(key string, val V, expires time.Time) {
 	c.update(key, expires, func(V) V { return val })
 }
 
-// insert adds an entry for key, which has none, evicting the least
-// recently used one beyond max; the caller holds mu.
-func (c *ttlCache[V]) insert(key string, val V, expires time.Time) {
-	c.items[key] = c.order.PushFront(&cacheEntry[V]{key: key, val: val, expires: expires})
-	if c.order.Len() > c.max {
-		c.remove(c.order.Back())
-	}
-}
-
 // forget removes key's entry, if any.
 func (c *ttlCache[V]) forget(key string) {
 	c.mu.Lock()
@@ -420,5 +411,8 @@ func (c *ttlCache[V]) update(key string, expires time.Time, f func(V) V) {
 		}
 		c.remove(el)
 	}
-	c.insert(key, f(old), expires)
+	c.items[key] = c.order.PushFront(&cacheEntry[V]{key: key, val: f(old), expires: expires})
+	if c.order.Len() > c.max { // evict the least recently used
+		c.remove(c.order.Back())
+	}
 }
