@@ -317,17 +317,14 @@ func (c *Consumer[T]) decode(data []byte) (Pointer, string, error) {
 
 func (c *Consumer[T]) handle(ctx context.Context, msg Message, start time.Time) {
 	p, term, err := c.decode(msg.Data())
-	var o queue.Outcome
-	var tk *Ticket
+	var d Decision[T]
 	if err == nil {
 		ictx, cancel := context.WithTimeout(ctx, c.cfg.APITimeout)
 		track := notTracked
 		if c.cfg.AckAfterReconcile {
 			track = FinalOnly
 		}
-		var d Decision[T]
 		d, err = c.cfg.Trigger.Intake(ictx, p, IntakeOptions{Track: track, NoForward: true, wait: true})
-		o, tk = d.Outcome, d.Ticket
 		cancel()
 	}
 	key := slog.String("key", p.Key.String())
@@ -364,12 +361,12 @@ func (c *Consumer[T]) handle(ctx context.Context, msg Message, start time.Time) 
 		c.cfg.Logger.LogAttrs(ctx, apiLevel(err), "trigger consumer: reading the object failed; nacking for a redelivery",
 			key, slog.String("class", class), slog.Any("error", err), slog.Int("deliveries", msg.Deliveries()), slog.Duration("delay", delay))
 		c.nack(ctx, msg, class, delay, start)
-	case !o.Accepted():
+	case !d.Outcome.Accepted():
 		// Never ack a dropped trigger: the broker must redeliver it, to the
 		// leader or to this replica once it leads.
 		c.nack(ctx, msg, nackDropped, c.cfg.DroppedDelay, start)
-	case tk != nil:
-		c.settleReconciled(ctx, msg, tk, start)
+	case d.Ticket != nil:
+		c.settleReconciled(ctx, msg, d.Ticket, start)
 	default:
 		c.ack(ctx, msg, ackScheduled, start)
 	}
