@@ -11,6 +11,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"math/big"
 	"net/http"
 	"net/http/httptest"
@@ -402,6 +403,52 @@ func TestIssuerLeavesTokensToATokenReviewWhileItCannotFetchTheKeys(t *testing.T)
 		}
 		if n := f.requests.Load(); n != 2 {
 			t.Errorf("%d fetches, want 2", n)
+		}
+	})
+}
+
+// lockedBuffer is a log's output that the issuer's fetches may write
+// from another goroutine.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) count(s string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return strings.Count(b.buf.String(), s)
+}
+
+func TestIssuerWarnsOnceEachTimeItCannotReadTheKeys(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		k, f := newTestIssuer(t, es256())
+		var out lockedBuffer
+		k.log = slog.New(slog.NewTextHandler(&out, nil))
+		warnings := func() int { return out.count("keys cannot be read") }
+		tok := es256().sign(t, "", claims(nil))
+		f.set(func(f *fakeIssuer) { f.status = http.StatusForbidden })
+		wantVerdict(t, k, tok, tokenUnknown)
+		time.Sleep(keysRetry)
+		wantVerdict(t, k, tok, tokenUnknown) // a second failed fetch in a row
+		if n := warnings(); n != 1 {
+			t.Errorf("%d warnings after two failed fetches, want 1", n)
+		}
+		f.set(func(f *fakeIssuer) { f.status = 0 })
+		time.Sleep(keysRetry)
+		wantVerdict(t, k, tok, tokenSigned)
+		f.set(func(f *fakeIssuer) { f.status = http.StatusForbidden })
+		time.Sleep(keysRefresh)
+		wantVerdict(t, k, tok, tokenSigned) // the refresh fails; the keys serve on
+		synctest.Wait()
+		if n := warnings(); n != 2 {
+			t.Errorf("%d warnings after a failure, a success and a failure, want 2", n)
 		}
 	})
 }
