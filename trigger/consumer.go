@@ -123,7 +123,8 @@ func NewConsumer[T opkit.Object](cfg ConsumerConfig[T]) (*Consumer[T], error) {
 	cfg.Metrics = cmp.Or[Metrics](cfg.Metrics, nopMetrics{})
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	if cfg.Paused == nil {
-		// A queue with neither method never pauses.
+		// Paused while this replica works on no shard (a Trigger on one
+		// queue, Config.Queue, always works on its one).
 		cfg.Paused = func() bool { return !cfg.Trigger.holds() }
 	}
 	return &Consumer[T]{cfg: cfg}, nil
