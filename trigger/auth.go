@@ -5,12 +5,12 @@ import (
 	"container/list"
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
+	"log/slog"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -106,6 +106,13 @@ type tokenResult struct {
 // Authenticator (see the package documentation). It keeps tokens only as
 // SHA-256 hashes, and logs nothing.
 func NewKubeAuthenticator(cfg KubeAuthConfig) (Authenticator, error) {
+	return newKubeAuthenticator(cfg, nil)
+}
+
+// newKubeAuthenticator is NewKubeAuthenticator with a log for the one
+// thing an operator must hear of (nil: none): the service-account
+// issuer's keys cannot be read, so every token costs a TokenReview.
+func newKubeAuthenticator(cfg KubeAuthConfig, log *slog.Logger) (Authenticator, error) {
 	if cfg.Audiences == nil {
 		cfg.Audiences = []string{DefaultAudience}
 	}
@@ -132,7 +139,7 @@ func NewKubeAuthenticator(cfg KubeAuthConfig) (Authenticator, error) {
 		slots:    newFairSlots(cfg.MaxReviews),
 		unknown:  flowcontrol.NewTokenBucketPassiveRateLimiter(float32(cfg.TokenReviewRate), cfg.TokenReviewBurst),
 		byCaller: newTTLCache[flowcontrol.PassiveRateLimiter](cfg.MaxEntries),
-		issuer:   newIssuerKeys(cfg.Client.AuthenticationV1().RESTClient(), cfg.Audiences)}, nil
+		issuer:   newIssuerKeys(cfg.Client.AuthenticationV1().RESTClient(), cfg.Audiences, log)}, nil
 }
 
 // shared runs review once for the concurrent callers of the same key,
@@ -161,30 +168,30 @@ func shared[V any](ctx context.Context, a *kubeAuthenticator, key, who string, r
 	}
 }
 
-// bearerToken returns the token of an "Authorization: Bearer ..." header.
-func bearerToken(r *http.Request) (string, bool) {
+// bearerToken returns the token of an "Authorization: Bearer ..." header
+// and its SHA-256, the key the caches know it by (they never keep a
+// token).
+func bearerToken(r *http.Request) (tok, sum string, ok bool) {
 	h := r.Header.Values("Authorization")
 	if len(h) != 1 {
-		return "", false
+		return "", "", false
 	}
 	scheme, tok, ok := strings.Cut(h[0], " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		return "", false
+	if tok = strings.TrimSpace(tok); !ok || !strings.EqualFold(scheme, "Bearer") || tok == "" {
+		return "", "", false
 	}
-	tok = strings.TrimSpace(tok)
-	return tok, tok != ""
+	hash := sha256.Sum256([]byte(tok))
+	return tok, string(hash[:]), true
 }
 
 func (a *kubeAuthenticator) Authorize(ctx context.Context, req AuthRequest) (string, error) {
-	tok, ok := bearerToken(req.HTTP)
+	tok, tokKey, ok := bearerToken(req.HTTP)
 	if !ok {
 		return "", fmt.Errorf("%w: a bearer token (Authorization: Bearer ...) for audience %q is required", ErrUnauthenticated, a.cfg.Audiences[0])
 	}
-	sum := sha256.Sum256([]byte(tok))
-	tokKey := string(sum[:])
 	tr, ok := a.tokens.get(tokKey)
 	if !ok {
-		switch v, subject := a.issuer.check(ctx, tok); v {
+		switch v, subject := a.issuer.check(ctx, tok, tokKey); v {
 		case tokenForged:
 			return "", fmt.Errorf("%w: the bearer token claims the cluster's service-account issuer but is not signed by it, current, and for audience %q", ErrUnauthenticated, a.cfg.Audiences)
 		case tokenSigned:
@@ -284,24 +291,12 @@ func (a *kubeAuthenticator) takeReview(user string) bool {
 }
 
 // userKey identifies a user as a SubjectAccessReview sees them: name,
-// UID, groups and extra, hashed.
+// UID, groups and extra, hashed. Their JSON tells any two users apart
+// (encoding/json sorts the extra's keys).
 func userKey(u authnv1.UserInfo) string {
-	h := sha256.New()
-	field := func(s string) { fmt.Fprintf(h, "%d:%s", len(s), s) } // length-prefixed: no two users share a key
-	field(u.Username)
-	field(u.UID)
-	field(strconv.Itoa(len(u.Groups)))
-	for _, g := range u.Groups {
-		field(g)
-	}
-	for _, k := range slices.Sorted(maps.Keys(u.Extra)) {
-		field(k)
-		field(strconv.Itoa(len(u.Extra[k])))
-		for _, v := range u.Extra[k] {
-			field(v)
-		}
-	}
-	return string(h.Sum(nil))
+	data, _ := json.Marshal(u) // strings, slices and maps of them: it cannot fail
+	sum := sha256.Sum256(data)
+	return string(sum[:])
 }
 
 // sar makes the SubjectAccessReview of access and caches its decision
@@ -390,15 +385,6 @@ func (c *ttlCache[V]) put(key string, val V, expires time.Time) {
 	c.update(key, expires, func(V) V { return val })
 }
 
-// insert adds an entry for key, which has none, evicting the least
-// recently used one beyond max; the caller holds mu.
-func (c *ttlCache[V]) insert(key string, val V, expires time.Time) {
-	c.items[key] = c.order.PushFront(&cacheEntry[V]{key: key, val: val, expires: expires})
-	if c.order.Len() > c.max {
-		c.remove(c.order.Back())
-	}
-}
-
 // forget removes key's entry, if any.
 func (c *ttlCache[V]) forget(key string) {
 	c.mu.Lock()
@@ -425,5 +411,8 @@ func (c *ttlCache[V]) update(key string, expires time.Time, f func(V) V) {
 		}
 		c.remove(el)
 	}
-	c.insert(key, f(old), expires)
+	c.items[key] = c.order.PushFront(&cacheEntry[V]{key: key, val: f(old), expires: expires})
+	if c.order.Len() > c.max { // evict the least recently used
+		c.remove(c.order.Back())
+	}
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/internal/typed"
 	"github.com/opkit/opkit/queue"
 )
 
@@ -122,7 +123,8 @@ func NewConsumer[T opkit.Object](cfg ConsumerConfig[T]) (*Consumer[T], error) {
 	cfg.Metrics = cmp.Or[Metrics](cfg.Metrics, nopMetrics{})
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	if cfg.Paused == nil {
-		// A queue with neither method never pauses.
+		// Paused while this replica works on no shard (a Trigger on one
+		// queue, Config.Queue, always works on its one).
 		cfg.Paused = func() bool { return !cfg.Trigger.holds() }
 	}
 	return &Consumer[T]{cfg: cfg}, nil
@@ -316,17 +318,14 @@ func (c *Consumer[T]) decode(data []byte) (Pointer, string, error) {
 
 func (c *Consumer[T]) handle(ctx context.Context, msg Message, start time.Time) {
 	p, term, err := c.decode(msg.Data())
-	var o queue.Outcome
-	var tk *Ticket
+	var d Decision[T]
 	if err == nil {
 		ictx, cancel := context.WithTimeout(ctx, c.cfg.APITimeout)
 		track := notTracked
 		if c.cfg.AckAfterReconcile {
 			track = FinalOnly
 		}
-		var d Decision[T]
 		d, err = c.cfg.Trigger.Intake(ictx, p, IntakeOptions{Track: track, NoForward: true, wait: true})
-		o, tk = d.Outcome, d.Ticket
 		cancel()
 	}
 	key := slog.String("key", p.Key.String())
@@ -356,19 +355,19 @@ func (c *Consumer[T]) handle(ctx context.Context, msg Message, start time.Time) 
 		// server's restart answers is retried soon, whatever the
 		// deliveries (hand-backs to a shard's holder among them); the rest
 		// backs off with them.
-		class, delay := apiClass(err), c.cfg.DroppedDelay
-		if class == apiError || class == apiRefused && msg.Deliveries() > queue.TransientRefusals {
+		class, delay := typed.Class(err), c.cfg.DroppedDelay
+		if class == typed.Failed || class == typed.Refused && msg.Deliveries() > queue.TransientRefusals {
 			delay = backoff(c.cfg.RetryBase, c.cfg.RetryCap, msg.Deliveries())
 		}
 		c.cfg.Logger.LogAttrs(ctx, apiLevel(err), "trigger consumer: reading the object failed; nacking for a redelivery",
 			key, slog.String("class", class), slog.Any("error", err), slog.Int("deliveries", msg.Deliveries()), slog.Duration("delay", delay))
 		c.nack(ctx, msg, class, delay, start)
-	case !o.Accepted():
+	case !d.Outcome.Accepted():
 		// Never ack a dropped trigger: the broker must redeliver it, to the
 		// leader or to this replica once it leads.
 		c.nack(ctx, msg, nackDropped, c.cfg.DroppedDelay, start)
-	case tk != nil:
-		c.settleReconciled(ctx, msg, tk, start)
+	case d.Ticket != nil:
+		c.settleReconciled(ctx, msg, d.Ticket, start)
 	default:
 		c.ack(ctx, msg, ackScheduled, start)
 	}

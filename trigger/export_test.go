@@ -2,6 +2,7 @@ package trigger
 
 import (
 	"context"
+	"crypto/sha256"
 
 	"github.com/opkit/opkit"
 )
@@ -54,6 +55,12 @@ const TokenUnknown, TokenSigned, TokenForged = tokenUnknown, tokenSigned, tokenF
 
 // IssuerCheck is k's verdict on tok.
 func IssuerCheck(k *issuerKeys, ctx context.Context, tok string) verdict {
-	v, _ := k.check(ctx, tok)
+	v, _ := k.check(ctx, tok, tokenSum(tok))
 	return v
+}
+
+// tokenSum is tok's SHA-256, the key the caches know it by.
+func tokenSum(tok string) string {
+	sum := sha256.Sum256([]byte(tok))
+	return string(sum[:])
 }

@@ -15,11 +15,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/flowcontrol"
 
 	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/internal/typed"
 	"github.com/opkit/opkit/queue"
 )
 
@@ -111,7 +111,6 @@ type handler[T opkit.Object] struct {
 	known    *ttlCache[string]              // the user a token (its hash) was authorized as
 	waiting  atomic.Int64                   // callers waiting for outcomes
 	log      *sampler
-	unkeyed  atomic.Bool // the issuer's keys could not be read, and that was logged
 }
 
 // NewHandler validates cfg and returns the HTTP trigger endpoint of t:
@@ -157,7 +156,7 @@ func NewHandler[T opkit.Object](t *Trigger[T], cfg HandlerConfig) (http.Handler,
 	cfg.Metrics = cmp.Or[Metrics](cfg.Metrics, nopMetrics{})
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	if cfg.Authenticator == nil && cfg.Reviews != nil {
-		a, err := NewKubeAuthenticator(KubeAuthConfig{Client: cfg.Reviews})
+		a, err := newKubeAuthenticator(KubeAuthConfig{Client: cfg.Reviews}, cfg.Logger)
 		if err != nil {
 			return nil, err
 		}
@@ -180,23 +179,22 @@ func (h *handler[T]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	bodyRead := false
 	body := h.serve(w, r, &bodyRead)
-	if f, ok := body.(forwarded); ok {
-		maps.Copy(w.Header(), f.header)
-		w.Header().Set(forwardedHeader, "by this replica to the one that serves it")
-		w.WriteHeader(f.code)
-		_, _ = w.Write(f.body)
-		h.cfg.Metrics.Request(f.code, "Forwarded", time.Since(start))
-		return
-	}
 	code, reason := http.StatusAccepted, "Accepted"
-	if _, ok := body.(Outcome); ok {
+	switch b := body.(type) {
+	case forwarded:
+		maps.Copy(w.Header(), b.header)
+		w.Header().Set(forwardedHeader, "by this replica to the one that serves it")
+		w.WriteHeader(b.code)
+		_, _ = w.Write(b.body)
+		h.cfg.Metrics.Request(b.code, "Forwarded", time.Since(start))
+		return
+	case Outcome:
 		code, reason = http.StatusOK, "OK"
-	}
-	if st, ok := body.(*Status); ok {
-		code, reason = st.Code, string(st.Reason)
+	case *Status:
+		code, reason = b.Code, string(b.Reason)
 		if (code >= 500 || code == http.StatusUnauthorized || code == http.StatusForbidden || code == http.StatusTooManyRequests) && r.Context().Err() == nil {
 			h.log.Log(r.Context(), slog.LevelWarn, strconv.Itoa(code), "trigger: request refused", slog.Int("code", code),
-				slog.String("reason", reason), slog.String("message", st.Message), slog.String("path", r.URL.Path))
+				slog.String("reason", reason), slog.String("message", b.Message), slog.String("path", r.URL.Path))
 		}
 		if code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable {
 			w.Header().Set("Retry-After", strconv.FormatInt(max(1, int64(math.Ceil(h.cfg.RetryAfter.Seconds()))), 10))
@@ -240,8 +238,8 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request, bodyRead *boo
 	if h.rate != nil && !h.rate.TryAccept() {
 		return h.fail(http.StatusTooManyRequests, "request rate limit exceeded", nil)
 	}
-	who := h.callerID(r)
-	if n, _ := h.failures.get(who.host); h.cfg.MaxAuthFailures > 0 && n >= h.cfg.MaxAuthFailures && !who.known {
+	c := h.identify(r)
+	if n, _ := h.failures.get(c.host); h.cfg.MaxAuthFailures > 0 && n >= h.cfg.MaxAuthFailures && !c.known {
 		return h.fail(http.StatusTooManyRequests, "too many failed authentications from this address; try again later", nil)
 	}
 	p := Pointer{Key: key, Type: h.cfg.Type}
@@ -255,66 +253,38 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request, bodyRead *boo
 		// WriteTimeout would cut it off).
 		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(wait + 2*h.cfg.APITimeout))
 	}
-	release, st := h.slot(r, who)
+	release, st := h.slot(r, c.key)
 	if st != nil {
 		return st
 	}
 	defer release()
-	c := &caller[T]{h: h, r: r, id: who}
 	if id != "" {
 		return h.lookup(w, r, c, key, id)
 	}
 	return h.trigger(w, r, c, p, wait, release)
 }
 
-// caller authorizes r's caller for the HTTP handler's Intake and keeps
-// the authorization's error, which decides the status of a refusal.
-type caller[T opkit.Object] struct {
-	h    *handler[T]
-	r    *http.Request
-	id   callerID
-	user string
-	err  error
-}
-
+// authorize is Intake's IntakeOptions.Authorize for the caller.
 func (c *caller[T]) authorize(ctx context.Context, key opkit.Key) (string, error) {
-	client := c.id.host
 	if c.h.cfg.Authenticator == nil {
-		return "address " + client, nil
+		return "address " + c.host, nil
 	}
 	c.user, c.err = c.h.cfg.Authenticator.Authorize(ctx, AuthRequest{HTTP: c.r, Resource: c.h.trig.cfg.Resource, Key: key})
-	c.h.sayIfUnkeyed(ctx)
 	switch {
 	case errors.Is(c.err, ErrUnauthenticated):
-		c.h.failures.update(client, time.Now().Add(c.h.cfg.AuthFailureBackoff), func(n int) int { return n + 1 })
+		c.h.failures.update(c.host, time.Now().Add(c.h.cfg.AuthFailureBackoff), func(n int) int { return n + 1 })
 	case c.err == nil:
-		if !c.id.known { // a known caller's success says nothing of its neighbours
-			c.h.failures.forget(client)
+		if !c.known { // a known caller's success says nothing of its neighbours
+			c.h.failures.forget(c.host)
 		}
-		if c.id.token != "" {
-			c.h.known.put(c.id.token, c.user, time.Now().Add(knownFor))
+		if c.token != "" {
+			c.h.known.put(c.token, c.user, time.Now().Add(knownFor))
 		}
 	}
 	if c.err != nil {
 		return "", fmt.Errorf("trigger: %w", c.err)
 	}
 	return "user " + c.user, nil
-}
-
-// sayIfUnkeyed logs, once each time it starts, that the Kubernetes-native
-// authenticator cannot read the service-account issuer's keys: every
-// token then costs a TokenReview, under the budget of unchecked ones.
-func (h *handler[T]) sayIfUnkeyed(ctx context.Context) {
-	ka, ok := h.cfg.Authenticator.(*kubeAuthenticator)
-	if !ok {
-		return
-	}
-	err := ka.issuer.err()
-	if err == nil {
-		h.unkeyed.Store(false)
-	} else if !h.unkeyed.Swap(true) {
-		h.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "trigger: the service-account issuer's keys cannot be read, so every token costs a TokenReview, under the budget of tokens not checked here (grant get on /.well-known/openid-configuration and /openid/v1/jwks: ClusterRole system:service-account-issuer-discovery)", slog.Any("error", err))
-	}
 }
 
 // trigger takes the POST of p through Intake and acts on its decision;
@@ -338,7 +308,7 @@ func (h *handler[T]) trigger(w http.ResponseWriter, r *http.Request, c *caller[T
 		return h.refusal(w, r, p.Key, err, c.err)
 	case d.Endpoint != "":
 		release() // the replica that works on the object does the work
-		return h.forward(r, d.Endpoint, p, wait, p.Key, wait > 0)
+		return h.forward(r, d.Endpoint, p, wait)
 	case !d.Outcome.Accepted():
 		return h.dropped(w, d.Outcome, d.Holder, p.Key)
 	}
@@ -404,17 +374,15 @@ func (h *handler[T]) lookup(w http.ResponseWriter, r *http.Request, c *caller[T]
 		return h.refusal(w, r, key, err, nil)
 	case pl.Queue == nil && pl.Endpoint != "":
 		cancel()
-		return h.forward(r, pl.Endpoint, Pointer{}, 0, key, false)
+		return h.forward(r, pl.Endpoint, Pointer{Key: key}, 0)
 	}
 	return out
 }
 
 // refusal is the answer to a request Intake or the authorization refused
-// (err, and authErr the authorization's), or nil when neither did.
+// (err, and authErr the authorization's).
 func (h *handler[T]) refusal(w http.ResponseWriter, r *http.Request, key opkit.Key, err, authErr error) *Status {
 	switch {
-	case err == nil:
-		return nil
 	case errors.Is(err, ErrInvalid):
 		return h.fail(http.StatusBadRequest, err.Error(), nil)
 	case errors.Is(err, ErrBusy):
@@ -422,7 +390,7 @@ func (h *handler[T]) refusal(w http.ResponseWriter, r *http.Request, key opkit.K
 	case errors.Is(authErr, ErrUnauthenticated):
 		// RFC 6750: an error code only when a token was presented.
 		challenge := `Bearer realm="opkit-trigger"`
-		if _, ok := bearerToken(r); ok {
+		if _, _, ok := bearerToken(r); ok {
 			challenge += `, error="invalid_token"`
 		}
 		w.Header().Set("WWW-Authenticate", challenge)
@@ -455,21 +423,12 @@ func (h *handler[T]) apiFailure(r *http.Request, call string, err error, key opk
 	h.log.Log(r.Context(), apiLevel(err), "api-"+call, "trigger: API server call failed", slog.String("call", call), slog.String("key", key.String()), slog.Any("error", err))
 	code, msg := http.StatusBadGateway, call+" failed: the API server answered with an error (details in the operator's log)"
 	switch {
-	case isTimeout(err):
+	case typed.Timeout(err):
 		code, msg = http.StatusGatewayTimeout, call+" failed: the API server did not answer in time"
-	case apiClass(err) == apiTransient:
+	case typed.Class(err) == typed.Transient:
 		code, msg = http.StatusServiceUnavailable, call+" failed: this replica's API server does not answer or cannot serve now; retry later"
 	}
 	return h.fail(code, msg, &key)
-}
-
-// isTimeout reports whether err says an API call ran out of time: the
-// context's deadline, the API server's timeout statuses, or client-go's
-// client-side rate limiter refusing to wait past the deadline (its error,
-// from golang.org/x/time/rate, wraps nothing: only its text says so).
-func isTimeout(err error) bool {
-	return errors.Is(err, context.DeadlineExceeded) || apierrors.IsTimeout(err) || apierrors.IsServerTimeout(err) ||
-		strings.Contains(err.Error(), "would exceed context deadline")
 }
 
 // dropped answers a trigger no replica can take now: 503, naming the
@@ -485,27 +444,19 @@ func (h *handler[T]) dropped(w http.ResponseWriter, o queue.Outcome, holder stri
 	return st
 }
 
-// statusReasons are the Status reasons of the handler's error codes (those
-// Kubernetes has none for are named after the code).
-var statusReasons = map[int]metav1.StatusReason{
-	http.StatusBadRequest:                  metav1.StatusReasonBadRequest,
-	http.StatusRequestTimeout:              "RequestTimeout",
-	http.StatusRequestHeaderFieldsTooLarge: "RequestHeaderFieldsTooLarge",
-	http.StatusUnauthorized:                metav1.StatusReasonUnauthorized,
-	http.StatusForbidden:                   metav1.StatusReasonForbidden,
-	http.StatusNotFound:                    metav1.StatusReasonNotFound,
-	http.StatusMethodNotAllowed:            metav1.StatusReasonMethodNotAllowed,
-	http.StatusRequestEntityTooLarge:       metav1.StatusReasonRequestEntityTooLarge,
-	http.StatusUnsupportedMediaType:        metav1.StatusReasonUnsupportedMediaType,
-	http.StatusTooManyRequests:             metav1.StatusReasonTooManyRequests,
-	http.StatusBadGateway:                  "BadGateway",
-	http.StatusServiceUnavailable:          metav1.StatusReasonServiceUnavailable,
-	http.StatusGatewayTimeout:              metav1.StatusReasonTimeout,
+// statusReason is the Status reason of an error code: Kubernetes' reasons
+// are the codes' names without spaces ("TooManyRequests"), but 504's
+// (Timeout); the others are named the same way ("BadGateway").
+func statusReason(code int) metav1.StatusReason {
+	if code == http.StatusGatewayTimeout {
+		return metav1.StatusReasonTimeout
+	}
+	return metav1.StatusReason(strings.ReplaceAll(http.StatusText(code), " ", ""))
 }
 
 // failure returns the Status of an error answer.
 func failure(code int, msg string) *Status {
-	return &Status{Kind: "Status", APIVersion: "v1", Status: metav1.StatusFailure, Message: msg, Reason: statusReasons[code], Code: code}
+	return &Status{Kind: "Status", APIVersion: "v1", Status: metav1.StatusFailure, Message: msg, Reason: statusReason(code), Code: code}
 }
 
 // fail returns the Status of an error answer; key, once the request named

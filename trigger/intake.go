@@ -137,6 +137,18 @@ func (t *Trigger[T]) Intake(ctx context.Context, p Pointer, opts IntakeOptions) 
 // may not be checked either.
 var errCannotRoute = errors.New("this replica cannot reach its API server now: it can tell neither which replica works on the object nor (unless it knows the caller) whether the caller may trigger it; retry, another replica may take the trigger")
 
+// unchecked reports whether err, an authorization's, says only that this
+// replica could not ask its API server (it did not answer, or refused
+// the review itself): the caller was not judged, and the replica that
+// works on the object, which checks every caller, may still be asked.
+func unchecked(err error) bool {
+	switch {
+	case err == nil, errors.Is(err, ErrUnauthenticated), errors.Is(err, ErrForbidden), errors.Is(err, ErrBusy), errors.Is(err, ErrInvalid):
+		return false
+	}
+	return typed.Class(err) != typed.Failed
+}
+
 // uncheckedElsewhere is the decision for a trigger whose caller this
 // replica could not check (authErr: its API server did not answer, or
 // refused the review): forwarded when another replica works on the
@@ -164,7 +176,7 @@ func (t *Trigger[T]) uncheckedElsewhere(ctx context.Context, key opkit.Key, opts
 // shards, for a trigger not forwarded already, not a consumer's (whose
 // broker redelivers anyway).
 func (t *Trigger[T]) cannotRoute(ctx context.Context, key opkit.Key, opts IntakeOptions, err error) error {
-	if t.cfg.Router.Shards() == 1 || opts.NoForward || apiClass(err) != apiTransient || isTimeout(err) {
+	if t.cfg.Router.Shards() == 1 || opts.NoForward || typed.Class(err) != typed.Transient || typed.Timeout(err) {
 		return err
 	}
 	t.log.Log(ctx, slog.LevelWarn, "unroutable", "trigger: this replica cannot reach its API server; the caller is told to retry (503), another replica may take the trigger",

@@ -6,12 +6,12 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rsa"
-	"crypto/sha256"
 	_ "crypto/sha512" // SHA-384 and SHA-512 for the *384 and *512 algorithms
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/big"
 	"slices"
 	"strings"
@@ -48,15 +48,15 @@ const (
 type issuerKeys struct {
 	rc        rest.Interface // nil: every token is tokenUnknown
 	audiences []string
+	log       *slog.Logger // warned when the keys cannot be read (nil: nothing)
 	fetches   singleflight.Group
+
+	verdicts *ttlCache[pastVerdict] // by the tokens' SHA-256
 
 	mu        sync.Mutex
 	set       *jwkSet   // nil until a fetch works, and after one fails
 	fetchedAt time.Time // end of the last fetch, whether it worked or not
 	fetchErr  error     // of the last fetch
-	verdicts  map[[sha256.Size]byte]pastVerdict
-	order     [][sha256.Size]byte // ring of the verdicts' keys, oldest at next
-	next      int
 }
 
 // jwkSet is one fetched, immutable set of the issuer's keys by kid.
@@ -72,24 +72,24 @@ type jwk struct {
 }
 
 // pastVerdict is a verdict on one token (with its subject when signed),
-// valid while set is the current key set and until the given time.
+// valid while set is the current key set (and its cache entry lives).
 type pastVerdict struct {
-	v     verdict
-	set   *jwkSet
-	until time.Time
-	sub   string
+	v   verdict
+	set *jwkSet
+	sub string
 }
 
 // newIssuerKeys returns the keys of the API server's service-account
 // issuer, fetched lazily through rc (GET /.well-known/openid-configuration
 // for "issuer", then GET /openid/v1/jwks). A token must be for one of audiences. rc may be nil,
 // or a typed nil *rest.RESTClient (as fake clientsets return), and
-// audiences empty: then every token is tokenUnknown.
-func newIssuerKeys(rc rest.Interface, audiences []string) *issuerKeys {
+// audiences empty: then every token is tokenUnknown. log, if not nil,
+// gets a warning each time the keys cannot be read after they could.
+func newIssuerKeys(rc rest.Interface, audiences []string, log *slog.Logger) *issuerKeys {
 	if c, ok := rc.(*rest.RESTClient); (ok && c == nil) || len(audiences) == 0 {
 		rc = nil
 	}
-	return &issuerKeys{rc: rc, audiences: slices.Clone(audiences), verdicts: map[[sha256.Size]byte]pastVerdict{}}
+	return &issuerKeys{rc: rc, audiences: slices.Clone(audiences), log: log, verdicts: newTTLCache[pastVerdict](verdictsLimit)}
 }
 
 // err returns why the last fetch of the keys failed; nil when the keys
@@ -100,14 +100,15 @@ func (k *issuerKeys) err() error {
 	return k.fetchErr
 }
 
-// check classifies tok. It never logs or returns the token. A string that
-// is not a JWT, or a JWT of another issuer, is tokenUnknown; a JWT whose
-// iss is the service-account issuer's is tokenSigned or tokenForged. A
-// signature is verified once: the verdicts of the last verdictsLimit
-// tokens are remembered (by SHA-256) while the keys stay the same, a
-// tokenSigned until the token expires, a tokenForged for keysRetry only.
-// The subject (sub) comes with tokenSigned. Safe for concurrent use.
-func (k *issuerKeys) check(ctx context.Context, tok string) (v verdict, subject string) {
+// check classifies tok, whose SHA-256 is sum. It never logs or returns
+// the token. A string that is not a JWT, or a JWT of another issuer, is
+// tokenUnknown; a JWT whose iss is the service-account issuer's is
+// tokenSigned or tokenForged. A signature is verified once: the verdicts
+// of the last verdictsLimit tokens used are remembered (by sum) while the
+// keys stay the same, a tokenSigned until the token expires, a
+// tokenForged for keysRetry only. The subject (sub) comes with
+// tokenSigned. Safe for concurrent use.
+func (k *issuerKeys) check(ctx context.Context, tok, sum string) (v verdict, subject string) {
 	head, payload, sig, ok := splitJWT(tok)
 	if k.rc == nil || !ok {
 		return tokenUnknown, ""
@@ -123,14 +124,11 @@ func (k *issuerKeys) check(ctx context.Context, tok string) (v verdict, subject 
 	if set == nil || claims.Iss != set.issuer {
 		return tokenUnknown, ""
 	}
-	sum, now := sha256.Sum256([]byte(tok)), time.Now()
-	k.mu.Lock()
-	r, ok := k.verdicts[sum]
-	k.mu.Unlock()
-	if ok && r.set == set && now.Before(r.until) {
+	if r, ok := k.verdicts.get(sum); ok && r.set == set {
 		return r.v, r.sub
 	}
-	r = pastVerdict{v: tokenForged, set: set, until: now.Add(keysRetry)}
+	now := time.Now()
+	r, until := pastVerdict{v: tokenForged, set: set}, now.Add(keysRetry)
 	key, known := set.keys[header.Kid] // the zero jwk if unknown: it verifies nothing
 	if !known && (!refetched || k.err() != nil) {
 		return tokenUnknown, "" // maybe a key published since the keys were read (or could not be read again)
@@ -139,10 +137,10 @@ func (k *issuerKeys) check(ctx context.Context, tok string) (v verdict, subject 
 	if badClaims == nil && badHeader == nil && (key.Alg == "" || key.Alg == header.Alg) &&
 		jwsVerify(header.Alg, key.pub, signed, sig) && slices.ContainsFunc(k.audiences, claims.Aud.has) {
 		if exp, ok := claims.validAt(now); ok {
-			r.v, r.until, r.sub = tokenSigned, exp, claims.Sub
+			r.v, r.sub, until = tokenSigned, claims.Sub, exp
 		}
 	}
-	k.remember(sum, r)
+	k.verdicts.put(sum, r, until)
 	return r.v, r.sub
 }
 
@@ -162,21 +160,6 @@ func (c jwtClaims) validAt(now time.Time) (until time.Time, ok bool) {
 	until = time.Unix(int64(*c.Exp), 0).Add(jwtSkew)
 	started := c.Nbf == nil || !now.Before(time.Unix(int64(*c.Nbf), 0).Add(-jwtSkew))
 	return until, started && now.Before(until)
-}
-
-// remember records a verdict, forgetting the oldest beyond verdictsLimit.
-func (k *issuerKeys) remember(sum [sha256.Size]byte, r pastVerdict) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if _, ok := k.verdicts[sum]; !ok {
-		if len(k.order) < verdictsLimit {
-			k.order = append(k.order, sum)
-		} else {
-			delete(k.verdicts, k.order[k.next])
-			k.order[k.next], k.next = sum, (k.next+1)%verdictsLimit
-		}
-	}
-	k.verdicts[sum] = r
 }
 
 // keys returns the current key set (nil: not known), fetching it first
@@ -206,8 +189,12 @@ func (k *issuerKeys) keys(ctx context.Context, iss, kid string) (set *jwkSet, re
 			if err == nil { // a failed fetch keeps the keys it had
 				k.set = set
 			}
+			failing := err != nil && k.fetchErr == nil // the first failure in a row
 			k.fetchErr, k.fetchedAt = err, time.Now()
 			k.mu.Unlock()
+			if failing && k.log != nil {
+				k.log.LogAttrs(ctx, slog.LevelWarn, "trigger: the service-account issuer's keys cannot be read, so every token costs a TokenReview, under the budget of tokens not checked here (grant get on /.well-known/openid-configuration and /openid/v1/jwks: ClusterRole system:service-account-issuer-discovery)", slog.Any("error", err))
+			}
 		}
 		return nil, nil
 	})

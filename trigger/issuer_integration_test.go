@@ -111,7 +111,7 @@ func kubeAs(t *testing.T, cfg *rest.Config) *kubernetes.Clientset {
 // fetched with cfg's credentials.
 func issuerKeysAs(t *testing.T, cfg *rest.Config) *trigger.IssuerKeysT {
 	t.Helper()
-	return trigger.NewIssuerKeys(kubeAs(t, cfg).CoreV1().RESTClient(), []string{trigger.DefaultAudience})
+	return trigger.NewIssuerKeys(kubeAs(t, cfg).CoreV1().RESTClient(), []string{trigger.DefaultAudience}, nil)
 }
 
 // changeSignatureByte changes the middle byte of tok's signature.

@@ -11,6 +11,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"math/big"
 	"net/http"
 	"net/http/httptest"
@@ -178,12 +179,12 @@ func newTestIssuer(t *testing.T, keys ...testKey) (*issuerKeys, *fakeIssuer) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return newIssuerKeys(rc, []string{"other", testAudience}), f
+	return newIssuerKeys(rc, []string{"other", testAudience}, nil), f
 }
 
 func wantVerdict(t *testing.T, k *issuerKeys, tok string, want verdict) {
 	t.Helper()
-	if got, _ := k.check(t.Context(), tok); got != want {
+	if got, _ := k.check(t.Context(), tok, tokenSum(tok)); got != want {
 		t.Errorf("check = %d, want %d", got, want)
 	}
 }
@@ -285,12 +286,12 @@ func TestIssuerLeavesOtherTokensToATokenReview(t *testing.T) {
 func TestIssuerWithoutAClientOrAudiencesLeavesEveryTokenToATokenReview(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		for _, rc := range []rest.Interface{nil, (*rest.RESTClient)(nil)} {
-			k := newIssuerKeys(rc, []string{testAudience})
+			k := newIssuerKeys(rc, []string{testAudience}, nil)
 			wantVerdict(t, k, es256().sign(t, "", claims(nil)), tokenUnknown)
 			wantVerdict(t, k, "garbage", tokenUnknown)
 		}
 		k, _ := newTestIssuer(t, es256())
-		k = newIssuerKeys(k.rc, nil) // and without audiences
+		k = newIssuerKeys(k.rc, nil, nil) // and without audiences
 		wantVerdict(t, k, es256().sign(t, "", claims(nil)), tokenUnknown)
 	})
 }
@@ -406,18 +407,62 @@ func TestIssuerLeavesTokensToATokenReviewWhileItCannotFetchTheKeys(t *testing.T)
 	})
 }
 
+// lockedBuffer is a log's output that the issuer's fetches may write
+// from another goroutine.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) count(s string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return strings.Count(b.buf.String(), s)
+}
+
+func TestIssuerWarnsOnceEachTimeItCannotReadTheKeys(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		k, f := newTestIssuer(t, es256())
+		var out lockedBuffer
+		k.log = slog.New(slog.NewTextHandler(&out, nil))
+		warnings := func() int { return out.count("keys cannot be read") }
+		tok := es256().sign(t, "", claims(nil))
+		f.set(func(f *fakeIssuer) { f.status = http.StatusForbidden })
+		wantVerdict(t, k, tok, tokenUnknown)
+		time.Sleep(keysRetry)
+		wantVerdict(t, k, tok, tokenUnknown) // a second failed fetch in a row
+		if n := warnings(); n != 1 {
+			t.Errorf("%d warnings after two failed fetches, want 1", n)
+		}
+		f.set(func(f *fakeIssuer) { f.status = 0 })
+		time.Sleep(keysRetry)
+		wantVerdict(t, k, tok, tokenSigned)
+		f.set(func(f *fakeIssuer) { f.status = http.StatusForbidden })
+		time.Sleep(keysRefresh)
+		wantVerdict(t, k, tok, tokenSigned) // the refresh fails; the keys serve on
+		synctest.Wait()
+		if n := warnings(); n != 2 {
+			t.Errorf("%d warnings after a failure, a success and a failure, want 2", n)
+		}
+	})
+}
+
 func TestIssuerVerifiesATokenOnceUntilItExpires(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		k, _ := newTestIssuer(t, es256())
 		tok := es256().sign(t, "", claims(nil))
 		wantVerdict(t, k, tok, tokenSigned)
-		sum := sha256.Sum256([]byte(tok))
-		r := k.verdicts[sum]
-		r.v = tokenForged // a marker: only a remembered verdict says so now
-		k.verdicts[sum] = r
+		r := k.verdicts.items[tokenSum(tok)].Value.(*cacheEntry[pastVerdict])
+		r.val.v = tokenForged // a marker: only a remembered verdict says so now
 		wantVerdict(t, k, tok, tokenForged)
-		if want := time.Now().Add(time.Hour + jwtSkew); !r.until.Equal(want) {
-			t.Errorf("remembered until %v, want exp+skew %v", r.until, want)
+		if want := time.Now().Add(time.Hour + jwtSkew); !r.expires.Equal(want) {
+			t.Errorf("remembered until %v, want exp+skew %v", r.expires, want)
 		}
 	})
 }
@@ -428,8 +473,8 @@ func TestIssuerRemembersABoundedNumberOfVerdicts(t *testing.T) {
 		for i := range verdictsLimit + 10 {
 			wantVerdict(t, k, unsigned("none", "ec-1", claims(map[string]any{"sub": fmt.Sprint(i)}))+"AA", tokenForged)
 		}
-		if len(k.verdicts) != verdictsLimit || len(k.order) != verdictsLimit {
-			t.Errorf("%d verdicts in a ring of %d, want %d", len(k.verdicts), len(k.order), verdictsLimit)
+		if len(k.verdicts.items) != verdictsLimit || k.verdicts.order.Len() != verdictsLimit {
+			t.Errorf("%d verdicts in a list of %d, want %d", len(k.verdicts.items), k.verdicts.order.Len(), verdictsLimit)
 		}
 	})
 }

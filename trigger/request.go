@@ -7,7 +7,6 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -38,19 +37,20 @@ type forwarded struct {
 // endpoint with the caller's credentials, and returns the leader's answer
 // (or 503 when there is none: the leader is likely gone; 502 when it
 // would take credentials from TLS to plain HTTP). It takes a place among
-// MaxWaiting unless the request holds one already (waiting).
-func (h *handler[T]) forward(r *http.Request, holder string, p Pointer, wait time.Duration, key opkit.Key, waiting bool) any {
+// MaxWaiting unless the caller waits for an outcome (wait > 0), which
+// holds one already.
+func (h *handler[T]) forward(r *http.Request, holder string, p Pointer, wait time.Duration) any {
 	u, err := url.Parse(holder)
 	switch {
 	case err != nil || u.Host == "" || u.Scheme != "http" && u.Scheme != "https":
-		return h.fail(http.StatusBadGateway, "the replica that works on the object publishes no usable endpoint", &key)
+		return h.fail(http.StatusBadGateway, "the replica that works on the object publishes no usable endpoint", &p.Key)
 	case r.TLS != nil && u.Scheme != "https":
-		return h.fail(http.StatusBadGateway, "the endpoint of the replica that works on the object is not HTTPS: the caller's credentials stay here", &key)
+		return h.fail(http.StatusBadGateway, "the endpoint of the replica that works on the object is not HTTPS: the caller's credentials stay here", &p.Key)
 	}
-	if !waiting {
+	if wait == 0 {
 		if h.waiting.Add(1) > int64(h.cfg.MaxWaiting) {
 			h.waiting.Add(-1)
-			return h.fail(http.StatusTooManyRequests, fmt.Sprintf("%d forwarded or waiting requests already", h.cfg.MaxWaiting), &key)
+			return h.fail(http.StatusTooManyRequests, fmt.Sprintf("%d forwarded or waiting requests already", h.cfg.MaxWaiting), &p.Key)
 		}
 		defer h.waiting.Add(-1)
 	}
@@ -64,7 +64,7 @@ func (h *handler[T]) forward(r *http.Request, holder string, p Pointer, wait tim
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, r.Method, u.String(), nil)
 	if err != nil {
-		return h.fail(http.StatusBadGateway, "the endpoint of the replica that works on the object cannot be addressed", &key)
+		return h.fail(http.StatusBadGateway, "the endpoint of the replica that works on the object cannot be addressed", &p.Key)
 	}
 	if auth := r.Header.Get("Authorization"); auth != "" {
 		req.Header.Set("Authorization", auth)
@@ -73,17 +73,17 @@ func (h *handler[T]) forward(r *http.Request, holder string, p Pointer, wait tim
 	resp, err := h.cfg.ForwardClient.Do(req)
 	if err != nil {
 		if errors.Is(context.Cause(r.Context()), errServerStopping) {
-			return h.fail(http.StatusServiceUnavailable, "this replica is shutting down before the forwarded answer came", &key)
+			return h.fail(http.StatusServiceUnavailable, "this replica is shutting down before the forwarded answer came", &p.Key)
 		}
 		// Most likely that replica died and its Lease has not expired yet:
 		// for the caller, no replica works on the object right now.
 		h.log.Log(r.Context(), slog.LevelWarn, "forward", "trigger: forwarding to the replica that works on the object failed", slog.String("endpoint", holder), slog.Any("error", err))
-		return h.fail(http.StatusServiceUnavailable, "the endpoint of the replica that works on the object does not answer: its Lease is likely changing hands", &key)
+		return h.fail(http.StatusServiceUnavailable, "the endpoint of the replica that works on the object does not answer: its Lease is likely changing hands", &p.Key)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
-		return h.fail(http.StatusBadGateway, "the forwarded answer was cut off", &key)
+		return h.fail(http.StatusBadGateway, "the forwarded answer was cut off", &p.Key)
 	}
 	header := http.Header{}
 	for _, k := range []string{"Content-Type", "Retry-After", leaderHeader, "WWW-Authenticate"} {
@@ -94,46 +94,52 @@ func (h *handler[T]) forward(r *http.Request, holder string, p Pointer, wait tim
 	return forwarded{code: resp.StatusCode, header: header, body: body}
 }
 
-// slot takes an in-flight slot for who, waiting for its fair turn up to
-// the API timeout; release gives it back (once, however often it is
-// called).
-func (h *handler[T]) slot(r *http.Request, who callerID) (release func(), st *Status) {
+// slot takes an in-flight slot for the caller whose key is who, waiting
+// for its fair turn up to the API timeout; release gives it back (once,
+// however often it is called).
+func (h *handler[T]) slot(r *http.Request, who string) (release func(), st *Status) {
 	if h.inflight == nil {
 		return func() {}, nil
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), h.cfg.APITimeout)
 	defer cancel()
-	if !h.inflight.acquire(ctx, who.key) {
+	if !h.inflight.acquire(ctx, who) {
 		return nil, h.fail(http.StatusTooManyRequests, "too many requests in flight, this caller's among them", nil)
 	}
-	return sync.OnceFunc(func() { h.inflight.release(who.key) }), nil
+	return sync.OnceFunc(func() { h.inflight.release(who) }), nil
 }
 
-// callerID is who sent a request, as far as the handler can tell before
+// caller is who sent a request, as far as the handler can tell before
 // authorizing it: the user its bearer token was last authorized as, when
-// that was in the last knownFor, else its client address.
-type callerID struct {
+// that was in the last knownFor, else its client address. It authorizes
+// the caller for Intake and keeps the authorization's error, which
+// decides the status of a refusal.
+type caller[T opkit.Object] struct {
+	h     *handler[T]
+	r     *http.Request
 	key   string // the fair slots' key
 	host  string // the client address's host
 	known bool   // by a token authorized before
 	token string // the token's SHA-256, "" without one
+	user  string // as authorized
+	err   error  // the authorization's
 }
 
 // knownFor is how long the handler remembers whom a token was authorized
 // as, for the fair slots and the address gate (not as an authorization).
 const knownFor = 10 * time.Minute
 
-func (h *handler[T]) callerID(r *http.Request) callerID {
+// identify returns the caller of r.
+func (h *handler[T]) identify(r *http.Request) *caller[T] {
 	host := clientHost(r)
-	id := callerID{key: "address " + host, host: host}
-	if tok, ok := bearerToken(r); ok {
-		sum := sha256.Sum256([]byte(tok))
-		id.token = string(sum[:])
-		if user, ok := h.known.get(id.token); ok {
-			id.key, id.known = "user "+user, true
+	c := &caller[T]{h: h, r: r, key: "address " + host, host: host}
+	if _, sum, ok := bearerToken(r); ok {
+		c.token = sum
+		if user, ok := h.known.get(sum); ok {
+			c.key, c.known = "user "+user, true
 		}
 	}
-	return id
+	return c
 }
 
 // clientHost is the host of r's remote address, the unit the failed

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
@@ -141,15 +140,7 @@ func (ts *tickets) reserve(key opkit.Key, obj opkit.Object, final bool) (*Ticket
 func (ts *tickets) withdraw(tk *Ticket) {
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
-	kept := slices.DeleteFunc(ts.waiting[tk.key], func(o *Ticket) bool { return o == tk })
-	if len(kept) < len(ts.waiting[tk.key]) {
-		ts.nWait--
-	}
-	if len(kept) == 0 {
-		delete(ts.waiting, tk.key)
-	} else {
-		ts.waiting[tk.key] = kept
-	}
+	ts.take(tk.key, func(o *Ticket) bool { return o == tk })
 }
 
 // report resolves the tickets of key numbered up to upTo of an object in
@@ -161,7 +152,9 @@ func (ts *tickets) report(key opkit.Key, upTo uint64, in opkit.Shards, o Outcome
 	}
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
-	ts.resolveWhere(key, o, func(tk *Ticket) bool { return tk.n <= upTo && (!tk.final || o.State.final()) && tk.of(in) })
+	for _, tk := range ts.take(key, func(tk *Ticket) bool { return tk.n <= upTo && (!tk.final || o.State.final()) && tk.of(in) }) {
+		ts.resolve(tk, o)
+	}
 }
 
 // abandon resolves as Unknown every waiting ticket of an object in (or
@@ -172,7 +165,9 @@ func (ts *tickets) abandon(why string, in opkit.Shards) {
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
 	for key := range ts.waiting {
-		ts.resolveWhere(key, Outcome{State: Unknown, Error: why}, func(tk *Ticket) bool { return tk.of(in) })
+		for _, tk := range ts.take(key, func(tk *Ticket) bool { return tk.of(in) }) {
+			ts.resolve(tk, Outcome{State: Unknown, Error: why})
+		}
 	}
 	ts.epoch++
 }
@@ -180,29 +175,30 @@ func (ts *tickets) abandon(why string, in opkit.Shards) {
 // of reports whether tk's object is in shards, or not known.
 func (tk *Ticket) of(shards opkit.Shards) bool { return tk.uid == "" || shards.Contains(tk.uid) }
 
-// resolveWhere resolves with o the tickets of key that match, and keeps
-// the others waiting; the caller holds mu.
-func (ts *tickets) resolveWhere(key opkit.Key, o Outcome, match func(*Ticket) bool) {
+// take removes the waiting tickets of key that match, and returns them;
+// the caller holds mu.
+func (ts *tickets) take(key opkit.Key, match func(*Ticket) bool) (taken []*Ticket) {
 	var kept []*Ticket
 	for _, tk := range ts.waiting[key] {
-		if !match(tk) {
+		if match(tk) {
+			taken = append(taken, tk)
+		} else {
 			kept = append(kept, tk)
-			continue
 		}
-		ts.resolve(tk, o)
 	}
 	if len(kept) == 0 {
 		delete(ts.waiting, key)
 	} else {
 		ts.waiting[key] = kept
 	}
+	ts.nWait -= len(taken)
+	return taken
 }
 
-// resolve hands o to tk and remembers it; the caller holds mu.
+// resolve hands o to tk, taken, and remembers it; the caller holds mu.
 func (ts *tickets) resolve(tk *Ticket, o Outcome) {
 	o.ID = tk.ID
 	tk.out <- o
-	ts.nWait--
 	if len(ts.order) >= maxRemembered {
 		delete(ts.done, ts.order[0])
 		ts.order = ts.order[1:]

@@ -2,7 +2,8 @@
 // dynamic client, so opkit needs no generated clientsets and no scheme.
 //
 // A Client holds no goroutines and no state beyond its configuration; it is
-// safe for concurrent use.
+// safe for concurrent use. Gone, Class and Timeout tell an API server's
+// failures apart.
 package typed
 
 import (

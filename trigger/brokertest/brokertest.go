@@ -9,7 +9,7 @@
 //	evs := b.Events(id) // [{ID: 1, Op: "Ack", Delivery: 1}]
 //
 // It is a trigger.Lag; its messages are trigger.Progresser, Replier and
-// DeadLetterer. A delayed Nack redelivers with time.AfterFunc, which
+// DeadLetterer, and a second Ack, Nack or Term of one fails. A delayed Nack redelivers with time.AfterFunc, which
 // follows testing/synctest's clock. It is safe for concurrent use.
 package brokertest
 
@@ -38,8 +38,8 @@ type Event struct {
 	Reason   string
 }
 
-// ErrSettled is a second Ack, Nack or Term's error.
-var ErrSettled = errors.New("brokertest: delivery already settled")
+// errSettled is a second Ack, Nack or Term's error.
+var errSettled = errors.New("brokertest: delivery already settled")
 
 type state uint8
 
@@ -180,17 +180,12 @@ func (b *Broker) Lag(context.Context) (int64, error) {
 // "receive" (a blocked Receive too), "settle" (Ack, Nack and Term: the
 // delivery is redelivered after AckWait) or "lag".
 func (b *Broker) Fail(call string, err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	p := map[string]*error{"receive": &b.recvErr, "settle": &b.settleErr, "lag": &b.lagErr}[call]
 	if p == nil {
 		panic("brokertest: Fail of unknown call " + call)
 	}
-	b.fail(p, err)
-}
-
-// fail sets one of the injected errors and wakes up blocked receivers.
-func (b *Broker) fail(p *error, err error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	*p = err
 	b.wakeUp()
 }
@@ -264,7 +259,7 @@ func (m *message) settle(ctx context.Context, ev Event, f func(*Event)) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if m.settled {
-		return ErrSettled
+		return errSettled
 	}
 	m.settled = true
 	if b.settleErr != nil {
