@@ -7,7 +7,6 @@ package leader_test
 // Every call that is not about Leases in the test namespace fails the test.
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -30,6 +29,7 @@ import (
 	coordclient "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/opkit/opkit/internal/logsink"
 	"github.com/opkit/opkit/leader"
 )
 
@@ -495,30 +495,12 @@ func (m *metrics) snapshot() counts {
 	return m.c
 }
 
-// syncBuffer collects log output from many goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 // replica is one elector under test with its recorders.
 type replica struct {
 	name    string
 	elector *leader.Elector
 	metrics *metrics
-	logs    *syncBuffer
+	logs    *logsink.Buffer
 	ctx     context.Context // Run's, until stop cancels it
 	cancel  context.CancelFunc
 	work    func(ctx context.Context) error // the work Run is given
@@ -557,7 +539,7 @@ func (e *env) start(name string, tweak func(*leader.Config), workFn func(ctx con
 // call run, so that it can use the elector before Run.
 func (e *env) prepare(name string, tweak func(*leader.Config), workFn func(ctx context.Context) error) *replica {
 	e.t.Helper()
-	r := &replica{name: name, metrics: &metrics{}, logs: &syncBuffer{}, done: make(chan error, 1)}
+	r := &replica{name: name, metrics: &metrics{}, logs: &logsink.Buffer{}, done: make(chan error, 1)}
 	cfg := leader.Config{
 		Client:    e.api.client(name),
 		Namespace: testNS,

@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/opkit/opkit/internal/logsink"
 	"github.com/opkit/opkit/internal/testcluster"
 	"github.com/opkit/opkit/leader"
 )
@@ -57,13 +58,13 @@ type itReplica struct {
 	kill    *killSwitch
 	cancel  context.CancelFunc
 	done    chan error
-	logs    *syncBuffer
+	logs    *logsink.Buffer
 	once    sync.Once
 }
 
 func startIT(t *testing.T, cfg *rest.Config, j *journal, ns, name string) *itReplica {
 	t.Helper()
-	r := &itReplica{name: name, kill: &killSwitch{}, done: make(chan error, 1), logs: &syncBuffer{}}
+	r := &itReplica{name: name, kill: &killSwitch{}, done: make(chan error, 1), logs: &logsink.Buffer{}}
 	cfg = rest.CopyConfig(cfg)
 	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
 		r.kill.rt = rt

@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/internal/logsink"
 	"github.com/opkit/opkit/internal/testcluster"
 	"github.com/opkit/opkit/reconcile"
 	"github.com/opkit/opkit/trigger"
@@ -60,7 +61,7 @@ func brokerThroughARestart(t *testing.T, c *testcluster.Cluster, shards int) {
 	token := pipelineToken(t, c, kube, ns)
 	b := brokertest.New()
 	l := &publishLedger{published: map[string]time.Time{}, reconciled: map[string]time.Time{}}
-	logs := &logLines{}
+	logs := &logsink.Buffer{}
 	start := func(id string, server int) *operatorReplica {
 		return startOnWith(t, c, server, ns, id, replicaOptions{log: slog.New(slog.NewTextHandler(logs, nil)), checkCallers: true,
 			shards: shards, longLeases: true, broker: b, reconciled: l.seen})

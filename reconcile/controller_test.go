@@ -23,6 +23,7 @@ import (
 	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/internal/logsink"
 	"github.com/opkit/opkit/internal/typed"
 	"github.com/opkit/opkit/queue"
 	"github.com/opkit/opkit/reconcile"
@@ -437,7 +438,7 @@ func TestControllerTurnsAPanicIntoARetriedError(t *testing.T) {
 			}
 			return reconcile.Done(), nil
 		}}
-		logs := &logLines{}
+		logs := &logsink.Buffer{}
 		e := start(t, rec, func(c *reconcile.Config[*Widget]) { c.Logger = slog.New(slog.NewTextHandler(logs, nil)) }, widget("a"))
 		time.Sleep(time.Minute)
 		synctest.Wait()

@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/internal/logsink"
 	"github.com/opkit/opkit/internal/testcluster"
 	"github.com/opkit/opkit/internal/typed"
 	"github.com/opkit/opkit/leader"
@@ -56,7 +57,7 @@ func (s *sizes) of(name string) int {
 func TestIntegrationTenAPIServerRestartsEachFollowedByAReconciledChange(t *testing.T) {
 	c, dyn, kube, ns := privateWidgets(t, testcluster.Options{})
 	ctx := context.Background()
-	logs := &logLines{}
+	logs := &logsink.Buffer{}
 	rec := &sizes{last: map[string]int{}}
 	ctrl := runController(t, reconcile.Config[*Widget]{
 		Name: "test.opkit.dev/restarts", Resource: widgets, Dynamic: dyn, Reconciler: rec, NoEvents: true,

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/internal/logsink"
 	"github.com/opkit/opkit/reconcile"
 	"github.com/opkit/opkit/watcher"
 )
@@ -116,7 +117,7 @@ func TestDurableTriggersNeedAStatusThatRecordsThem(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				logs := &logLines{}
+				logs := &logsink.Buffer{}
 				log := slog.New(slog.NewTextHandler(logs, nil))
 				dyn := newFakeDynamic(t, widget("a"))
 				nothing := func(context.Context, any) (reconcile.Result, error) { return reconcile.Done(), nil }
@@ -133,7 +134,7 @@ func TestDurableTriggersNeedAStatusThatRecordsThem(t *testing.T) {
 							return nothing(ctx, nil)
 						})})
 				}
-				got := logs.lines("durable triggers")
+				got := logs.Lines("durable triggers")
 				switch {
 				case tc.want == "" && len(got) != 0:
 					t.Errorf("log %q, want nothing about durable triggers", got)

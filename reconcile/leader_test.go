@@ -20,6 +20,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/internal/logsink"
 	"github.com/opkit/opkit/internal/typed"
 	"github.com/opkit/opkit/leader"
 	"github.com/opkit/opkit/reconcile"
@@ -35,7 +36,7 @@ func TestControllerReconcilesOnlyWhileLeading(t *testing.T) {
 			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "widgets"},
 			Spec:       coordv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &dur, AcquireTime: &now, RenewTime: &now},
 		})
-		logs := &logLines{}
+		logs := &logsink.Buffer{}
 		rec := &recorder{}
 		e := start(t, rec, func(c *reconcile.Config[*Widget]) {
 			c.Leader = &leader.Config{Client: kube, Namespace: "ns", Name: "widgets", Identity: "me"}

@@ -4,51 +4,15 @@ import (
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/internal/logsink"
 	"github.com/opkit/opkit/reconcile"
 	"github.com/opkit/opkit/trigger"
 )
-
-// logLines is a slog handler's sink, safe for the workers and the test.
-type logLines struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *logLines) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-// String returns everything logged so far.
-func (l *logLines) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-// lines returns the lines that contain every one of parts.
-func (l *logLines) lines(parts ...string) []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []string
-	for _, line := range strings.Split(l.b.String(), "\n") {
-		ok := line != ""
-		for _, p := range parts {
-			ok = ok && strings.Contains(line, p)
-		}
-		if ok {
-			out = append(out, line)
-		}
-	}
-	return out
-}
 
 // At Info a reconcile shows unless it was a plain success that wrote
 // nothing: one that wrote its object, one that asked to be requeued, a
@@ -56,7 +20,7 @@ func (l *logLines) lines(parts ...string) []string {
 // reasons and related kinds.
 func TestAReconcileIsVisibleAtInfoUnlessNothingHappened(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		logs := &logLines{}
+		logs := &logsink.Buffer{}
 		var status *reconcile.Status[*Widget]
 		r := reconcile.Func[*Widget](func(ctx context.Context, req reconcile.Request[*Widget]) (reconcile.Result, error) {
 			switch {
@@ -84,7 +48,7 @@ func TestAReconcileIsVisibleAtInfoUnlessNothingHappened(t *testing.T) {
 		}
 		synctest.Wait()
 
-		info := func(name string) []string { return logs.lines("level=INFO", "key=ns/"+name, "reconciled") }
+		info := func(name string) []string { return logs.Lines("level=INFO", "key=ns/"+name, "reconciled") }
 		if got := info("writes"); len(got) != 1 || !strings.Contains(got[0], "wrote=true") {
 			t.Errorf("Info lines of a reconcile that wrote its status: %q, want one saying so", got)
 		}
@@ -94,7 +58,7 @@ func TestAReconcileIsVisibleAtInfoUnlessNothingHappened(t *testing.T) {
 		if got := info("plain"); len(got) != 1 || !strings.Contains(got[0], "type=Deleted") {
 			t.Errorf("Info lines of plain: %q, want only its teardown's", got)
 		}
-		debug := logs.lines("level=DEBUG", "key=ns/plain", "reconcile ran")
+		debug := logs.Lines("level=DEBUG", "key=ns/plain", "reconcile ran")
 		if len(debug) != 2 || !strings.Contains(debug[1], "sources=Operator") || !strings.Contains(debug[1], "reasons=[cleanup]") {
 			t.Errorf("Debug lines of plain: %q, want its listing's and its teardown's, naming the source and reason", debug)
 		}

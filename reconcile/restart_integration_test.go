@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/internal/logsink"
 	"github.com/opkit/opkit/internal/testcluster"
 	"github.com/opkit/opkit/trigger"
 )
@@ -27,7 +28,7 @@ import (
 // startOn starts a replica whose clients, the trigger's reviews among
 // them, talk to API server server of c, with a related watcher; its logs
 // go to logs.
-func startOn(t *testing.T, c *testcluster.Cluster, server int, ns, id string, logs *logLines) *operatorReplica {
+func startOn(t *testing.T, c *testcluster.Cluster, server int, ns, id string, logs *logsink.Buffer) *operatorReplica {
 	t.Helper()
 	return startOnWith(t, c, server, ns, id, replicaOptions{log: slog.New(slog.NewTextHandler(logs, nil)), checkCallers: true, owns: true})
 }
@@ -52,7 +53,7 @@ func TestIntegrationTriggersThroughAFollowerWhoseAPIServerRestarts(t *testing.T)
 	ctx := context.Background()
 	token := pipelineToken(t, c, kube, ns)
 	create(t, dyn, ns, "w", 1)
-	logs := &logLines{}
+	logs := &logsink.Buffer{}
 	lead := startOn(t, c, 0, ns, "a", logs)
 	eventually(t, time.Minute, "a leads", func() error {
 		if lead.ctrl.Held() != 1 {
@@ -93,7 +94,7 @@ func TestIntegrationTriggersThroughAFollowerWhoseAPIServerRestarts(t *testing.T)
 		resumes = append(resumes, time.Since(ready))
 		post(fmt.Sprintf("up-%d", round))
 	}
-	if slow := logs.lines("replica=b", "retrying slowly"); len(slow) > 0 {
+	if slow := logs.Lines("replica=b", "retrying slowly"); len(slow) > 0 {
 		t.Errorf("b took the slow path of a lasting refusal: %q", slow)
 	}
 	t.Logf("b resumed after its API server was ready in %v (worst %v)", resumes, slices.Max(resumes))

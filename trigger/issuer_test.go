@@ -23,6 +23,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/opkit/opkit/internal/logsink"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/rest"
 )
@@ -407,31 +408,12 @@ func TestIssuerLeavesTokensToATokenReviewWhileItCannotFetchTheKeys(t *testing.T)
 	})
 }
 
-// lockedBuffer is a log's output that the issuer's fetches may write
-// from another goroutine.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf strings.Builder
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) count(s string) int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return strings.Count(b.buf.String(), s)
-}
-
 func TestIssuerWarnsOnceEachTimeItCannotReadTheKeys(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		k, f := newTestIssuer(t, es256())
-		var out lockedBuffer
+		var out logsink.Buffer
 		k.log = slog.New(slog.NewTextHandler(&out, nil))
-		warnings := func() int { return out.count("keys cannot be read") }
+		warnings := func() int { return out.Count("keys cannot be read") }
 		tok := es256().sign(t, "", claims(nil))
 		f.set(func(f *fakeIssuer) { f.status = http.StatusForbidden })
 		wantVerdict(t, k, tok, tokenUnknown)

@@ -1,13 +1,10 @@
 package watcher_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"log/slog"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"testing/synctest"
 
@@ -20,6 +17,7 @@ import (
 	dynfake "k8s.io/client-go/dynamic/fake"
 
 	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/internal/logsink"
 	"github.com/opkit/opkit/watcher"
 )
 
@@ -54,37 +52,13 @@ func names(recs []record) []string {
 	return out
 }
 
-// logBuffer is a concurrency-safe buffer behind a slog text handler.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func (b *logBuffer) logger() *slog.Logger {
-	return slog.New(slog.NewTextHandler(b, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
-func (b *logBuffer) count(s string) int { return strings.Count(b.String(), s) }
-
 // shardRun is a watcher of shard 0 of 2 over 16 widgets, run until its
 // first list is done.
 type shardRun struct {
 	ws   *watches
 	q    *recorder
 	m    *metrics
-	logs *logBuffer
+	logs *logsink.Buffer
 	w    *watcher.Watcher[*Widget]
 	cfg  watcher.Config[*Widget]
 }
@@ -98,14 +72,14 @@ func runShard0(t *testing.T, server func(*dynfake.FakeDynamicClient, opkit.Shard
 		t.Fatalf("the fixture's uids all fall in one shard: %v", shard0)
 	}
 	c := newFake(objs...)
-	r = shardRun{ws: &watches{}, q: &recorder{}, m: newMetrics(), logs: &logBuffer{}}
+	r = shardRun{ws: &watches{}, q: &recorder{}, m: newMetrics(), logs: &logsink.Buffer{}}
 	r.ws.install(c)
 	r.cfg = config(c, r.q)
 	r.cfg.Shards = opkit.Shards{Count: 2, Held: []int{0}}
 	if server != nil {
 		r.cfg.Client = server(c, r.cfg.Shards)
 	}
-	r.cfg.Metrics, r.cfg.Logger = r.m, r.logs.logger()
+	r.cfg.Metrics, r.cfg.Logger = r.m, r.logs.Logger()
 	r.w = mustNew(t, r.cfg)
 	t.Cleanup(start(t, r.w))
 	synctest.Wait()
@@ -158,7 +132,7 @@ func TestAShardedWatcherFiltersWhatTheServerDidNotFilter(t *testing.T) {
 
 		r.ws.last(t).Error(expired) // a relist: still filtered, still one warning
 		synctest.Wait()
-		if n := r.logs.count(ignoredSelector); n != 1 {
+		if n := r.logs.Count(ignoredSelector); n != 1 {
 			t.Errorf("the log says %q %d times, want once", ignoredSelector, n)
 		}
 		if got := r.m.shardingCalls(); len(got) != 2 || slices.Contains(got, true) {
@@ -224,7 +198,7 @@ func testServerSideSharding(t *testing.T, echo bool) {
 		if err := r.w.Check(); err != nil {
 			t.Fatalf("Check = %v", err)
 		}
-		if n := r.logs.count(ignoredSelector); n != 0 {
+		if n := r.logs.Count(ignoredSelector); n != 0 {
 			t.Errorf("the log says %q %d times, want never", ignoredSelector, n)
 		}
 		if got := r.m.shardingCalls(); len(got) != 1 || !got[0] {
@@ -244,7 +218,7 @@ func testServerSideSharding(t *testing.T, echo bool) {
 		if got := r.q.take(); len(got) != 0 {
 			t.Fatalf("a watch event of shard 1 gave %v, want nothing", got)
 		}
-		if n := r.logs.count(ignoredSelector); n != 1 {
+		if n := r.logs.Count(ignoredSelector); n != 1 {
 			t.Errorf("the log says %q %d times after it, want once", ignoredSelector, n)
 		}
 	})

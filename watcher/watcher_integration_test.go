@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/dynamic"
 
 	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/internal/logsink"
 	"github.com/opkit/opkit/internal/testcluster"
 	"github.com/opkit/opkit/queue"
 	"github.com/opkit/opkit/watcher"
@@ -79,10 +80,10 @@ func TestIntegrationThousandObjectsEveryStateExactlyOnce(t *testing.T) {
 	rec := &recorder{}
 	q := queue.New[opkit.Key](queue.Config[opkit.Cause[*Widget]]{Merge: (*opkit.Cause[*Widget]).Merge})
 	syncs := &syncLog{}
-	logs := &logBuffer{}
+	logs := &logsink.Buffer{}
 	w := mustNew(t, watcher.Config[*Widget]{
 		Client: d, Resource: widgets, Namespace: ns, Queue: tee{rec, q},
-		PageSize: 100, OnSync: syncs.add, Logger: logs.logger(),
+		PageSize: 100, OnSync: syncs.add, Logger: logs.Logger(),
 	})
 	stop := start(t, w)
 	defer stop()
@@ -155,11 +156,11 @@ func TestIntegrationAPIServerOutageLosesNothing(t *testing.T) {
 
 	rec := &recorder{}
 	m := newMetrics()
-	logs := &logBuffer{}
+	logs := &logsink.Buffer{}
 	w := mustNew(t, watcher.Config[*Widget]{
 		Client: dyn(t, c.ConfigFor(0)), Resource: widgets, Namespace: ns, Queue: rec,
 		Backoff: watcher.Backoff{Base: 100 * time.Millisecond, Cap: time.Second},
-		Metrics: m, Logger: logs.logger(),
+		Metrics: m, Logger: logs.Logger(),
 	})
 	stop := start(t, w)
 	defer stop()
@@ -256,7 +257,7 @@ func TestIntegrationCompactionRelistEmitsExactlyTheDifferences(t *testing.T) {
 	w := mustNew(t, watcher.Config[*Widget]{
 		Client: dyn(t, c.ConfigFor(0)), Resource: widgets, Namespace: ns, Queue: rec,
 		Backoff: watcher.Backoff{Base: 100 * time.Millisecond, Cap: time.Second},
-		Metrics: m, OnSync: syncs.add, Logger: (&logBuffer{}).logger(),
+		Metrics: m, OnSync: syncs.add, Logger: (&logsink.Buffer{}).Logger(),
 	})
 	stop := start(t, w)
 	defer stop()
@@ -329,11 +330,11 @@ func TestIntegrationUnprivilegedUserGetsAClearPermissionError(t *testing.T) {
 	c := testcluster.Shared(t)
 	installWidgets(t, c)
 	ns := c.Namespace(t)
-	logs := &logBuffer{}
+	logs := &logsink.Buffer{}
 	m := newMetrics()
 	w := mustNew(t, watcher.Config[*Widget]{
 		Client: dyn(t, c.UserConfig()), Resource: widgets, Namespace: ns, Queue: &recorder{},
-		Metrics: m, Logger: logs.logger(),
+		Metrics: m, Logger: logs.Logger(),
 	})
 	stop := start(t, w)
 	defer stop()

@@ -20,6 +20,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/opkit/opkit"
+	"github.com/opkit/opkit/internal/logsink"
 	"github.com/opkit/opkit/queue"
 	"github.com/opkit/opkit/watcher"
 )
@@ -413,24 +414,6 @@ func TestTransientErrorsBackOffExponentiallyWithJitterUpToTheCap(t *testing.T) {
 	})
 }
 
-// lockedBuffer is a log sink safe for the loop's goroutine and the test.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // What an API server's restart answers (refused and reset connections,
 // 5xx, 403 while its authorizer syncs) is retried within
 // Backoff.Transient (1s) however long it lasts, so the watcher is back
@@ -456,7 +439,7 @@ func TestARestartingAPIServerIsRetriedWithinASecondAndALongOutageLoggedOnce(t *t
 			}
 			return restart[i%len(restart)]
 		})
-		logs := &lockedBuffer{}
+		logs := &logsink.Buffer{}
 		cfg := config(c, &recorder{})
 		cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
 		w := mustNew(t, cfg)
