@@ -218,6 +218,9 @@ func (a *kubeAuthenticator) Authorize(ctx context.Context, req AuthRequest) (str
 // its hash, tokKey: the user, or an error wrapping ErrUnauthenticated
 // when it refused the token. It returns an error when the review failed.
 func (a *kubeAuthenticator) review(ctx context.Context, tokKey, tok string) (tokenResult, error) {
+	if tr, ok := a.tokens.get(tokKey); ok { // reviewed by a review that ended as this caller came to share one
+		return tr, nil
+	}
 	rev, err := a.cfg.Client.AuthenticationV1().TokenReviews().Create(ctx, &authnv1.TokenReview{
 		Spec: authnv1.TokenReviewSpec{Token: tok, Audiences: a.cfg.Audiences},
 	}, metav1.CreateOptions{})
@@ -273,7 +276,12 @@ func (a *kubeAuthenticator) decide(ctx context.Context, user authnv1.UserInfo, a
 	if !a.takeReview(user.Username) {
 		return nil, fmt.Errorf("%w: user %q asked for more reviews than %v a second", ErrBusy, user.Username, a.cfg.AccessReviewRate)
 	}
-	return shared(ctx, a, "access\x00"+key, "user "+uk, func(ctx context.Context) (error, error) { return a.sar(ctx, key, user, attrs) })
+	return shared(ctx, a, "access\x00"+key, "user "+uk, func(ctx context.Context) (error, error) {
+		if denied, ok := a.perms.get(key); ok { // decided by a review that ended as this caller came to share one
+			return denied, nil
+		}
+		return a.sar(ctx, key, user, attrs)
+	})
 }
 
 // takeReview takes a token of user's budget of reviews (its
