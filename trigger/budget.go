@@ -16,11 +16,11 @@ import (
 // refused or not, plus those it took (each over about demandTime). To
 // take a token, a caller needs the bucket to hold more the more it
 // demands: one token when it asked for nothing lately, half the burst
-// when it demands twice the rate, nearly all of it when far more. So a greedy caller, or a
-// crowd of them, takes only what the others leave; a caller asking for
-// less than they do is served first, however many they are and however
-// they pace themselves; and of callers asking alike, the one that took
-// less goes first. A new caller counts as demanding the rate. A caller
+// when it demands twice the rate, nearly all of it when far more. So a
+// greedy caller, or a crowd of them, takes only what the others leave; a
+// caller asking for less than they do is served first, however many they
+// are and however they pace themselves; and of callers asking alike, the
+// one that took less goes first. A new caller counts as demanding the rate. A caller
 // alone takes about half the burst at once, then the rate. The consumer
 // (wait) takes any token.
 type budget struct {
@@ -38,6 +38,11 @@ type budget struct {
 type demand struct {
 	rate float64
 	last time.Time
+}
+
+// at returns d's rate at now, faded since last.
+func (d *demand) at(now time.Time) float64 {
+	return d.rate * math.Exp(-now.Sub(d.last).Seconds()/demandTime.Seconds())
 }
 
 const (
@@ -90,9 +95,8 @@ func (b *budget) try(d *demand) time.Duration {
 	b.last = now
 	need := 1.0
 	if d != nil {
-		d.rate *= math.Exp(-now.Sub(d.last).Seconds() / demandTime.Seconds())
-		d.last = now
-		need += (b.burst - 1) * d.rate / (d.rate + 2*b.rate)
+		d.rate, d.last = d.at(now), now
+		need += (b.burst - 1) * (d.rate / (d.rate + 2*b.rate))
 		d.rate += 1 / demandTime.Seconds() // the ask
 	}
 	if b.tokens < need {
@@ -108,20 +112,20 @@ func (b *budget) try(d *demand) time.Duration {
 // newcomer remembers caller, as demanding the rate until it shows less
 // (a crowd of newcomers cannot empty the bucket before a known caller
 // asking little), if there is room for one more (after forgetting the
-// faded, at most once every demandTime); else its demand is endless: it
-// takes only from a full bucket.
+// faded, at most once every demandTime); else its demand is the largest
+// there is: it takes only from a full bucket.
 func (b *budget) newcomer(caller string, now time.Time) *demand {
 	if len(b.callers) >= maxCallers && now.Sub(b.swept) >= demandTime {
 		b.swept = now
 		for c, d := range b.callers {
-			if d.rate*math.Exp(-now.Sub(d.last).Seconds()/demandTime.Seconds()) < forgotten {
+			if d.at(now) < forgotten {
 				delete(b.callers, c)
 			}
 		}
 	}
 	d := &demand{rate: b.rate, last: now}
 	if len(b.callers) >= maxCallers {
-		d.rate = math.Inf(1)
+		d.rate = math.MaxFloat64 // not +Inf: its need would be NaN, which every bucket meets
 	} else {
 		b.callers[caller] = d
 	}

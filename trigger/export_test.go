@@ -25,6 +25,7 @@ const (
 	MaxNameLen      = maxNameLen
 	DefaultMaxBytes = defaultMaxBytes
 	DefaultPriority = defaultPriority
+	MaxCallers      = maxCallers
 )
 
 // KindOf and ErrNotRunning are the consumer's, for its tests.

@@ -280,6 +280,27 @@ func TestCallersThatStoppedAskingTakeNothing(t *testing.T) {
 	}
 }
 
+// Beyond the callers the budget remembers, a caller takes only from a
+// full bucket: one token, then none until the bucket is full again.
+func TestACallerBeyondThoseRememberedTakesOnlyFromAFullBucket(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := budgetTrigger(t)
+		for i := range trigger.MaxCallers {
+			_ = intakeAs(tr, fmt.Sprint("caller-", i), fmt.Sprint("c-", i))
+		}
+		time.Sleep(10 * time.Second) // the bucket is full; the callers' demands have faded, not gone
+		if err := intakeAs(tr, "one-too-many", "x-1"); err != nil {
+			t.Fatalf("from a full bucket: %v, want a token", err)
+		}
+		if err := intakeAs(tr, "one-too-many", "x-2"); !errors.Is(err, trigger.ErrBusy) {
+			t.Fatalf("from a bucket one token short of full: %v, want ErrBusy", err)
+		}
+		if err := intakeAs(tr, "caller-0", "c-again"); err != nil {
+			t.Fatalf("a remembered caller that asked once, 10s ago: %v, want a token", err)
+		}
+	})
+}
+
 // A caller that asks now and then (a pipeline that deploys) gets its
 // trigger whenever it comes, a crowd spending the budget or not.
 func TestARareCallerIsServedUnderAFlood(t *testing.T) {
