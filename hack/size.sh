@@ -9,6 +9,8 @@
 # example/, bench/ and the other internal packages are not part of it).
 # Its line count drops comment lines and blank lines, with the pipeline
 # docs/architecture.md's "Size" section gives.
+# Last, it counts the peers' parts that do the same jobs as each opkit
+# package (client-go and controller-runtime at bench's versions) the same way.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -92,4 +94,37 @@ big=$(for f in "${sdk[@]}"; do
 done | sort -rn)
 echo "Non-test SDK files over 600 lines: $(grep -c . <<<"$big" || true)  target 0"
 [[ -z $big ]] || sed 's/^/  /' <<<"$big"
+
+# The peers' parts that do the same jobs, counted with the same pipeline,
+# at the versions the bench module pins (their sources come from the Go
+# module cache; `go list -m` downloads them if missing).
+echo
+echo "Next to the peers' parts that do the same jobs (versions of bench/go.mod)"
+if ! dirs=$(cd bench && "$GO" list -m -f '{{.Dir}}' k8s.io/client-go sigs.k8s.io/controller-runtime 2>/dev/null); then
+  echo "  unavailable: cannot list bench's modules"
+  exit 0
+fi
+{ read -r cg; read -r cr; } <<<"$dirs"
+# peer_lines counts the non-test, non-generated Go files directly in the
+# given directories (or, with -r first, under them).
+peer_lines() {
+  local depth=(-maxdepth 1)
+  if [[ $1 == -r ]]; then depth=(); shift; fi
+  find "$@" "${depth[@]}" -name '*.go' ! -name '*_test.go' ! -name 'zz_generated*' | code_lines
+}
+pair() { printf '  %-24s %6s   %-34s %6s\n' "$1" "$2" "$3" "$4"; }
+echo "  (client-go $(basename "$cg" | cut -d@ -f2) and controller-runtime, CR, $(basename "$cr" | cut -d@ -f2))"
+pair "opkit" "lines" "the peers' parts" "lines"
+pair "queue" "$(go_files queue | code_lines)" \
+  "workqueue + CR priorityqueue" "$(peer_lines "$cg/util/workqueue" "$cr/pkg/controller/priorityqueue")"
+pair "watcher" "$(go_files watcher | code_lines)" "reflector, informer and stores" \
+  "$(cd "$cg/tools/cache" && ls reflector.go listwatch.go controller.go shared_informer.go delta_fifo.go store.go thread_safe_store.go index.go | code_lines)"
+pair "leader" "$(go_files leader | code_lines)" "leaderelection with resourcelock" "$(peer_lines -r "$cg/tools/leaderelection")"
+# The CR row: reconcile, controller, internal/controller, handler, source,
+# manager, leaderelection, healthz and controller/controllerutil.
+pair "reconcile (the package)" "$(ls reconcile/*.go | grep -v '_test.go$' | code_lines)" \
+  "CR controller stack, manager, utils" "$(peer_lines "$cr"/pkg/{reconcile,controller,internal/controller,handler,source,manager,leaderelection,healthz,controller/controllerutil})"
+pair "reconcile/reconciletest" "$(go_files reconcile/reconciletest | code_lines)" "CR client/fake" "$(peer_lines "$cr/pkg/client/fake")"
+pair "reconcile/envtest" "$(go_files reconcile/envtest | code_lines)" "CR envtest with internal/testing" "$(peer_lines -r "$cr/pkg/envtest" "$cr/pkg/internal/testing")"
+pair "trigger" "$(go_files trigger | code_lines)" "(none takes external triggers)" "-"
 exit 0
