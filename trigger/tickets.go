@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"sync"
-	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 
@@ -222,6 +221,3 @@ func (ts *tickets) lookup(key opkit.Key, id string) Outcome {
 	}
 	return Outcome{ID: id, State: Unknown}
 }
-
-// durationString renders a reconcile's duration for an Outcome.
-func durationString(d time.Duration) string { return d.Round(time.Microsecond).String() }
