@@ -400,11 +400,10 @@ type journal struct {
 }
 
 type entry struct {
-	at    time.Time
-	who   string
-	what  string // suspend, resume, clear, work-start, work-cancelled, work-return
-	term  int32
-	extra string
+	at   time.Time
+	who  string
+	what string // suspend, resume, clear, work-start, work-cancelled, work-return
+	term int32
 }
 
 func (j *journal) add(who, what string) {

@@ -16,7 +16,6 @@ func TestRehashInPlaceKeepsEveryWordFindable(t *testing.T) {
 	for round := range 2_000 {
 		size := 1 << (2 + r.IntN(8)) // 4 .. 512 words
 		tbl := make([]uint64, size)
-		var words []uint64
 		for i := range size * 4 / 5 {
 			h := uint32(r.IntN(size))
 			if r.IntN(3) == 0 {
@@ -24,7 +23,6 @@ func TestRehashInPlaceKeepsEveryWordFindable(t *testing.T) {
 			}
 			w := uint64(h)<<32 | uint64(i+1)
 			place(tbl, w)
-			words = append(words, w)
 		}
 		e := slices.Index(tbl, 0) // empty before the removals
 		var kept []uint64

@@ -13,7 +13,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"k8s.io/apimachinery/pkg/api/validation/path"
+	"k8s.io/apimachinery/pkg/api/validate/content"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -285,7 +285,7 @@ func (t *Trigger[T]) rejected(ctx context.Context, err error) error {
 // delay not negative; a reason of at most MaxReasonLen bytes of UTF-8.
 func (p Pointer) Check() error {
 	name, ns := p.Key.Name, p.Key.Namespace
-	nameErrs, nsErrs := path.IsValidPathSegmentName(name), validation.IsDNS1123Label(ns)
+	nameErrs, nsErrs := content.IsPathSegmentName(name), validation.IsDNS1123Label(ns)
 	switch {
 	case name == "":
 		return invalid("a name is required")
