@@ -45,7 +45,8 @@ type AuthRequest struct {
 // ErrUnauthenticated (401) or ErrForbidden (403), with a message for the
 // caller, or any other when it could not decide (504 if it wraps
 // context.DeadlineExceeded, else 502). It is called concurrently, and
-// never logs or returns credentials.
+// never logs or returns credentials. It owns what its checks cost: the
+// handler counts no failed authentications.
 type Authenticator interface {
 	Authorize(ctx context.Context, req AuthRequest) (user string, err error)
 }
@@ -70,7 +71,12 @@ type ReviewClient interface {
 // (5, burst AccessReviewBurst 10), its SubjectAccessReviews and its
 // signed tokens' TokenReviews; ErrBusy beyond. MaxReviews (16) run at
 // once, shared fairly, each within ReviewTimeout (5s); the requests that
-// need the same review share it.
+// need the same review share it. A client address whose authentications
+// fail MaxAuthFailures times in a row (10; negative: no limit), each
+// within AuthFailureBackoff (10s) of the last, gets none of the shared
+// reviews until that has passed (ErrBusy), but for a token authenticated
+// in the last 10 minutes; its signed tokens, reviewed on their users'
+// budgets, still pass.
 type KubeAuthConfig struct {
 	Client                              ReviewClient
 	Audiences                           []string
@@ -83,6 +89,8 @@ type KubeAuthConfig struct {
 	TokenReviewBurst, AccessReviewBurst int
 	MaxReviews                          int
 	ReviewTimeout                       time.Duration
+	MaxAuthFailures                     int
+	AuthFailureBackoff                  time.Duration
 }
 
 // kubeAuthenticator is the Kubernetes-native Authenticator.
@@ -94,7 +102,9 @@ type kubeAuthenticator struct {
 	slots    *fairSlots                     // the reviews in flight
 	unknown  flowcontrol.PassiveRateLimiter // TokenReviews of tokens not checked here
 	byCaller *ttlCache[flowcontrol.PassiveRateLimiter]
-	issuer   *issuerKeys // checks service-account tokens without a review
+	issuer   *issuerKeys         // checks service-account tokens without a review
+	failures *ttlCache[int]      // failed authentications by client address
+	known    *ttlCache[struct{}] // tokens (hashes) authenticated in the last knownFor
 }
 
 type tokenResult struct {
@@ -123,7 +133,7 @@ func newKubeAuthenticator(cfg KubeAuthConfig, log *slog.Logger) (Authenticator, 
 		return nil, errors.New("trigger: KubeAuthConfig.Audiences must not be empty")
 	case cfg.Group != "" && cfg.Resource == "":
 		return nil, fmt.Errorf("trigger: KubeAuthConfig.Group %q without Resource would be ignored (the trigger's own resource and group are checked); set Resource too", cfg.Group)
-	case cfg.PositiveTTL < 0 || cfg.NegativeTTL < 0 || cfg.MaxEntries < 0 || cfg.MaxReviews < 0 || cfg.ReviewTimeout < 0 ||
+	case cfg.PositiveTTL < 0 || cfg.NegativeTTL < 0 || cfg.MaxEntries < 0 || cfg.MaxReviews < 0 || cfg.ReviewTimeout < 0 || cfg.AuthFailureBackoff < 0 ||
 		!(cfg.TokenReviewRate >= 0) || !(cfg.AccessReviewRate >= 0) || cfg.TokenReviewBurst < 0 || cfg.AccessReviewBurst < 0:
 		return nil, errors.New("trigger: KubeAuthConfig TTLs, timeouts, rates and limits must not be negative")
 	}
@@ -135,11 +145,14 @@ func newKubeAuthenticator(cfg KubeAuthConfig, log *slog.Logger) (Authenticator, 
 	cfg.AccessReviewRate, cfg.AccessReviewBurst = cmp.Or(cfg.AccessReviewRate, 5), cmp.Or(cfg.AccessReviewBurst, 10)
 	cfg.MaxReviews = cmp.Or(cfg.MaxReviews, 16)
 	cfg.ReviewTimeout = cmp.Or(cfg.ReviewTimeout, 5*time.Second)
+	cfg.MaxAuthFailures = cmp.Or(cfg.MaxAuthFailures, 10)
+	cfg.AuthFailureBackoff = cmp.Or(cfg.AuthFailureBackoff, 10*time.Second)
 	return &kubeAuthenticator{cfg: cfg, tokens: newTTLCache[tokenResult](cfg.MaxEntries), perms: newTTLCache[error](cfg.MaxEntries),
 		slots:    newFairSlots(cfg.MaxReviews),
 		unknown:  flowcontrol.NewTokenBucketPassiveRateLimiter(float32(cfg.TokenReviewRate), cfg.TokenReviewBurst),
 		byCaller: newTTLCache[flowcontrol.PassiveRateLimiter](cfg.MaxEntries),
-		issuer:   newIssuerKeys(cfg.Client.AuthenticationV1().RESTClient(), cfg.Audiences, log)}, nil
+		issuer:   newIssuerKeys(cfg.Client.AuthenticationV1().RESTClient(), cfg.Audiences, log),
+		failures: newTTLCache[int](cfg.MaxEntries), known: newTTLCache[struct{}](cfg.MaxEntries)}, nil
 }
 
 // shared runs review once for the concurrent callers of the same key,
@@ -184,14 +197,26 @@ func bearerToken(r *http.Request) (tok, sum string, ok bool) {
 	return tok, string(hash[:]), true
 }
 
-func (a *kubeAuthenticator) Authorize(ctx context.Context, req AuthRequest) (string, error) {
+// Authorize authenticates the caller's token (a review of a token not
+// checked here comes out of the shared budget, which a client address
+// whose authentications keep failing may not spend), then asks whether
+// the caller may act on the object.
+func (a *kubeAuthenticator) Authorize(ctx context.Context, req AuthRequest) (user string, err error) {
+	host := clientHost(req.HTTP)
+	defer func() {
+		if errors.Is(err, ErrUnauthenticated) { // however refused, and whatever it cost
+			a.failures.update(host, time.Now().Add(a.cfg.AuthFailureBackoff), func(n int) int { return n + 1 })
+		}
+	}()
 	tok, tokKey, ok := bearerToken(req.HTTP)
 	if !ok {
 		return "", fmt.Errorf("%w: a bearer token (Authorization: Bearer ...) for audience %q is required", ErrUnauthenticated, a.cfg.Audiences[0])
 	}
+	_, known := a.known.get(tokKey)
 	tr, ok := a.tokens.get(tokKey)
 	if !ok {
-		switch v, subject := a.issuer.check(ctx, tok, tokKey); v {
+		v, subject := a.issuer.check(ctx, tok, tokKey)
+		switch v {
 		case tokenForged:
 			return "", fmt.Errorf("%w: the bearer token claims the cluster's service-account issuer but is not signed by it, current, and for audience %q", ErrUnauthenticated, a.cfg.Audiences)
 		case tokenSigned:
@@ -199,18 +224,27 @@ func (a *kubeAuthenticator) Authorize(ctx context.Context, req AuthRequest) (str
 				return "", fmt.Errorf("%w: user %q asked for more reviews than %v a second", ErrBusy, subject, a.cfg.AccessReviewRate)
 			}
 		case tokenUnknown:
+			if n, _ := a.failures.get(host); a.cfg.MaxAuthFailures > 0 && n >= a.cfg.MaxAuthFailures && !known {
+				return "", fmt.Errorf("%w: too many failed authentications from this address; try again later", ErrBusy)
+			}
 			if !a.unknown.TryAccept() {
 				return "", fmt.Errorf("%w: the reviews of tokens other than the cluster's service-account tokens (%v a second) are spent", ErrBusy, a.cfg.TokenReviewRate)
 			}
 		}
-		var err error
-		if tr, err = shared(ctx, a, "token\x00"+tokKey, "address "+clientHost(req.HTTP), func(ctx context.Context) (tokenResult, error) { return a.review(ctx, tokKey, tok) }); err != nil {
+		if tr, err = shared(ctx, a, "token\x00"+tokKey, "address "+host, func(ctx context.Context) (tokenResult, error) { return a.review(ctx, tokKey, tok) }); err != nil {
 			return "", err
+		}
+		// Only a new token paid for from the shared budget ends the
+		// address's failures in a row: a known or signed one's success
+		// says nothing of its neighbours.
+		if tr.err == nil && v == tokenUnknown && !known {
+			a.failures.forget(host)
 		}
 	}
 	if tr.err != nil {
 		return "", tr.err
 	}
+	a.known.put(tokKey, struct{}{}, time.Now().Add(knownFor))
 	return tr.user.Username, a.access(ctx, tr.user, req)
 }
 

@@ -330,7 +330,7 @@ func TestKubeAuthCachesDecisionsBriefly(t *testing.T) {
 
 func TestKubeAuthCacheIsBounded(t *testing.T) {
 	rev := newFakeReviews(t)
-	a, err := trigger.NewKubeAuthenticator(trigger.KubeAuthConfig{Client: rev, MaxEntries: 4, TokenReviewBurst: 1000})
+	a, err := trigger.NewKubeAuthenticator(trigger.KubeAuthConfig{Client: rev, MaxEntries: 4, TokenReviewBurst: 1000, MaxAuthFailures: -1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -39,12 +39,12 @@
 // the resource, and reads the issuer's keys (as any ServiceAccount may); a caller gets a token with `kubectl create token SA
 // --audience opkit-trigger`. Serve it over HTTPS.
 //
-// The handler checks the route, method, rate limit and the client's failed
-// authentications, reads the query and the body, takes an in-flight slot,
-// and hands the rest to Intake. It forwards a trigger that another replica
-// works on there, with the caller's credentials, marked X-Opkit-Forwarded
-// (not to go further), and passes the answer on. With ?wait=D the caller
-// waits for the outcome, holding no slot:
+// The handler checks the route, method and rate limit, reads the query
+// and the body, takes an in-flight slot, and hands the rest to Intake. It
+// forwards a trigger that another replica works on there, with the
+// caller's credentials, marked X-Opkit-Forwarded (not to go further),
+// and passes the answer on. With ?wait=D the caller waits for the
+// outcome, holding no slot:
 //
 //	200            the reconcile finished within the wait: an [Outcome]; also the answer of GET .../triggers/{id} (pending or unknown too)
 //	202            scheduled: an [Accepted]; with a wait that ended first, the trigger's id and statusPath to GET
@@ -54,7 +54,7 @@
 //	404            no such object or route, or an object outside the controller's scope
 //	405            a method other than POST (GET for .../triggers/{id}; Allow says which)
 //	413, 415, 431  a body over MaxBodyBytes, or not application/json; headers over ServerConfig.MaxHeaderBytes
-//	429            a rate, in-flight or waiting limit, the trigger budget, a review budget or slot, or the client's failed authentications (Retry-After)
+//	429            a rate, in-flight or waiting limit, the trigger budget, a review budget or slot, or the client address's failed authentications (Retry-After)
 //	502, 504       this replica's API server answered with an error, returned another kind or does not serve the resource, a review could not be evaluated, or the holder's endpoint is plain HTTP for a TLS request; 504: a call timed out
 //	503            no replica can take the trigger now (Retry-After; X-Opkit-Leader and "leader" name the holder when known); this replica's API server does not answer or cannot serve now (with one shard, a replica that does not work on the object forwards the trigger instead: the holder checks the caller; with shards, retry: another replica may take it); the term ended or the server stopped while the caller waited, the holder does not answer, or the caller left
 //

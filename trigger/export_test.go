@@ -3,6 +3,8 @@ package trigger
 import (
 	"context"
 	"crypto/sha256"
+	"fmt"
+	"testing"
 
 	"github.com/opkit/opkit"
 )
@@ -64,4 +66,18 @@ func IssuerCheck(k *issuerKeys, ctx context.Context, tok string) verdict {
 func tokenSum(tok string) string {
 	sum := sha256.Sum256([]byte(tok))
 	return string(sum[:])
+}
+
+// SignedTokens makes auth, a NewKubeAuthenticator for DefaultAudience,
+// check service-account tokens against the keys of a fake cluster issuer,
+// and returns a function that mints a new token of that issuer for sub
+// each time it is called.
+func SignedTokens(t *testing.T, auth Authenticator) (mint func(sub string) string) {
+	key := es256()
+	auth.(*kubeAuthenticator).issuer, _ = newTestIssuer(t, key)
+	n := 0
+	return func(sub string) string {
+		n++
+		return key.sign(t, "", claims(map[string]any{"sub": sub, "jti": fmt.Sprint(n)}))
+	}
 }

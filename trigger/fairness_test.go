@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	authnv1 "k8s.io/api/authentication/v1"
 
 	"github.com/opkit/opkit"
 	"github.com/opkit/opkit/trigger"
@@ -114,18 +117,22 @@ func TestReviewsOfUncheckedTokensShareOneBudget(t *testing.T) {
 
 // A caller whose token was authorized before is not refused because its
 // address keeps failing authentication (a neighbour behind the same NAT
-// or node): the address gate refuses only requests it cannot tell apart.
+// or node), even once its token's review is no longer cached: the address
+// gate refuses only requests it cannot tell apart.
 func TestAKnownCallerIsNotRefusedForItsNeighboursFailures(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rev := newFakeReviews(t)
 		rev.allowed["system:serviceaccount:ci:deployer update /configmaps/ ns/"] = true
-		e := newHandlerEnv(t, func(c *trigger.HandlerConfig) {
-			c.Authenticator, c.Reviews, c.MaxAuthFailures, c.AuthFailureBackoff = nil, rev, 3, 10*time.Second
-		})
+		auth, err := trigger.NewKubeAuthenticator(trigger.KubeAuthConfig{Client: rev, PositiveTTL: time.Second, MaxAuthFailures: 3, AuthFailureBackoff: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := newHandlerEnv(t, func(c *trigger.HandlerConfig) { c.Authenticator = auth })
 		from := func(tok string) *httptest.ResponseRecorder { return postFrom(e, "10.0.0.1:1000", tok) }
 		if w := from("good-token"); w.Code != http.StatusAccepted {
 			t.Fatalf("first trigger: %d %s", w.Code, w.Body)
 		}
+		time.Sleep(time.Second) // its review's PositiveTTL
 		for i := range 3 {
 			wantStatus(t, from(fmt.Sprintf("garbage-%d", i)), 401, "Unauthorized")
 		}
@@ -134,5 +141,60 @@ func TestAKnownCallerIsNotRefusedForItsNeighboursFailures(t *testing.T) {
 			t.Fatalf("the known caller behind the failing address: %d %s", w.Code, w.Body)
 		}
 		wantStatus(t, from("garbage-4"), 429, "TooManyRequests")
+	})
+}
+
+// A neighbour behind a flooder's address (a NAT, a node) whose token
+// rotated is not locked out: a new token signed by the cluster's
+// service-account issuer costs only its own user's reviews, so it passes
+// the address gate the flooder's failures closed. A new token the
+// authenticator cannot check would spend the shared budget: it is still
+// refused, and so is the flooder.
+func TestANewSignedTokenPassesTheGateItsNeighboursFailuresClosed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const neighbour = "system:serviceaccount:ci:pipeline"
+		rev := newFakeReviews(t)
+		rev.allowed[neighbour+" update /configmaps/ ns/"] = true
+		// The shared budget holds the flooder's 10 failures (the gate's
+		// default), the neighbour's user 2 reviews: a TokenReview and a
+		// SubjectAccessReview.
+		auth, err := trigger.NewKubeAuthenticator(trigger.KubeAuthConfig{Client: rev, TokenReviewRate: 0.001, TokenReviewBurst: 10, AccessReviewBurst: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mint := trigger.SignedTokens(t, auth)
+		newToken := func() string {
+			tok := mint(neighbour)
+			rev.tokens[tok] = authnv1.TokenReviewStatus{Authenticated: true, Audiences: []string{trigger.DefaultAudience}, User: authnv1.UserInfo{Username: neighbour}}
+			return tok
+		}
+		e := newHandlerEnv(t, func(c *trigger.HandlerConfig) { c.Authenticator = auth })
+		from := func(tok string) *httptest.ResponseRecorder { return postFrom(e, "10.0.0.1:1000", tok) }
+		wantGated := func(who, tok string) {
+			t.Helper()
+			if st := wantStatus(t, from(tok), 429, "TooManyRequests"); !strings.Contains(st.Message, "failed authentications") {
+				t.Errorf("%s: %q, want the address's failed authentications as the reason", who, st.Message)
+			}
+		}
+		for i := range 10 {
+			wantStatus(t, from(fmt.Sprintf("garbage-%d", i)), 401, "Unauthorized")
+		}
+		wantGated("the flooder", "garbage-10")
+
+		before, _ := rev.calls()
+		if w := from(newToken()); w.Code != http.StatusAccepted {
+			t.Fatalf("the neighbour's new signed token: %d %s, want 202", w.Code, w.Body)
+		}
+		if after, _ := rev.calls(); after != before+1 {
+			t.Errorf("the neighbour's new signed token made %d TokenReviews, want 1", after-before)
+		}
+		// Its review was its user's: the user's budget is spent, the
+		// shared one (which the flooder spent) was not needed.
+		if st := wantStatus(t, from(newToken()), 429, "TooManyRequests"); !strings.Contains(st.Message, neighbour) {
+			t.Errorf("the neighbour's next new token: %q, want its own user's budget as the reason", st.Message)
+		}
+
+		wantGated("the flooder, after its neighbour was served", "garbage-11")
+		wantGated("a neighbour with a new token the authenticator cannot check", "other-token")
 	})
 }

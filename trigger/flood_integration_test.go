@@ -4,6 +4,7 @@ package trigger_test
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -62,12 +63,12 @@ const (
 	pacedRate    = 2.5
 	pacedObjects = 100
 	pacedSettle  = 12 * time.Second
-	// The handler's limits, set explicitly (they are its defaults) so
-	// that the garbage-token bound below refers to them.
+	// The authenticator's address gate, set explicitly (they are its
+	// defaults) so that the garbage-token bound below refers to them.
 	floodMaxAuthFailures = 10
 	floodBackoff         = 10 * time.Second
 	// Addresses: the floods come from attacker, the client that must be
-	// served from wellBehaved (the handler counts failed
+	// served from wellBehaved (the authenticator counts failed
 	// authentications by address). Linux routes all of 127.0.0.0/8 to
 	// the loopback interface.
 	attacker    = "127.0.0.3"
@@ -245,8 +246,11 @@ func TestFloodsAgainstTheAPIServer(t *testing.T) {
 	// client address.
 	reviews := &floodtest.Reviews{Client: unthrottled()}
 	reviews.Known(slices.Concat([]string{token, pipelineToken}, crowdTokens)...)
-	h, err := trigger.NewHandler(ctrl.Trigger(), trigger.HandlerConfig{Reviews: reviews,
-		MaxAuthFailures: floodMaxAuthFailures, AuthFailureBackoff: floodBackoff, Logger: discard})
+	auth, err := trigger.NewKubeAuthenticator(trigger.KubeAuthConfig{Client: reviews, MaxAuthFailures: floodMaxAuthFailures, AuthFailureBackoff: floodBackoff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := trigger.NewHandler(ctrl.Trigger(), trigger.HandlerConfig{Authenticator: auth, Logger: discard})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -415,9 +419,10 @@ func TestFloodsAgainstTheAPIServer(t *testing.T) {
 	}
 
 	// Garbage tokens from 64 goroutines. Once the address has failed
-	// MaxAuthFailures times it is refused before any review (a probe
-	// without a token, which costs no review, tells), and once the
-	// reviews it started are over, the well-behaved client is served.
+	// MaxAuthFailures times its new tokens are refused before any review
+	// (a probe from the address with a garbage token of its own, one at
+	// a time, tells), and once the reviews it started are over, the
+	// well-behaved client is served.
 	// (Before, a request of its that needs a review may find all
 	// KubeAuthConfig.MaxReviews taken: 429, by design.)
 	g0 := reviews.Counts().Garbage
@@ -434,6 +439,7 @@ func TestFloodsAgainstTheAPIServer(t *testing.T) {
 		if err != nil {
 			return false
 		}
+		req.Header.Set("Authorization", "Bearer "+rand.Text())
 		resp, err := probe.Do(req)
 		if err != nil {
 			return false
@@ -484,14 +490,14 @@ func TestFloodsAgainstTheAPIServer(t *testing.T) {
 	// Every request that passed the address check before the check
 	// refused the address may still be reviewed: MaxAuthFailures, plus at
 	// most one for each worker's request in flight (each has one at a
-	// time) when the count was reached. (Not MaxAuthFailures +
-	// KubeAuthConfig.MaxReviews: requests past the check are not bounded
-	// by MaxReviews.)
-	garbage := reviews.Counts().Garbage - g0
+	// time; the probe is one more) when the count was reached. (Not
+	// MaxAuthFailures + KubeAuthConfig.MaxReviews: requests past the
+	// check are not bounded by MaxReviews.)
+	garbage, bound := reviews.Counts().Garbage-g0, int64(floodMaxAuthFailures+floodWorkers+1)
 	t.Logf("garbage-token flood: refused before any review after %v; answers %v, %d errors; %d TokenReviews (bound %d; MaxAuthFailures + MaxReviews would be %d)",
-		lockedOut.Round(time.Millisecond), res.Codes, res.Errors, garbage, floodMaxAuthFailures+floodWorkers, floodMaxAuthFailures+16)
-	if garbage > floodMaxAuthFailures+floodWorkers {
-		t.Errorf("the garbage-token flood from one address cost %d TokenReviews within one AuthFailureBackoff, want at most %d", garbage, floodMaxAuthFailures+floodWorkers)
+		lockedOut.Round(time.Millisecond), res.Codes, res.Errors, garbage, bound, floodMaxAuthFailures+16)
+	if garbage > bound {
+		t.Errorf("the garbage-token flood from one address cost %d TokenReviews within one AuthFailureBackoff, want at most %d", garbage, bound)
 	}
 
 	// The crowd floods of issue 33, each beside the well-behaved client,

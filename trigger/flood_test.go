@@ -484,9 +484,11 @@ func TestAClientThatKeepsFailingAuthenticationIsRefusedBeforeAnyReview(t *testin
 	synctest.Test(t, func(t *testing.T) {
 		rev := newFakeReviews(t)
 		rev.allowed["system:serviceaccount:ci:deployer update /configmaps/ ns/a"] = true
-		e := newHandlerEnv(t, func(c *trigger.HandlerConfig) {
-			c.Authenticator, c.Reviews, c.MaxAuthFailures, c.AuthFailureBackoff = nil, rev, 3, 10*time.Second
-		})
+		auth, err := trigger.NewKubeAuthenticator(trigger.KubeAuthConfig{Client: rev, MaxAuthFailures: 3, AuthFailureBackoff: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := newHandlerEnv(t, func(c *trigger.HandlerConfig) { c.Authenticator = auth })
 		from := func(addr, tok string) *httptest.ResponseRecorder { return postFrom(e, addr, tok) }
 		for i := range 3 {
 			wantStatus(t, from("10.0.0.1:1000", fmt.Sprintf("garbage-%d", i)), 401, "Unauthorized")
@@ -504,12 +506,24 @@ func TestAClientThatKeepsFailingAuthenticationIsRefusedBeforeAnyReview(t *testin
 		if w := from("10.0.0.1:1000", "good-token"); w.Code != http.StatusAccepted {
 			t.Fatalf("after AuthFailureBackoff: %d %s", w.Code, w.Body)
 		}
-		// A success forgets the failures before it.
-		for i := range 2 {
-			wantStatus(t, from("10.0.0.1:1000", fmt.Sprintf("garbage-%d", 10+i)), 401, "Unauthorized")
+		// A new token's success forgets the failures before it; a known
+		// token's success says nothing of its neighbours.
+		rev.tokens["new-token"] = rev.tokens["good-token"]
+		failTwice := func(first int) {
+			for i := range 2 {
+				wantStatus(t, from("10.0.0.1:1000", fmt.Sprintf("garbage-%d", first+i)), 401, "Unauthorized")
+			}
 		}
-		from("10.0.0.1:1000", "good-token")
-		wantStatus(t, from("10.0.0.1:1000", "garbage-20"), 401, "Unauthorized")
+		failTwice(10)
+		if w := from("10.0.0.1:1000", "new-token"); w.Code != http.StatusAccepted {
+			t.Fatalf("a new token: %d %s", w.Code, w.Body)
+		}
+		failTwice(20)
+		if w := from("10.0.0.1:1000", "good-token"); w.Code != http.StatusAccepted {
+			t.Fatalf("a known token: %d %s", w.Code, w.Body)
+		}
+		wantStatus(t, from("10.0.0.1:1000", "garbage-30"), 401, "Unauthorized") // the third in a row
+		wantStatus(t, from("10.0.0.1:1000", "garbage-31"), 429, "TooManyRequests")
 	})
 }
 
@@ -528,7 +542,7 @@ func TestRefusalsAreLoggedOncePerIntervalWithACount(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var logs bytes.Buffer
 		e := newHandlerEnv(t, func(c *trigger.HandlerConfig) {
-			c.Authenticator, c.MaxAuthFailures = refuseAll{}, -1
+			c.Authenticator = refuseAll{}
 			c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 		})
 		for range 100 {

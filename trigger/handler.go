@@ -43,31 +43,25 @@ const (
 // callers waiting for outcomes or forwarded answers (1024), the body (8
 // KiB) and its arrival (2s), a request's API calls together (5s), the
 // requests of all callers a second (zero: none; burst max(1,
-// ceil(RateLimit))), those being authorized, read and queued (64, shared
-// fairly; negative: none), and the authentications a client address may
-// fail in a row, each within AuthFailureBackoff of the last, before it
-// (but a caller authorized before) gets 429 without a review until that
-// has passed (10 and 10s; negative: none).
-// 429 and 503 carry Retry-After (5s).
+// ceil(RateLimit))), and those being authorized, read and queued (64,
+// shared fairly; negative: none). 429 and 503 carry Retry-After (5s).
 type HandlerConfig struct {
-	Authenticator      Authenticator
-	Reviews            ReviewClient
-	InsecureSkipAuth   bool
-	ForwardClient      *http.Client
-	Type               opkit.Type
-	MaxDelay, MaxWait  time.Duration
-	MaxWaiting         int
-	MaxBodyBytes       int64
-	BodyTimeout        time.Duration
-	APITimeout         time.Duration
-	RateLimit          float64
-	RateBurst          int
-	MaxInFlight        int
-	MaxAuthFailures    int
-	AuthFailureBackoff time.Duration
-	RetryAfter         time.Duration
-	Metrics            Metrics
-	Logger             *slog.Logger
+	Authenticator     Authenticator
+	Reviews           ReviewClient
+	InsecureSkipAuth  bool
+	ForwardClient     *http.Client
+	Type              opkit.Type
+	MaxDelay, MaxWait time.Duration
+	MaxWaiting        int
+	MaxBodyBytes      int64
+	BodyTimeout       time.Duration
+	APITimeout        time.Duration
+	RateLimit         float64
+	RateBurst         int
+	MaxInFlight       int
+	RetryAfter        time.Duration
+	Metrics           Metrics
+	Logger            *slog.Logger
 }
 
 // Accepted is the JSON body of a 202 answer: the object as read (no UID
@@ -107,7 +101,6 @@ type handler[T opkit.Object] struct {
 	cfg      HandlerConfig                  // validated, defaults applied (no Authenticator: InsecureSkipAuth)
 	inflight *fairSlots                     // nil when unlimited
 	rate     flowcontrol.PassiveRateLimiter // nil when unlimited
-	failures *ttlCache[int]                 // failed authentications by client address
 	known    *ttlCache[string]              // the user a token (its hash) was authorized as
 	waiting  atomic.Int64                   // callers waiting for outcomes
 	log      *sampler
@@ -132,7 +125,7 @@ func NewHandler[T opkit.Object](t *Trigger[T], cfg HandlerConfig) (http.Handler,
 	case !cfg.Type.Valid():
 		return nil, fmt.Errorf("trigger: HandlerConfig.Type %v is invalid", cfg.Type)
 	case cfg.MaxWait < 0 || cfg.MaxWaiting < 0 || cfg.MaxDelay < 0 || cfg.MaxBodyBytes < 0 || cfg.BodyTimeout < 0 || cfg.APITimeout < 0 || cfg.RetryAfter < 0 || cfg.RateLimit < 0 || cfg.RateBurst < 0 ||
-		cfg.AuthFailureBackoff < 0 || math.IsNaN(cfg.RateLimit) || math.IsInf(cfg.RateLimit, 0):
+		math.IsNaN(cfg.RateLimit) || math.IsInf(cfg.RateLimit, 0):
 		return nil, errors.New("trigger: HandlerConfig durations, sizes and limits must be finite and not negative")
 	case cfg.RateBurst > 0 && cfg.RateLimit == 0:
 		return nil, errors.New("trigger: HandlerConfig.RateBurst without RateLimit would have no effect; set RateLimit too")
@@ -148,8 +141,6 @@ func NewHandler[T opkit.Object](t *Trigger[T], cfg HandlerConfig) (http.Handler,
 	}
 	cfg.MaxBodyBytes = cmp.Or(cfg.MaxBodyBytes, defaultMaxBytes)
 	cfg.BodyTimeout = cmp.Or(cfg.BodyTimeout, 2*time.Second)
-	cfg.MaxAuthFailures = cmp.Or(cfg.MaxAuthFailures, 10)
-	cfg.AuthFailureBackoff = cmp.Or(cfg.AuthFailureBackoff, 10*time.Second)
 	cfg.APITimeout = cmp.Or(cfg.APITimeout, 5*time.Second)
 	cfg.RetryAfter = cmp.Or(cfg.RetryAfter, 5*time.Second)
 	cfg.MaxInFlight = cmp.Or(cfg.MaxInFlight, 64)
@@ -162,7 +153,7 @@ func NewHandler[T opkit.Object](t *Trigger[T], cfg HandlerConfig) (http.Handler,
 		}
 		cfg.Authenticator = a
 	}
-	h := &handler[T]{trig: t, cfg: cfg, failures: newTTLCache[int](4096), known: newTTLCache[string](4096), log: newSampler(cfg.Logger)}
+	h := &handler[T]{trig: t, cfg: cfg, known: newTTLCache[string](4096), log: newSampler(cfg.Logger)}
 	if cfg.MaxInFlight > 0 {
 		h.inflight = newFairSlots(cfg.MaxInFlight)
 	}
@@ -220,12 +211,12 @@ func writeJSON(w http.ResponseWriter, code int, body any) {
 }
 
 // serve handles r in the order the package documentation's status table
-// relies on: route, method, rate, the client's failed authentications,
-// query and body (bodyRead is set once the body is in), the in-flight
-// limit, then Intake (the key, the caller's authorization, the scope,
-// where the object is worked on, the trigger budget, the read, the
-// enqueue), and acts on its decision: answer, forward or drop. It returns
-// an Accepted, an Outcome, a forwarded answer or a *Status.
+// relies on: route, method, rate, query and body (bodyRead is set once
+// the body is in), the in-flight limit, then Intake (the key, the
+// caller's authorization, the scope, where the object is worked on, the
+// trigger budget, the read, the enqueue), and acts on its decision:
+// answer, forward or drop. It returns an Accepted, an Outcome, a
+// forwarded answer or a *Status.
 func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request, bodyRead *bool) any {
 	key, id, st := h.route(r)
 	if st != nil {
@@ -239,9 +230,6 @@ func (h *handler[T]) serve(w http.ResponseWriter, r *http.Request, bodyRead *boo
 		return h.fail(http.StatusTooManyRequests, "request rate limit exceeded", nil)
 	}
 	c := h.identify(r)
-	if n, _ := h.failures.get(c.host); h.cfg.MaxAuthFailures > 0 && n >= h.cfg.MaxAuthFailures && !c.known {
-		return h.fail(http.StatusTooManyRequests, "too many failed authentications from this address; try again later", nil)
-	}
 	p := Pointer{Key: key, Type: h.cfg.Type}
 	var wait time.Duration
 	if code, err := h.parse(w, r, &p, &wait, id != ""); err != nil {
@@ -270,19 +258,11 @@ func (c *caller[T]) authorize(ctx context.Context, key opkit.Key) (string, error
 		return "address " + c.host, nil
 	}
 	c.user, c.err = c.h.cfg.Authenticator.Authorize(ctx, AuthRequest{HTTP: c.r, Resource: c.h.trig.cfg.Resource, Key: key})
-	switch {
-	case errors.Is(c.err, ErrUnauthenticated):
-		c.h.failures.update(c.host, time.Now().Add(c.h.cfg.AuthFailureBackoff), func(n int) int { return n + 1 })
-	case c.err == nil:
-		if !c.known { // a known caller's success says nothing of its neighbours
-			c.h.failures.forget(c.host)
-		}
-		if c.token != "" {
-			c.h.known.put(c.token, c.user, time.Now().Add(knownFor))
-		}
-	}
 	if c.err != nil {
 		return "", fmt.Errorf("trigger: %w", c.err)
+	}
+	if c.token != "" {
+		c.h.known.put(c.token, c.user, time.Now().Add(knownFor))
 	}
 	return "user " + c.user, nil
 }

@@ -119,14 +119,14 @@ type caller[T opkit.Object] struct {
 	r     *http.Request
 	key   string // the fair slots' key
 	host  string // the client address's host
-	known bool   // by a token authorized before
 	token string // the token's SHA-256, "" without one
 	user  string // as authorized
 	err   error  // the authorization's
 }
 
 // knownFor is how long the handler remembers whom a token was authorized
-// as, for the fair slots and the address gate (not as an authorization).
+// as, for the fair slots, and the Kubernetes-native authenticator that it
+// authenticated, for its address gate (neither as an authorization).
 const knownFor = 10 * time.Minute
 
 // identify returns the caller of r.
@@ -136,14 +136,15 @@ func (h *handler[T]) identify(r *http.Request) *caller[T] {
 	if _, sum, ok := bearerToken(r); ok {
 		c.token = sum
 		if user, ok := h.known.get(sum); ok {
-			c.key, c.known = "user "+user, true
+			c.key = "user " + user
 		}
 	}
 	return c
 }
 
-// clientHost is the host of r's remote address, the unit the failed
-// authentications are counted by.
+// clientHost is the host of r's remote address: who a caller not known
+// yet is, and the unit the Kubernetes-native authenticator counts failed
+// authentications by.
 func clientHost(r *http.Request) string {
 	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
 		return host

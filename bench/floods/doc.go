@@ -40,7 +40,7 @@
 //     token on 128 connections triggering random names no object has
 //     (floodtest.RandomNames), then a refill; neighbour, garbage tokens
 //     from 64 goroutines from the well-behaved client's own address, then
-//     11s (the handler's AuthFailureBackoff and a second) so that the
+//     11s (the authenticator's AuthFailureBackoff and a second) so that the
 //     address is served again;
 //   - the same four capped at 2,000 requests a second in total
 //     (floodtest.Config.Rate; -args -floodrate=N sets another), named

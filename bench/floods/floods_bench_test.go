@@ -63,7 +63,7 @@ const (
 	// the next phase starts with it full.
 	refill = 5 * time.Second
 	// backoff is the pause after a garbage flood from the well-behaved
-	// client's address: the handler's AuthFailureBackoff (10s) and a
+	// client's address: the authenticator's AuthFailureBackoff (10s) and a
 	// second, so that the next phase finds the address refused no more.
 	backoff = 11 * time.Second
 	// pace is the well-behaved client's interval: a trigger a second

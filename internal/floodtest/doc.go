@@ -13,12 +13,13 @@
 // SlowBodies at a total rate, [Config.Pace] each of its goroutines (with
 // ManyIdentities, each caller) at a rate of its own: a paced crowd.
 //
-// The handler counts failed authentications by client address, so a flood
-// and the well-behaved client measured beside it must come from different
-// addresses (but in the neighbour flood): [Config.LocalIP] and
-// [NewClient] bind the client side of each connection to a chosen
-// loopback address (Linux routes all of 127.0.0.0/8 to the loopback
-// interface, so 127.0.0.2, 127.0.0.3 or 127.0.1.0 need no setup).
+// The handler's authenticator counts failed authentications by client
+// address, so a flood and the well-behaved client measured beside it must
+// come from different addresses (but in the neighbour flood):
+// [Config.LocalIP] and [NewClient] bind the client side of each
+// connection to a chosen loopback address (Linux routes all of
+// 127.0.0.0/8 to the loopback interface, so 127.0.0.2, 127.0.0.3 or
+// 127.0.1.0 need no setup).
 //
 // [Reviews] wraps the client of the handler's TokenReviews and
 // SubjectAccessReviews, and counts them.
