@@ -257,10 +257,11 @@ func (c *caller[T]) authorize(ctx context.Context, key opkit.Key) (string, error
 	if c.h.cfg.Authenticator == nil {
 		return "address " + c.host, nil
 	}
-	c.user, c.err = c.h.cfg.Authenticator.Authorize(ctx, AuthRequest{HTTP: c.r, Resource: c.h.trig.cfg.Resource, Key: key})
-	if c.err != nil {
-		return "", fmt.Errorf("trigger: %w", c.err)
+	user, err := c.h.cfg.Authenticator.Authorize(ctx, AuthRequest{HTTP: c.r, Resource: c.h.trig.cfg.Resource, Key: key})
+	if err != nil {
+		return "", authFailure{fmt.Errorf("trigger: %w", err)}
 	}
+	c.user = user
 	if c.token != "" {
 		c.h.known.put(c.token, c.user, time.Now().Add(knownFor))
 	}
@@ -285,7 +286,7 @@ func (h *handler[T]) trigger(w http.ResponseWriter, r *http.Request, c *caller[T
 	cancel()
 	switch {
 	case err != nil:
-		return h.refusal(w, r, p.Key, err, c.err)
+		return h.refusal(w, r, p.Key, err)
 	case d.Endpoint != "":
 		release() // the replica that works on the object does the work
 		return h.forward(r, d.Endpoint, p, wait)
@@ -338,7 +339,7 @@ func (h *handler[T]) lookup(w http.ResponseWriter, r *http.Request, c *caller[T]
 	defer cancel()
 	who, err := c.authorize(ctx, key)
 	if err != nil {
-		return h.refusal(w, r, key, err, c.err)
+		return h.refusal(w, r, key, err)
 	}
 	out := h.trig.tickets.lookup(key, id)
 	if out.State != Unknown || r.Header.Get(forwardedHeader) != "" {
@@ -351,7 +352,7 @@ func (h *handler[T]) lookup(w http.ResponseWriter, r *http.Request, c *caller[T]
 	case errors.Is(err, ErrNotFound) || errors.Is(err, ErrOutOfScope):
 		return out
 	case err != nil:
-		return h.refusal(w, r, key, err, nil)
+		return h.refusal(w, r, key, err)
 	case pl.Queue == nil && pl.Endpoint != "":
 		cancel()
 		return h.forward(r, pl.Endpoint, Pointer{Key: key}, 0)
@@ -359,15 +360,21 @@ func (h *handler[T]) lookup(w http.ResponseWriter, r *http.Request, c *caller[T]
 	return out
 }
 
-// refusal is the answer to a request Intake or the authorization refused
-// (err, and authErr the authorization's).
-func (h *handler[T]) refusal(w http.ResponseWriter, r *http.Request, key opkit.Key, err, authErr error) *Status {
+// authFailure marks an error as the authorization's, for refusal.
+type authFailure struct{ error }
+
+func (a authFailure) Unwrap() error { return a.error }
+
+// refusal is the answer to a request Intake or the authorization (an
+// authFailure) refused with err.
+func (h *handler[T]) refusal(w http.ResponseWriter, r *http.Request, key opkit.Key, err error) *Status {
+	byAuth := errors.As(err, new(authFailure))
 	switch {
 	case errors.Is(err, ErrInvalid):
 		return h.fail(http.StatusBadRequest, err.Error(), nil)
 	case errors.Is(err, ErrBusy):
 		return h.fail(http.StatusTooManyRequests, err.Error(), &key)
-	case errors.Is(authErr, ErrUnauthenticated):
+	case byAuth && errors.Is(err, ErrUnauthenticated):
 		// RFC 6750: an error code only when a token was presented.
 		challenge := `Bearer realm="opkit-trigger"`
 		if _, _, ok := bearerToken(r); ok {
@@ -375,11 +382,9 @@ func (h *handler[T]) refusal(w http.ResponseWriter, r *http.Request, key opkit.K
 		}
 		w.Header().Set("WWW-Authenticate", challenge)
 		return h.fail(http.StatusUnauthorized, err.Error(), &key)
-	case errors.Is(authErr, ErrForbidden):
+	case byAuth && errors.Is(err, ErrForbidden):
 		return h.fail(http.StatusForbidden, err.Error(), &key)
-	case errors.Is(err, errCannotRoute):
-		return h.fail(http.StatusServiceUnavailable, errCannotRoute.Error(), &key)
-	case authErr != nil:
+	case byAuth:
 		// The caller is not authenticated or not authorized yet: the API
 		// server's answer (which may describe the operator's own RBAC)
 		// goes to the log only.
@@ -406,7 +411,7 @@ func (h *handler[T]) apiFailure(r *http.Request, call string, err error, key opk
 	case typed.Timeout(err):
 		code, msg = http.StatusGatewayTimeout, call+" failed: the API server did not answer in time"
 	case typed.Class(err) == typed.Transient:
-		code, msg = http.StatusServiceUnavailable, call+" failed: this replica's API server does not answer or cannot serve now; retry later"
+		code, msg = http.StatusServiceUnavailable, call+" failed: this replica cannot reach its API server now (it does not answer or cannot serve); retry, another replica may take the trigger"
 	}
 	return h.fail(code, msg, &key)
 }

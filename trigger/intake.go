@@ -107,7 +107,7 @@ func (t *Trigger[T]) Intake(ctx context.Context, p Pointer, opts IntakeOptions) 
 	pl, obj, err := t.locate(ctx, p.Key, caller, opts)
 	switch {
 	case err != nil:
-		return none, t.cannotRoute(ctx, p.Key, opts, err)
+		return none, err
 	case pl.Queue == nil:
 		d := t.elsewhere(ctx, p.Key, pl, opts)
 		d.Object = obj
@@ -131,12 +131,6 @@ func (t *Trigger[T]) Intake(ctx context.Context, p Pointer, opts IntakeOptions) 
 	return d, err
 }
 
-// errCannotRoute is Intake's error (the handler's 503) when a sharded
-// replica's API server does not answer, or answers that it cannot now:
-// where the object is worked on takes a read, which fails, and the caller
-// may not be checked either.
-var errCannotRoute = errors.New("this replica cannot reach its API server now: it can tell neither which replica works on the object nor (unless it knows the caller) whether the caller may trigger it; retry, another replica may take the trigger")
-
 // unchecked reports whether err, an authorization's, says only that this
 // replica could not ask its API server (it did not answer, or refused
 // the review itself): the caller was not judged, and the replica that
@@ -151,16 +145,14 @@ func unchecked(err error) bool {
 
 // uncheckedElsewhere is the decision for a trigger whose caller this
 // replica could not check (authErr: its API server did not answer, or
-// refused the review): forwarded when another replica works on the
-// object and its place is known without a read (one shard), since that
-// replica checks every caller itself; else authErr, or (cannotRoute) asks
-// for a retry.
+// refused the review): with one shard, forwarded when another replica
+// works on the object, since that replica checks every caller itself;
+// else authErr (with shards, where the object is worked on takes a read,
+// which would fail too: the caller retries, and another replica may take
+// it).
 func (t *Trigger[T]) uncheckedElsewhere(ctx context.Context, key opkit.Key, opts IntakeOptions, authErr error) (Decision[T], error) {
-	if !unchecked(authErr) || opts.NoForward || t.checkNamespace(key) != nil {
+	if !unchecked(authErr) || opts.NoForward || t.cfg.Router.Shards() != 1 || t.checkNamespace(key) != nil {
 		return Decision[T]{}, authErr
-	}
-	if t.cfg.Router.Shards() != 1 {
-		return Decision[T]{}, t.cannotRoute(ctx, key, opts, authErr)
 	}
 	if pl := t.cfg.Router.Place(0); pl.Queue == nil && pl.Endpoint != "" {
 		t.log.Log(ctx, slog.LevelWarn, "unchecked", "trigger: this replica could not check the caller; forwarding to the replica that works on the object, which checks it",
@@ -168,20 +160,6 @@ func (t *Trigger[T]) uncheckedElsewhere(ctx context.Context, key opkit.Key, opts
 		return Decision[T]{Endpoint: pl.Endpoint, Holder: pl.Holder}, nil
 	}
 	return Decision[T]{}, authErr
-}
-
-// cannotRoute is err, an API call's failure on the way to the object's
-// shard, wrapped in errCannotRoute when it is transient (but a timeout,
-// 504: a slow API server) and a retry may reach another replica: with
-// shards, for a trigger not forwarded already, not a consumer's (whose
-// broker redelivers anyway).
-func (t *Trigger[T]) cannotRoute(ctx context.Context, key opkit.Key, opts IntakeOptions, err error) error {
-	if t.cfg.Router.Shards() == 1 || opts.NoForward || typed.Class(err) != typed.Transient || typed.Timeout(err) {
-		return err
-	}
-	t.log.Log(ctx, slog.LevelWarn, "unroutable", "trigger: this replica cannot reach its API server; the caller is told to retry (503), another replica may take the trigger",
-		slog.String("key", key.String()), slog.Any("error", err))
-	return fmt.Errorf("trigger: %w: %w", errCannotRoute, err)
 }
 
 // locate finds where key's object is worked on: with one shard without a

@@ -112,8 +112,7 @@ func (h *handler[T]) slot(r *http.Request, who string) (release func(), st *Stat
 // caller is who sent a request, as far as the handler can tell before
 // authorizing it: the user its bearer token was last authorized as, when
 // that was in the last knownFor, else its client address. It authorizes
-// the caller for Intake and keeps the authorization's error, which
-// decides the status of a refusal.
+// the caller for Intake.
 type caller[T opkit.Object] struct {
 	h     *handler[T]
 	r     *http.Request
@@ -121,7 +120,6 @@ type caller[T opkit.Object] struct {
 	host  string // the client address's host
 	token string // the token's SHA-256, "" without one
 	user  string // as authorized
-	err   error  // the authorization's
 }
 
 // knownFor is how long the handler remembers whom a token was authorized
