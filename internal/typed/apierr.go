@@ -1,8 +1,9 @@
 package typed
 
-// How opkit tells an API server's failures apart (the trigger's intake,
-// handler and consumer; a home the watcher's and the elector's
-// classifiers may share).
+// How the trigger's intake, handler and consumer tell an API server's
+// failures apart. The watcher (its metrics' Reasons) and the elector (a
+// 409 is an election's normal answer) sort failures for other ends and
+// keep their own small classifiers.
 
 import (
 	"context"
