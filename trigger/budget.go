@@ -20,9 +20,12 @@ import (
 // greedy caller, or a crowd of them, takes only what the others leave; a
 // caller asking for less than they do is served first, however many they
 // are and however they pace themselves; and of callers asking alike, the
-// one that took less goes first. A new caller counts as demanding the rate. A caller
-// alone takes about half the burst at once, then the rate. The consumer
-// (wait) takes any token.
+// one that took less goes first. A new caller counts as demanding the
+// rate, and so does, however long it was quiet, a caller that once
+// demanded more than twice the rate: a crowd that comes back cannot
+// empty the bucket before callers that kept asking little. A caller alone
+// takes about half the burst at once, then the rate. The consumer (wait)
+// takes any token.
 type budget struct {
 	mu      sync.Mutex
 	tokens  float64
@@ -36,13 +39,19 @@ type budget struct {
 // demand is what a caller asked for and took: rate tokens a second as of
 // last.
 type demand struct {
-	rate float64
-	last time.Time
+	rate   float64
+	last   time.Time
+	greedy bool // it demanded more than twice the budget's rate once
 }
 
-// at returns d's rate at now, faded since last.
-func (d *demand) at(now time.Time) float64 {
-	return d.rate * math.Exp(-now.Sub(d.last).Seconds()/demandTime.Seconds())
+// at returns d's rate at now, faded since last: for a greedy caller, no
+// lower than floor.
+func (d *demand) at(now time.Time, floor float64) float64 {
+	r := d.rate * math.Exp(-now.Sub(d.last).Seconds()/demandTime.Seconds())
+	if d.greedy {
+		r = max(r, floor)
+	}
+	return r
 }
 
 const (
@@ -95,9 +104,10 @@ func (b *budget) try(d *demand) time.Duration {
 	b.last = now
 	need := 1.0
 	if d != nil {
-		d.rate, d.last = d.at(now), now
+		d.rate, d.last = d.at(now, b.rate), now
 		need += (b.burst - 1) * (d.rate / (d.rate + 2*b.rate))
 		d.rate += 1 / demandTime.Seconds() // the ask
+		d.greedy = d.greedy || d.rate > 2*b.rate
 	}
 	if b.tokens < need {
 		return time.Duration(math.Ceil((need - b.tokens) / b.rate * float64(time.Second)))
@@ -112,13 +122,14 @@ func (b *budget) try(d *demand) time.Duration {
 // newcomer remembers caller, as demanding the rate until it shows less
 // (a crowd of newcomers cannot empty the bucket before a known caller
 // asking little), if there is room for one more (after forgetting the
-// faded, at most once every demandTime); else its demand is the largest
-// there is: it takes only from a full bucket.
+// faded, greedy or not: it comes back as a newcomer, at most once every
+// demandTime); else its demand is the largest there is: it takes only
+// from a full bucket.
 func (b *budget) newcomer(caller string, now time.Time) *demand {
 	if len(b.callers) >= maxCallers && now.Sub(b.swept) >= demandTime {
 		b.swept = now
 		for c, d := range b.callers {
-			if d.at(now) < forgotten {
+			if d.at(now, 0) < forgotten {
 				delete(b.callers, c)
 			}
 		}

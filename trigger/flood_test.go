@@ -280,6 +280,36 @@ func TestCallersThatStoppedAskingTakeNothing(t *testing.T) {
 	}
 }
 
+// A crowd that flooded, went quiet and comes back cannot empty the budget
+// before a caller that kept asking little: however long it was quiet, a
+// caller that demanded more than twice the rate counts as demanding at
+// least the rate, as a newcomer does.
+func TestACrowdThatComesBackGoesAfterACallerAskingLittle(t *testing.T) {
+	for _, quiet := range []int{10, 20, 30, 60} {
+		t.Run(fmt.Sprint("back after ", quiet, "s"), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tr := budgetTrigger(t)
+				calm := &asker{Name: "calm", PerSecond: 1}
+				crowd := askers("crowd", 64, 50)
+				ask(tr, 8, append(crowd, calm)...)
+				ask(tr, quiet, calm)
+				for i := range 3 { // the crowd's first asks on its return, all at once
+					for _, a := range crowd {
+						_ = intakeAs(tr, a.Name, fmt.Sprint(a.Name, "-back-", i))
+					}
+				}
+				if err := intakeAs(tr, "calm", "calm-back"); err != nil {
+					t.Fatalf("the calm caller's trigger just after the crowd came back: %v, want it taken", err)
+				}
+				ask(tr, 8, append(crowd, calm)...)
+				if calm.Got != calm.Asked {
+					t.Errorf("the calm caller got %d of %d", calm.Got, calm.Asked)
+				}
+			})
+		})
+	}
+}
+
 // Beyond the callers the budget remembers, a caller takes only from a
 // full bucket: one token, then none until the bucket is full again.
 func TestACallerBeyondThoseRememberedTakesOnlyFromAFullBucket(t *testing.T) {
