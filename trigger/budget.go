@@ -21,16 +21,17 @@ import (
 // caller asking for less than they do is served first, however many they
 // are and however they pace themselves; and of callers asking alike, the
 // one that took less goes first. A new caller counts as demanding the
-// rate, and so does, however long it was quiet, a caller that once
-// demanded more than twice the rate: a crowd that comes back cannot
-// empty the bucket before callers that kept asking little. A caller alone
-// takes about half the burst at once, then the rate. The consumer (wait)
-// takes any token.
+// rate, and so does, for floodMemory however quiet it was, a caller that
+// flooded (asked for well over the burst at once, or far beyond the rate
+// for a while): a crowd that comes back cannot empty the bucket before
+// callers that kept asking little. A caller alone takes about half the
+// burst at once, then the rate. The consumer (wait) takes any token.
 type budget struct {
 	mu      sync.Mutex
 	tokens  float64
 	rate    float64 // tokens a second
 	burst   float64
+	flood   float64   // a demand above it is a flood: a newcomer's that asked for and took the whole burst at once
 	last    time.Time // when tokens was last filled
 	callers map[string]*demand
 	swept   time.Time // when callers was last swept of the forgotten
@@ -39,30 +40,32 @@ type budget struct {
 // demand is what a caller asked for and took: rate tokens a second as of
 // last.
 type demand struct {
-	rate   float64
-	last   time.Time
-	greedy bool // it demanded more than twice the budget's rate once
+	rate    float64
+	last    time.Time
+	flooded time.Time // when its rate was last above the budget's flood
 }
 
-// at returns d's rate at now, faded since last: for a greedy caller, no
-// lower than floor.
+// at returns d's rate at now, faded since last: no lower than floor for
+// a caller that flooded within floodMemory.
 func (d *demand) at(now time.Time, floor float64) float64 {
 	r := d.rate * math.Exp(-now.Sub(d.last).Seconds()/demandTime.Seconds())
-	if d.greedy {
+	if now.Sub(d.flooded) < floodMemory {
 		r = max(r, floor)
 	}
 	return r
 }
 
 const (
-	maxCallers = 1024            // callers remembered at once
-	demandTime = 5 * time.Second // how long an ask counts in a demand (its weight falls by e in that time)
-	forgotten  = 1.0 / 256       // a demand below it is forgotten
+	maxCallers  = 1024            // callers remembered at once
+	demandTime  = 5 * time.Second // how long an ask counts in a demand (its weight falls by e in that time)
+	floodMemory = 2 * time.Minute // how long a caller that flooded counts as a newcomer at best
+	forgotten   = 1.0 / 256       // a demand below it is forgotten
 )
 
 func newBudget(rate float64, burst int) *budget {
 	now := time.Now()
-	return &budget{tokens: float64(burst), rate: rate, burst: float64(burst), last: now, callers: map[string]*demand{}, swept: now}
+	return &budget{tokens: float64(burst), rate: rate, burst: float64(burst), flood: rate + 2*float64(burst)/demandTime.Seconds(),
+		last: now, callers: map[string]*demand{}, swept: now}
 }
 
 // take takes a token for caller, reporting whether there was one.
@@ -107,7 +110,9 @@ func (b *budget) try(d *demand) time.Duration {
 		d.rate, d.last = d.at(now, b.rate), now
 		need += (b.burst - 1) * (d.rate / (d.rate + 2*b.rate))
 		d.rate += 1 / demandTime.Seconds() // the ask
-		d.greedy = d.greedy || d.rate > 2*b.rate
+		if d.rate > b.flood {
+			d.flooded = now
+		}
 	}
 	if b.tokens < need {
 		return time.Duration(math.Ceil((need - b.tokens) / b.rate * float64(time.Second)))
@@ -122,7 +127,7 @@ func (b *budget) try(d *demand) time.Duration {
 // newcomer remembers caller, as demanding the rate until it shows less
 // (a crowd of newcomers cannot empty the bucket before a known caller
 // asking little), if there is room for one more (after forgetting the
-// faded, greedy or not: it comes back as a newcomer, at most once every
+// faded, flooded or not: it comes back as a newcomer, at most once every
 // demandTime); else its demand is the largest there is: it takes only
 // from a full bucket.
 func (b *budget) newcomer(caller string, now time.Time) *demand {

@@ -280,12 +280,12 @@ func TestCallersThatStoppedAskingTakeNothing(t *testing.T) {
 	}
 }
 
-// A crowd that flooded, went quiet and comes back cannot empty the budget
-// before a caller that kept asking little: however long it was quiet, a
-// caller that demanded more than twice the rate counts as demanding at
-// least the rate, as a newcomer does.
+// A crowd that flooded, went quiet and comes back within two minutes
+// cannot empty the budget before a caller that kept asking little: a
+// caller that flooded counts as demanding at least the rate, as a
+// newcomer does, for two minutes however quiet it was.
 func TestACrowdThatComesBackGoesAfterACallerAskingLittle(t *testing.T) {
-	for _, quiet := range []int{10, 20, 30, 60} {
+	for _, quiet := range []int{10, 20, 30, 60, 110} {
 		t.Run(fmt.Sprint("back after ", quiet, "s"), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				tr := budgetTrigger(t)
@@ -308,6 +308,31 @@ func TestACrowdThatComesBackGoesAfterACallerAskingLittle(t *testing.T) {
 			})
 		})
 	}
+}
+
+// A batch well over the burst counts against its caller for two minutes
+// only: a pipeline that triggered 30 objects at once, then one a minute,
+// beside callers that keep the budget spent, is a newcomer at best until
+// the batch is two minutes old, then served whenever it asks.
+func TestABatchCountsAgainstItsCallerForTwoMinutesOnly(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := budgetTrigger(t)
+		var background []*asker // 7.8 a second on a budget of 5, each at its own pace
+		for i := range 20 {
+			background = append(background, &asker{Name: fmt.Sprint("background-", i), PerSecond: 0.2 + 0.02*float64(i)})
+		}
+		ask(tr, 10, background...)
+		for i := range 30 {
+			_ = intakeAs(tr, "pipeline", fmt.Sprint("batch-", i))
+		}
+		pipeline := &asker{Name: "pipeline", PerSecond: 1.0 / 60}
+		ask(tr, 120, append(background, pipeline)...)
+		within := pipeline.Got
+		ask(tr, 240, append(background, pipeline)...)
+		if got := pipeline.Got - within; got != 4 {
+			t.Errorf("the pipeline's 4 triggers after the batch was two minutes old: %d taken, want 4 (%d of 2 before)", got, within)
+		}
+	})
 }
 
 // Beyond the callers the budget remembers, a caller takes only from a
