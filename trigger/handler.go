@@ -411,7 +411,10 @@ func (h *handler[T]) apiFailure(r *http.Request, call string, err error, key opk
 	case typed.Timeout(err):
 		code, msg = http.StatusGatewayTimeout, call+" failed: the API server did not answer in time"
 	case typed.Class(err) == typed.Transient:
-		code, msg = http.StatusServiceUnavailable, call+" failed: this replica cannot reach its API server now (it does not answer or cannot serve); retry, another replica may take the trigger"
+		code, msg = http.StatusServiceUnavailable, call+" failed: this replica cannot reach its API server now (it does not answer or cannot serve); retry"
+		if h.trig.cfg.Router.Shards() > 1 && r.Header.Get(forwardedHeader) == "" {
+			msg += ": another replica may take the trigger"
+		}
 	}
 	return h.fail(code, msg, &key)
 }
