@@ -97,20 +97,27 @@ echo "Non-test SDK files over 600 lines: $(grep -c . <<<"$big" || true)  target 
 
 # The peers' parts that do the same jobs, counted with the same pipeline,
 # at the versions the bench module pins (their sources come from the Go
-# module cache; `go list -m` downloads them if missing).
+# module cache, downloaded first if missing). Left out: client-go's
+# leasecandidate.go (coordinated leader election, another feature) and
+# controller-runtime's envtest/komega (Gomega helpers).
 echo
 echo "Next to the peers' parts that do the same jobs (versions of bench/go.mod)"
-if ! dirs=$(cd bench && "$GO" list -m -f '{{.Dir}}' k8s.io/client-go sigs.k8s.io/controller-runtime 2>/dev/null); then
-  echo "  unavailable: cannot list bench's modules"
+peers=(k8s.io/client-go sigs.k8s.io/controller-runtime)
+dirs=$(cd bench && "$GO" mod download "${peers[@]}" && "$GO" list -m -f '{{.Dir}}' "${peers[@]}") || dirs=
+{ read -r cg || true; read -r cr || true; } <<<"$dirs"
+if [[ ! -d ${cg:-} || ! -d ${cr:-} ]]; then
+  echo "  unavailable: bench's modules cannot be downloaded"
   exit 0
 fi
-{ read -r cg; read -r cr; } <<<"$dirs"
 # peer_lines counts the non-test, non-generated Go files directly in the
-# given directories (or, with -r first, under them).
+# given directories (or, with -r first, under them), but the excluded.
 peer_lines() {
-  local depth=(-maxdepth 1)
-  if [[ $1 == -r ]]; then depth=(); shift; fi
-  find "$@" "${depth[@]}" -name '*.go' ! -name '*_test.go' ! -name 'zz_generated*' | code_lines
+  local depth="-maxdepth 1"
+  if [[ $1 == -r ]]; then
+    depth=
+    shift
+  fi
+  find "$@" $depth -name '*.go' ! -name '*_test.go' ! -name 'zz_generated*' ! -name leasecandidate.go ! -path '*/komega/*' | code_lines
 }
 pair() { printf '  %-24s %6s   %-34s %6s\n' "$1" "$2" "$3" "$4"; }
 echo "  (client-go $(basename "$cg" | cut -d@ -f2) and controller-runtime, CR, $(basename "$cr" | cut -d@ -f2))"
