@@ -24,8 +24,11 @@ import (
 // rate, and so does, for floodMemory however quiet it was, a caller that
 // flooded (asked for well over the burst at once, or far beyond the rate
 // for a while): a crowd that comes back cannot empty the bucket before
-// callers that kept asking little. A caller alone takes about half the
-// burst at once, then the rate. The consumer (wait) takes any token.
+// callers that kept asking little. The limit of the rule: callers that
+// asked less than a calm caller and come back flooding go first for their
+// first few asks, until their demand catches up. A caller alone takes
+// about half the burst at once, then the rate. The consumer (wait) takes
+// any token.
 type budget struct {
 	mu      sync.Mutex
 	tokens  float64

@@ -310,6 +310,40 @@ func TestACrowdThatComesBackGoesAfterACallerAskingLittle(t *testing.T) {
 	}
 }
 
+// The budget's limit: callers that asked little (four at 2.5 a second)
+// and come back flooding, beside 60 new ones, ask for less than a calm
+// caller for their first few asks, so they go first, until their demand
+// catches up. The calm caller's trigger just after their rush may be
+// refused; every one after it is taken.
+func TestCallersThatAskedLittleAndComeBackFloodingGoFirstBriefly(t *testing.T) {
+	for _, quiet := range []int{5, 20, 60} {
+		t.Run(fmt.Sprint("back after ", quiet, "s"), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tr := budgetTrigger(t)
+				calm := &asker{Name: "calm", PerSecond: 1}
+				paced := askers("paced", 4, 2.5)
+				ask(tr, 12, slices.Concat(paced, []*asker{calm})...)
+				ask(tr, quiet, calm)
+				crowd := slices.Concat(paced, askers("new", 60, 30))
+				for _, a := range paced {
+					a.PerSecond = 30
+				}
+				for i := range 3 { // the crowd's first asks, all at once
+					for _, a := range crowd {
+						_ = intakeAs(tr, a.Name, fmt.Sprint(a.Name, "-rush-", i))
+					}
+				}
+				_ = intakeAs(tr, "calm", "calm-after-the-rush") // may be refused: the limit
+				got, asked := calm.Got, calm.Asked
+				ask(tr, 8, slices.Concat(crowd, []*asker{calm})...)
+				if calm.Got-got != calm.Asked-asked {
+					t.Errorf("after the rush, the calm caller got %d of %d", calm.Got-got, calm.Asked-asked)
+				}
+			})
+		})
+	}
+}
+
 // A batch well over the burst counts against its caller for two minutes
 // only: a pipeline that triggered 30 objects at once, then one a minute,
 // beside callers that keep the budget spent, is a newcomer at best until

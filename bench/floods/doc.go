@@ -26,7 +26,7 @@
 //     second (floodtest.SlowBodies);
 //   - garbage: a new garbage bearer token on every request from 64
 //     goroutines (floodtest.GarbageTokens);
-//   - paced: 4 of the identities below, one connection each, each paced
+//   - paced: 4 ServiceAccounts (not those below), one connection each, each paced
 //     at 2.5 valid triggers a second (floodtest.Config.Pace: together
 //     twice the trigger budget, each within half of it) of 100 ConfigMaps
 //     of their own, which nothing else triggers, so that each trigger
