@@ -144,6 +144,29 @@ func askers(prefix string, n int, perSecond float64) []*asker {
 	return c
 }
 
+// rush makes each of the crowd's first three asks, all at once.
+func rush(tr *trigger.Trigger[*corev1.ConfigMap], crowd []*asker) {
+	for i := range 3 {
+		for _, a := range crowd {
+			_ = intakeAs(tr, a.Name, fmt.Sprint(a.Name, "-rush-", i))
+		}
+	}
+}
+
+// calmThroughARush checks that calm's trigger just after the crowd's
+// rush is taken, and so is every one it asks for in the 8 s after.
+func calmThroughARush(t *testing.T, tr *trigger.Trigger[*corev1.ConfigMap], crowd []*asker, calm *asker) {
+	t.Helper()
+	rush(tr, crowd)
+	if err := intakeAs(tr, "calm", "calm-after-the-rush"); err != nil {
+		t.Fatalf("the calm caller's trigger just after the crowd's rush: %v, want it taken", err)
+	}
+	ask(tr, 8, slices.Concat(crowd, []*asker{calm})...)
+	if calm.Got != calm.Asked {
+		t.Errorf("the calm caller got %d of %d", calm.Got, calm.Asked)
+	}
+}
+
 // got adds up what the askers were given.
 func got(askers []*asker) (n int) {
 	for _, a := range askers {
@@ -245,18 +268,7 @@ func TestACrowdOfNewcomersGoesAfterAKnownCallerAskingLittle(t *testing.T) {
 		ask(tr, 10, &asker{Name: "nobody"}, calm)
 		time.Sleep(5 * time.Second) // it pauses; the crowd arrives as it comes back
 		crowd := askers("newcomer", 64, 100)
-		for i := range 3 { // the crowd's first asks, all at once
-			for _, a := range crowd {
-				_ = intakeAs(tr, a.Name, fmt.Sprint(a.Name, "-rush-", i))
-			}
-		}
-		if err := intakeAs(tr, "calm", "calm-back"); err != nil {
-			t.Fatalf("the calm caller's trigger just after the crowd's first asks: %v, want it taken", err)
-		}
-		ask(tr, 10, append(crowd, calm)...)
-		if calm.Got != calm.Asked {
-			t.Errorf("the calm caller got %d of %d", calm.Got, calm.Asked)
-		}
+		calmThroughARush(t, tr, crowd, calm)
 	})
 }
 
@@ -293,18 +305,7 @@ func TestACrowdThatComesBackGoesAfterACallerAskingLittle(t *testing.T) {
 				crowd := askers("crowd", 64, 50)
 				ask(tr, 8, append(crowd, calm)...)
 				ask(tr, quiet, calm)
-				for i := range 3 { // the crowd's first asks on its return, all at once
-					for _, a := range crowd {
-						_ = intakeAs(tr, a.Name, fmt.Sprint(a.Name, "-back-", i))
-					}
-				}
-				if err := intakeAs(tr, "calm", "calm-back"); err != nil {
-					t.Fatalf("the calm caller's trigger just after the crowd came back: %v, want it taken", err)
-				}
-				ask(tr, 8, append(crowd, calm)...)
-				if calm.Got != calm.Asked {
-					t.Errorf("the calm caller got %d of %d", calm.Got, calm.Asked)
-				}
+				calmThroughARush(t, tr, crowd, calm)
 			})
 		})
 	}
@@ -328,11 +329,7 @@ func TestCallersThatAskedLittleAndComeBackFloodingGoFirstBriefly(t *testing.T) {
 				for _, a := range paced {
 					a.PerSecond = 30
 				}
-				for i := range 3 { // the crowd's first asks, all at once
-					for _, a := range crowd {
-						_ = intakeAs(tr, a.Name, fmt.Sprint(a.Name, "-rush-", i))
-					}
-				}
+				rush(tr, crowd)
 				_ = intakeAs(tr, "calm", "calm-after-the-rush") // may be refused: the limit
 				got, asked := calm.Got, calm.Asked
 				ask(tr, 8, slices.Concat(crowd, []*asker{calm})...)
