@@ -330,19 +330,7 @@ func TestFloodsAgainstTheAPIServer(t *testing.T) {
 	driverDone := make(chan struct{})
 	go func() {
 		defer close(driverDone)
-		tick := time.NewTicker(20 * time.Millisecond)
-		defer tick.Stop()
-		for i := 0; ; i++ {
-			select {
-			case <-driverCtx.Done():
-				return
-			case <-tick.C:
-			}
-			patch := fmt.Appendf(nil, `{"data":{"v":"drive-%d"}}`, i)
-			if _, err := kube.CoreV1().ConfigMaps(ns).Patch(driverCtx, driven[i%len(driven)], types.MergePatchType, patch, metav1.PatchOptions{}); err == nil {
-				updates.Add(1)
-			}
-		}
+		floodtest.Drive(driverCtx, kube.CoreV1().ConfigMaps(ns), driven, 20*time.Millisecond, &updates)
 	}()
 	t.Cleanup(func() { stopDriver(); <-driverDone })
 	waitFor(t, time.Minute, "the driver's changes queued", func() bool { return q.Len() >= 32 })

@@ -25,7 +25,6 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
@@ -356,19 +355,7 @@ func (e *endpoint) await(b *testing.B, what string, cond func() bool) {
 // drive updates the ConfigMaps round-robin, one every drive, until ctx
 // ends.
 func (e *endpoint) drive(ctx context.Context) {
-	tick := time.NewTicker(drive)
-	defer tick.Stop()
-	for i := 0; ; i++ {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		patch := fmt.Appendf(nil, `{"data":{"v":"drive-%d"}}`, i)
-		if _, err := env.kube.CoreV1().ConfigMaps(namespace).Patch(ctx, env.driven[i%driven], types.MergePatchType, patch, metav1.PatchOptions{}); err == nil {
-			e.updates.Add(1)
-		}
-	}
+	floodtest.Drive(ctx, env.kube.CoreV1().ConfigMaps(namespace), env.driven, drive, &e.updates)
 }
 
 // crowdSAs are the ServiceAccounts of the many-identities flood, then

@@ -16,6 +16,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/util/flowcontrol"
 )
 
@@ -299,5 +302,24 @@ func pause(ctx context.Context, d time.Duration) {
 	select {
 	case <-ctx.Done():
 	case <-time.After(d):
+	}
+}
+
+// Drive merge-patches the ConfigMaps names of cms round-robin, one every
+// interval, until ctx ends, and counts the patches that succeeded in
+// updates: the changes a watch keeps reconciling while a flood runs.
+func Drive(ctx context.Context, cms corev1client.ConfigMapInterface, names []string, every time.Duration, updates *atomic.Int64) {
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for i := 0; ; i++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		patch := fmt.Appendf(nil, `{"data":{"v":"drive-%d"}}`, i)
+		if _, err := cms.Patch(ctx, names[i%len(names)], types.MergePatchType, patch, metav1.PatchOptions{}); err == nil {
+			updates.Add(1)
+		}
 	}
 }
